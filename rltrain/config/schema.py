@@ -1,0 +1,273 @@
+"""Dataclass schemas of a run's configuration.
+
+The primary config (``conf/config.yaml``) is composed on top of :class:`RunConfig`, so Hydra and
+OmegaConf refuse unknown keys and wrong types while composing; :func:`rltrain.config.validate`
+then runs the cross-field checks and reports every problem at once. Nothing here imports Ray or
+torch. Records are plain (non-frozen) dataclasses because OmegaConf fills them; treat them as
+read-only and derive sizes into frozen plan objects instead of mutating them.
+
+Fields typed ``Any`` accept more than one shape (an int or a per-node list, a placement string or
+a ``{node_group, placement}`` mapping); their shape is checked by the layer that reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+#: Components a placement may name. ``inference`` recomputes log-probs on its own devices in
+#: disaggregated layouts (as in RLinf); ``env`` hosts simulators for embodied runs.
+COMPONENTS = ("actor", "rollout", "reference", "reward", "critic", "inference", "env")
+
+#: State kinds an offload policy may move off a device.
+STATE_KINDS = ("weights", "grads", "optimizer", "kv_cache")
+
+#: When a component's state leaves its devices.
+OFFLOAD_WHEN = ("never", "after_stage", "on_demand")
+
+
+# --------------------------------------------------------------------------------------- cluster
+@dataclass
+class HardwareConfig:
+    """Non-accelerator hardware attached to the nodes of a node group (robots, FPGAs, ...)."""
+
+    type: str = MISSING  # a name of your choosing, e.g. "robot"
+    count: int = 1  # units per node of the group
+
+
+@dataclass
+class NodeGroupConfig:
+    """A labelled subset of nodes; placements may address it by ``node_group: <label>``."""
+
+    label: str = MISSING  # "cluster" and "node" are reserved
+    node_ranks: Any = MISSING  # "0-3", "2,3", an int, or a list of ints
+    hardware: Optional[HardwareConfig] = None  # resource ranks then count this hardware
+
+
+@dataclass
+class ClusterConfig:
+    """Where the job runs: a local Ray with simulated devices, or an existing Ray cluster."""
+
+    address: Optional[str] = None  # null: start a local Ray; "auto" or "host:port": join one
+    num_nodes: int = 1  # nodes the placement may use
+    devices_per_node: Any = 2  # accelerators per node: an int, or a list with one per node
+    device_memory_gib: float = 4.0  # capacity per device (simulated; discovered on GPUs)
+    simulate_devices: bool = True  # declare logical devices when the node has no GPU
+    cpus_per_node: Optional[float] = None  # CPUs Ray may schedule per node; null: all cores
+    node_groups: List[NodeGroupConfig] = field(default_factory=list)
+    node_order: str = "head_first"  # how discovered nodes get ranks: head_first | ip | label
+    runtime_env: Dict[str, Any] = field(default_factory=dict)  # Ray runtime_env for workers
+    temp_dir: Optional[str] = None  # local Ray's temp dir; null: a fresh one per run
+    startup_timeout_s: float = 120.0  # waiting for actors / placement groups
+    collective_timeout_s: float = 300.0  # torch.distributed timeout for worker collectives
+
+
+# ------------------------------------------------------------------------------------- placement
+@dataclass
+class OffloadPolicyConfig:
+    """Which state of a component may leave its devices, and when.
+
+    ``enable_offload`` / ``offload_weight`` / ``offload_grad`` / ``offload_optimizer`` are RLinf's
+    spellings, accepted as aliases: setting any of them overrides ``when`` / ``states``.
+    """
+
+    when: str = "never"  # never | after_stage | on_demand
+    states: List[str] = field(default_factory=lambda: list(STATE_KINDS))
+    enable_offload: Optional[bool] = None  # alias: true -> when=after_stage
+    offload_weight: Optional[bool] = None  # alias for "weights" in states
+    offload_grad: Optional[bool] = None  # alias for "grads" in states
+    offload_optimizer: Optional[bool] = None  # alias for "optimizer" in states
+
+
+@dataclass
+class PlacementConfig:
+    """Which devices each component uses, and how components sharing a device take turns."""
+
+    mode: Optional[str] = None  # collocated | disaggregated | hybrid; checked against the layout
+    component_placement: Dict[str, Any] = MISSING  # RLinf grammar, e.g. {"actor,rollout": "all"}
+    offload: Dict[str, OffloadPolicyConfig] = field(default_factory=dict)
+    isolate_accelerator: bool = True  # a process sees only its own devices
+
+
+# ----------------------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    """The policy model: a local Hugging Face checkpoint, or a tiny one built from these fields."""
+
+    path: Optional[str] = None  # local HF checkpoint directory; null: build from the fields below
+    tokenizer_path: Optional[str] = None  # null: the checkpoint's, or the built-in tokenizer
+    family: str = "llama"  # llama | qwen2 (when building from fields)
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    max_position_embeddings: int = 64
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    init_seed: int = 0  # seed of the random initialisation
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    lr: float = 3e-4
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    warmup_steps: int = 0
+
+
+# ------------------------------------------------------------------------------------- algorithm
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimator, policy loss and KL settings."""
+
+    advantage_estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp | gae
+    norm_adv_by_std: bool = True  # GRPO divides by the group std; Dr. GRPO does not
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    kl_in: str = "loss"  # loss | reward
+    clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.2
+    loss_agg: str = "token_mean"  # token_mean | seq_mean_token_sum | seq_mean_token_mean
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 1  # passes over each rollout batch
+    num_minibatches: int = 1  # optimizer steps per epoch
+    gamma: float = 1.0  # GAE discount
+    lam: float = 1.0  # GAE lambda
+    value_clip: float = 0.2  # PPO value clipping
+    value_coef: float = 0.5
+
+
+# ------------------------------------------------------------------------------------------ task
+@dataclass
+class TaskConfig:
+    """What the policy learns. Built-in tasks generate their data from ``seed``."""
+
+    name: str = "arithmetic"  # arithmetic | jsonl | gym
+    seed: int = 0
+    num_train: int = 0  # prompts generated for training; 0: every prompt the task defines
+    num_eval: int = 0  # held-out prompts for greedy evaluation; 0: the task's default
+    max_operand: int = 4  # arithmetic: operands are 0..max_operand
+    path: Optional[str] = None  # jsonl/parquet file of prompt/answer pairs
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    reward_fn: Optional[str] = None  # dotted path "pkg.module:function"; null: the task's own
+    env_id: str = "CartPole-v1"  # gym: any registered Gymnasium id
+    params: Dict[str, Any] = field(default_factory=dict)  # task-specific extras
+
+
+# ------------------------------------------------------------------------------------ components
+@dataclass
+class ActorConfig:
+    backend: str = "torch"  # torch | deepspeed
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    micro_batch_size: int = 64  # sequences per forward/backward
+    zero_stage: int = 0  # deepspeed: 0-3; the plan divides optimizer state by the DP size
+    gradient_checkpointing: bool = False
+    latency_ms: float = 0.0  # added per train step, to model a device on CPU (benchmarks)
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "torch"  # torch | vllm
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    n_samples_per_prompt: int = 16  # group size for GRPO-style estimators
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 4
+    gpu_memory_utilization: float = 0.3  # share of device memory a vLLM engine reserves
+    latency_ms: float = 0.0  # added per generate call (benchmarks)
+
+
+@dataclass
+class InferenceConfig:
+    """Log-prob recomputation on its own devices (disaggregated layouts)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    micro_batch_size: int = 64
+
+
+@dataclass
+class ReferenceConfig:
+    micro_batch_size: int = 64
+
+
+@dataclass
+class RewardConfig:
+    kind: str = "rule"  # rule (the task's reward function) | model
+    model_path: Optional[str] = None  # reward model checkpoint when kind=model
+
+
+@dataclass
+class CriticConfig:
+    lr: float = 1e-3
+    micro_batch_size: int = 64
+
+
+@dataclass
+class EnvConfig:
+    """Simulator workers for embodied runs."""
+
+    num_envs: int = 16  # environments per rollout epoch, over all env processes
+    pipeline_stage_num: int = 2  # groups of sub-environments per env process
+    rollout_steps: int = 128  # env steps per environment per iteration
+    step_latency_ms: float = 0.0  # added per env step (benchmarks)
+    step_latency_jitter_ms: float = 0.0
+
+
+# --------------------------------------------------------------------------------------- trainer
+@dataclass
+class TrainerConfig:
+    total_steps: int = 300  # policy updates
+    train_batch_size: int = 8  # prompts per step (each sampled n_samples_per_prompt times)
+    eval_every: int = 25  # steps between greedy evaluations; 0: only at the end
+    target_accuracy: Optional[float] = None  # stop once greedy eval accuracy reaches this
+    save_every: int = 0  # steps between checkpoints; 0: only at the end
+    checkpoint_dir: Optional[str] = None  # local path or fsspec URI; null: <run dir>/checkpoints
+    resume: Optional[str] = None  # null | auto | a checkpoint path
+    max_restarts: int = 0  # automatic resumes after a worker failure
+    max_staleness: int = 0  # weight versions rollout may lag behind the actor
+    time_budget_s: Optional[float] = None  # stop (with a checkpoint) after this many seconds
+
+
+@dataclass
+class LoggingConfig:
+    jsonl: bool = True  # metrics.jsonl in the run directory, always on by default
+    tensorboard: bool = False
+    wandb: bool = False
+    mlflow: bool = False
+    project: str = "rltrain"
+    progress: bool = True  # live progress line in the terminal
+    trace: bool = True  # per-device timeline (Chrome trace JSON)
+
+
+# ------------------------------------------------------------------------------------------- run
+@dataclass
+class RunConfig:
+    """The whole configuration of one run (the composed primary config)."""
+
+    mode: str = "train"  # train | plan
+    runner: str = "reasoning"  # reasoning | embodied
+    seed: int = 1
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)

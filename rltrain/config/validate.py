@@ -1,0 +1,263 @@
+"""Turn a composed Hydra config into a checked :class:`RunConfig`.
+
+OmegaConf already refuses unknown keys and wrong types while composing (the primary config sits
+on the schema). Here come the checks that need more than one field; they are all run and
+reported together, each naming the full key, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from rltrain.config.offload import resolve_offload
+from rltrain.config.schema import COMPONENTS, RunConfig
+from rltrain.errors import ConfigError
+
+Check = Callable[[RunConfig], Iterator[str]]
+_CHECKS: list[Check] = []
+
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+ESTIMATORS = (*GROUP_ESTIMATORS, "reinforce_pp", "gae")
+
+
+def check(fn: Check) -> Check:
+    """Register a cross-field check: a generator of problem messages (empty when fine)."""
+    _CHECKS.append(fn)
+    return fn
+
+
+def load_config(cfg: DictConfig | dict[str, Any] | RunConfig) -> RunConfig:
+    """Check a composed config and return it as a :class:`RunConfig`.
+
+    Args:
+        cfg: the composed config (a DictConfig from Hydra, a plain dict, or a RunConfig).
+
+    Returns:
+        The config as dataclass objects.
+
+    Raises:
+        ConfigError: listing every missing key and every failed cross-field check.
+    """
+    if isinstance(cfg, RunConfig):
+        run = cfg
+    else:
+        # A plain, resolved copy: Hydra's `+key=value` may have opened a typed node, and
+        # workers on other processes cannot resolve `${hydra:...}` interpolations.
+        plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+        try:
+            node = OmegaConf.merge(OmegaConf.structured(RunConfig), plain)
+        except (ConfigKeyError, ValidationError) as exc:
+            from rltrain.config.errors import explain
+
+            raise ConfigError(explain(exc) or str(exc)) from None
+        missing = sorted(OmegaConf.missing_keys(node))
+        if missing:
+            raise ConfigError(
+                [
+                    f"{k} is required but has no value: set it in its config group or as {k}=..."
+                    for k in missing
+                ]
+            )
+        run = OmegaConf.to_object(node)
+    problems = [p for c in _CHECKS for p in c(run)]
+    if problems:
+        raise ConfigError(problems)
+    return run
+
+
+def _one_of(key: str, value: Any, options: tuple[str, ...]) -> Iterator[str]:
+    if value not in options:
+        yield f"{key}={value!r} is not valid: choose one of {list(options)}"
+
+
+def _positive(key: str, value: float, zero_ok: bool = False) -> Iterator[str]:
+    if value < 0 or (value == 0 and not zero_ok):
+        yield f"{key}={value!r} must be {'>= 0' if zero_ok else '> 0'}"
+
+
+@check
+def _run(cfg: RunConfig) -> Iterator[str]:
+    yield from _one_of("mode", cfg.mode, ("train", "plan"))
+    yield from _one_of("runner", cfg.runner, ("reasoning", "embodied"))
+
+
+@check
+def _cluster(cfg: RunConfig) -> Iterator[str]:
+    c = cfg.cluster
+    yield from _positive("cluster.num_nodes", c.num_nodes)
+    yield from _positive("cluster.device_memory_gib", c.device_memory_gib)
+    yield from _positive("cluster.startup_timeout_s", c.startup_timeout_s)
+    yield from _positive("cluster.collective_timeout_s", c.collective_timeout_s)
+    yield from _one_of("cluster.node_order", c.node_order, ("head_first", "ip", "label"))
+    d = c.devices_per_node
+    if isinstance(d, list):
+        if len(d) != c.num_nodes:
+            yield (
+                f"cluster.devices_per_node has {len(d)} entries but cluster.num_nodes="
+                f"{c.num_nodes}: give one entry per node, or a single int for all nodes"
+            )
+        if any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in d):
+            yield f"cluster.devices_per_node={d!r} must hold non-negative integers"
+    elif not isinstance(d, int) or isinstance(d, bool) or d < 0:
+        yield f"cluster.devices_per_node={d!r} must be a non-negative integer or a list of them"
+    labels = [g.label for g in c.node_groups]
+    for label in labels:
+        if label in ("cluster", "node"):
+            yield f"cluster.node_groups label {label!r} is reserved: choose another label"
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        yield f"cluster.node_groups labels {dup} are used twice: labels must be unique"
+
+
+@check
+def _placement(cfg: RunConfig) -> Iterator[str]:
+    p = cfg.placement
+    if p.mode is not None:
+        yield from _one_of("placement.mode", p.mode, ("collocated", "disaggregated", "hybrid"))
+    if not p.component_placement:
+        yield "placement.component_placement is empty: place at least the actor, e.g. actor: all"
+    for key in p.component_placement:
+        for name in str(key).split(","):
+            if name.strip() not in COMPONENTS:
+                yield (
+                    f"placement.component_placement names unknown component {name.strip()!r} "
+                    f"(in key {key!r}): components are {list(COMPONENTS)}"
+                )
+    for name, policy in p.offload.items():
+        if name not in COMPONENTS:
+            yield f"placement.offload.{name}: unknown component; components are {list(COMPONENTS)}"
+            continue
+        try:
+            resolve_offload(policy, f"placement.offload.{name}")
+        except ConfigError as e:
+            yield from e.problems
+
+
+@check
+def _model(cfg: RunConfig) -> Iterator[str]:
+    m = cfg.model
+    yield from _one_of("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
+    yield from _one_of("model.family", m.family, ("llama", "qwen2"))
+    if m.path is not None:
+        if not os.path.isdir(m.path):
+            yield (
+                f"model.path={m.path!r} does not exist or is not a directory: give a local "
+                f"Hugging Face checkpoint directory, or model.path=null to build the tiny model"
+            )
+        elif not os.path.isfile(os.path.join(m.path, "config.json")):
+            yield (
+                f"model.path={m.path!r} has no config.json, so it is not a Hugging Face "
+                f"checkpoint: point it at the directory that holds config.json"
+            )
+    if m.tokenizer_path is not None and not os.path.isdir(m.tokenizer_path):
+        yield f"model.tokenizer_path={m.tokenizer_path!r} is not a directory"
+    if m.path is None:
+        for key in (
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "max_position_embeddings",
+        ):
+            yield from _positive(f"model.{key}", getattr(m, key))
+        if m.num_heads > 0 and m.hidden_size % m.num_heads:
+            yield (
+                f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads="
+                f"{m.num_heads}: pick sizes where hidden_size % num_heads == 0"
+            )
+        if m.num_kv_heads > 0 and m.num_heads % m.num_kv_heads:
+            yield f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads"
+
+
+@check
+def _algorithm(cfg: RunConfig) -> Iterator[str]:
+    a = cfg.algorithm
+    yield from _one_of("algorithm.advantage_estimator", a.advantage_estimator, ESTIMATORS)
+    yield from _one_of("algorithm.kl_estimator", a.kl_estimator, ("k1", "k2", "k3"))
+    yield from _one_of("algorithm.kl_in", a.kl_in, ("loss", "reward"))
+    yield from _one_of(
+        "algorithm.loss_agg",
+        a.loss_agg,
+        ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean"),
+    )
+    yield from _positive("algorithm.kl_coef", a.kl_coef, zero_ok=True)
+    yield from _positive("algorithm.clip_low", a.clip_low, zero_ok=True)
+    yield from _positive("algorithm.clip_high", a.clip_high, zero_ok=True)
+    yield from _positive("algorithm.ppo_epochs", a.ppo_epochs)
+    yield from _positive("algorithm.num_minibatches", a.num_minibatches)
+    n = cfg.rollout.n_samples_per_prompt
+    if a.advantage_estimator in GROUP_ESTIMATORS and n < 2:
+        yield (
+            f"rollout.n_samples_per_prompt={n} with algorithm.advantage_estimator="
+            f"{a.advantage_estimator!r}: a group-based estimator compares samples of one prompt, "
+            f"so set rollout.n_samples_per_prompt>=2 or use reinforce_pp / gae"
+        )
+    placed = {n.strip() for k in cfg.placement.component_placement for n in str(k).split(",")}
+    if a.advantage_estimator == "gae" and cfg.runner == "reasoning" and "critic" not in placed:
+        yield (
+            "algorithm.advantage_estimator='gae' needs a critic, but placement."
+            "component_placement places none: add critic to the placement or use grpo/rloo"
+        )
+
+
+@check
+def _components(cfg: RunConfig) -> Iterator[str]:
+    yield from _one_of("actor.backend", cfg.actor.backend, ("torch", "deepspeed"))
+    yield from _one_of("rollout.backend", cfg.rollout.backend, ("torch", "vllm"))
+    for comp in ("actor", "rollout", "inference"):
+        for size in ("tensor_parallel_size", "pipeline_parallel_size"):
+            yield from _positive(f"{comp}.{size}", getattr(getattr(cfg, comp), size))
+    yield from _positive("actor.micro_batch_size", cfg.actor.micro_batch_size)
+    if cfg.actor.zero_stage not in (0, 1, 2, 3):
+        yield f"actor.zero_stage={cfg.actor.zero_stage} must be 0, 1, 2 or 3"
+    r = cfg.rollout
+    yield from _positive("rollout.temperature", r.temperature)
+    yield from _positive("rollout.max_new_tokens", r.max_new_tokens)
+    if not 0 < r.top_p <= 1:
+        yield f"rollout.top_p={r.top_p} must be in (0, 1]"
+    if not 0 < r.gpu_memory_utilization <= 1:
+        yield f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]"
+    yield from _one_of("reward.kind", cfg.reward.kind, ("rule", "model"))
+    if cfg.reward.kind == "model" and not cfg.reward.model_path:
+        yield "reward.kind='model' needs reward.model_path: a local reward-model checkpoint"
+    e = cfg.env
+    yield from _positive("env.num_envs", e.num_envs)
+    yield from _positive("env.pipeline_stage_num", e.pipeline_stage_num)
+
+
+@check
+def _task(cfg: RunConfig) -> Iterator[str]:
+    t = cfg.task
+    yield from _one_of("task.name", t.name, ("arithmetic", "jsonl", "gym"))
+    if t.name == "jsonl":
+        if not t.path:
+            yield "task.name='jsonl' needs task.path: a local .jsonl or .parquet file"
+        elif not os.path.isfile(t.path):
+            yield f"task.path={t.path!r} does not exist: give a local .jsonl or .parquet file"
+    if t.reward_fn is not None and ":" not in t.reward_fn:
+        yield (f"task.reward_fn={t.reward_fn!r} must look like 'package.module:function'")
+    if cfg.runner == "embodied" and t.name != "gym":
+        yield f"runner='embodied' needs task.name='gym' (got {t.name!r}): use an experiment preset"
+    if cfg.runner == "reasoning" and t.name == "gym":
+        yield "task.name='gym' needs runner=embodied"
+
+
+@check
+def _trainer(cfg: RunConfig) -> Iterator[str]:
+    t = cfg.trainer
+    yield from _positive("trainer.total_steps", t.total_steps)
+    yield from _positive("trainer.train_batch_size", t.train_batch_size)
+    yield from _positive("trainer.eval_every", t.eval_every, zero_ok=True)
+    yield from _positive("trainer.save_every", t.save_every, zero_ok=True)
+    yield from _positive("trainer.max_restarts", t.max_restarts, zero_ok=True)
+    yield from _positive("trainer.max_staleness", t.max_staleness, zero_ok=True)
+    if t.target_accuracy is not None and not 0 < t.target_accuracy <= 1:
+        yield f"trainer.target_accuracy={t.target_accuracy} must be in (0, 1]"
+    if t.resume not in (None, "auto") and not os.path.exists(t.resume):
+        yield (f"trainer.resume={t.resume!r} is neither 'auto' nor an existing checkpoint path")

@@ -1,0 +1,37 @@
+"""Typed errors raised by rltrain.
+
+Every message names the config key (or component), the offending value, and the fix, so a user
+can correct the run without reading code.
+"""
+
+from __future__ import annotations
+
+
+class RltrainError(Exception):
+    """Base class of every error rltrain raises on purpose."""
+
+
+class ConfigError(RltrainError, ValueError):
+    """A configuration value is missing, of the wrong type, or inconsistent with another one."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1:
+            text = self.problems[0]
+        else:
+            text = f"{len(self.problems)} configuration problems:\n" + "\n".join(
+                f"  - {p}" for p in self.problems
+            )
+        super().__init__(text)
+
+
+class PlacementError(RltrainError, ValueError):
+    """A placement string or layout is invalid for the cluster it is resolved against."""
+
+
+class ResourceError(RltrainError, RuntimeError):
+    """The cluster cannot provide what the plan needs (devices, memory, CPUs)."""
+
+
+class WorkerError(RltrainError, RuntimeError):
+    """A remote worker failed; the message identifies group, rank, node, devices and traceback."""

@@ -1,0 +1,244 @@
+"""The records placement works with: a cluster description and one process's placement.
+
+Pure data: no Ray, no torch. A :class:`ClusterSpec` comes from the ``cluster`` config group
+(:meth:`ClusterSpec.from_config`) or, at run time, from a live Ray cluster (the scheduler builds
+one); placement is resolved against it the same way in both cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltrain.errors import ConfigError
+
+GIB = 1024**3
+
+#: Labels the grammar reserves: ``cluster`` is every node, ``node`` addresses node ranks only.
+RESERVED_LABELS = ("cluster", "node")
+
+
+def parse_ranks(value: Any, key: str) -> tuple[int, ...]:
+    """Parse node ranks given as ``"0-3"``, ``"2,3"``, ``"0-1,4"``, an int or a list of ints.
+
+    Args:
+        value: the ranks as written in config.
+        key: the config key, for error messages.
+
+    Returns:
+        The ranks in the order written.
+
+    Raises:
+        ConfigError: when the value is not one of the shapes above.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} is not a rank list: write '0-3', '2,3' or [2, 3]")
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        out: list[int] = []
+        for v in value:
+            out.extend(parse_ranks(v, key))
+        return tuple(out)
+    text = str(value).replace(" ", "")
+    out = []
+    try:
+        for part in text.split(","):
+            if "-" in part:
+                a, b = part.split("-")
+                lo, hi = int(a), int(b)
+                if hi < lo:
+                    raise ValueError
+                out.extend(range(lo, hi + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise ConfigError(
+            f"{key}={value!r} is not a rank list: write '0-3', '2,3' or [2, 3]"
+        ) from None
+    return tuple(out)
+
+
+def _getter(obj: Any):
+    """``get(key, default)`` over a mapping (dict, DictConfig) or an object with attributes."""
+    if isinstance(obj, Mapping) or hasattr(obj, "get") and not hasattr(obj, "__dataclass_fields__"):
+        return obj.get
+    return lambda key, default=None: getattr(obj, key, default)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of the cluster.
+
+    Attributes:
+        rank: the node's rank in the cluster (0 is the head on a live cluster).
+        num_devices: accelerators on the node (0 for a CPU-only node).
+        device_memory_bytes: memory of each accelerator.
+        accelerator_type: ``"cuda"`` for real GPUs, ``"sim"`` for simulated devices, ``"none"``.
+        num_cpus: CPUs Ray may schedule on the node.
+        ray_node_id: Ray's node id, set when built from a live cluster.
+        ip: the node's address.
+    """
+
+    rank: int
+    num_devices: int
+    device_memory_bytes: int = 4 * GIB
+    accelerator_type: str = "sim"
+    num_cpus: float = 1.0
+    ray_node_id: str | None = None
+    ip: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """A labelled, ordered set of nodes, optionally with non-accelerator hardware.
+
+    Attributes:
+        label: the name placements use (``node_group: <label>``).
+        node_ranks: cluster node ranks in the order given in config; hardware and accelerator
+            ranks within the group follow this order.
+        hardware_type: a non-accelerator hardware name (e.g. ``robot``), or None.
+        hardware_count: units of that hardware per node.
+    """
+
+    label: str
+    node_ranks: tuple[int, ...]
+    hardware_type: str | None = None
+    hardware_count: int = 0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The nodes a job may use, their devices, and the node groups defined over them."""
+
+    nodes: tuple[NodeSpec, ...]
+    node_groups: tuple[NodeGroup, ...] = field(default=())
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def num_devices(self) -> int:
+        return sum(n.num_devices for n in self.nodes)
+
+    def group(self, label: str) -> NodeGroup:
+        """Return the node group called ``label`` (``cluster`` is every node).
+
+        Raises:
+            ConfigError: when no group has that label.
+        """
+        if label == "cluster":
+            return NodeGroup("cluster", tuple(n.rank for n in self.nodes))
+        for g in self.node_groups:
+            if g.label == label:
+                return g
+        known = ["cluster", "node", *(g.label for g in self.node_groups)]
+        raise ConfigError(
+            f"node group {label!r} is not defined: define it in cluster.node_groups "
+            f"or use one of {known}"
+        )
+
+    @classmethod
+    def from_config(cls, cluster: Any) -> ClusterSpec:
+        """Build a spec from the ``cluster`` config section (a dataclass, DictConfig or dict).
+
+        Args:
+            cluster: holds ``num_nodes``, ``devices_per_node`` (int or one per node),
+                ``device_memory_gib`` and optionally ``node_groups`` and ``cpus_per_node``.
+
+        Returns:
+            The cluster described by the config, with simulated devices unless
+            ``simulate_devices`` is false (then ``cuda``).
+
+        Raises:
+            ConfigError: for inconsistent sizes or node groups naming nodes that do not exist.
+        """
+        get = _getter(cluster)
+        num_nodes = int(get("num_nodes", 1))
+        per_node = get("devices_per_node", 0)
+        if isinstance(per_node, Sequence) and not isinstance(per_node, str):
+            devices = [int(x) for x in per_node]
+            if len(devices) != num_nodes:
+                raise ConfigError(
+                    f"cluster.devices_per_node has {len(devices)} entries but "
+                    f"cluster.num_nodes={num_nodes}: give one entry per node"
+                )
+        else:
+            devices = [int(per_node)] * num_nodes
+        memory = int(float(get("device_memory_gib", 4.0)) * GIB)
+        accel = "sim" if get("simulate_devices", True) else "cuda"
+        cpus = get("cpus_per_node", None)
+        nodes = tuple(
+            NodeSpec(
+                rank=r,
+                num_devices=d,
+                device_memory_bytes=memory,
+                accelerator_type=accel if d else "none",
+                num_cpus=float(cpus) if cpus else 1.0,
+            )
+            for r, d in enumerate(devices)
+        )
+        groups = []
+        for i, g in enumerate(get("node_groups", None) or []):
+            gget = _getter(g)
+            key = f"cluster.node_groups[{i}]"
+            label = str(gget("label"))
+            if label in RESERVED_LABELS:
+                raise ConfigError(f"{key}.label={label!r} is reserved: choose another label")
+            ranks = parse_ranks(gget("node_ranks"), f"{key}.node_ranks")
+            bad = [r for r in ranks if not 0 <= r < num_nodes]
+            if bad:
+                raise ConfigError(
+                    f"{key}.node_ranks names nodes {bad}, but the cluster has nodes "
+                    f"0-{num_nodes - 1}: fix the ranks or cluster.num_nodes"
+                )
+            hw = gget("hardware")
+            hw_get = _getter(hw)
+            groups.append(
+                NodeGroup(
+                    label=label,
+                    node_ranks=ranks,
+                    hardware_type=str(hw_get("type")) if hw else None,
+                    hardware_count=int(hw_get("count", 1)) if hw else 0,
+                )
+            )
+        return cls(nodes=nodes, node_groups=tuple(groups))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one process of a component runs (RLinf's ``Placement`` fields and meanings).
+
+    Attributes:
+        rank: the process's rank within its component (0..world_size-1).
+        cluster_node_rank: the node's rank in the cluster.
+        placement_node_rank: the node's index among the nodes this placement uses.
+        local_accelerator_rank: the first local device id the process uses (-1 for none).
+        accelerator_type: ``cuda``, ``sim`` or ``none``.
+        local_rank: the process's rank among this component's processes on its node.
+        local_world_size: this component's processes on the node.
+        visible_accelerators: device ids (as strings) to expose, e.g. via CUDA_VISIBLE_DEVICES.
+        isolate_accelerator: whether the process sees only its own devices (then its devices are
+            renumbered from 0 inside the process).
+        local_hardware_ranks: the local hardware (device, robot, ...) ranks the process uses.
+        node_group_label: the node group the resources were drawn from.
+    """
+
+    rank: int
+    cluster_node_rank: int
+    placement_node_rank: int
+    local_accelerator_rank: int
+    accelerator_type: str
+    local_rank: int
+    local_world_size: int
+    visible_accelerators: tuple[str, ...]
+    isolate_accelerator: bool
+    local_hardware_ranks: tuple[int, ...]
+    node_group_label: str | None = None
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        """Local accelerator ids the process uses (empty for node-only processes)."""
+        return self.local_hardware_ranks if self.accelerator_type in ("cuda", "sim") else ()

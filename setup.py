@@ -1,0 +1,14 @@
+"""Packaging glue that pyproject.toml cannot express: the top-level ``conf/`` directory ships
+inside the wheel as the package ``rltrain.conf`` (found by Hydra as ``pkg://rltrain.conf``)."""
+
+from setuptools import find_namespace_packages, find_packages, setup
+
+setup(
+    packages=[
+        *find_packages(include=["rltrain", "rltrain.*"]),
+        *find_namespace_packages(include=["hydra_plugins.*"]),
+        "rltrain.conf",
+    ],
+    package_dir={"rltrain.conf": "conf"},
+    package_data={"rltrain.conf": ["*.yaml", "*/*.yaml"], "rltrain": ["py.typed"]},
+)

@@ -1,0 +1,38 @@
+"""Test-session setup shared by every test directory."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# A closed machine: Ray on loopback with no auth token prompt, gloo on the loopback interface.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> pathlib.Path:
+    return ROOT

@@ -1,0 +1,100 @@
+"""Every shipped config composes and validates; bad input gets a message naming the key."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from rltrain.config import load_config, resolve_offload
+from rltrain.config.schema import OffloadPolicyConfig, RunConfig
+from rltrain.config.store import register_configs
+from rltrain.errors import ConfigError
+
+CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
+SHIPPED = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
+
+
+def compose_run(*overrides: str):
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_primary_config_validates():
+    run = load_config(compose_run())
+    assert isinstance(run, RunConfig)
+    assert run.placement.mode == "collocated"
+
+
+@pytest.mark.parametrize(("group", "name"), SHIPPED, ids=[f"{g}/{n}" for g, n in SHIPPED])
+def test_every_shipped_config_composes(group: str, name: str):
+    override = f"+{group}={name}" if group == "experiment" else f"{group}={name}"
+    run = load_config(compose_run(override))
+    assert isinstance(run, RunConfig)
+
+
+def test_problems_are_collected_and_name_their_keys():
+    cfg = compose_run(
+        "rollout.n_samples_per_prompt=1", "model.hidden_size=63", "trainer.total_steps=0"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    text = str(info.value)
+    assert len(info.value.problems) == 3
+    for key in ("rollout.n_samples_per_prompt", "model.hidden_size", "trainer.total_steps"):
+        assert key in text
+
+
+def test_missing_required_key_is_named():
+    with pytest.raises(ConfigError, match="placement.component_placement"):
+        load_config({"placement": {}})
+
+
+def test_unknown_component_is_named():
+    with pytest.raises(ConfigError, match="'actr'"):
+        load_config(compose_run("+placement.component_placement.actr=0"))
+
+
+def test_model_path_must_be_a_checkpoint(tmp_path: pathlib.Path):
+    with pytest.raises(ConfigError, match="config.json"):
+        load_config(compose_run(f"model.path={tmp_path}"))
+
+
+def test_gae_without_critic_is_refused():
+    with pytest.raises(ConfigError, match="critic"):
+        load_config(compose_run("algorithm.advantage_estimator=gae"))
+
+
+# ------------------------------------------------------------------ offload policy (hand-computed)
+def test_offload_default_is_never():
+    p = resolve_offload(OffloadPolicyConfig(), "k")
+    assert p.when == "never" and not p.enabled and p.states == frozenset()
+
+
+def test_rlinf_aliases_select_exactly_the_flagged_states():
+    p = resolve_offload(
+        OffloadPolicyConfig(offload_optimizer=True, offload_weight=False), "placement.offload.a"
+    )
+    assert p.when == "after_stage"
+    assert p.states == frozenset({"optimizer", "kv_cache"})  # kv_cache kept from `states`
+    assert p.may_offload("optimizer") and not p.may_offload("weights")
+
+
+def test_enable_offload_turns_never_into_after_stage_but_keeps_on_demand():
+    assert resolve_offload(OffloadPolicyConfig(enable_offload=True), "k").when == "after_stage"
+    p = resolve_offload(OffloadPolicyConfig(enable_offload=True, when="on_demand"), "k")
+    assert p.when == "on_demand"
+
+
+def test_contradicting_aliases_and_bad_values_name_the_key():
+    with pytest.raises(ConfigError, match="placement.offload.actor.enable_offload"):
+        resolve_offload(
+            OffloadPolicyConfig(enable_offload=False, when="after_stage"), "placement.offload.actor"
+        )
+    with pytest.raises(ConfigError) as info:
+        resolve_offload(OffloadPolicyConfig(when="sometimes", states=["ram"]), "x")
+    assert len(info.value.problems) == 2
