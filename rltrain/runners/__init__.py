@@ -1,0 +1,1 @@
+"""Driver loops (reasoning, embodied) and what they share: sizes, checkpoints."""

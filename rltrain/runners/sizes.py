@@ -1,0 +1,95 @@
+"""Batch sizes derived once, before anything starts, into a frozen record.
+
+Config values never change meaning after load (no ``mini_batch *= n; //= world``): every size a
+worker or the driver loop uses is computed here from the config and the plan's world sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rltrain.config.schema import RunConfig
+from rltrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """Sizes of one training step of the reasoning runner.
+
+    Attributes:
+        prompts_per_step: prompts drawn per step (``trainer.train_batch_size``).
+        samples_per_prompt: responses sampled per prompt (``rollout.n_samples_per_prompt``).
+        samples_per_step: prompts x samples.
+        rollout_dp: rollout data-parallel size (processes; each holds whole prompt groups).
+        actor_dp: actor data-parallel size.
+        prompts_per_rollout_rank: prompts each rollout process generates for.
+        samples_per_actor_rank: samples each actor process trains on per step.
+        minibatches: optimizer steps per epoch (``algorithm.num_minibatches``).
+        samples_per_minibatch: samples per actor process per optimizer step.
+        micro_batch: sequences per forward/backward (gradient accumulation below it).
+    """
+
+    prompts_per_step: int
+    samples_per_prompt: int
+    samples_per_step: int
+    rollout_dp: int
+    actor_dp: int
+    prompts_per_rollout_rank: int
+    samples_per_actor_rank: int
+    minibatches: int
+    samples_per_minibatch: int
+    micro_batch: int
+
+
+def derive_sizes(run: RunConfig, actor_world: int, rollout_world: int) -> BatchSizes:
+    """Derive and check the step's batch sizes against the plan's world sizes.
+
+    Args:
+        run: the checked run config.
+        actor_world: actor processes in the plan (data-parallel size x tensor-parallel size).
+        rollout_world: rollout processes in the plan.
+
+    Returns:
+        The frozen sizes.
+
+    Raises:
+        ConfigError: naming the keys whose values do not divide, and values that would.
+    """
+    prompts = run.trainer.train_batch_size
+    n = run.rollout.n_samples_per_prompt
+    actor_dp = max(1, actor_world // run.actor.tensor_parallel_size)
+    rollout_dp = max(1, rollout_world)
+    samples = prompts * n
+    problems = []
+    if prompts % rollout_dp:
+        problems.append(
+            f"trainer.train_batch_size={prompts} does not divide by the rollout's data-parallel "
+            f"size {rollout_dp} (its processes in placement.component_placement): use a multiple "
+            f"of {rollout_dp}, e.g. {_next_multiple(prompts, rollout_dp)}"
+        )
+    mb = run.algorithm.num_minibatches
+    if samples % (actor_dp * mb):
+        problems.append(
+            f"trainer.train_batch_size x rollout.n_samples_per_prompt = {samples} samples do not "
+            f"divide by the actor's data-parallel size {actor_dp} x algorithm.num_minibatches "
+            f"{mb}: use a train_batch_size that makes samples a multiple of {actor_dp * mb}"
+        )
+    if problems:
+        raise ConfigError(problems)
+    per_actor = samples // actor_dp
+    return BatchSizes(
+        prompts_per_step=prompts,
+        samples_per_prompt=n,
+        samples_per_step=samples,
+        rollout_dp=rollout_dp,
+        actor_dp=actor_dp,
+        prompts_per_rollout_rank=prompts // rollout_dp,
+        samples_per_actor_rank=per_actor,
+        minibatches=mb,
+        samples_per_minibatch=per_actor // mb,
+        micro_batch=min(run.actor.micro_batch_size, per_actor // mb),
+    )
+
+
+def _next_multiple(x: int, k: int) -> int:
+    return (x + k - 1) // k * k

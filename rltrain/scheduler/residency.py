@@ -1,0 +1,279 @@
+"""Device residency: components that share a device take turns, by their offload policies.
+
+One coordinator per job lives in the driver. The driver takes a lease for a stage at the stage
+boundary (``with coordinator.stage("rollout"):``); the coordinator decides, for every device the
+stage's processes use, which other residents must leave and which of their state kinds, checks
+that the stage then fits everywhere (all-or-nothing), awaits the evictions, reloads the stage's
+own offloaded state, and after the stage offloads it again when its policy is ``after_stage``.
+
+Why the driver and not the workers: a worker asking for room from inside its own method would
+deadlock when the grant must call ``offload()`` on another busy single-threaded actor.
+
+The decision logic is pure (:meth:`ResidencyCoordinator.plan_stage`) and tested without Ray; the
+actions go through a small :class:`ResidentHandle` protocol that the worker groups implement.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rltrain.config.offload import OffloadPolicy
+from rltrain.errors import ResourceError
+
+Device = tuple[int, int]  # (node rank, local device id)
+GIB = 1024**3
+
+
+class ResidentHandle(Protocol):
+    """What the coordinator needs from one process of a component (a worker, or its proxy)."""
+
+    def offload(self, kinds: Sequence[str]) -> None:
+        """Move the given state kinds off the device; return when the device memory is free."""
+
+    def reload(self, kinds: Sequence[str]) -> None:
+        """Bring the given state kinds back onto the device."""
+
+
+@dataclass
+class Resident:
+    """One process of a component and the bytes it holds per device, by state kind."""
+
+    component: str
+    rank: int
+    devices: tuple[Device, ...]
+    policy: OffloadPolicy
+    total: dict[str, int]  # bytes per kind when fully resident (per device the process uses)
+    offloaded: set[str] = field(default_factory=set)
+    stage_extra: int = 0  # transient bytes the stage needs on top (activations, KV growth)
+
+    def resident_bytes(self) -> int:
+        return sum(b for k, b in self.total.items() if k not in self.offloaded)
+
+    def movable(self) -> dict[str, int]:
+        """Bytes per kind that the policy lets leave and that are on the device now."""
+        return {
+            k: b
+            for k, b in self.total.items()
+            if k not in self.offloaded and self.policy.may_offload(k)
+        }
+
+
+@dataclass(frozen=True)
+class Eviction:
+    component: str
+    rank: int
+    kinds: tuple[str, ...]
+    bytes: int
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What happens before a stage runs: evictions of others, then reloads of its own state."""
+
+    component: str
+    evictions: tuple[Eviction, ...]
+    reloads: tuple[tuple[int, tuple[str, ...]], ...]  # (rank, kinds)
+
+
+@dataclass(frozen=True)
+class ResidencyEvent:
+    """One grant, offload or reload, with timestamps, for the timeline and the tests."""
+
+    kind: str  # grant | offload | reload | release
+    component: str
+    rank: int
+    kinds: tuple[str, ...]
+    bytes: int
+    start: float
+    end: float
+
+
+def _gib(b: float) -> str:
+    return f"{b / GIB:.2f} GiB"
+
+
+class ResidencyCoordinator:
+    """Grants stage leases on shared devices, evicting residents by their offload policies.
+
+    Args:
+        capacity: bytes available per device.
+        clock: time source for event timestamps.
+    """
+
+    def __init__(self, capacity: Mapping[Device, int], clock=time.monotonic) -> None:
+        self.capacity = dict(capacity)
+        self.residents: dict[tuple[str, int], Resident] = {}
+        self.handles: dict[tuple[str, int], ResidentHandle] = {}
+        self.events: list[ResidencyEvent] = []
+        self.peak: dict[Device, int] = {d: 0 for d in self.capacity}
+        self._active: set[str] = set()  # components holding a lease: their stage_extra counts
+        self._clock = clock
+
+    # ---------------------------------------------------------------------------- registration
+    def register(self, resident: Resident, handle: ResidentHandle | None = None) -> None:
+        """Add a process and its state sizes; it starts fully resident unless marked offloaded."""
+        for d in resident.devices:
+            if d not in self.capacity:
+                raise ResourceError(
+                    f"{resident.component} rank {resident.rank} uses device {d}, which the "
+                    f"coordinator was not given a capacity for"
+                )
+        key = (resident.component, resident.rank)
+        self.residents[key] = resident
+        if handle is not None:
+            self.handles[key] = handle
+        self._note_peak()
+
+    def usage(self, device: Device) -> int:
+        """Bytes resident on a device now, over every process that uses it."""
+        return sum(
+            r.resident_bytes() + (r.stage_extra if r.component in self._active else 0)
+            for r in self.residents.values()
+            if device in r.devices
+        )
+
+    # -------------------------------------------------------------------------------- decisions
+    def plan_stage(self, component: str) -> StagePlan:
+        """Decide what must leave so that ``component``'s stage fits on all its devices.
+
+        Evicts on-demand residents before after-stage ones (after-stage residents normally left
+        already), larger kinds first, and only from devices the stage uses.
+
+        Raises:
+            ResourceError: when even evicting everything the policies allow cannot make room;
+                the message names the device, the residents, the shortfall and the fix.
+        """
+        mine = [r for r in self.residents.values() if r.component == component]
+        if not mine:
+            raise ResourceError(f"no processes of component {component!r} are registered")
+        reloads = tuple((r.rank, tuple(sorted(r.offloaded))) for r in mine if r.offloaded)
+        devices = sorted({d for r in mine for d in r.devices})
+        chosen: dict[tuple[str, int], set[str]] = {}
+        for dev in devices:
+            need = sum(sum(r.total.values()) + r.stage_extra for r in mine if dev in r.devices)
+            others = [
+                r for r in self.residents.values() if r.component != component and dev in r.devices
+            ]
+            held = sum(
+                b
+                for r in others
+                for k, b in r.total.items()
+                if k not in r.offloaded and k not in chosen.get((r.component, r.rank), set())
+            )
+            free = self.capacity[dev] - held
+            order = sorted(others, key=lambda r: (r.policy.when != "on_demand", r.component))
+            for r in order:
+                if free >= need:
+                    break
+                gone = chosen.setdefault((r.component, r.rank), set())
+                for kind, b in sorted(r.movable().items(), key=lambda kv: -kv[1]):
+                    if free >= need:
+                        break
+                    if kind not in gone:
+                        gone.add(kind)
+                        free += b
+            if free < need:
+                raise ResourceError(self._explain_shortfall(component, dev, need, free, others))
+        evictions = tuple(
+            Eviction(
+                c,
+                rank,
+                tuple(sorted(kinds)),
+                sum(self.residents[(c, rank)].total[k] for k in kinds),
+            )
+            for (c, rank), kinds in sorted(chosen.items())
+            if kinds
+        )
+        return StagePlan(component, evictions, reloads)
+
+    def _explain_shortfall(
+        self, component: str, dev: Device, need: int, free: int, others: list[Resident]
+    ) -> str:
+        held = (
+            ", ".join(
+                f"{r.component} rank {r.rank} {_gib(r.resident_bytes())} "
+                f"(may offload: {sorted(r.policy.states) if r.policy.enabled else 'nothing'})"
+                for r in others
+            )
+            or "none"
+        )
+        fixes = [
+            f"placement.offload.{r.component}.when=after_stage or on_demand with states "
+            f"{sorted(k for k in r.total if k not in r.policy.states or not r.policy.enabled)}"
+            for r in others
+            if any(not r.policy.may_offload(k) for k in r.total if r.total[k])
+        ]
+        fix = "; ".join(dict.fromkeys(fixes)) or (
+            "give the components their own devices or raise cluster.device_memory_gib"
+        )
+        return (
+            f"{component} needs {_gib(need)} on device {dev} (capacity {_gib(self.capacity[dev])})"
+            f" but only {_gib(max(free, 0))} can be freed; residents: {held}. "
+            f"Shortfall {_gib(need - free)}. Fix: {fix}"
+        )
+
+    # ---------------------------------------------------------------------------------- actions
+    @contextmanager
+    def stage(self, component: str) -> Iterator[StagePlan]:
+        """Hold a lease on the devices of ``component`` for the duration of a stage.
+
+        Evictions and reloads are awaited before the body runs; after it, the component's own
+        state leaves again if its policy is ``after_stage``.
+        """
+        plan = self.plan_stage(component)
+        for ev in plan.evictions:
+            self._act("offload", ev.component, ev.rank, ev.kinds)
+        for rank, kinds in plan.reloads:
+            self._act("reload", component, rank, kinds)
+        start = self._clock()
+        self._active.add(component)
+        self._note_peak()
+        try:
+            yield plan
+        finally:
+            self._active.discard(component)
+            self.events.append(ResidencyEvent("grant", component, -1, (), 0, start, self._clock()))
+            for r in [r for r in self.residents.values() if r.component == component]:
+                if r.policy.when == "after_stage":
+                    kinds = tuple(sorted(r.movable()))
+                    if kinds:
+                        self._act("offload", component, r.rank, kinds)
+
+    def offload_all(self, component: str) -> None:
+        """Offload everything the policy allows (used at start-up for after-stage components)."""
+        for r in [r for r in self.residents.values() if r.component == component]:
+            kinds = tuple(sorted(r.movable()))
+            if kinds and r.policy.when != "never":
+                self._act("offload", component, r.rank, kinds)
+
+    def _act(self, what: str, component: str, rank: int, kinds: tuple[str, ...]) -> None:
+        r = self.residents[(component, rank)]
+        handle = self.handles.get((component, rank))
+        start = self._clock()
+        if handle is not None:
+            getattr(handle, what)(list(kinds))
+        if what == "offload":
+            r.offloaded |= set(kinds)
+        else:
+            r.offloaded -= set(kinds)
+        moved = sum(r.total[k] for k in kinds)
+        self.events.append(
+            ResidencyEvent(what, component, rank, kinds, moved, start, self._clock())
+        )
+        self._note_peak()
+
+    def _note_peak(self) -> None:
+        for d in self.capacity:
+            self.peak[d] = max(self.peak[d], self.usage(d))
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """How many offloads and reloads each component did: {(component, kind): n}."""
+        out: dict[tuple[str, str], int] = {}
+        for e in self.events:
+            if e.kind in ("offload", "reload"):
+                out[(e.component, e.kind)] = out.get((e.component, e.kind), 0) + 1
+        return out

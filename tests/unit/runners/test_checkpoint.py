@@ -1,0 +1,63 @@
+"""Checkpoints are atomic: a crash mid-write leaves the previous one usable."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rltrain.errors import ConfigError
+from rltrain.runners.checkpoint import CheckpointManager, read_state
+
+
+def write_payload(path: str, text: str) -> None:
+    with open(os.path.join(path, "model.txt"), "w") as f:
+        f.write(text)
+
+
+def test_commit_publishes_and_latest_points_at_it(tmp_path):
+    mgr = CheckpointManager(str(tmp_path / "ckpt"))
+    assert mgr.latest() is None and mgr.resolve("auto") is None
+    p = mgr.begin(5)
+    write_payload(p.path, "five")
+    final = mgr.commit(p, {"cursor": 40})
+    assert final.endswith("step-000005")
+    assert mgr.latest() == final
+    assert read_state(final) == {"cursor": 40, "step": 5}
+    assert open(os.path.join(final, "model.txt")).read() == "five"
+
+
+def test_crash_mid_write_keeps_previous_latest(tmp_path):
+    mgr = CheckpointManager(str(tmp_path))
+    p = mgr.begin(1)
+    write_payload(p.path, "one")
+    good = mgr.commit(p, {})
+    crashed = mgr.begin(2)  # the workers wrote half of it, then the driver died
+    write_payload(crashed.path, "half")
+    again = CheckpointManager(str(tmp_path))
+    assert again.resolve("auto") == good
+    assert read_state(good)["step"] == 1
+
+
+def test_keep_prunes_old_checkpoints(tmp_path):
+    mgr = CheckpointManager(str(tmp_path), keep=2)
+    for step in (1, 2, 3):
+        mgr.commit(mgr.begin(step), {})
+    names = sorted(n for n in os.listdir(tmp_path) if n.startswith("step-"))
+    assert names == ["step-000002", "step-000003"]
+
+
+def test_resume_from_a_root_or_a_step_dir_and_bad_path(tmp_path):
+    mgr = CheckpointManager(str(tmp_path))
+    final = mgr.commit(mgr.begin(7), {})
+    assert mgr.resolve(str(tmp_path)) == final
+    assert mgr.resolve(final) == final
+    with pytest.raises(ConfigError, match="trainer.resume"):
+        mgr.resolve(str(tmp_path / "nowhere"))
+
+
+def test_memory_filesystem_uri_works():
+    mgr = CheckpointManager("memory://rltrain-test/ckpt")
+    final = mgr.commit(mgr.begin(3), {"x": 1})
+    assert final.startswith("memory://")
+    assert read_state(final)["x"] == 1
