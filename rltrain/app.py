@@ -20,5 +20,10 @@ def run(cfg: DictConfig) -> float | None:
         ConfigError: when the config fails a check; nothing has started yet.
     """
     run_cfg = load_config(cfg)
+    if run_cfg.mode == "plan":
+        from rltrain.placement.command import plan_command
+
+        plan_command(run_cfg)
+        return None
     print(OmegaConf.to_yaml(OmegaConf.structured(run_cfg)))
     return None

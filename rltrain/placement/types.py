@@ -224,6 +224,9 @@ class Placement:
             renumbered from 0 inside the process).
         local_hardware_ranks: the local hardware (device, robot, ...) ranks the process uses.
         node_group_label: the node group the resources were drawn from.
+        hardware_type: the non-accelerator hardware (e.g. ``robot``) that
+            ``local_hardware_ranks`` count, or None when they count accelerators (or, for a
+            node-only process, are empty).
     """
 
     rank: int
@@ -237,8 +240,11 @@ class Placement:
     isolate_accelerator: bool
     local_hardware_ranks: tuple[int, ...]
     node_group_label: str | None = None
+    hardware_type: str | None = None
 
     @property
     def device_ids(self) -> tuple[int, ...]:
-        """Local accelerator ids the process uses (empty for node-only processes)."""
-        return self.local_hardware_ranks if self.accelerator_type in ("cuda", "sim") else ()
+        """Local accelerator ids the process uses (empty for node-only and hardware processes)."""
+        if self.hardware_type is not None or self.accelerator_type not in ("cuda", "sim"):
+            return ()
+        return self.local_hardware_ranks

@@ -1,0 +1,81 @@
+"""The ``plan`` command: ``python -m rltrain mode=plan [placement=...] [cluster...]``.
+
+Prints the plan as a table, writes ``plan.json`` and ``plan.svg`` into the run directory, and
+returns without starting Ray or importing torch. A plan that does not fit is still written (with
+the over-full devices outlined in red), then refused with a :class:`ResourceError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from rltrain.placement.plan import Plan, build_plan
+from rltrain.placement.render import rows, size, svg
+from rltrain.placement.types import ClusterSpec
+
+
+def run_dir() -> str:
+    """Hydra's output directory for this job, or the working directory outside Hydra."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.output_dir
+    except (ImportError, ValueError):
+        return os.getcwd()
+
+
+def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Plan:
+    """Plan a run, show it, and write ``plan.json`` and ``plan.svg``.
+
+    Args:
+        run: the checked :class:`~rltrain.config.schema.RunConfig`.
+        out_dir: where to write; None for the Hydra run directory.
+        max_rows: table rows before consecutive alike processes are merged into one row.
+
+    Returns:
+        The plan.
+
+    Raises:
+        PlacementError: for a bad placement.
+        ResourceError: when the plan does not fit (after writing it).
+    """
+    out_dir = out_dir or run_dir()
+    os.makedirs(out_dir, exist_ok=True)
+    cluster = ClusterSpec.from_config(run.cluster)
+    plan = build_plan(run, cluster, check_fit=False)
+    _print(plan, max_rows)
+    with open(os.path.join(out_dir, "plan.json"), "w") as f:
+        json.dump(plan.to_dict(), f, indent=1)
+    with open(os.path.join(out_dir, "plan.svg"), "w") as f:
+        f.write(svg(plan))
+    print(f"wrote {os.path.join(out_dir, 'plan.json')} and plan.svg")
+    plan.check_fit()
+    return plan
+
+
+def _print(plan: Plan, max_rows: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = (
+        f"{plan.mode.value} plan: {plan.cluster.num_nodes} node(s) x "
+        f"{_per_node(plan.cluster)} device(s)"
+    )
+    table = Table(title=title, caption=f"peak memory over the stages {' -> '.join(plan.stages)}")
+    for col in ("component", "rank", "node", "devices", "shared with", "peak memory"):
+        table.add_column(col, justify="right" if col in ("rank", "node") else "left")
+    for r in rows(plan, max_rows):
+        table.add_row(r.component, r.ranks, r.nodes, r.devices, r.shared_with, r.memory)
+    console = Console(width=max(int(os.environ.get("COLUMNS", 120)), 100))
+    console.print(table)
+    worlds = ", ".join(f"{c}={plan.world_size(c)}" for c in plan.components)
+    console.print(f"world sizes: {worlds}")
+    peak = max((m.peak_bytes for m in plan.memory.values()), default=0)
+    console.print(f"highest predicted device peak: {size(peak)}")
+
+
+def _per_node(cluster: ClusterSpec) -> str:
+    counts = sorted({n.num_devices for n in cluster.nodes})
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"

@@ -1,0 +1,247 @@
+"""The memory model: bytes a component's process holds on its devices, term by term.
+
+One function per term, each with its formula, so the plan's prediction and the run-time ledger
+(the residency coordinator) count the same way. Sizes are per *process*; a process spread over
+``k`` devices (a rollout engine with tensor parallelism) holds ``1/k`` of each term on each.
+
+Terms (state kinds): ``weights``, ``grads``, ``optimizer``, ``kv_cache`` (these may be offloaded
+by policy), ``activations`` (only while the component runs) and ``context`` (the per-process
+device context: CUDA's, about 0.5 GiB; none on simulated devices).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rltrain.errors import ConfigError
+
+GIB = 1024**3
+MIB = 1024**2
+
+#: Bytes per element of each model dtype.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+#: Device context per process per CUDA device (driver, cuBLAS/NCCL workspaces).
+CUDA_CONTEXT_BYTES = 512 * MIB
+
+#: Activation elements kept per token, per layer, per unit of hidden size for backward, in the
+#: model dtype: Korthikanti et al. (2022) count 34 bytes·s·b·h per layer in 16-bit, i.e. 17
+#: elements, leaving out the attention-score term that fused attention does not store.
+ACTIVATION_ELEMENTS = 17
+
+#: Adam keeps two fp32 moments per parameter.
+ADAM_MOMENT_BYTES = 8
+
+#: Under bf16/fp16 training the optimizer also keeps an fp32 master copy of the weights.
+MASTER_WEIGHT_BYTES = 4
+
+#: Vocabulary of rltrain's built-in tokenizer, used when the model is built from fields.
+DEFAULT_VOCAB_SIZE = 32
+
+STATE_KINDS = ("weights", "grads", "optimizer", "kv_cache")
+KINDS = (*STATE_KINDS, "activations", "context")
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The sizes the memory model needs from a decoder-only transformer."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    max_position_embeddings: int
+    dtype: str = "float32"
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def dtype_bytes(dtype: str, key: str = "model.dtype") -> int:
+    """Bytes per element of ``dtype``.
+
+    Raises:
+        ConfigError: for a dtype other than float32, bfloat16, float16.
+    """
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ConfigError(f"{key}={dtype!r} is not one of {list(DTYPE_BYTES)}") from None
+
+
+def model_dims(model: Any) -> ModelDims:
+    """Model sizes from the ``model`` config, or from ``model.path``'s ``config.json``.
+
+    Args:
+        model: the model section (dataclass, dict or DictConfig).
+
+    Returns:
+        The sizes. A checkpoint's ``torch_dtype`` is ignored: ``model.dtype`` is what runs.
+
+    Raises:
+        ConfigError: when ``model.path`` has no readable ``config.json`` with the sizes.
+    """
+    get = model.get if hasattr(model, "get") else lambda k, d=None: getattr(model, k, d)
+    dtype = str(get("dtype", "float32"))
+    path = get("path", None)
+    if path is None:
+        return ModelDims(
+            hidden_size=int(get("hidden_size")),
+            intermediate_size=int(get("intermediate_size")),
+            num_layers=int(get("num_layers")),
+            num_heads=int(get("num_heads")),
+            num_kv_heads=int(get("num_kv_heads")),
+            vocab_size=int(get("vocab_size", None) or DEFAULT_VOCAB_SIZE),
+            max_position_embeddings=int(get("max_position_embeddings")),
+            dtype=dtype,
+            tie_word_embeddings=False,
+            qkv_bias=get("family", "llama") == "qwen2",
+        )
+    return checkpoint_dims(str(path), dtype)
+
+
+def checkpoint_dims(path: str, dtype: str) -> ModelDims:
+    """Model sizes from a Hugging Face checkpoint's ``config.json``.
+
+    Raises:
+        ConfigError: when the file is missing or lacks a size.
+    """
+    file = os.path.join(path, "config.json")
+    try:
+        with open(file) as f:
+            c = json.load(f)
+        heads = int(c["num_attention_heads"])
+        return ModelDims(
+            hidden_size=int(c["hidden_size"]),
+            intermediate_size=int(c["intermediate_size"]),
+            num_layers=int(c["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(c.get("num_key_value_heads") or heads),
+            vocab_size=int(c["vocab_size"]),
+            max_position_embeddings=int(c["max_position_embeddings"]),
+            dtype=dtype,
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            qkv_bias=c.get("model_type") == "qwen2" or bool(c.get("attention_bias", False)),
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(
+            f"model.path={path!r}: cannot read the model sizes from {file} ({exc!r}): point "
+            f"model.path at a Hugging Face checkpoint directory"
+        ) from None
+
+
+def param_count(d: ModelDims) -> int:
+    """Parameters of a Llama/Qwen2-style decoder.
+
+    ``V·h`` (embeddings) + ``L·(h·(h + 2·kv) + h·h + 3·h·i + 2·h)`` (q, k, v, o, gate/up/down,
+    two norms) + ``h`` (final norm) + ``V·h`` (LM head, unless tied) + ``L·(h + 2·kv)`` (q/k/v
+    biases, Qwen2).
+    """
+    h, i, kv, layers, v = d.hidden_size, d.intermediate_size, d.kv_dim, d.num_layers, d.vocab_size
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * i + 2 * h
+    if d.qkv_bias:
+        per_layer += h + 2 * kv
+    head = 0 if d.tie_word_embeddings else v * h
+    return v * h + layers * per_layer + h + head
+
+
+def _div(num: int, den: int) -> int:
+    return -(-num // den)
+
+
+def weight_bytes(params: int, dtype: str, shards: int = 1) -> int:
+    """Weights: ``ceil(params · bytes(dtype) / shards)``; shards = tp·pp (·dp under ZeRO-3)."""
+    return _div(params * dtype_bytes(dtype), shards)
+
+
+def grad_bytes(params: int, dtype: str, shards: int = 1) -> int:
+    """Gradients, at the model dtype: ``ceil(params · bytes(dtype) / shards)``;
+    shards = tp·pp (·dp under ZeRO-2/3)."""
+    return _div(params * dtype_bytes(dtype), shards)
+
+
+def optimizer_bytes(params: int, dtype: str, shards: int = 1) -> int:
+    """Adam state: ``ceil(params · (8 + (4 if dtype is 16-bit else 0)) / shards)``.
+
+    Two fp32 moments, plus an fp32 master copy of the weights under bf16/fp16;
+    shards = tp·pp (·dp under ZeRO-1/2/3).
+    """
+    per = ADAM_MOMENT_BYTES + (MASTER_WEIGHT_BYTES if dtype_bytes(dtype) < 4 else 0)
+    return _div(params * per, shards)
+
+
+def zero_divisors(zero_stage: int, dp: int) -> dict[str, int]:
+    """The data-parallel divisor ZeRO applies to each state kind.
+
+    Stage 1 shards the optimizer, stage 2 also the gradients, stage 3 also the weights:
+    ``{"weights": dp if stage >= 3, "grads": dp if stage >= 2, "optimizer": dp if stage >= 1}``
+    (1 otherwise).
+    """
+    return {
+        "weights": dp if zero_stage >= 3 else 1,
+        "grads": dp if zero_stage >= 2 else 1,
+        "optimizer": dp if zero_stage >= 1 else 1,
+    }
+
+
+def activation_bytes(
+    micro_batch: int,
+    seq_len: int,
+    d: ModelDims,
+    shards: int = 1,
+    training: bool = True,
+    checkpointing: bool = False,
+) -> int:
+    """Activations of one micro-batch, plus its fp32 logits.
+
+    Training keeps ``b·s·h·L·17`` elements (model dtype) for backward; with gradient
+    checkpointing only each layer's input (``b·s·h·L``) plus one layer recomputed
+    (``b·s·h·17``); a forward pass alone holds one layer's (``b·s·h·17``). Logits add
+    ``b·s·V·4`` bytes. The total is divided by ``shards`` (the tensor-parallel size).
+    """
+    base = micro_batch * seq_len * d.hidden_size
+    if not training:
+        elements = base * ACTIVATION_ELEMENTS
+    elif checkpointing:
+        elements = base * d.num_layers + base * ACTIVATION_ELEMENTS
+    else:
+        elements = base * d.num_layers * ACTIVATION_ELEMENTS
+    logits = micro_batch * seq_len * d.vocab_size * 4
+    return _div(elements * dtype_bytes(d.dtype) + logits, shards)
+
+
+def kv_cache_bytes(batch: int, seq_len: int, d: ModelDims) -> int:
+    """KV cache of the torch (HF generate) backend: ``2·b·s·L·kv_dim·bytes(dtype)``."""
+    return 2 * batch * seq_len * d.num_layers * d.kv_dim * dtype_bytes(d.dtype)
+
+
+def vllm_reserved_bytes(utilization: float, capacity_bytes: int, num_devices: int = 1) -> int:
+    """What a vLLM engine reserves: ``floor(utilization · capacity)`` on each of its devices.
+
+    The reservation holds weights, KV cache and activations; the plan splits it into the weights
+    and a ``kv_cache`` term for the rest.
+    """
+    return math.floor(utilization * capacity_bytes) * num_devices
+
+
+def context_bytes(accelerator_type: str) -> int:
+    """Per-process device context: ``CUDA_CONTEXT_BYTES`` on ``cuda`` devices, 0 on simulated."""
+    return CUDA_CONTEXT_BYTES if accelerator_type == "cuda" else 0
+
+
+def rollout_batch_per_process(train_batch_size: int, n_samples: int, world_size: int) -> int:
+    """Sequences one rollout process generates at once: ``ceil(prompts · samples / world)``."""
+    return _div(train_batch_size * n_samples, max(world_size, 1))

@@ -1,0 +1,614 @@
+"""The plan: every process of every component, who shares each device, and predicted memory.
+
+:func:`build_plan` resolves a run's ``placement`` against a :class:`ClusterSpec` and predicts,
+for every device and every stage of the step, the bytes each component holds there, term by term,
+after its offload policy. A plan that cannot fit is refused with a :class:`ResourceError` naming
+the device, the shortfall and the settings that would fix it. Pure: no Ray, no torch.
+
+Stages of one step (reasoning runner; embodied runs generate with ``env`` and ``rollout``
+together and have no reward stage): ``generate`` (rollout), ``reward`` (a reward model),
+``logprob`` (reference, inference), ``train`` (actor, critic), ``sync`` (actor weights to
+rollout). In a stage, a component that runs holds all its terms; one that does not holds its
+state kinds unless its policy moves them: ``after_stage`` offloads them, ``on_demand`` leaves them
+until the device needs the room (the plan evicts whole components, largest first, only when the
+stage would not fit otherwise). Activations exist only while a component runs; the device
+context stays while the process lives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from rltrain.config.offload import OffloadPolicy, resolve_offload
+from rltrain.errors import PlacementError, ResourceError
+from rltrain.placement import memory as mem
+from rltrain.placement.component import (
+    ComponentPlacement,
+    HybridComponentPlacement,
+    ModelParallelComponentPlacement,
+    PlacementMode,
+)
+from rltrain.placement.types import GIB, ClusterSpec, Placement
+
+_ALL = frozenset(mem.KINDS)
+
+#: Stages of one step per runner: (stage, {component: state kinds it uses while running}).
+STAGES: dict[str, tuple[tuple[str, Mapping[str, frozenset[str]]], ...]] = {
+    "reasoning": (
+        ("generate", {"rollout": _ALL}),
+        ("reward", {"reward": _ALL}),
+        ("logprob", {"reference": _ALL, "inference": _ALL}),
+        ("train", {"actor": _ALL, "critic": _ALL}),
+        ("sync", {"actor": frozenset({"weights"}), "rollout": frozenset({"weights"})}),
+    ),
+    "embodied": (
+        ("generate", {"env": _ALL, "rollout": _ALL}),
+        ("logprob", {"reference": _ALL, "inference": _ALL}),
+        ("train", {"actor": _ALL, "critic": _ALL}),
+        ("sync", {"actor": frozenset({"weights"}), "rollout": frozenset({"weights"})}),
+    ),
+}
+
+Device = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class MemoryTerm:
+    """One component's bytes of one kind on one device in one stage.
+
+    Attributes:
+        component: the component.
+        kind: ``weights``, ``grads``, ``optimizer``, ``kv_cache``, ``activations`` or ``context``.
+        bytes: the size of that state on this device.
+        status: ``active`` (the component runs), ``pinned`` (idle but kept by its policy),
+            ``evictable`` (idle, ``on_demand``, still resident), ``offloaded`` (off the device).
+    """
+
+    component: str
+    kind: str
+    bytes: int
+    status: str
+
+    @property
+    def on_device(self) -> int:
+        """Bytes this term occupies on the device (0 once offloaded)."""
+        return 0 if self.status == "offloaded" else self.bytes
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """A device's memory in one stage.
+
+    Attributes:
+        stage: the stage name.
+        terms: every term, offloaded ones included (with status ``offloaded``).
+        required_bytes: what must be resident: active and pinned terms.
+        peak_bytes: predicted occupancy: required plus the evictable terms not evicted.
+    """
+
+    stage: str
+    terms: tuple[MemoryTerm, ...]
+    required_bytes: int
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Predicted memory of one device, per stage (devices with the same load share one record)."""
+
+    capacity_bytes: int
+    accelerator_type: str
+    stages: tuple[StageMemory, ...]
+
+    @property
+    def peak_bytes(self) -> int:
+        return max((s.peak_bytes for s in self.stages), default=0)
+
+    @property
+    def required_bytes(self) -> int:
+        return max((s.required_bytes for s in self.stages), default=0)
+
+    def stage(self, name: str) -> StageMemory:
+        """The stage called ``name``.
+
+        Raises:
+            KeyError: when the plan has no such stage.
+        """
+        for s in self.stages:
+            if s.stage == name:
+                return s
+        raise KeyError(f"no stage {name!r}; stages are {[s.stage for s in self.stages]}")
+
+
+@dataclass(frozen=True)
+class PlannedProcess:
+    """One process of a component, where it runs."""
+
+    component: str
+    rank: int
+    placement: Placement
+
+    @property
+    def node_rank(self) -> int:
+        return self.placement.cluster_node_rank
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """Local device ids on its node (empty for node-only processes)."""
+        return self.placement.device_ids
+
+
+@dataclass(frozen=True)
+class FitProblem:
+    """A stage that does not fit on a set of identically loaded devices."""
+
+    devices: tuple[Device, ...]
+    stage: str
+    required_bytes: int
+    capacity_bytes: int
+    fixes: tuple[str, ...]
+
+    @property
+    def shortfall_bytes(self) -> int:
+        return self.required_bytes - self.capacity_bytes
+
+    def message(self) -> str:
+        node, dev = self.devices[0]
+        more = (
+            f" (and {len(self.devices) - 1} more devices like it)" if len(self.devices) > 1 else ""
+        )
+        return (
+            f"the plan does not fit: device {dev} of node {node}{more} needs "
+            f"{_gib(self.required_bytes)} in stage {self.stage!r}, capacity "
+            f"{_gib(self.capacity_bytes)}, short by {_gib(self.shortfall_bytes)}. "
+            f"Fix: " + "; or ".join(self.fixes)
+        )
+
+
+def _gib(b: int) -> str:
+    return f"{b / GIB:.2f} GiB"
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A resolved placement with its predicted memory.
+
+    Attributes:
+        mode: collocated, disaggregated or hybrid (from the devices components use).
+        runner: the runner whose stages the memory prediction follows.
+        components: component names in plan order.
+        processes: every process of every component, components in plan order, ranks ascending.
+        stages: the stage names, in step order.
+        sharing: ``(node, device)`` -> components with a process there, in plan order.
+        memory: ``(node, device)`` -> predicted memory per stage (shared records for devices
+            with the same load).
+        weight_sync: actor rank -> rollout ranks it sends weights to (empty without both).
+        cluster: the cluster the plan was resolved against.
+        by_component: component -> its processes in rank order.
+        run: the run config the plan was built from (read for fix suggestions).
+    """
+
+    mode: PlacementMode
+    runner: str
+    components: tuple[str, ...]
+    processes: tuple[PlannedProcess, ...]
+    stages: tuple[str, ...]
+    sharing: Mapping[Device, tuple[str, ...]]
+    memory: Mapping[Device, DeviceMemory]
+    weight_sync: Mapping[int, tuple[int, ...]]
+    cluster: ClusterSpec
+    by_component: Mapping[str, tuple[PlannedProcess, ...]] = dataclasses.field(repr=False)
+    run: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    def world_size(self, component: str) -> int:
+        """Processes of ``component``.
+
+        Raises:
+            PlacementError: for a component the plan does not place.
+        """
+        return len(self._of(component))
+
+    def placements(self, component: str) -> list[Placement]:
+        """Placements of ``component`` in rank order.
+
+        Raises:
+            PlacementError: for a component the plan does not place.
+        """
+        return [p.placement for p in self._of(component)]
+
+    def _of(self, component: str) -> tuple[PlannedProcess, ...]:
+        try:
+            return self.by_component[component]
+        except KeyError:
+            raise PlacementError(
+                f"component {component!r} is not in the plan; it places {list(self.components)}"
+            ) from None
+
+    def devices_used(self) -> frozenset[Device]:
+        """Every ``(node, local device)`` some process uses."""
+        return frozenset(self.sharing)
+
+    def fit_problems(self) -> list[FitProblem]:
+        """Stages that need more than a device holds, worst shortfall first."""
+        groups: dict[int, list[Device]] = {}
+        records: dict[int, DeviceMemory] = {}
+        for dev, dm in self.memory.items():
+            groups.setdefault(id(dm), []).append(dev)
+            records[id(dm)] = dm
+        problems = []
+        for key, dm in records.items():
+            worst = max(dm.stages, key=lambda s: s.required_bytes, default=None)
+            if worst is None or worst.required_bytes <= dm.capacity_bytes:
+                continue
+            problems.append(
+                FitProblem(
+                    devices=tuple(sorted(groups[key])),
+                    stage=worst.stage,
+                    required_bytes=worst.required_bytes,
+                    capacity_bytes=dm.capacity_bytes,
+                    fixes=tuple(_fixes(worst, dm.capacity_bytes, self.run)),
+                )
+            )
+        return sorted(problems, key=lambda p: -p.shortfall_bytes)
+
+    def check_fit(self) -> None:
+        """Refuse a plan that cannot fit.
+
+        Raises:
+            ResourceError: naming the device, the stage, the shortfall and the fixes.
+        """
+        problems = self.fit_problems()
+        if problems:
+            raise ResourceError(problems[0].message())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-serialisable data (memory records factored into profiles)."""
+        from rltrain.placement.export import plan_to_dict
+
+        return plan_to_dict(self)
+
+
+def _policy(run: Any, name: str) -> OffloadPolicy:
+    policy = run.placement.offload.get(name) if run.placement.offload else None
+    return resolve_offload(policy, f"placement.offload.{name}")
+
+
+def choose_placement(run: Any, cluster: ClusterSpec) -> ComponentPlacement:
+    """The component-placement class for a run: model-parallel for reasoning runs that place
+    both actor and rollout, hybrid (no extra constraints) otherwise.
+
+    Raises:
+        PlacementError: for a bad ``placement.component_placement``.
+    """
+    if run.runner == "reasoning":
+        names = {n.strip() for k in run.placement.component_placement for n in str(k).split(",")}
+        if {"actor", "rollout"} <= names:
+            return ModelParallelComponentPlacement(run, cluster)
+    return HybridComponentPlacement(run, cluster)
+
+
+def build_plan(run: Any, cluster: ClusterSpec, check_fit: bool = True) -> Plan:
+    """Resolve a run's placement on a cluster and predict its memory.
+
+    Args:
+        run: the :class:`~rltrain.config.schema.RunConfig` (or an object with its sections).
+        cluster: the cluster to plan for.
+        check_fit: refuse a plan that does not fit (set False to inspect one that does not).
+
+    Returns:
+        The plan.
+
+    Raises:
+        PlacementError: for a bad placement, or ``placement.mode`` contradicting the layout.
+        ResourceError: when ``check_fit`` and some device cannot hold a stage.
+        ConfigError: for a bad offload policy or unreadable model sizes.
+    """
+    cp = choose_placement(run, cluster)
+    mode = cp.placement_mode
+    _check_mode(run, cp, mode)
+    names = tuple(cp.components)
+    by_component = {n: _planned(n, cp.get_placements(n)) for n in names}
+    processes = tuple(p for n in names for p in by_component[n])
+    sharing, signature = _device_loads(names, by_component)
+    stages = STAGES.get(run.runner, STAGES["reasoning"])
+    stages = tuple(s for s in stages if any(_on_devices(by_component.get(c, ())) for c in s[1]))
+    memory = _predict(run, cluster, cp, stages, signature)
+    weight_sync = cp.rollout_rank_map() if isinstance(cp, ModelParallelComponentPlacement) else {}
+    plan = Plan(
+        mode=mode,
+        runner=run.runner,
+        components=names,
+        processes=processes,
+        stages=tuple(s for s, _ in stages),
+        sharing=MappingProxyType(sharing),
+        memory=MappingProxyType(memory),
+        weight_sync=MappingProxyType(weight_sync),
+        cluster=cluster,
+        by_component=MappingProxyType(by_component),
+        run=run,
+    )
+    if check_fit:
+        plan.check_fit()
+    return plan
+
+
+def _planned(name: str, placements: list[Placement]) -> tuple[PlannedProcess, ...]:
+    # PlannedProcess is a frozen dataclass without __post_init__: filling __dict__ builds the
+    # same record several times faster than __init__ (10^5 of them in a 1,024-node plan).
+    new = object.__new__
+    out = []
+    for p in placements:
+        rec = new(PlannedProcess)
+        rec.__dict__.update({"component": name, "rank": p.rank, "placement": p})
+        out.append(rec)
+    return tuple(out)
+
+
+def _on_devices(procs: tuple[PlannedProcess, ...]) -> bool:
+    return any(p.placement.device_ids for p in procs)
+
+
+def _check_mode(run: Any, cp: ComponentPlacement, mode: PlacementMode) -> None:
+    want = run.placement.mode
+    if want is None or want == mode.value:
+        return
+    sets = "; ".join(
+        f"{n}: {_brief_devices(cp.device_set(n))}" for n in cp.components if cp.device_set(n)
+    )
+    raise PlacementError(
+        f"placement.mode={want!r}, but placement.component_placement lays components out as "
+        f"{mode.value!r} ({sets}): set placement.mode={mode.value} (or null to skip the check), "
+        f"or change the placement"
+    )
+
+
+def _brief_devices(devs: frozenset[Device], limit: int = 6) -> str:
+    items = sorted(devs)
+    text = ", ".join(f"{n}:{d}" for n, d in items[:limit])
+    return f"{len(items)} devices [{text}{', ...' if len(items) > limit else ''}]"
+
+
+def _device_loads(
+    names: tuple[str, ...], by_component: Mapping[str, tuple[PlannedProcess, ...]]
+) -> tuple[dict[Device, tuple[str, ...]], dict[Device, tuple[tuple[str, int], ...]]]:
+    """Per device: the components sharing it, and its load signature ((component, devices per
+    process) for each process there, in plan order)."""
+    load: dict[Device, list[tuple[str, int]]] = {}
+    for n in names:
+        for proc in by_component[n]:
+            pl = proc.placement
+            ids = pl.device_ids
+            if not ids:
+                continue
+            item = (n, len(ids))
+            node = pl.cluster_node_rank
+            for d in ids:
+                key = (node, d)
+                slot = load.get(key)
+                if slot is None:
+                    load[key] = [item]
+                else:
+                    slot.append(item)
+    sharing: dict[Device, tuple[str, ...]] = {}
+    signature: dict[Device, tuple[tuple[str, int], ...]] = {}
+    share_cache: dict[tuple[tuple[str, int], ...], tuple[str, ...]] = {}
+    for key in sorted(load):
+        sig = tuple(load[key])
+        comps = share_cache.get(sig)
+        if comps is None:
+            comps = share_cache[sig] = tuple(dict.fromkeys(c for c, _ in sig))
+        sharing[key] = comps
+        signature[key] = sig
+    return sharing, signature
+
+
+def _predict(
+    run: Any,
+    cluster: ClusterSpec,
+    cp: ComponentPlacement,
+    stages: tuple[tuple[str, Mapping[str, frozenset[str]]], ...],
+    signature: Mapping[Device, tuple[tuple[str, int], ...]],
+) -> dict[Device, DeviceMemory]:
+    """Memory per device: one record per distinct (load, capacity, device type)."""
+    nodes = {n.rank: n for n in cluster.nodes}
+    dims = mem.model_dims(run.model)
+    policies = {n: _policy(run, n) for n in cp.components}
+    terms_cache: dict[tuple[str, int, int, str], dict[str, int]] = {}
+    records: dict[tuple[Any, ...], DeviceMemory] = {}
+    out: dict[Device, DeviceMemory] = {}
+    for dev, sig in signature.items():
+        node = nodes[dev[0]]
+        key = (sig, node.device_memory_bytes, node.accelerator_type)
+        record = records.get(key)
+        if record is None:
+            per_proc = []
+            for comp, ndev in sig:
+                tkey = (comp, ndev, node.device_memory_bytes, node.accelerator_type)
+                if tkey not in terms_cache:
+                    terms_cache[tkey] = component_terms(
+                        run, comp, cp.get_world_size(comp), ndev, node, dims
+                    )
+                per_proc.append((comp, ndev, terms_cache[tkey]))
+            record = records[key] = DeviceMemory(
+                capacity_bytes=node.device_memory_bytes,
+                accelerator_type=node.accelerator_type,
+                stages=tuple(
+                    _stage_memory(s, active, per_proc, policies, node.device_memory_bytes)
+                    for s, active in stages
+                ),
+            )
+        out[dev] = record
+    return out
+
+
+def component_terms(
+    run: Any, name: str, world: int, ndev: int, node: Any, dims: mem.ModelDims
+) -> dict[str, int]:
+    """Bytes one process of ``name`` holds over its ``ndev`` devices, per kind.
+
+    Args:
+        run: the run config.
+        name: the component.
+        world: the component's number of processes.
+        ndev: devices the process spans.
+        node: the :class:`NodeSpec` (device memory and type).
+        dims: the policy model's sizes.
+
+    Returns:
+        ``{kind: bytes}``; kinds that do not apply are left out.
+    """
+    params = mem.param_count(dims)
+    dt = dims.dtype
+    seq = dims.max_position_embeddings
+    t: dict[str, int] = {}
+    if name in ("actor", "critic"):
+        sec = run.actor if name == "actor" else run.critic
+        tp, pp = (run.actor.tensor_parallel_size, run.actor.pipeline_parallel_size)
+        if name == "critic":
+            tp, pp = 1, 1
+        zero = run.actor.zero_stage if name == "actor" else 0
+        z = mem.zero_divisors(zero, max(world // (tp * pp), 1))
+        t["weights"] = mem.weight_bytes(params, dt, tp * pp * z["weights"])
+        t["grads"] = mem.grad_bytes(params, dt, tp * pp * z["grads"])
+        t["optimizer"] = mem.optimizer_bytes(params, dt, tp * pp * z["optimizer"])
+        ckpt = bool(getattr(run.actor, "gradient_checkpointing", False)) and name == "actor"
+        t["activations"] = mem.activation_bytes(sec.micro_batch_size, seq, dims, tp, True, ckpt)
+    elif name in ("reference", "inference"):
+        sec = getattr(run, name)
+        tp = getattr(sec, "tensor_parallel_size", 1)
+        mp = tp * getattr(sec, "pipeline_parallel_size", 1)
+        t["weights"] = mem.weight_bytes(params, dt, mp)
+        t["activations"] = mem.activation_bytes(sec.micro_batch_size, seq, dims, tp, False)
+    elif name == "reward" and run.reward.kind == "model" and run.reward.model_path:
+        rdims = mem.checkpoint_dims(run.reward.model_path, dt)
+        t["weights"] = mem.weight_bytes(mem.param_count(rdims), dt)
+        t["activations"] = mem.activation_bytes(
+            run.actor.micro_batch_size, rdims.max_position_embeddings, rdims, 1, False
+        )
+    elif name == "rollout":
+        t["weights"] = mem.weight_bytes(params, dt)
+        r = run.rollout
+        if r.backend == "vllm":
+            reserved = mem.vllm_reserved_bytes(
+                r.gpu_memory_utilization, node.device_memory_bytes, ndev
+            )
+            t["kv_cache"] = max(reserved - t["weights"], 0)
+        else:
+            batch = mem.rollout_batch_per_process(
+                run.trainer.train_batch_size, r.n_samples_per_prompt, world
+            )
+            t["kv_cache"] = mem.kv_cache_bytes(batch, seq, dims)
+    t["context"] = mem.context_bytes(node.accelerator_type) * ndev
+    return {k: v for k, v in t.items() if v}
+
+
+def _stage_memory(
+    stage: str,
+    active: Mapping[str, frozenset[str]],
+    per_proc: list[tuple[str, int, dict[str, int]]],
+    policies: Mapping[str, OffloadPolicy],
+    capacity: int,
+) -> StageMemory:
+    """One device's terms in one stage, after offload policies and on-demand eviction."""
+    sizes: dict[tuple[str, str, str], int] = {}
+    for comp, ndev, terms in per_proc:
+        uses = active.get(comp, frozenset())
+        policy = policies.get(comp) or OffloadPolicy()
+        for kind, b in terms.items():
+            share = -(-b // ndev)
+            if kind in uses or kind == "context":
+                status = "active" if uses else "pinned"
+            elif kind == "activations":
+                continue  # freed when the component's stage ends
+            elif not policy.may_offload(kind):
+                status = "pinned"
+            elif policy.when == "after_stage":
+                status = "offloaded"
+            else:
+                status = "evictable"
+            k = (comp, kind, status)
+            sizes[k] = sizes.get(k, 0) + share
+    terms = [MemoryTerm(c, k, b, s) for (c, k, s), b in sizes.items()]
+    required = sum(t.bytes for t in terms if t.status in ("active", "pinned"))
+    evictable: dict[str, int] = {}
+    for t in terms:
+        if t.status == "evictable":
+            evictable[t.component] = evictable.get(t.component, 0) + t.bytes
+    evicted = set()
+    # Evict whole components, largest first, only as far as this stage needs the room.
+    for comp, _ in sorted(evictable.items(), key=lambda kv: -kv[1]):
+        if required + sum(v for c, v in evictable.items() if c not in evicted) <= capacity:
+            break
+        evicted.add(comp)
+    if evicted:
+        terms = [
+            MemoryTerm(t.component, t.kind, t.bytes, "offloaded")
+            if t.status == "evictable" and t.component in evicted
+            else t
+            for t in terms
+        ]
+    peak = sum(t.on_device for t in terms)
+    return StageMemory(stage, tuple(terms), required, peak)
+
+
+def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
+    """Settings that would free room in a stage that does not fit, most effective first."""
+    need = stage.required_bytes - capacity
+    out: list[tuple[int, str]] = []
+    pinned: dict[str, list[MemoryTerm]] = {}
+    for t in stage.terms:
+        if t.status == "pinned" and t.kind != "context":
+            pinned.setdefault(t.component, []).append(t)
+    for comp, ts in pinned.items():
+        kinds = sorted({t.kind for t in ts})
+        freed = sum(t.bytes for t in ts)
+        out.append(
+            (
+                freed,
+                f"offload {comp} while it is idle: placement.offload.{comp}="
+                f"{{when: after_stage, states: [{', '.join(kinds)}]}} (frees {_gib(freed)})",
+            )
+        )
+    for t in stage.terms:
+        if t.status == "offloaded":
+            continue
+        if t.component == "rollout" and t.kind == "kv_cache" and run is not None:
+            if run.rollout.backend == "vllm":
+                util = run.rollout.gpu_memory_utilization
+                out.append(
+                    (
+                        t.bytes // 2,
+                        f"lower rollout.gpu_memory_utilization (now {util}; kv "
+                        f"cache {_gib(t.bytes)})",
+                    )
+                )
+        elif t.status != "active":
+            continue
+        elif t.component == "actor" and t.kind == "optimizer" and run is not None:
+            if run.actor.zero_stage < 1:
+                out.append(
+                    (
+                        t.bytes // 2,
+                        "shard the optimizer: actor.backend=deepspeed "
+                        "actor.zero_stage=1 (or higher) over more data-parallel devices",
+                    )
+                )
+        elif t.kind == "activations" and t.component in ("actor", "critic"):
+            out.append(
+                (
+                    t.bytes // 2,
+                    f"lower {t.component}.micro_batch_size or enable "
+                    f"actor.gradient_checkpointing (activations {_gib(t.bytes)})",
+                )
+            )
+    out.sort(key=lambda x: -x[0])
+    fixes = [text for _, text in out[:3]]
+    fixes.append(
+        f"give the components devices of their own (placement=disaggregated) or devices with "
+        f"more than {_gib(capacity + need)} (cluster.device_memory_gib)"
+    )
+    return fixes
