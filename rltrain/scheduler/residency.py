@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from rltrain.config.offload import OffloadPolicy
 from rltrain.errors import ResourceError
@@ -31,11 +31,12 @@ GIB = 1024**3
 class ResidentHandle(Protocol):
     """What the coordinator needs from one process of a component (a worker, or its proxy)."""
 
-    def offload(self, kinds: Sequence[str]) -> None:
-        """Move the given state kinds off the device; return when the device memory is free."""
+    def offload(self, kinds: Sequence[str]) -> Any:
+        """Move the given state kinds off the device. May return a future with ``wait()``:
+        the coordinator starts all moves of a phase, then waits for all of them."""
 
-    def reload(self, kinds: Sequence[str]) -> None:
-        """Bring the given state kinds back onto the device."""
+    def reload(self, kinds: Sequence[str]) -> Any:
+        """Bring the given state kinds back onto the device (may return a future)."""
 
 
 @dataclass
@@ -225,46 +226,57 @@ class ResidencyCoordinator:
         state leaves again if its policy is ``after_stage``.
         """
         plan = self.plan_stage(component)
-        for ev in plan.evictions:
-            self._act("offload", ev.component, ev.rank, ev.kinds)
-        for rank, kinds in plan.reloads:
-            self._act("reload", component, rank, kinds)
+        # Evictions finish before any reload starts: the room must exist before it is used.
+        self._finish([self._act("offload", e.component, e.rank, e.kinds) for e in plan.evictions])
+        self._finish([self._act("reload", component, rank, kinds) for rank, kinds in plan.reloads])
         start = self._clock()
         self._active.add(component)
         self._note_peak()
         try:
             yield plan
         finally:
+            # After a failed stage the workers may be gone: release the lease, move nothing.
             self._active.discard(component)
             self.events.append(ResidencyEvent("grant", component, -1, (), 0, start, self._clock()))
-            for r in [r for r in self.residents.values() if r.component == component]:
-                if r.policy.when == "after_stage":
-                    kinds = tuple(sorted(r.movable()))
-                    if kinds:
-                        self._act("offload", component, r.rank, kinds)
+        self._finish(
+            [
+                self._act("offload", component, r.rank, tuple(sorted(r.movable())))
+                for r in self.residents.values()
+                if r.component == component and r.policy.when == "after_stage" and r.movable()
+            ]
+        )
 
     def offload_all(self, component: str) -> None:
-        """Offload everything the policy allows (used at start-up for after-stage components)."""
-        for r in [r for r in self.residents.values() if r.component == component]:
-            kinds = tuple(sorted(r.movable()))
-            if kinds and r.policy.when != "never":
-                self._act("offload", component, r.rank, kinds)
+        """Offload everything the policy allows, from every process of ``component``."""
+        self._finish(
+            [
+                self._act("offload", component, r.rank, tuple(sorted(r.movable())))
+                for r in self.residents.values()
+                if r.component == component and r.policy.when != "never" and r.movable()
+            ]
+        )
 
-    def _act(self, what: str, component: str, rank: int, kinds: tuple[str, ...]) -> None:
-        r = self.residents[(component, rank)]
+    def _act(self, what: str, component: str, rank: int, kinds: tuple[str, ...]) -> tuple:
+        """Start one move; :meth:`_finish` waits for it and records it."""
         handle = self.handles.get((component, rank))
         start = self._clock()
-        if handle is not None:
-            getattr(handle, what)(list(kinds))
-        if what == "offload":
-            r.offloaded |= set(kinds)
-        else:
-            r.offloaded -= set(kinds)
-        moved = sum(r.total[k] for k in kinds)
-        self.events.append(
-            ResidencyEvent(what, component, rank, kinds, moved, start, self._clock())
-        )
-        self._note_peak()
+        waiter = getattr(handle, what)(list(kinds)) if handle is not None else None
+        return (what, component, rank, kinds, start, waiter)
+
+    def _finish(self, pending: list[tuple]) -> None:
+        for what, component, rank, kinds, start, waiter in pending:
+            if waiter is not None and hasattr(waiter, "wait"):
+                waiter.wait()
+            r = self.residents[(component, rank)]
+            if what == "offload":
+                r.offloaded |= set(kinds)
+            else:
+                r.offloaded -= set(kinds)
+            moved = sum(r.total.get(k, 0) for k in kinds)
+            self.events.append(
+                ResidencyEvent(what, component, rank, kinds, moved, start, self._clock())
+            )
+            self._note_peak()
 
     def _note_peak(self) -> None:
         for d in self.capacity:

@@ -1,0 +1,185 @@
+"""Start a job's workers where the plan says, in one place, and tear everything down after.
+
+Objects are built here and nowhere else: the cluster, the job's reservation, one worker group per
+planned component, the residency coordinator fed with each worker's measured state, the metrics
+logger and the checkpoint manager. The driver loops receive a :class:`Job` and only call it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltrain.config import resolve_offload
+from rltrain.config.schema import RunConfig
+from rltrain.placement.plan import Plan, build_plan
+from rltrain.scheduler import Cluster, WorkerGroup
+from rltrain.scheduler.residency import ResidencyCoordinator, Resident
+from rltrain.telemetry import trace
+
+#: Kinds of predicted memory that exist only while the component's stage runs.
+TRANSIENT_KINDS = ("activations", "kv_cache")
+
+
+@dataclass
+class GroupHandle:
+    """Residency handle of one rank: its offload/reload calls return futures."""
+
+    group: WorkerGroup[Any]
+    rank: int
+
+    def offload(self, kinds: list[str]) -> Any:
+        return self.group.execute_on(self.rank).offload(kinds)
+
+    def reload(self, kinds: list[str]) -> Any:
+        return self.group.execute_on(self.rank).reload(kinds)
+
+
+@dataclass
+class Job:
+    """A running job: its plan, cluster, worker groups and residency coordinator."""
+
+    run: RunConfig
+    plan: Plan
+    cluster: Cluster
+    groups: dict[str, WorkerGroup[Any]]
+    residency: ResidencyCoordinator
+    run_dir: str
+    resident_components: tuple[str, ...] = field(default=())
+
+    def stage(self, component: str):
+        """The residency lease for a stage of ``component`` (a no-op for node-only ones)."""
+        if component in self.resident_components:
+            return self.residency.stage(component)
+        return _nothing()
+
+    def refresh_ledger(self, component: str, state_bytes: Mapping[str, int], rank: int) -> None:
+        """Update a rank's full-state sizes (an optimizer's state appears at its first step)."""
+        resident = self.residency.residents.get((component, rank))
+        if resident is not None:
+            resident.total = {k: int(v) for k, v in state_bytes.items()}
+
+    def verify_ledger(self) -> dict[str, list[dict[str, Any]]]:
+        """Ask every model-holding worker for its ledger vs the independent measure.
+
+        Raises:
+            WorkerError: a worker holds device memory its ledger does not declare.
+        """
+        return {c: self.groups[c].memory_report().wait() for c in self.resident_components}
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
+
+
+def _stage_extra(plan: Plan, component: str, device: tuple[int, int]) -> int:
+    memory = plan.memory.get(device)
+    if memory is None:
+        return 0
+    return max(
+        (
+            sum(t.bytes for t in s.terms if t.component == component and t.kind in TRANSIENT_KINDS)
+            for s in memory.stages
+        ),
+        default=0,
+    )
+
+
+@contextmanager
+def start_job(
+    run: RunConfig,
+    run_dir: str,
+    workers: Mapping[str, Callable[[Plan], Any]],
+    on_launch: Callable[[Mapping[str, WorkerGroup[Any]]], None] | None = None,
+) -> Iterator[Job]:
+    """Start Ray (or join it), reserve the plan's devices, launch the workers; clean up after.
+
+    Args:
+        run: the checked run config.
+        run_dir: where the run writes its outputs.
+        workers: component -> a function of the plan returning the worker class's
+            ``create_group(...)`` builder, for every component the runner uses.
+        on_launch: called with the groups once all are up, before any state leaves its
+            device (process groups and data-parallel wrappers need the full state).
+
+    Yields:
+        The running job. On exit (normal, exception or Ctrl-C) every actor and placement group
+        the job created is removed and a Ray it started is stopped.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    if run.cluster.address is None:
+        # A private local Ray on loopback: no auth token under ~/.ray, gloo on lo.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    trace.configure(process="driver", enabled=run.logging.trace)
+    with Cluster.start(run.cluster) as cluster:
+        plan = build_plan(run, cluster.spec)  # against the discovered cluster
+        reservation = cluster.reserve(plan, name=f"rltrain-{os.getpid()}")
+        groups: dict[str, WorkerGroup[Any]] = {}
+        for comp in plan.components:
+            if comp not in workers:
+                continue
+            with trace.span("launch", comp):
+                groups[comp] = workers[comp](plan).launch(
+                    cluster,
+                    name=comp,
+                    placement_strategy=plan.placements(comp),
+                    reservation=reservation,
+                    isolate_accelerator=run.placement.isolate_accelerator,
+                )
+        if on_launch is not None:
+            on_launch(groups)
+        residency, resident = _residency(run, plan, groups)
+        job = Job(run, plan, cluster, groups, residency, run_dir, resident)
+        yield job
+
+
+def _residency(
+    run: RunConfig, plan: Plan, groups: Mapping[str, WorkerGroup[Any]]
+) -> tuple[ResidencyCoordinator, tuple[str, ...]]:
+    capacity = {
+        (node.rank, d): node.device_memory_bytes
+        for node in plan.cluster.nodes
+        for d in range(node.num_devices)
+    }
+    coordinator = ResidencyCoordinator(capacity)
+    resident = []
+    for comp, group in groups.items():
+        procs = plan.by_component[comp]
+        if not any(p.devices for p in procs) or not hasattr(group, "state_bytes"):
+            continue
+        try:
+            sizes = group.state_bytes().wait()
+        except AttributeError:
+            continue
+        policy = resolve_offload(run.placement.offload.get(comp), f"placement.offload.{comp}")
+        for p, total in zip(procs, sizes, strict=True):
+            devices = tuple((p.node_rank, d) for d in p.devices)
+            coordinator.register(
+                Resident(
+                    comp,
+                    p.rank,
+                    devices,
+                    policy,
+                    dict(total),
+                    stage_extra=max(_stage_extra(plan, comp, d) for d in devices),
+                ),
+                GroupHandle(group, p.rank),
+            )
+        resident.append(comp)
+    # Components that leave after every stage start off the device, so the first stage's
+    # lease finds the room the plan promised.
+    for comp in resident:
+        if coordinator.residents and _policy(coordinator, comp) == "after_stage":
+            coordinator.offload_all(comp)
+    return coordinator, tuple(resident)
+
+
+def _policy(coordinator: ResidencyCoordinator, comp: str) -> str:
+    whens = {r.policy.when for r in coordinator.residents.values() if r.component == comp}
+    return whens.pop() if len(whens) == 1 else "mixed"

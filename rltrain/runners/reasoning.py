@@ -1,0 +1,299 @@
+"""The reasoning driver loop: LLM policy, verifiable reward, GRPO-family updates.
+
+One step, as the algorithm reads:
+
+    prompts  = task batch for the step
+    rollout  : generate n responses per prompt      (with the latest weights)
+    reward   : score them                           (rule function)
+    reference: log-probs for the KL                 (only when algorithm.kl_coef > 0)
+    actor    : advantages, clipped-surrogate update (data-parallel)
+    actor    : export the new weights               (the rollout loads them next step)
+    evaluate / log / checkpoint
+
+Components that share a device take turns through the residency coordinator (``job.stage``).
+Bulk data (rollout batches, weights) moves between workers as Ray object references: the driver
+only passes references and receives small things (rewards for logging, metrics).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from rltrain.config.schema import RunConfig
+from rltrain.errors import ConfigError
+from rltrain.runners.checkpoint import CheckpointManager, read_state
+from rltrain.runners.job import Job, start_job
+from rltrain.runners.sizes import BatchSizes, derive_sizes
+from rltrain.tasks import build_task, build_tokenizer
+from rltrain.telemetry import trace
+from rltrain.telemetry.metrics import MetricsLogger, plot_curves
+from rltrain.workers.actor import ActorWorker
+from rltrain.workers.reference import ReferenceWorker, gather_round_robin
+from rltrain.workers.reward import RewardWorker
+from rltrain.workers.rollout import RolloutWorker
+
+REQUIRED = ("actor", "rollout", "reward")
+
+
+@dataclass
+class StepTimer:
+    """Seconds per stage of the current step (``time/<stage>_s`` metrics)."""
+
+    def __post_init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _T:
+            def __enter__(self):
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.times[name] = timer.times.get(name, 0.0) + time.perf_counter() - self.t
+
+        return _T()
+
+
+def check_components(run: RunConfig, components: set[str]) -> None:
+    """Refuse a placement that lacks a component the algorithm needs, before Ray starts."""
+    need = list(REQUIRED)
+    if run.algorithm.kl_coef > 0:
+        need.append("reference")
+    missing = [c for c in need if c not in components]
+    if missing:
+        raise ConfigError(
+            f"placement.component_placement places no {missing} but runner=reasoning with "
+            f"algorithm.kl_coef={run.algorithm.kl_coef} needs {need}: add them to the placement"
+            + (" (the reference computes the KL's log-probs)" if "reference" in missing else "")
+        )
+    if run.algorithm.advantage_estimator == "gae":
+        raise ConfigError(
+            "algorithm.advantage_estimator='gae' is not available with runner=reasoning yet (no "
+            "critic worker for LLMs): use grpo, dr_grpo, rloo or reinforce_pp; PPO+GAE runs "
+            "with runner=embodied"
+        )
+
+
+def worker_builders(run: RunConfig, sizes: BatchSizes) -> dict[str, Any]:
+    """component -> (plan -> group builder): how each reasoning component is created."""
+    builders = {
+        "actor": lambda plan: ActorWorker.create_group(run, sizes),
+        "rollout": lambda plan: RolloutWorker.create_group(run),
+        "reward": lambda plan: RewardWorker.create_group(run),
+    }
+    if run.algorithm.kl_coef > 0:
+        builders["reference"] = lambda plan: ReferenceWorker.create_group(run)
+    return builders
+
+
+class ReasoningRunner:
+    """Runs the loop above on a started :class:`Job`."""
+
+    def __init__(self, job: Job, sizes: BatchSizes) -> None:
+        self.job, self.run, self.sizes = job, job.run, sizes
+        self.g = job.groups
+        self.task = build_task(self.run.task, build_tokenizer(self.run.model))
+        self.ckpt = CheckpointManager(
+            self.run.trainer.checkpoint_dir or f"{job.run_dir}/checkpoints"
+        )
+        self.version = 0  # weights the rollout holds; bumped by every update
+        self.weights_ref: Any = None
+        self._stop = False
+
+    def fit(self) -> dict[str, Any]:
+        """Train until ``trainer.total_steps`` (or the target accuracy, or a stop signal)."""
+        t = self.run.trainer
+        start = self._resume()
+        metrics = MetricsLogger(self.job.run_dir, self.run.logging, resume=start > 0)
+        self._export_weights(start)  # the rollout starts from the actor's weights
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        accuracy, done_steps, status, t0 = None, start, "completed", time.monotonic()
+        try:
+            for step in range(start, t.total_steps):
+                record = self.train_step(step)
+                last = step + 1 == t.total_steps
+                if (t.eval_every and (step + 1) % t.eval_every == 0) or last:
+                    accuracy = record["eval/accuracy"] = self.evaluate()
+                metrics.progress(step + 1, t.total_steps, metrics.log(step, record))
+                done_steps = step + 1
+                done = t.target_accuracy is not None and (accuracy or 0) >= t.target_accuracy
+                budget = t.time_budget_s is not None and time.monotonic() - t0 > t.time_budget_s
+                if (
+                    (t.save_every and (step + 1) % t.save_every == 0)
+                    or last
+                    or done
+                    or budget
+                    or self._stop
+                ):
+                    self.save(step + 1)
+                if done or budget or self._stop:
+                    status = "stopped" if self._stop else "completed"
+                    break
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            metrics.close()
+        plot_curves(metrics.records, f"{self.job.run_dir}/reward_curve.png")
+        return self._summary(metrics.records, done_steps - start, time.monotonic() - t0, status)
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """One policy update; returns the step's metrics."""
+        timer, g = StepTimer(), self.g
+        prompts = [ex.prompt for ex in self.task.sample_batch(step, self.sizes.prompts_per_step)]
+        k = self.sizes.prompts_per_rollout_rank
+        with timer("generate"), self.job.stage("rollout"), trace.span("generate", "driver"):
+            rollouts = g["rollout"].call_each(
+                RolloutWorker.generate,
+                [
+                    (prompts[r * k : (r + 1) * k], step, self.weights_ref, self.version)
+                    for r in range(self.sizes.rollout_dp)
+                ],
+            )
+            rollouts.wait()
+        shards = rollouts.refs
+        with timer("reward"):
+            rewards = g["reward"].execute_on(0).score(shards).wait()[0]
+        ref_logprobs = None
+        if "reference" in g:
+            with timer("reference"), self.job.stage("reference"):
+                per_rank = g["reference"].call(ReferenceWorker.logprobs, shards).wait()
+                ref_logprobs = gather_round_robin(per_rank, len(shards))
+        with timer("train"), self.job.stage("actor"):
+            results = g["actor"].call(ActorWorker.train, shards, rewards, step, ref_logprobs).wait()
+            for rank, r in enumerate(results):
+                self.job.refresh_ledger(
+                    "actor",
+                    {k[12:]: v for k, v in r.items() if k.startswith("state_bytes/")},
+                    rank,
+                )
+            with timer("sync"):
+                self._export_weights(step + 1, lease=False)
+        return self._step_metrics(rewards, results, timer.times)
+
+    def _export_weights(self, version: int, lease: bool = True) -> None:
+        # Exported inside the actor's lease (it must be resident); the rollout loads the buckets
+        # from the object store at its next generate, when it holds its own lease.
+        with self.job.stage("actor") if lease else _held():
+            fut = self.g["actor"].execute_on(0).export_weights(version)
+            fut.wait()
+        self.weights_ref, self.version = fut.refs[0], version
+
+    def evaluate(self) -> float:
+        with self.job.stage("rollout"):
+            return self.g["rollout"].execute_on(0).evaluate(self.weights_ref).wait()[0]
+
+    # ------------------------------------------------------------------------- checkpoints
+    def save(self, step: int) -> str:
+        with self.job.stage("actor"):
+            pending = self.ckpt.begin(step)
+            self.g["actor"].execute_on(0).save(pending.path).wait()
+        return self.ckpt.commit(pending, {"model": _fingerprint(self.run)})
+
+    def _resume(self) -> int:
+        path = self.ckpt.resolve(self.run.trainer.resume)
+        if path is None:
+            return 0
+        state = read_state(path)
+        if state.get("model") != _fingerprint(self.run):
+            raise ConfigError(
+                f"trainer.resume={path!r} was written for model {state.get('model')} but model.* "
+                f"is {_fingerprint(self.run)}: resume with the same model settings"
+            )
+        with self.job.stage("actor"):
+            self.g["actor"].load(f"{path}").wait()
+        return int(state["step"])
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stop = True  # finish the step, write a checkpoint, exit
+
+    # ---------------------------------------------------------------------------- metrics
+    def _step_metrics(self, rewards, results, times) -> dict[str, Any]:
+        import torch
+
+        r = torch.cat(rewards).float()
+        out: dict[str, Any] = {"reward/mean": float(r.mean()), "reward/std": float(r.std())}
+        keys = {k for res in results for k in res if not k.startswith("state_bytes/")}
+        for k in sorted(keys):
+            out[k] = sum(res[k] for res in results) / len(results)
+        out.update({f"time/{k}_s": v for k, v in times.items()})
+        total = sum(times.values())
+        out["time/step_s"] = total
+        out["perf/samples_per_s"] = self.sizes.samples_per_step / total if total else None
+        return out
+
+    def _summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
+        stage_keys = {k for r in records for k in r if k.startswith("time/") and k != "time/step_s"}
+        per_stage = {
+            k[5:-2]: sum(r.get(k, 0) for r in records) / max(len(records), 1) for k in stage_keys
+        }
+        return {
+            "placement_mode": self.job.plan.mode.value
+            if hasattr(self.job.plan.mode, "value")
+            else str(self.job.plan.mode),
+            "steps": steps,
+            "steps_per_s": steps / seconds if seconds else None,
+            "seconds_per_stage": per_stage,
+            "peak_memory_bytes_per_device": {
+                f"{n}:{d}": b for (n, d), b in self.job.residency.peak.items()
+            },
+            "final_reward": records[-1].get("reward/mean") if records else None,
+            "final_accuracy": next(
+                (r["eval/accuracy"] for r in reversed(records) if "eval/accuracy" in r), None
+            ),
+            "simulated_devices": any(
+                n.accelerator_type == "sim" for n in self.job.plan.cluster.nodes
+            ),
+            "status": status,
+            "wall_s": seconds,
+        }
+
+
+@contextmanager
+def _held():
+    yield None
+
+
+def _fingerprint(run: RunConfig) -> str:
+    m = run.model
+    if m.path:
+        return f"path:{m.path}"
+    return (
+        f"{m.family}-h{m.hidden_size}-i{m.intermediate_size}-l{m.num_layers}-"
+        f"a{m.num_heads}-kv{m.num_kv_heads}-{m.dtype}"
+    )
+
+
+def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
+    """Plan, start, train and tear down a reasoning run.
+
+    Args:
+        run: the checked run config.
+        run_dir: the run's output directory.
+
+    Returns:
+        The job summary (also written to ``summary.json``).
+
+    Raises:
+        ConfigError / PlacementError / ResourceError: before Ray starts, for bad input.
+    """
+    from rltrain.placement.plan import build_plan
+    from rltrain.placement.types import ClusterSpec
+
+    plan = build_plan(run, ClusterSpec.from_config(run.cluster))  # fails early, no Ray yet
+    check_components(run, set(plan.components))
+    sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
+
+    def data_parallel(groups) -> None:
+        groups["actor"].init_process_group()
+        groups["actor"].setup_data_parallel().wait()
+
+    with start_job(run, run_dir, worker_builders(run, sizes), on_launch=data_parallel) as job:
+        summary = ReasoningRunner(job, sizes).fit()
+        job.verify_ledger()
+        if run.logging.trace:
+            trace.write_chrome_trace(job.cluster.collect_spans(), f"{run_dir}/trace.json")
+    return summary

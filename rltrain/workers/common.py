@@ -1,0 +1,124 @@
+"""What the model-holding workers share: device choice, residency and the memory ledger.
+
+Each worker owns its state. ``offload(kinds)`` / ``reload(kinds)`` move it through a
+:class:`~rltrain.backends.offload.StateMover`; ``memory_report()`` tells the driver's residency
+coordinator what the worker holds, checked against an independent walk of every tensor the
+worker object reaches (so a tensor kept outside the declared state is caught).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rltrain.backends.offload import StateMover
+from rltrain.errors import WorkerError
+from rltrain.scheduler import Worker
+
+#: Bytes the independent measure may exceed the ledger by before it is an error (allocator
+#: rounding, tiny buffers such as rotary caches that belong to no declared kind).
+LEDGER_TOLERANCE_BYTES = 256 * 1024
+
+
+def compute_device(worker: Worker) -> torch.device:
+    """The torch device a worker computes on: its first GPU, or the CPU on simulated devices."""
+    if worker.devices and torch.cuda.is_available():
+        return torch.device("cuda", worker.devices[0])
+    return torch.device("cpu")
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _walk(obj: Any, seen: set[int], out: dict[int, int], device: torch.device) -> None:
+    """Add the device storages reachable from ``obj`` to ``out`` (storage ptr -> bytes)."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == device.type and obj.untyped_storage().nbytes():
+            out[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+        if obj.grad is not None:
+            _walk(obj.grad, seen, out, device)
+        return
+    if isinstance(obj, StateMover):
+        return  # its host buffers are off the device by definition
+    if isinstance(obj, torch.nn.Module):
+        for t in (*obj.parameters(), *obj.buffers()):
+            _walk(t, seen, out, device)
+        items: Iterable[Any] = vars(obj).values()
+    elif isinstance(obj, torch.optim.Optimizer):
+        items = list(obj.state.values())
+    elif isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple, set)):
+        items = obj
+    elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("rltrain"):
+        items = vars(obj).values()
+    else:
+        return
+    for v in items:
+        _walk(v, seen, out, device)
+
+
+def reachable_device_bytes(obj: Any, device: torch.device) -> int:
+    """Bytes of distinct device storages reachable from a worker object (the independent measure).
+
+    On GPUs "device" means CUDA tensors; on simulated devices every CPU tensor the worker keeps
+    outside a state mover's host buffers counts as device-resident.
+    """
+    out: dict[int, int] = {}
+    _walk(obj, set(), out, device)
+    return sum(out.values())
+
+
+class ResidentState:
+    """Mix-in for workers that hold a model (and maybe an optimizer) on their devices."""
+
+    mover: StateMover
+    device: torch.device
+
+    def offload(self, kinds: list[str]) -> int:
+        """Move the given state kinds off the device; returns the bytes moved."""
+        return self.mover.offload([k for k in kinds if k != "kv_cache"])
+
+    def reload(self, kinds: list[str]) -> int:
+        """Bring the given state kinds back; returns the bytes moved."""
+        return self.mover.reload([k for k in kinds if k != "kv_cache"])
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes per state kind when fully resident (the ledger's ``total``)."""
+        resident = self.mover.resident_bytes()
+        host = self.mover.host_bytes()
+        return {k: resident.get(k, 0) or host.get(k, 0) for k in resident}
+
+    def memory_report(self) -> dict[str, Any]:
+        """Ledger bytes vs the independent measure; raises when the worker holds undeclared state.
+
+        Raises:
+            WorkerError: the walk finds more device bytes than the declared state.
+        """
+        declared = sum(self.mover.resident_bytes().values())
+        measured = reachable_device_bytes(self, self.device)
+        if measured > declared + LEDGER_TOLERANCE_BYTES:
+            name = f"{os.environ.get('RLTRAIN_GROUP', type(self).__name__)} rank {self.rank}"
+            raise WorkerError(
+                f"{name} holds {measured - declared} bytes on its device that its memory ledger "
+                f"does not declare (declared {declared}, found {measured}): keep device tensors "
+                f"in the model/optimizer state or free them after the stage"
+            )
+        return {
+            "declared": declared,
+            "measured": measured,
+            "offloaded": sorted(self.mover.offloaded),
+        }

@@ -1,0 +1,39 @@
+"""The reward: scores responses with the task's rule (no accelerator needed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rltrain.algorithms.batch import RolloutBatch
+from rltrain.algorithms.sampling import decode_responses
+from rltrain.config.schema import RunConfig
+from rltrain.scheduler import Worker
+from rltrain.tasks import build_task, build_tokenizer
+from rltrain.telemetry import trace
+
+
+class RewardWorker(Worker):
+    """Scores rollout shards with the task's reward function.
+
+    Args:
+        run: the checked run config.
+    """
+
+    def __init__(self, run: RunConfig) -> None:
+        self.tokenizer = build_tokenizer(run.model)
+        self.task = build_task(run.task, self.tokenizer)
+
+    def score_batch(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B]`` rewards of one batch."""
+        prompts = self.tokenizer.batch_decode(batch.prompt_ids.tolist(), skip_special_tokens=True)
+        texts = decode_responses(self.tokenizer, batch, self.tokenizer.eos_token_id)
+        return torch.tensor([self.task.reward(p, t) for p, t in zip(prompts, texts, strict=True)])
+
+    def score(self, shard_refs: list[Any]) -> list[torch.Tensor]:
+        """Rewards of every shard (fetched here from the object store, not by the driver)."""
+        import ray
+
+        with trace.span("reward", "reward", self.device_labels):
+            return [self.score_batch(b) for b in ray.get(list(shard_refs))]

@@ -1,0 +1,97 @@
+"""The rollout: samples responses with the latest weights it was sent (torch backend)."""
+
+from __future__ import annotations
+
+import torch
+
+from rltrain.algorithms.batch import RolloutBatch
+from rltrain.algorithms.sampling import SamplingParams, encode_prompts, generate, greedy_accuracy
+from rltrain.backends.offload import StateMover
+from rltrain.backends.weight_sync.host import HostBuckets, load_from_host
+from rltrain.config.schema import RunConfig
+from rltrain.errors import WorkerError
+from rltrain.scheduler import Worker
+from rltrain.tasks import build_model, build_task, build_tokenizer
+from rltrain.telemetry import trace
+from rltrain.workers.common import ResidentState, compute_device
+
+
+class RolloutWorker(Worker, ResidentState):
+    """One generation process; holds a copy of the policy and no optimizer.
+
+    Args:
+        run: the checked run config.
+    """
+
+    def __init__(self, run: RunConfig) -> None:
+        self.run = run
+        self.device = compute_device(self)
+        self.tokenizer = build_tokenizer(run.model)
+        self.model = build_model(run.model).to(self.device)
+        self.model.requires_grad_(False)
+        self.mover = StateMover(self.model, None, device=self.device)
+        r = run.rollout
+        self.params = SamplingParams(
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            n=r.n_samples_per_prompt,
+        )
+        self.version = 0
+        self._task = None
+
+    def _sync(self, weights: HostBuckets | None, expect: int | None) -> None:
+        if weights is not None and weights.version != self.version:
+            with trace.span("sync", "rollout", self.device_labels):
+                load_from_host(weights, dict(self.model.named_parameters()))
+            self.version = weights.version
+        if expect is not None and self.version < expect:
+            raise WorkerError(
+                f"rollout rank {self.rank} holds weight version {self.version} but the step "
+                f"needs {expect}: the actor's weights were not sent"
+            )
+
+    def generate(
+        self,
+        prompts: list[str],
+        step: int,
+        weights: HostBuckets | None = None,
+        expect_version: int | None = None,
+    ) -> RolloutBatch:
+        """Sample ``n`` responses for each prompt.
+
+        Args:
+            prompts: this rank's prompts.
+            step: the policy-update index (seeds sampling, so a resumed run samples the same).
+            weights: new weights to load first (skipped when already at that version).
+            expect_version: refuse to sample with an older weight version than this.
+
+        Returns:
+            A CPU batch of ``len(prompts) * n`` rows.
+        """
+        self._sync(weights, expect_version)
+        with trace.span("generate", "rollout", self.device_labels):
+            gen = torch.Generator(device=self.device).manual_seed(
+                self.run.seed * 1_000_003 + step * 1_009 + self.rank
+            )
+            ids, mask = encode_prompts(self.tokenizer, prompts)
+            batch = generate(
+                self.model,
+                ids.to(self.device),
+                mask.to(self.device),
+                self.params,
+                self.tokenizer.eos_token_id,
+                self.tokenizer.pad_token_id,
+                gen,
+            )
+            return batch.to("cpu")
+
+    def evaluate(self, weights: HostBuckets | None = None) -> float:
+        """Greedy accuracy on the task's evaluation prompts, with the given weights."""
+        self._sync(weights, None)
+        if self._task is None:
+            self._task = build_task(self.run.task, self.tokenizer)
+        with trace.span("evaluate", "rollout", self.device_labels):
+            return greedy_accuracy(
+                self.model, self.tokenizer, self._task, self.run.rollout.max_new_tokens
+            )
