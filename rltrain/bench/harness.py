@@ -63,6 +63,8 @@ class Suite:
     warmup: int = 1
     repeats: int = 5
     note: str = ""
+    #: Called once after the cases ran (or failed): stop actors, free memory the cases held.
+    teardown: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,11 @@ def run_measure(m: Measure, quick: bool = False, clock: Clock = time.perf_counte
     warmup, repeats = (
         (min(suite.warmup, 1), min(suite.repeats, 2)) if quick else (suite.warmup, suite.repeats)
     )
-    raw = {c.name: time_case(c, warmup, max(repeats, 1), clock) for c in suite.cases}
+    try:
+        raw = {c.name: time_case(c, warmup, max(repeats, 1), clock) for c in suite.cases}
+    finally:
+        if suite.teardown is not None:
+            suite.teardown()
     base_case = next(c for c in suite.cases if c.name == suite.baseline)
     base = statistics.median(raw[suite.baseline])
     results = []

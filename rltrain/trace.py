@@ -1,0 +1,286 @@
+"""``python -m rltrain.trace <run dir>``: draw a run's timeline as a PNG, one lane per device.
+
+Reads ``<run dir>/trace.json`` (or a trace file given directly), draws one horizontal lane per
+plan device (then, with ``--processes``, one per process; by default only processes without a
+device, such as the driver or a CPU reward worker), a block per span coloured by component and
+labelled with its stage, memory movement (offload, reload, weight sync) hatched and waits pale,
+and the device's busy share at the right — the device x time pictures RLinf and OpenRLHF use to
+explain placement modes, from a real run. It also prints the utilization table
+(:func:`rltrain.telemetry.timeline.format_table`).
+
+The layout (:func:`layout`) is pure and tested on its own; drawing uses matplotlib's Agg backend,
+imported only when a picture is drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rltrain.errors import ConfigError
+from rltrain.telemetry.timeline import (
+    TRACE_PNG,
+    format_table,
+    intervals,
+    lane_sort_key,
+    load_trace,
+    stage_kind,
+    summarize,
+    trace_devices,
+)
+
+#: Fixed colours for the known components, so pictures of different runs compare at a glance.
+COMPONENT_COLORS: Mapping[str, str] = {
+    "actor": "#1f77b4",
+    "rollout": "#ff7f0e",
+    "reference": "#2ca02c",
+    "reward": "#d62728",
+    "critic": "#9467bd",
+    "inference": "#8c564b",
+    "env": "#e377c2",
+    "driver": "#7f7f7f",
+}
+_EXTRA_COLORS = ("#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896")
+
+
+def component_color(component: str, others: Sequence[str] = ()) -> str:
+    """The colour of a component: fixed for known ones, else by its place in ``others``."""
+    if component in COMPONENT_COLORS:
+        return COMPONENT_COLORS[component]
+    extra = sorted(c for c in others if c not in COMPONENT_COLORS)
+    i = extra.index(component) if component in extra else len(extra)
+    return _EXTRA_COLORS[i % len(_EXTRA_COLORS)]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One span to draw: seconds from the window start, and its row inside the lane."""
+
+    start_s: float
+    dur_s: float
+    name: str
+    component: str
+    kind: str
+    track: int
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One lane of the picture: its blocks and how many rows (tracks) overlaps needed."""
+
+    name: str
+    kind: str
+    blocks: tuple[Block, ...]
+    tracks: int
+    busy_fraction: float
+
+
+def _tracks(items: list[tuple[float, float, Any]]) -> list[tuple[int, Any]]:
+    """Greedy interval colouring: each item goes on the first row where it overlaps nothing."""
+    ends: list[float] = []
+    out = []
+    for start, end, item in sorted(items, key=lambda x: (x[0], -x[1])):
+        for row, row_end in enumerate(ends):
+            if start >= row_end:
+                ends[row] = end
+                break
+        else:
+            row = len(ends)
+            ends.append(end)
+        out.append((row, item))
+    return out
+
+
+def layout(doc: Mapping[str, Any], processes: str = "deviceless") -> list[Lane]:
+    """Lanes and blocks of a trace, ready to draw.
+
+    Args:
+        doc: a Chrome-trace document as :func:`~rltrain.telemetry.timeline.load_trace` returns.
+        processes: which process lanes to add after the devices: ``all``, ``deviceless`` (only
+            processes that recorded no device span: the driver, CPU-only workers) or ``none``.
+
+    Returns:
+        Device lanes (the plan's devices, natural order, each even if idle), then process lanes.
+
+    Raises:
+        ConfigError: for an unknown ``processes`` value.
+    """
+    if processes not in ("all", "deviceless", "none"):
+        raise ConfigError(f"processes={processes!r} must be 'all', 'deviceless' or 'none'")
+    ivs = intervals(doc)
+    summary = summarize(doc, trace_devices(doc))
+    t0 = summary["start_us"]
+    by_lane: dict[tuple[str, str], list] = {}
+    for i in ivs:
+        by_lane.setdefault((i.lane_kind, i.lane), []).append(i)
+    on_device = {i.component for i in ivs if i.lane_kind == "device"}
+    names = [("device", d) for d in summary["devices"]]
+    for p in sorted(summary["processes"], key=lane_sort_key):
+        own = by_lane[("process", p)]
+        if processes == "all" or (
+            processes == "deviceless" and not any(i.component in on_device for i in own)
+        ):
+            names.append(("process", p))
+    lanes = []
+    for kind, name in names:
+        items = [(i.start_us, i.end_us, i) for i in by_lane.get((kind, name), [])]
+        placed = _tracks(items)
+        blocks = tuple(
+            Block(
+                (i.start_us - t0) / 1e6,
+                (i.end_us - i.start_us) / 1e6,
+                i.name,
+                i.component,
+                stage_kind(i.name),
+                row,
+            )
+            for row, i in placed
+        )
+        rows = summary["devices" if kind == "device" else "processes"]
+        tracks = max((b.track for b in blocks), default=0) + 1
+        lanes.append(Lane(name, kind, blocks, tracks, rows[name]["busy_fraction"]))
+    return lanes
+
+
+def render(
+    doc: Mapping[str, Any], out: str | Path, processes: str = "deviceless", title: str = ""
+) -> Path:
+    """Draw the trace as a PNG.
+
+    Args:
+        doc: the Chrome-trace document.
+        out: the PNG path to write (parent directories are created).
+        processes: which process lanes to draw (see :func:`layout`).
+        title: the figure's title.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ConfigError: when the trace has no lanes to draw.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    lanes = layout(doc, processes)
+    if not lanes:
+        raise ConfigError("the trace has no spans and names no devices: nothing to draw")
+    window = max((b.start_s + b.dur_s for lane in lanes for b in lane.blocks), default=1.0) or 1.0
+    components = sorted({b.component for lane in lanes for b in lane.blocks})
+    rows = sum(lane.tracks for lane in lanes)
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.45 * rows), dpi=100)
+    y, ticks, labels = 0.0, [], []
+    for i, lane in enumerate(lanes):
+        if i and lane.kind != lanes[i - 1].kind:  # a rule between device and process lanes
+            ax.axhline(y - 0.1, color="black", linewidth=0.6)
+        height = 0.8 / lane.tracks
+        top = y
+        for b in lane.blocks:
+            _draw_block(ax, b, top + b.track * height, height, window, components)
+        ticks.append(y + 0.4)
+        labels.append(lane.name if lane.kind == "device" else f"{lane.name} (process)")
+        ax.text(
+            1.005,
+            y + 0.4,
+            f"busy {100 * lane.busy_fraction:.0f}%",
+            va="center",
+            fontsize=8,
+            transform=ax.get_yaxis_transform(),
+        )
+        y += 1.0
+    ax.set_yticks(ticks, labels, fontsize=9)
+    ax.set_ylim(y - 0.1, -0.1)
+    ax.set_xlim(0, window)
+    ax.set_xlabel("seconds since the first span")
+    ax.grid(axis="x", alpha=0.3)
+    handles = [Patch(color=component_color(c, components), label=c) for c in components]
+    handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="moving memory"))
+    handles.append(Patch(facecolor="white", edgecolor="grey", alpha=0.5, label="wait"))
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12 - 0.6 / (rows + 2)),
+        ncol=min(len(handles), 6),
+        fontsize=8,
+        frameon=False,
+    )
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _draw_block(
+    ax: Any, b: Block, top: float, height: float, window: float, components: Sequence[str]
+) -> None:
+    color = component_color(b.component, components)
+    style: dict[str, Any] = {"facecolor": color, "edgecolor": "white", "linewidth": 0.5}
+    if b.kind == "memory":
+        style.update(hatch="///", edgecolor="black")
+    elif b.kind == "wait":
+        style.update(alpha=0.3)
+    ax.broken_barh([(b.start_s, b.dur_s)], (top + 0.05 * height, 0.9 * height), **style)
+    if b.dur_s >= 0.06 * window and height >= 0.4:
+        ax.text(
+            b.start_s + b.dur_s / 2,
+            top + height / 2,
+            b.name,
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="white" if b.kind == "compute" else "black",
+            clip_on=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Render a run's trace to PNG and print its utilization table.
+
+    Args:
+        argv: command-line arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        0, or 2 when there is no readable trace.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m rltrain.trace", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("run", help="a run directory holding trace.json, or a trace file")
+    parser.add_argument("--out", help=f"PNG to write (default: <run dir>/{TRACE_PNG})")
+    parser.add_argument(
+        "--processes",
+        choices=("all", "deviceless", "none"),
+        default="deviceless",
+        help="process lanes to draw after the devices (default: deviceless)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        doc = load_trace(args.run)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run = Path(args.run)
+    out = Path(args.out) if args.out else (run if run.is_dir() else run.parent) / TRACE_PNG
+    print(format_table(summarize(doc, trace_devices(doc)), processes=True))
+    try:
+        path = render(doc, out, args.processes, title=str(run))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

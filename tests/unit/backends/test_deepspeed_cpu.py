@@ -1,0 +1,129 @@
+"""DeepSpeed actor on CPU (gloo, world of one): ZeRO-1/2 steps with torch AdamW, offload sequencing.
+
+On CPU ``offload_states`` is a host-to-host copy, so these tests check the API and the
+sequencing (and that a round trip changes nothing), not memory; tests/gpu checks memory.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rltrain.backends.deepspeed_engine import (
+    DeepSpeedActor,
+    DeepSpeedSettings,
+    build_ds_config,
+    check_deepspeed_limits,
+)
+from rltrain.config.offload import OffloadPolicy
+from rltrain.errors import ConfigError, WorkerError
+
+ALL = OffloadPolicy("after_stage", frozenset({"weights", "grads", "optimizer"}))
+
+
+def _loss(engine, mb):
+    x, y = mb
+    return (engine(x) - y).square().mean()
+
+
+def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+def _actor(stage: int, policy: OffloadPolicy = ALL) -> DeepSpeedActor:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    settings = DeepSpeedSettings(
+        zero_stage=stage, dtype="float32", lr=1e-2, micro_batch_size=8, policy=policy
+    )
+    return DeepSpeedActor(model, settings)
+
+
+# ------------------------------------------------------------------------- pure config checks
+def test_limits_are_config_errors_naming_the_keys() -> None:
+    check_deepspeed_limits(DeepSpeedSettings(zero_stage=2, policy=ALL), on_gpu=False)
+    with pytest.raises(ConfigError) as err:
+        check_deepspeed_limits(
+            DeepSpeedSettings(zero_stage=3, dtype="float16", optimizer="sgd", policy=ALL),
+            on_gpu=True,
+        )
+    text = str(err.value)
+    assert "model.dtype='float16'" in text and "optimizer.name='sgd'" in text
+    assert "actor.zero_stage=3 needs DeepSpeed's own fused Adam" in text
+    with pytest.raises(ConfigError, match="offload_states needs a ZeRO optimizer"):
+        check_deepspeed_limits(DeepSpeedSettings(zero_stage=0, policy=ALL), on_gpu=True)
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        check_deepspeed_limits(
+            DeepSpeedSettings(zero_stage=3, optimizer="deepspeed_adamw"), on_gpu=False
+        )
+    with pytest.raises(ConfigError, match="shards with ZeRO only"):
+        check_deepspeed_limits(DeepSpeedSettings(tensor_parallel_size=2), on_gpu=True)
+    # ZeRO-3 with offload is fine with DeepSpeed's fused Adam on GPUs.
+    check_deepspeed_limits(
+        DeepSpeedSettings(zero_stage=3, optimizer="deepspeed_adamw", policy=ALL), on_gpu=True
+    )
+
+
+def test_ds_config() -> None:
+    s = DeepSpeedSettings(
+        zero_stage=2, dtype="bfloat16", micro_batch_size=4, grad_accum_steps=3, grad_clip=0.5
+    )
+    cfg = build_ds_config(s, world_size=2)
+    assert cfg["train_batch_size"] == 24 and cfg["gradient_accumulation_steps"] == 3
+    assert cfg["zero_optimization"] == {"stage": 2} and cfg["bf16"] == {"enabled": True}
+    assert cfg["gradient_clipping"] == 0.5 and "optimizer" not in cfg
+    ds_adam = build_ds_config(DeepSpeedSettings(optimizer="deepspeed_adamw", lr=0.1), 1)
+    assert ds_adam["optimizer"]["type"] == "AdamW" and ds_adam["optimizer"]["params"]["lr"] == 0.1
+
+
+# ------------------------------------------------------------------------------- on DeepSpeed
+@pytest.mark.parametrize("stage", [1, 2])
+def test_offload_round_trips_do_not_change_training(stage: int, deepspeed_world) -> None:
+    plain = _actor(stage, OffloadPolicy())
+    moved = _actor(stage)
+    losses_plain, losses_moved = [], []
+    for _ in range(3):
+        # One batch throughout, so the loss must fall.
+        losses_plain.append(plain.train_step([_batch(0)], _loss))
+        losses_moved.append(moved.train_step([_batch(0)], _loss))
+        moved.after_stage()  # the policy says after_stage: everything leaves
+        assert moved.offloaded == {"weights", "grads", "optimizer"}
+        moved.reload_states()
+        assert moved.offloaded == frozenset()
+    assert losses_plain == losses_moved
+    assert losses_moved[-1] < losses_moved[0]  # it learns
+    for (n, a), (_, b) in zip(plain.named_weights(), moved.named_weights(), strict=True):
+        assert torch.equal(a, b), n
+
+
+def test_sequencing_is_enforced(deepspeed_world) -> None:
+    actor = _actor(2)
+    actor.train_step([_batch(0)], _loss)
+    assert actor.offload_states(["optimizer"]) == {"optimizer"}
+    assert actor.offload_states(["optimizer", "weights"]) == {"optimizer", "weights"}
+    with pytest.raises(WorkerError, match="reload_states\\(\\) before train_step"):
+        actor.train_step([_batch(1)], _loss)
+    with pytest.raises(WorkerError, match="weights are offloaded"):
+        next(actor.named_weights())
+    with pytest.raises(ConfigError, match="cannot offload \\['kv_cache'\\]"):
+        actor.offload_states(["kv_cache"])
+    actor.reload_states()
+    actor.reload_states()  # nothing offloaded: a no-op
+    with pytest.raises(ConfigError, match="got 2 micro-batches for a step of 1"):
+        actor.train_step([_batch(1), _batch(2)], _loss)
+    assert actor.train_step([_batch(1)], _loss) > 0
+
+
+def test_residency_interface_counts_bytes_by_kind(deepspeed_world) -> None:
+    actor = _actor(1)
+    # 16x32 + 32 + 32x4 + 4 = 676 fp32 parameters = 2704 B; before a step the optimizer holds
+    # only the fp32 master partition (world of one: the whole model).
+    assert actor.resident_bytes() == {"weights": 2704, "grads": 0, "optimizer": 2704}
+    actor.train_step([_batch(0)], _loss)
+    # + Adam's exp_avg and exp_avg_sq (2704 B each) and its 4-byte step counter.
+    assert actor.resident_bytes() == {"weights": 2704, "grads": 0, "optimizer": 3 * 2704 + 4}
+    assert actor.offload(["optimizer", "kv_cache"]) == 8116
+    assert actor.resident_bytes()["optimizer"] == 0 and actor.host_bytes() == {"optimizer": 8116}
+    assert actor.reload(["optimizer"]) == 8116
+    assert actor.resident_bytes()["optimizer"] == 8116 and actor.host_bytes() == {}

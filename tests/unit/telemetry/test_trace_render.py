@@ -1,0 +1,113 @@
+"""``python -m rltrain.trace``: the lane layout by hand, and the PNG it draws read back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rltrain import trace as render
+from rltrain.errors import ConfigError
+from rltrain.telemetry import timeline
+from rltrain.telemetry.trace import Span
+
+S = 1e6
+
+
+def sp(name, component, devices, process, start_s, dur_s):
+    return Span(name, component, tuple(devices), process, start_s * S, dur_s * S, 1)
+
+
+def doc_of(spans, devices):
+    return json.loads(json.dumps(timeline.chrome_trace_with_devices(spans, devices)))
+
+
+SPANS = [
+    sp("generate", "rollout", ["node0/dev0"], "rollout[0]", 0, 4),
+    sp("train", "actor", ["node0/dev0"], "actor[0]", 3, 3),  # overlaps generate: second row
+    sp("offload", "actor", ["node0/dev0"], "actor[0]", 6, 1),
+    sp("reward", "reward", [], "reward[0]", 4, 1),
+    sp("step", "driver", [], "driver", 0, 8),
+]
+DEVICES = ["node0/dev0", "node0/dev1"]
+
+
+def test_layout_by_hand():
+    lanes = render.layout(doc_of(SPANS, DEVICES))
+    assert [(lane.name, lane.kind) for lane in lanes] == [
+        ("node0/dev0", "device"),
+        ("node0/dev1", "device"),
+        ("driver", "process"),  # deviceless processes only, by default
+        ("reward[0]", "process"),
+    ]
+    dev0 = lanes[0]
+    assert dev0.tracks == 2 and dev0.busy_fraction == pytest.approx(7 / 8)
+    blocks = {(b.name, b.start_s, b.dur_s, b.track, b.kind) for b in dev0.blocks}
+    assert blocks == {
+        ("generate", 0.0, 4.0, 0, "compute"),
+        ("train", 3.0, 3.0, 1, "compute"),
+        ("offload", 6.0, 1.0, 0, "memory"),  # back on the first free row
+    }
+    assert lanes[1].blocks == () and lanes[1].tracks == 1 and lanes[1].busy_fraction == 0
+
+
+def test_layout_process_choices():
+    doc = doc_of(SPANS, DEVICES)
+    assert [lane.name for lane in render.layout(doc, "none")] == DEVICES
+    assert [lane.name for lane in render.layout(doc, "all")][2:] == [
+        "actor[0]",
+        "driver",
+        "reward[0]",
+        "rollout[0]",
+    ]
+    with pytest.raises(ConfigError, match="processes='some'"):
+        render.layout(doc, "some")
+
+
+def _hex_rgb(color: str) -> tuple[float, float, float]:
+    return tuple(int(color[i : i + 2], 16) / 255 for i in (1, 3, 5))
+
+
+def _pixels_of(png, color: str) -> int:
+    import numpy as np
+
+    img = png[..., :3]
+    return int((np.abs(img - np.array(_hex_rgb(color))).max(axis=-1) < 0.02).sum())
+
+
+def test_png_shows_each_component_in_its_colour(tmp_path):
+    from matplotlib.image import imread
+
+    out = render.render(doc_of(SPANS, DEVICES), tmp_path / "t.png", title="toy")
+    png = imread(out)
+    assert png.shape[1] == 1200 and png.shape[0] > 150  # 12 in at 100 dpi
+    for component in ("rollout", "actor", "reward"):
+        assert _pixels_of(png, render.COMPONENT_COLORS[component]) > 500, component
+    assert _pixels_of(png, render.COMPONENT_COLORS["critic"]) == 0  # no critic in this run
+
+    only_actor = [s for s in SPANS if s.component == "actor"]
+    png = imread(render.render(doc_of(only_actor, DEVICES), tmp_path / "a.png"))
+    assert _pixels_of(png, render.COMPONENT_COLORS["rollout"]) == 0
+
+
+def test_unknown_components_get_distinct_colours():
+    others = ["zeta", "alpha", "actor"]
+    assert render.component_color("actor", others) == render.COMPONENT_COLORS["actor"]
+    assert render.component_color("alpha", others) != render.component_color("zeta", others)
+
+
+def test_cli_renders_a_run_dir_and_refuses_a_missing_trace(tmp_path):
+    timeline.write_run_timeline(tmp_path, SPANS, DEVICES)
+    out = subprocess.run(
+        [sys.executable, "-m", "rltrain.trace", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / timeline.TRACE_PNG).stat().st_size > 1000
+    assert "node0/dev1" in out.stdout and "87.5%" in out.stdout  # dev0 busy 7 of 8 s
+
+    assert render.main([str(tmp_path / "empty")]) == 2
