@@ -7,6 +7,7 @@ reported together, each naming the full key, the bad value and the fix.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -184,7 +185,7 @@ def _algorithm(cfg: RunConfig) -> Iterator[str]:
     yield from _one_of(
         "algorithm.loss_agg",
         a.loss_agg,
-        ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean"),
+        ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
     )
     yield from _positive("algorithm.kl_coef", a.kl_coef, zero_ok=True)
     yield from _positive("algorithm.clip_low", a.clip_low, zero_ok=True)
@@ -231,6 +232,18 @@ def _components(cfg: RunConfig) -> Iterator[str]:
     yield from _positive("env.pipeline_stage_num", e.pipeline_stage_num)
 
 
+def _importable(key: str, spec: str) -> Iterator[str]:
+    """Refuse a ``module:function`` spec whose module cannot be imported or lacks the callable."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        yield f"{key}={spec!r}: cannot import module {module_name!r} ({exc}); fix the name"
+        return
+    if not callable(getattr(module, attr, None)):
+        yield f"{key}={spec!r}: module {module_name!r} has no callable {attr!r}"
+
+
 @check
 def _task(cfg: RunConfig) -> Iterator[str]:
     t = cfg.task
@@ -242,6 +255,8 @@ def _task(cfg: RunConfig) -> Iterator[str]:
             yield f"task.path={t.path!r} does not exist: give a local .jsonl or .parquet file"
     if t.reward_fn is not None and ":" not in t.reward_fn:
         yield (f"task.reward_fn={t.reward_fn!r} must look like 'package.module:function'")
+    elif t.reward_fn is not None:
+        yield from _importable("task.reward_fn", t.reward_fn)
     if cfg.runner == "embodied" and t.name != "gym":
         yield f"runner='embodied' needs task.name='gym' (got {t.name!r}): use an experiment preset"
     if cfg.runner == "reasoning" and t.name == "gym":

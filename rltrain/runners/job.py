@@ -62,6 +62,23 @@ class Job:
         if resident is not None:
             resident.total = {k: int(v) for k, v in state_bytes.items()}
 
+    def write_timeline(self) -> dict[str, Any]:
+        """Write ``trace.json`` and ``utilization.json``; returns summary fields to merge.
+
+        Returns:
+            ``{"utilization": headline numbers}`` (empty when tracing is off).
+        """
+        if not self.run.logging.trace:
+            return {}
+        from rltrain.telemetry import timeline
+
+        util = timeline.write_run_timeline(
+            self.run_dir, self.cluster.collect_spans(), timeline.plan_devices(self.plan)
+        )
+        if self.run.logging.progress:
+            print(timeline.format_table(util))
+        return {"utilization": timeline.headline(util)}
+
     def verify_ledger(self) -> dict[str, list[dict[str, Any]]]:
         """Ask every model-holding worker for its ledger vs the independent measure.
 

@@ -294,6 +294,5 @@ def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
     with start_job(run, run_dir, worker_builders(run, sizes), on_launch=data_parallel) as job:
         summary = ReasoningRunner(job, sizes).fit()
         job.verify_ledger()
-        if run.logging.trace:
-            trace.write_chrome_trace(job.cluster.collect_spans(), f"{run_dir}/trace.json")
+        summary.update(job.write_timeline())
     return summary

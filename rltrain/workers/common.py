@@ -17,6 +17,7 @@ import torch
 from rltrain.backends.offload import StateMover
 from rltrain.errors import WorkerError
 from rltrain.scheduler import Worker
+from rltrain.telemetry import trace
 
 #: Bytes the independent measure may exceed the ledger by before it is an error (allocator
 #: rounding, tiny buffers such as rotary caches that belong to no declared kind).
@@ -90,11 +91,13 @@ class ResidentState:
 
     def offload(self, kinds: list[str]) -> int:
         """Move the given state kinds off the device; returns the bytes moved."""
-        return self.mover.offload([k for k in kinds if k != "kv_cache"])
+        with trace.span("offload", self.group_name, self.device_labels):
+            return self.mover.offload([k for k in kinds if k != "kv_cache"])
 
     def reload(self, kinds: list[str]) -> int:
         """Bring the given state kinds back; returns the bytes moved."""
-        return self.mover.reload([k for k in kinds if k != "kv_cache"])
+        with trace.span("reload", self.group_name, self.device_labels):
+            return self.mover.reload([k for k in kinds if k != "kv_cache"])
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes per state kind when fully resident (the ledger's ``total``)."""

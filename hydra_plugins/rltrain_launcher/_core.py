@@ -1,0 +1,423 @@
+"""The sweep: compose and plan every job, then run them on one Ray cluster, then report.
+
+Order of events in :func:`launch`:
+
+1. Compose every job's config (a composition error stops the sweep before anything runs) and
+   plan it: which devices it needs, or why it can never run (that job alone fails, at once).
+2. Check that the jobs share one ``cluster`` config; start or join that Ray cluster.
+3. Admit jobs in order while they fit: at most ``max_concurrent_jobs`` at once, each on a slice
+   of free devices disjoint from the others' (:mod:`._slices`). Each job runs in a fresh driver
+   process (:mod:`._driver`) on this node, which reserves nothing itself.
+4. When a job's driver exits, wait for Ray to free what the job held, release its slice, and
+   admit the next jobs. A failed job never stops the others.
+5. Write the report (:mod:`._report`) and return one ``JobReturn`` per job, in order.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import pickle
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from hydra_plugins.rltrain_launcher import _ray, _report
+from hydra_plugins.rltrain_launcher._plan import JobNeeds, job_needs
+from hydra_plugins.rltrain_launcher._slices import DeviceSlice, SliceAllocator
+from hydra_plugins.rltrain_launcher.rltrain_launcher import RltrainLauncher
+from rltrain.errors import ConfigError, ResourceError, WorkerError
+
+log = logging.getLogger(__name__)
+
+#: Environment variables a job's driver receives (documented in docs/launcher.md).
+ENV_SLICE = "RLTRAIN_DEVICE_SLICE"
+ENV_JOB = "RLTRAIN_SWEEP_JOB"
+ENV_SWEEP_DIR = "RLTRAIN_SWEEP_DIR"
+
+
+@dataclass
+class Job:
+    """One job of the batch, composed and planned."""
+
+    num: int
+    overrides: list[str]
+    sweep_config: DictConfig
+    needs: JobNeeds
+    output_dir: str
+    slice: DeviceSlice | None = None
+    process: subprocess.Popen[bytes] | None = None
+    start: float | None = None
+    end: float | None = None
+    ret: JobReturn | None = None
+    error: str = ""
+
+
+# ------------------------------------------------------------------------------------ compose
+def _compose(launcher: RltrainLauncher, overrides: Sequence[str], num: int) -> Job:
+    """Compose one job's config, resolved, with its output directory fixed, and plan it.
+
+    Everything is resolved here because a job's driver cannot evaluate resolvers registered
+    only in this process (``${hydra:...}``, a user's custom resolvers).
+    """
+    assert launcher.hydra_context is not None and launcher.config is not None  # set by setup()
+    cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+    with open_dict(cfg):
+        cfg.hydra.job.id = f"{num}"
+        cfg.hydra.job.num = num
+    saved = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(cfg)
+    try:
+        sweep = cfg.hydra.sweep
+        output_dir = os.path.abspath(os.path.join(str(sweep.dir), str(sweep.subdir)))
+        with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+            cfg.hydra.runtime.output_dir = output_dir
+        HydraConfig.instance().set_config(cfg)
+        try:
+            # HydraConfig.set_config marks the hydra node read-only.
+            with read_write(cfg), read_write(cfg.hydra):
+                OmegaConf.resolve(cfg)
+        except Exception as exc:  # noqa: BLE001 - an unresolvable config fails its job alone
+            return Job(num, list(overrides), cfg, JobNeeds(error=exc), output_dir)
+    finally:
+        HydraConfig.instance().cfg = saved
+    task_cfg = copy.deepcopy(cfg)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    return Job(num, list(overrides), cfg, job_needs(task_cfg), output_dir)
+
+
+def _flatten(node: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(node, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}.{k}"))
+        return out
+    return {prefix: node}
+
+
+def one_cluster(jobs: Sequence[Job]) -> Mapping[str, Any] | None:
+    """The ``cluster`` section every rltrain job of the sweep shares (None for other apps).
+
+    Raises:
+        ConfigError: when jobs differ in any ``cluster.*`` key, naming the keys and values.
+    """
+    clusters = [(j.num, j.needs.cluster) for j in jobs if j.needs.cluster is not None]
+    if not clusters:
+        return None
+    first_num, first = clusters[0]
+    flat0 = _flatten(first, "cluster")
+    problems = []
+    for num, other in clusters[1:]:
+        flat = _flatten(other, "cluster")
+        for key in sorted(set(flat0) | set(flat)):
+            if flat0.get(key) != flat.get(key):
+                problems.append(
+                    f"{key} is {flat0.get(key)!r} in job #{first_num} but {flat.get(key)!r} in "
+                    f"job #{num}"
+                )
+    if problems:
+        raise ConfigError(
+            [
+                *problems,
+                "hydra/launcher=rltrain runs a sweep on one cluster, so jobs cannot differ in "
+                "cluster.*: run one sweep per cluster (e.g. `-m cluster.devices_per_node=4 "
+                "placement=...`), or use hydra/launcher=basic to run each job on its own cluster",
+            ]
+        )
+    return first
+
+
+# --------------------------------------------------------------------------------- job returns
+def _failed(job: Job, exc: Exception) -> JobReturn:
+    """A JobReturn for a job whose driver never returned one (refused, crashed, killed)."""
+    cfg = copy.deepcopy(job.sweep_config)
+    task_cfg = copy.deepcopy(cfg)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    ret = JobReturn(
+        overrides=list(job.overrides),
+        cfg=task_cfg,
+        hydra_cfg=cfg,
+        working_dir=job.output_dir,
+        task_name=str(OmegaConf.select(cfg, "hydra.job.name", default="")) or None,
+        status=JobStatus.FAILED,
+    )
+    ret.return_value = exc
+    return ret
+
+
+def _first_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# ------------------------------------------------------------------------------------- drivers
+class _Drivers:
+    """Starts job drivers and reports their exits on one queue (no polling)."""
+
+    def __init__(self, launcher: RltrainLauncher, session: _ray.RaySession, tmp: str) -> None:
+        self.launcher = launcher
+        self.session = session
+        self.tmp = tmp
+        self.exits: queue.Queue[tuple[int, int, bool, float]] = queue.Queue()
+        env = OmegaConf.select(launcher.ray_cfg, "remote.runtime_env", default=None)
+        self.runtime_env = dict(OmegaConf.to_container(env, resolve=True)) if env else {}
+
+    def _spec(self, job: Job) -> str:
+        import cloudpickle
+
+        assert self.launcher.hydra_context is not None  # set by setup()
+        payload = cloudpickle.dumps(
+            {
+                "hydra_context": self.launcher.hydra_context,
+                "sweep_config": job.sweep_config,
+                "task_function": self.launcher.task_function,
+                "singleton_state": Singleton.get_state(),
+            }
+        )
+        header = {
+            "sys_path": list(sys.path),
+            "cwd": os.getcwd(),
+            "ray_address": self.session.address if job.needs.uses_ray else None,
+            "namespace": f"rltrain-sweep-{os.getpid()}-job{job.num}",
+            "runtime_env": self.runtime_env,
+        }
+        path = os.path.join(self.tmp, f"job{job.num}.spec")
+        with open(path, "wb") as f:
+            pickle.dump((header, payload), f)
+        return path
+
+    def start(self, job: Job) -> None:
+        """Start the job's driver process; its exit is posted to :attr:`exits`."""
+        spec = self._spec(job)
+        result = os.path.join(self.tmp, f"job{job.num}.result")
+        env = dict(os.environ)
+        env.update(
+            {
+                "RAY_ADDRESS": self.session.address,
+                ENV_SLICE: (job.slice or DeviceSlice()).to_json(),
+                ENV_JOB: str(job.num),
+                ENV_SWEEP_DIR: os.path.abspath(str(job.sweep_config.hydra.sweep.dir)),
+            }
+        )
+        cmd = [sys.executable, "-m", "hydra_plugins.rltrain_launcher._driver", spec, result]
+        job.start = time.time()
+        job.process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+        threading.Thread(target=self._watch, args=(job,), daemon=True).start()
+
+    def _watch(self, job: Job) -> None:
+        assert job.process is not None  # started by start()
+        timed_out = False
+        try:
+            rc = job.process.wait(timeout=self.launcher.job_timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            job.process.kill()
+            rc = job.process.wait()
+        self.exits.put((job.num, rc, timed_out, time.time()))
+
+    def collect(self, job: Job, rc: int, timed_out: bool) -> JobReturn:
+        """The job's JobReturn: the one its driver wrote, or a failure saying why there is none."""
+        import cloudpickle
+
+        result = os.path.join(self.tmp, f"job{job.num}.result")
+        if os.path.exists(result):
+            with open(result, "rb") as f:
+                return cloudpickle.load(f)
+        if timed_out:
+            why = f"was killed after hydra.launcher.job_timeout_s={self.launcher.job_timeout_s}"
+        else:
+            why = f"exited with code {rc} before returning a result"
+        exc = WorkerError(
+            f"job #{job.num} ({' '.join(job.overrides) or 'no overrides'}) {why}; its output is "
+            f"above and in {job.output_dir}"
+        )
+        return _failed(job, exc)
+
+    def kill_all(self, jobs: Sequence[Job]) -> None:
+        for job in jobs:
+            if job.process is not None and job.process.poll() is None:
+                job.process.kill()
+
+
+# ------------------------------------------------------------------------------------ schedule
+def _refuse_impossible(jobs: Sequence[Job], allocator: SliceAllocator) -> None:
+    """Fail, before anything runs, each job that can never run; say why at once."""
+    for job in jobs:
+        exc = job.needs.error
+        if exc is None:
+            reason = allocator.never_fits(job.needs.devices)
+            exc = ResourceError(f"job #{job.num}: {reason}") if reason else None
+        if exc is not None:
+            job.ret = _failed(job, exc)
+            job.error = _first_line(exc)
+            log.error("rltrain launcher: job #%s cannot run: %s", job.num, job.error)
+
+
+def _run_all(launcher: RltrainLauncher, jobs: Sequence[Job], drivers: _Drivers, allocator) -> None:
+    """Admit jobs in order as devices free up; return when every job has ended."""
+    pending = [j for j in jobs if j.ret is None]
+    running: dict[int, Job] = {}
+    try:
+        while pending or running:
+            for job in list(pending):
+                if len(running) >= launcher.max_concurrent_jobs:
+                    break
+                piece = allocator.allocate(job.needs.devices)
+                if piece is None:
+                    continue  # waits for a running job to free devices; later jobs may fit now
+                job.slice = piece
+                pending.remove(job)
+                running[job.num] = job
+                log.info(
+                    "rltrain launcher: #%s %s%s",
+                    job.num,
+                    " ".join(filter_overrides(job.overrides)),
+                    f"  [devices {piece.describe()}]" if piece.mapping else "",
+                )
+                drivers.start(job)
+            if not running:  # cannot happen after _refuse_impossible; never block for ever
+                raise ResourceError(f"jobs {[j.num for j in pending]} fit on no free devices")
+            num, rc, timed_out, end = drivers.exits.get()
+            job = running.pop(num)
+            job.end = end
+            job.ret = drivers.collect(job, rc, timed_out)
+            if job.ret.status == JobStatus.FAILED:
+                job.error = _first_line(job.ret._return_value)
+            _release(launcher, drivers.session, job, running.values())
+            allocator.release(job.slice or DeviceSlice())
+    except BaseException:
+        drivers.kill_all(list(running.values()))
+        raise
+
+
+def _release(launcher: RltrainLauncher, session: _ray.RaySession, job: Job, others: Any) -> None:
+    """Wait until Ray has freed what the ended job held (its actors and placement groups)."""
+    if not job.needs.uses_ray or session.gpus <= 0:
+        return
+    held = sum(len(o.slice.devices) for o in others if o.slice is not None)
+    if not _ray.wait_devices_free(max(0.0, session.gpus - held), launcher.release_timeout_s):
+        log.warning(
+            "rltrain launcher: Ray has not freed job #%s's devices after %ss; admitting the next "
+            "job anyway (its placement group will wait for them)",
+            job.num,
+            launcher.release_timeout_s,
+        )
+
+
+# -------------------------------------------------------------------------------------- report
+def _report_jobs(launcher: RltrainLauncher, jobs: Sequence[Job], sweep_dir: Path) -> None:
+    from rltrain.telemetry.summary import read_job_summary
+
+    rows = {r["job"]: r for r in launcher.report_rows}
+    for job in jobs:
+        assert job.ret is not None  # every job has ended
+        objective = job.ret._return_value if job.ret.status == JobStatus.COMPLETED else None
+        info = {
+            "num": job.num,
+            "overrides": job.overrides,
+            "status": "completed" if job.ret.status == JobStatus.COMPLETED else "failed",
+            "error": job.error,
+            "start": job.start,
+            "end": job.end,
+            "slice": job.slice.describe() if job.slice else "",
+            "output_dir": job.output_dir,
+            "objective": objective if isinstance(objective, int | float) else None,
+            "placement_mode": job.needs.placement_mode,
+        }
+        rows[job.num] = _report.make_row(info, read_job_summary(job.output_dir))
+    launcher.report_rows = [rows[k] for k in sorted(rows)]
+    out = _report.write_report(launcher.report_rows, str(sweep_dir))
+    print(f"\nSweep report ({out['md']}):\n\n{out['table']}", flush=True)
+
+
+# -------------------------------------------------------------------------------------- launch
+def _check_options(launcher: RltrainLauncher) -> None:
+    problems = []
+    if launcher.max_concurrent_jobs < 1:
+        problems.append(
+            f"hydra.launcher.max_concurrent_jobs={launcher.max_concurrent_jobs} must be >= 1"
+        )
+    remote = launcher.ray_cfg.get("remote") or {}
+    for key in remote:
+        if key != "runtime_env":
+            problems.append(
+                f"hydra.launcher.ray.remote.{key} is not used by hydra/launcher=rltrain: a job's "
+                "driver reserves nothing, its devices come from its placement plan; remove it "
+                "(only ray.remote.runtime_env applies), or use hydra/launcher=ray"
+            )
+    if problems:
+        raise ConfigError(problems)
+
+
+def launch(
+    launcher: RltrainLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> list[JobReturn]:
+    """Run a batch of jobs (see the module docstring for the order of events).
+
+    Args:
+        launcher: the configured launcher (after ``setup``).
+        job_overrides: each job's overrides.
+        initial_job_idx: the first job's number in the whole sweep.
+
+    Returns:
+        One JobReturn per job, in the order of ``job_overrides``.
+
+    Raises:
+        ConfigError: for a bad launcher option, a job config that does not compose, or jobs that
+            differ in ``cluster.*``. Nothing has run then.
+    """
+    setup_globals()
+    assert launcher.config is not None  # set by setup()
+    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    _check_options(launcher)
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [_compose(launcher, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
+    cluster = one_cluster(jobs)
+    capacity = {}
+    if cluster is not None:
+        from rltrain.placement.types import ClusterSpec
+
+        capacity = {n.rank: n.num_devices for n in ClusterSpec.from_config(cluster).nodes}
+    allocator = SliceAllocator(capacity)
+    _refuse_impossible(jobs, allocator)
+    session = _ray.connect(OmegaConf.to_container(launcher.ray_cfg.init, resolve=True), cluster)
+    log.info(
+        "rltrain launcher: %d jobs, %d at a time, on Ray %s; sweep dir %s",
+        len(jobs),
+        launcher.max_concurrent_jobs,
+        session.address,
+        sweep_dir,
+    )
+    tmp = tempfile.mkdtemp(prefix="rltrain-sweep-")
+    try:
+        _run_all(launcher, jobs, _Drivers(launcher, session, tmp), allocator)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if launcher.report:
+        _report_jobs(launcher, jobs, sweep_dir)
+    failed = [j for j in jobs if j.ret is not None and j.ret.status == JobStatus.FAILED]
+    if failed:
+        log.error(
+            "rltrain launcher: %d of %d jobs failed:\n%s",
+            len(failed),
+            len(jobs),
+            "\n".join(f"  #{j.num} {' '.join(j.overrides)}: {j.error}" for j in failed),
+        )
+    return [j.ret for j in jobs]  # type: ignore[misc]

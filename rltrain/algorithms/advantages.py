@@ -1,0 +1,242 @@
+"""Advantage estimators (pure torch, no model).
+
+Outcome rewards are one number per sequence. Group estimators (GRPO, Dr. GRPO, RLOO) compare the
+``n`` samples of a prompt, which sit in consecutive rows; the sequence advantage is then given to
+every response token. REINFORCE++ and GAE work on per-token rewards (the outcome reward on the
+last response token, minus a KL penalty per token when the KL is in the reward).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rltrain.errors import ConfigError
+
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+ESTIMATORS = (*GROUP_ESTIMATORS, "reinforce_pp", "gae")
+
+
+def _groups(scores: Tensor, group_size: int) -> Tensor:
+    if group_size < 2:
+        raise ConfigError(
+            f"rollout.n_samples_per_prompt={group_size}: group-based estimators need >= 2 "
+            f"samples per prompt; raise it or use reinforce_pp / gae"
+        )
+    if scores.numel() % group_size:
+        raise ConfigError(
+            f"{scores.numel()} sequences do not split into groups of rollout."
+            f"n_samples_per_prompt={group_size}"
+        )
+    return scores.view(-1, group_size)
+
+
+def grpo_advantages(
+    scores: Tensor, group_size: int, norm_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """GRPO: each score minus its group's mean, divided by the group's std.
+
+    The std is the sample std (Bessel-corrected, as ``torch.std``); a group whose scores are all
+    equal gets advantage 0.
+
+    Args:
+        scores: ``[B]`` sequence scores, groups of ``group_size`` consecutive rows.
+        group_size: samples per prompt.
+        norm_by_std: divide by the group std (GRPO); False gives Dr. GRPO's advantage.
+        eps: added to the std.
+
+    Returns:
+        ``[B]`` advantages.
+
+    Raises:
+        ConfigError: ``group_size < 2`` or ``B`` is not a multiple of it.
+    """
+    g = _groups(scores.float(), group_size)
+    adv = g - g.mean(dim=1, keepdim=True)
+    if norm_by_std:
+        adv = adv / (g.std(dim=1, keepdim=True) + eps)
+    return adv.reshape(-1)
+
+
+def dr_grpo_advantages(scores: Tensor, group_size: int) -> Tensor:
+    """Dr. GRPO: each score minus its group's mean (no std division). Shapes as GRPO's."""
+    return grpo_advantages(scores, group_size, norm_by_std=False)
+
+
+def rloo_advantages(scores: Tensor, group_size: int) -> Tensor:
+    """RLOO: each score minus the mean of the *other* samples of its group.
+
+    Args:
+        scores: ``[B]`` sequence scores in groups of ``group_size`` consecutive rows.
+        group_size: samples per prompt.
+
+    Returns:
+        ``[B]`` advantages, ``n/(n-1) * (r_i - mean)``.
+    """
+    g = _groups(scores.float(), group_size)
+    others = (g.sum(dim=1, keepdim=True) - g) / (group_size - 1)
+    return (g - others).reshape(-1)
+
+
+def outcome_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """Place each sequence's outcome reward on its last response token.
+
+    Args:
+        rewards: ``[B]`` outcome rewards.
+        response_mask: ``[B, R]``, 1 on response tokens.
+
+    Returns:
+        ``[B, R]`` per-token rewards, zero except at each row's last response token (rows with
+        no response token get nothing).
+    """
+    mask = response_mask.float()
+    out = torch.zeros_like(mask)
+    has = mask.sum(dim=1) > 0
+    last = (mask.cumsum(dim=1) * mask).argmax(dim=1)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    out[rows[has], last[has]] = rewards.float()[has]
+    return out
+
+
+def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float) -> Tensor:
+    """``G_t = r_t + gamma * G_{t+1}`` over response tokens; zero outside the mask.
+
+    Args:
+        token_rewards: ``[B, R]``.
+        response_mask: ``[B, R]``.
+        gamma: discount.
+
+    Returns:
+        ``[B, R]`` returns.
+    """
+    mask = response_mask.float()
+    out = torch.zeros_like(mask)
+    running = torch.zeros_like(mask[:, 0])
+    for t in reversed(range(mask.shape[1])):
+        running = token_rewards[:, t] + gamma * running * mask[:, t]
+        running = running * mask[:, t]
+        out[:, t] = running
+    return out
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """Normalise ``x`` to zero mean and unit variance over masked entries (population variance).
+
+    Args:
+        x: ``[B, R]`` values.
+        mask: ``[B, R]``, 1 where ``x`` counts.
+        eps: added to the variance.
+
+    Returns:
+        ``[B, R]`` whitened values, zero outside the mask.
+    """
+    m = mask.float()
+    n = m.sum().clamp(min=1.0)
+    mean = (x * m).sum() / n
+    var = (((x - mean) * m) ** 2).sum() / n
+    return (x - mean) * torch.rsqrt(var + eps) * m
+
+
+def reinforce_pp_advantages(
+    token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0
+) -> Tensor:
+    """REINFORCE++: discounted returns of per-token rewards, whitened over the whole batch.
+
+    Args:
+        token_rewards: ``[B, R]`` (outcome on the last token, minus KL per token if in reward).
+        response_mask: ``[B, R]``.
+        gamma: discount.
+
+    Returns:
+        ``[B, R]`` advantages, zero outside the mask.
+    """
+    returns = discounted_returns(token_rewards, response_mask, gamma)
+    return masked_whiten(returns, response_mask)
+
+
+def gae_advantages(
+    token_rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over response tokens.
+
+    ``delta_t = r_t + gamma * V_{t+1} - V_t`` with ``V`` zero past the last response token;
+    ``A_t = delta_t + gamma * lam * A_{t+1}``; returns ``A_t + V_t``.
+
+    Args:
+        token_rewards: ``[B, R]``.
+        values: ``[B, R]`` critic values of the state before each response token.
+        response_mask: ``[B, R]``.
+        gamma: discount.
+        lam: GAE lambda.
+
+    Returns:
+        ``(advantages, returns)``, each ``[B, R]`` and zero outside the mask (advantages are not
+        whitened here; see :func:`masked_whiten`).
+    """
+    mask = response_mask.float()
+    values = values.float() * mask
+    adv = torch.zeros_like(mask)
+    next_value = torch.zeros_like(mask[:, 0])
+    next_adv = torch.zeros_like(mask[:, 0])
+    for t in reversed(range(mask.shape[1])):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        next_adv = (delta + gamma * lam * next_adv) * mask[:, t]
+        next_value = values[:, t]
+        adv[:, t] = next_adv
+    return adv, (adv + values) * mask
+
+
+def compute_advantages(
+    estimator: str,
+    rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    group_size: int = 1,
+    norm_by_std: bool = True,
+    token_kl: Tensor | None = None,
+    values: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token advantages (and value targets for GAE) of one batch.
+
+    Args:
+        estimator: ``grpo`` | ``dr_grpo`` | ``rloo`` | ``reinforce_pp`` | ``gae``.
+        rewards: ``[B]`` outcome rewards.
+        response_mask: ``[B, R]``.
+        group_size: samples per prompt (group estimators).
+        norm_by_std: GRPO's std division (``algorithm.norm_adv_by_std``).
+        token_kl: ``[B, R]`` KL penalty already scaled by ``kl_coef``, subtracted from the
+            per-token rewards (``algorithm.kl_in=reward``); group estimators use the sequence sum.
+        values: ``[B, R]`` critic values (GAE only).
+        gamma: discount (REINFORCE++, GAE).
+        lam: GAE lambda.
+
+    Returns:
+        ``(advantages [B, R], returns [B, R] or None)``; advantages are zero outside the mask.
+
+    Raises:
+        ConfigError: an unknown estimator, too small groups, or GAE without values.
+    """
+    mask = response_mask.float()
+    token_rewards = outcome_token_rewards(rewards, mask)
+    if token_kl is not None:
+        token_rewards = token_rewards - token_kl * mask
+    if estimator in GROUP_ESTIMATORS:
+        scores = token_rewards.sum(dim=1)
+        if estimator == "rloo":
+            seq = rloo_advantages(scores, group_size)
+        else:
+            seq = grpo_advantages(scores, group_size, norm_by_std and estimator == "grpo")
+        return seq[:, None] * mask, None
+    if estimator == "reinforce_pp":
+        return reinforce_pp_advantages(token_rewards, mask, gamma), None
+    if estimator == "gae":
+        if values is None:
+            raise ConfigError("algorithm.advantage_estimator='gae' needs critic values")
+        adv, returns = gae_advantages(token_rewards, values, mask, gamma, lam)
+        return masked_whiten(adv, mask), returns
+    raise ConfigError(
+        f"algorithm.advantage_estimator={estimator!r} is not valid: "
+        f"choose one of {list(ESTIMATORS)}"
+    )

@@ -1,0 +1,86 @@
+"""The rollout batch: what generation hands to reward, reference, critic and actor.
+
+Shapes: ``B`` sequences (prompts repeated ``n`` times, the ``n`` samples of a prompt adjacent),
+``P`` prompt tokens (left-padded), ``R`` response tokens (right-padded after EOS).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """Token ids and per-token statistics of one rollout batch.
+
+    Attributes:
+        prompt_ids: ``[B, P]`` long, left-padded prompts.
+        prompt_mask: ``[B, P]`` long, 1 on real prompt tokens.
+        response_ids: ``[B, R]`` long, generated tokens; pad after the first EOS.
+        response_mask: ``[B, R]`` float, 1 on generated tokens up to and including the first EOS.
+        group_size: samples per prompt (``n``); groups are consecutive rows.
+        rewards: ``[B]`` float outcome rewards, once scored.
+        old_logprobs: ``[B, R]`` log-probs under the policy that generated the batch.
+        ref_logprobs: ``[B, R]`` log-probs under the reference policy (KL).
+        values: ``[B, R]`` critic values of the state before each response token (PPO).
+        advantages: ``[B, R]`` per-token advantages.
+        returns: ``[B, R]`` value targets (PPO).
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    group_size: int = 1
+    rewards: Tensor | None = None
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    values: Tensor | None = None
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        """Number of sequences ``B``."""
+        return int(self.response_ids.shape[0])
+
+    @property
+    def input_ids(self) -> Tensor:
+        """``[B, P + R]`` prompt followed by response."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """``[B, P + R]`` long, 1 on real tokens."""
+        return torch.cat([self.prompt_mask, self.response_mask.long()], dim=1)
+
+    def replace(self, **fields: Tensor | None) -> RolloutBatch:
+        """A copy with some fields set (records are frozen)."""
+        return dataclasses.replace(self, **fields)
+
+    def select(self, index: Tensor) -> RolloutBatch:
+        """The rows ``index`` of every tensor field (a minibatch).
+
+        Args:
+            index: ``[b]`` long row indices.
+
+        Returns:
+            A batch of ``b`` rows; ``group_size`` is kept but groups may be split.
+        """
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v[index] if isinstance(v, Tensor) else v
+        return RolloutBatch(**out)
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """A copy with every tensor on ``device``."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v.to(device) if isinstance(v, Tensor) else v
+        return RolloutBatch(**out)

@@ -1,0 +1,79 @@
+"""Per-token log-probabilities (and entropies) of responses under a causal LM."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rltrain.algorithms.losses import entropy_from_logits
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left padding: 0 at each row's first real token.
+
+    Args:
+        attention_mask: ``[B, T]``, 1 on real tokens.
+
+    Returns:
+        ``[B, T]`` long positions (0 on the padding before the first real token).
+    """
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def response_logits(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_len: int
+) -> Tensor:
+    """Logits that predict the last ``response_len`` tokens of ``input_ids``.
+
+    Args:
+        model: a Hugging Face causal LM.
+        input_ids: ``[B, P + R]`` prompt then response.
+        attention_mask: ``[B, P + R]``.
+        response_len: ``R``.
+
+    Returns:
+        ``[B, R, V]`` float logits; row ``t`` predicts response token ``t``.
+    """
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    )
+    return out.logits[:, -response_len - 1 : -1].float()
+
+
+def compute_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Log-probabilities of the response tokens under ``model``.
+
+    The logits are divided by the sampling ``temperature`` so the log-probs are those of the
+    distribution the tokens were sampled from.
+
+    Args:
+        model: a Hugging Face causal LM.
+        input_ids: ``[B, P + R]`` left-padded prompt followed by the response.
+        attention_mask: ``[B, P + R]``.
+        response_mask: ``[B, R]``, 1 on response tokens; ``R`` is read from its width.
+        temperature: the sampling temperature.
+        with_entropy: also return per-token entropies.
+
+    Returns:
+        ``[B, R]`` log-probs, zero outside the mask; with ``with_entropy`` a pair
+        ``(logprobs, entropy)`` of that shape.
+    """
+    r = response_mask.shape[1]
+    logits = response_logits(model, input_ids, attention_mask, r) / temperature
+    targets = input_ids[:, -r:]
+    mask = response_mask.float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1) * mask
+    if not with_entropy:
+        return logp
+    return logp, entropy_from_logits(logits) * mask

@@ -1,0 +1,244 @@
+"""Sampling from a causal LM and greedy evaluation.
+
+One loop with a KV cache serves rollouts (temperature, top-p, ``n`` samples per prompt) and greedy
+evaluation. It stops per row on EOS and for the batch when every row has stopped or
+``max_new_tokens`` is reached. Works with any Hugging Face causal LM and left-padded prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rltrain.algorithms.batch import RolloutBatch
+from rltrain.algorithms.logprobs import position_ids_from_mask
+from rltrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample responses (the ``rollout.*`` keys).
+
+    Attributes:
+        max_new_tokens: the most tokens generated per response.
+        temperature: logits are divided by it before sampling.
+        top_p: nucleus sampling: keep the smallest set of tokens whose probability reaches it.
+        n: samples per prompt; a prompt's samples are consecutive rows.
+        greedy: take the arg-max token (temperature and top-p ignored).
+    """
+
+    max_new_tokens: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_new_tokens < 1:
+            problems.append(f"rollout.max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.temperature <= 0:
+            problems.append(f"rollout.temperature={self.temperature} must be > 0 (or greedy)")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"rollout.top_p={self.top_p} must be in (0, 1]")
+        if self.n < 1:
+            problems.append(f"rollout.n_samples_per_prompt={self.n} must be >= 1")
+        if problems:
+            raise ConfigError(problems)
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
+    """Tokenise prompts, padded on the left.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        prompts: the prompt texts.
+
+    Returns:
+        ``(ids [B, P], mask [B, P])`` long tensors.
+    """
+    tokenizer.padding_side = "left"
+    enc = tokenizer(list(prompts), padding=True, return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
+    """Set logits outside the nucleus to ``-inf``.
+
+    A token is kept when the probability of the tokens ranked strictly above it is below
+    ``top_p``; the most likely token is always kept.
+
+    Args:
+        logits: ``[B, V]``.
+        top_p: in ``(0, 1]``; 1 keeps everything.
+
+    Returns:
+        ``[B, V]`` filtered logits.
+    """
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    above = probs.cumsum(dim=-1) - probs
+    drop_sorted = above >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def next_tokens(
+    logits: Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> Tensor:
+    """Pick one token per row from last-position logits.
+
+    Args:
+        logits: ``[B, V]``.
+        params: sampling parameters.
+        generator: the random source (None: torch's global one).
+
+    Returns:
+        ``[B]`` long token ids.
+    """
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(top_p_filter(logits.float() / params.temperature, params.top_p), -1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    params: SamplingParams,
+    eos_token_id: int,
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+) -> RolloutBatch:
+    """Sample ``params.n`` responses per prompt.
+
+    Args:
+        model: a Hugging Face causal LM (switched to eval mode for the call, then restored).
+        prompt_ids: ``[b, P]`` left-padded prompt ids.
+        prompt_mask: ``[b, P]``.
+        params: sampling parameters.
+        eos_token_id: stops a row; it is part of the response (its mask is 1).
+        pad_token_id: fills a row after its EOS.
+        generator: the random source for sampling.
+
+    Returns:
+        A :class:`RolloutBatch` of ``B = b * n`` rows with ``group_size = n``; ``R`` is the
+        number of steps run (at most ``max_new_tokens``).
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        return _generate(
+            model, prompt_ids, prompt_mask, params, eos_token_id, pad_token_id, generator
+        )
+    finally:
+        model.train(was_training)
+
+
+def _generate(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    params: SamplingParams,
+    eos_token_id: int,
+    pad_token_id: int,
+    generator: torch.Generator | None,
+) -> RolloutBatch:
+    ids = prompt_ids.repeat_interleave(params.n, dim=0)
+    mask = prompt_mask.repeat_interleave(params.n, dim=0)
+    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    tokens: list[Tensor] = []
+    live: list[Tensor] = []
+    attn, step_ids, pos, past = mask, ids, position_ids_from_mask(mask), None
+    for _ in range(params.max_new_tokens):
+        out = model(
+            input_ids=step_ids,
+            attention_mask=attn,
+            position_ids=pos,
+            past_key_values=past,
+            use_cache=True,
+        )
+        past = out.past_key_values
+        tok = next_tokens(out.logits[:, -1, :], params, generator)
+        tok = torch.where(done, torch.full_like(tok, pad_token_id), tok)
+        live.append(~done)
+        tokens.append(tok)
+        done = done | (tok == eos_token_id)
+        if bool(done.all()):
+            break
+        attn = torch.cat([attn, (~done).long()[:, None]], dim=1)
+        step_ids, pos = tok[:, None], pos[:, -1:] + 1
+    return RolloutBatch(
+        prompt_ids=ids,
+        prompt_mask=mask,
+        response_ids=torch.stack(tokens, dim=1),
+        response_mask=torch.stack(live, dim=1).float(),
+        group_size=params.n,
+    )
+
+
+def decode_responses(tokenizer: Any, batch: RolloutBatch, eos_token_id: int) -> list[str]:
+    """The response texts, each cut before its EOS.
+
+    Special tokens sampled mid-response (say ``<pad>``) stay in the text, so they cannot pass
+    an exact-match reward by vanishing.
+
+    Args:
+        tokenizer: the tokenizer that encoded the prompts.
+        batch: a generated batch.
+        eos_token_id: the end-of-sequence id.
+
+    Returns:
+        ``B`` strings.
+    """
+    rows = []
+    for ids, m in zip(batch.response_ids.tolist(), batch.response_mask.tolist(), strict=True):
+        kept = [t for t, keep in zip(ids, m, strict=True) if keep]
+        if kept and kept[-1] == eos_token_id:
+            kept = kept[:-1]
+        rows.append(kept)
+    return tokenizer.batch_decode(rows, skip_special_tokens=False)
+
+
+@torch.no_grad()
+def greedy_accuracy(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: Any,
+    max_new_tokens: int,
+    batch_size: int = 256,
+    examples: Sequence[Any] | None = None,
+) -> float:
+    """Share of evaluation prompts whose greedy response earns the full reward (>= 1).
+
+    Args:
+        model: the policy.
+        tokenizer: its tokenizer (``eos_token_id`` and ``pad_token_id`` are read).
+        task: a :class:`rltrain.tasks.Task` (``eval`` examples, ``reward(prompt, response)``).
+        max_new_tokens: the generation budget (``rollout.max_new_tokens``).
+        batch_size: prompts per forward pass.
+        examples: score these instead of ``task.eval``.
+
+    Returns:
+        Accuracy in ``[0, 1]``.
+    """
+    items = list(task.eval if examples is None else examples)
+    if not items:
+        return 0.0
+    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
+    correct = 0
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in chunk])
+        batch = generate(model, ids, mask, params, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        texts = decode_responses(tokenizer, batch, tokenizer.eos_token_id)
+        correct += sum(task.reward(ex.prompt, t) >= 1.0 for ex, t in zip(chunk, texts, strict=True))
+    return correct / len(items)

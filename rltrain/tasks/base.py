@@ -1,0 +1,193 @@
+"""The task record every reasoning task produces: prompts, answers, a reward, a data order.
+
+A task is plain data plus a reward function; it holds no model and no Ray handle, so the driver
+and every worker can build the same task from the same config and agree on what step ``k``
+trains on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rltrain.errors import ConfigError
+
+#: ``reward_fn(prompt, response, answer) -> float``; ``response`` is the decoded text the model
+#: generated after the prompt, up to (not including) its end-of-sequence token.
+RewardFn = Callable[[str, str, str], float]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt and the answer its reward is checked against."""
+
+    prompt: str
+    answer: str
+
+
+def exact_match(prompt: str, response: str, answer: str) -> float:
+    """The default rule-based reward: 1.0 when the response, stripped, equals the answer.
+
+    Args:
+        prompt: the prompt text (unused; part of the reward signature).
+        response: the generated text after the prompt, without the end-of-sequence token.
+        answer: the reference answer.
+
+    Returns:
+        1.0 for an exact match after stripping surrounding whitespace, else 0.0.
+    """
+    del prompt
+    return 1.0 if response.strip() == answer.strip() else 0.0
+
+
+def import_reward_fn(spec: str, key: str = "task.reward_fn") -> RewardFn:
+    """Import a reward function named ``"package.module:function"``.
+
+    Args:
+        spec: the dotted module path and attribute, separated by a colon.
+        key: the config key the spec came from, for the error message.
+
+    Returns:
+        The callable.
+
+    Raises:
+        ConfigError: the spec is malformed, the module cannot be imported, the attribute is
+            missing, or it is not callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{key}={spec!r} must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"{key}={spec!r}: cannot import module {module_name!r} ({exc}); make it importable "
+            f"(installed, or on PYTHONPATH) or fix the name"
+        ) from None
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise ConfigError(
+            f"{key}={spec!r}: module {module_name!r} has no callable {attr!r}; "
+            f"define def {attr}(prompt, response, answer) -> float there"
+        )
+    return fn
+
+
+@dataclass(frozen=True)
+class Task:
+    """Training and evaluation prompts with their reward.
+
+    The data order is a pure function of ``(seed, step, batch_size)``: the training prompts are
+    walked epoch by epoch, each epoch in its own seeded permutation. So a run resumed at step
+    ``k`` sees exactly the prompts an uninterrupted run would, with no cursor to save.
+
+    Attributes:
+        name: the task's name (``task.name``).
+        train: the training examples.
+        eval: the examples greedy evaluation scores.
+        eval_is_train: True when ``eval`` is the training set itself (nothing held out).
+        seed: seeds the data order.
+        reward_fn: scores one response; see :data:`RewardFn`.
+    """
+
+    name: str
+    train: tuple[Example, ...]
+    eval: tuple[Example, ...]
+    eval_is_train: bool
+    seed: int
+    reward_fn: RewardFn = exact_match
+    _answers: dict[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.train:
+            raise ConfigError(f"task {self.name!r} has no training prompts: check task.num_eval")
+        answers: dict[str, str] = {}
+        for ex in (*self.train, *self.eval):
+            answers.setdefault(ex.prompt, ex.answer)
+        object.__setattr__(self, "_answers", answers)  # a frozen record's derived lookup
+
+    def sample_batch(self, step: int, batch_size: int) -> list[Example]:
+        """Return the training examples of one step.
+
+        Args:
+            step: the 0-based policy-update index.
+            batch_size: prompts per step.
+
+        Returns:
+            ``batch_size`` examples; deterministic in ``(seed, step, batch_size)``.
+        """
+        n = len(self.train)
+        out = []
+        for pos in range(step * batch_size, (step + 1) * batch_size):
+            order = self._epoch_order(pos // n)
+            out.append(self.train[order[pos % n]])
+        return out
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.train)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def answer(self, prompt: str) -> str:
+        """The reference answer of a prompt of this task.
+
+        Raises:
+            KeyError: the prompt is not one of the task's prompts.
+        """
+        return self._answers[prompt]
+
+    def reward(self, prompt: str, response: str) -> float:
+        """Score a response to one of this task's prompts.
+
+        Args:
+            prompt: a prompt from ``train`` or ``eval``.
+            response: the generated text after the prompt, without the end-of-sequence token.
+
+        Returns:
+            The reward, as a float.
+
+        Raises:
+            KeyError: the prompt is not one of the task's prompts.
+        """
+        return float(self.reward_fn(prompt, response, self.answer(prompt)))
+
+
+def split_eval(
+    examples: Sequence[Example], num_eval: int, num_train: int, seed: int, key_prefix: str = "task"
+) -> tuple[tuple[Example, ...], tuple[Example, ...], bool]:
+    """Split examples into training and held-out evaluation sets.
+
+    Args:
+        examples: every example of the task, in a fixed order.
+        num_eval: examples held out for evaluation; 0 evaluates on the training examples.
+        num_train: training examples to keep; 0 keeps all that are not held out.
+        seed: seeds the shuffle that picks the held-out examples.
+        key_prefix: config section named in errors.
+
+    Returns:
+        ``(train, eval, eval_is_train)``.
+
+    Raises:
+        ConfigError: the counts are negative or leave no training example.
+    """
+    if num_eval < 0 or num_train < 0:
+        raise ConfigError(
+            f"{key_prefix}.num_eval={num_eval} / {key_prefix}.num_train={num_train}: "
+            f"counts must be >= 0"
+        )
+    if num_eval >= len(examples):
+        raise ConfigError(
+            f"{key_prefix}.num_eval={num_eval} holds out every one of the task's "
+            f"{len(examples)} prompts: choose fewer than {len(examples)}"
+        )
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    held = sorted(order[:num_eval])
+    rest = order[num_eval:]
+    kept = sorted(rest[:num_train] if num_train else rest)
+    train = tuple(examples[i] for i in kept)
+    if num_eval == 0:
+        return train, train, True
+    return train, tuple(examples[i] for i in held), False

@@ -1,0 +1,176 @@
+"""The per-job result contract: ``summary.json`` in a job's output directory.
+
+A job (the trainer, at the end of a run) writes one summary; the sweep launcher reads every job's
+summary to build its comparison report. The file is plain JSON so that other tools can read it
+too. Fields the launcher reads (all optional except where a writer has them; a missing field shows
+as a blank cell in the report):
+
+==============================  ==========================================================
+``placement_mode``              ``collocated`` | ``disaggregated`` | ``hybrid``
+``steps``                       policy updates done
+``steps_per_s``                 policy updates per second of training (after warm-up)
+``tokens_per_s``                generated tokens per second (reasoning runs)
+``env_steps_per_s``             simulator steps per second (embodied runs)
+``seconds_per_stage``           ``{stage: mean seconds per step}``, e.g. ``{"generate": 0.4}``
+``peak_memory_bytes_per_device`` ``{"<node>:<device>": bytes}``, e.g. ``{"0:1": 123456}``
+``final_reward``                mean reward of the last step
+``final_accuracy``              last greedy evaluation accuracy (0..1)
+``simulated_devices``           true when devices were simulated on CPU
+``status``                      ``completed`` | ``stopped`` | ``failed`` | free text
+==============================  ==========================================================
+
+No Ray, no torch: this module is imported by the launcher process and by jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from rltrain.errors import ConfigError
+
+#: File name of the summary inside a job's output directory.
+SUMMARY_FILE = "summary.json"
+
+#: Fields every consumer may rely on existing (as ``None`` when a writer has no value).
+SUMMARY_FIELDS = (
+    "placement_mode",
+    "steps",
+    "steps_per_s",
+    "tokens_per_s",
+    "env_steps_per_s",
+    "seconds_per_stage",
+    "peak_memory_bytes_per_device",
+    "final_reward",
+    "final_accuracy",
+    "simulated_devices",
+    "status",
+)
+
+_NUMBERS = ("steps", "steps_per_s", "tokens_per_s", "env_steps_per_s")
+_NUMBERS_OPT = ("final_reward", "final_accuracy")
+_MAPPINGS = ("seconds_per_stage", "peak_memory_bytes_per_device")
+
+
+#: What a job's task function may return to a Hydra sweeper (e.g. Optuna), read from its summary.
+OBJECTIVES = {
+    "throughput": ("tokens_per_s", "env_steps_per_s", "steps_per_s"),
+    "accuracy": ("final_accuracy",),
+    "reward": ("final_reward",),
+}
+
+
+def objective(summary: Mapping[str, Any], measure: str = "throughput") -> float | None:
+    """The number a sweeper optimises, taken from a job summary.
+
+    Args:
+        summary: a job summary (as written by the trainer).
+        measure: ``throughput`` (tokens/s, else env steps/s, else steps/s), ``accuracy`` or
+            ``reward``.
+
+    Returns:
+        The value, or None when the summary lacks it.
+
+    Raises:
+        ConfigError: for an unknown ``measure``.
+    """
+    if measure not in OBJECTIVES:
+        raise ConfigError(
+            f"objective measure {measure!r} is not valid: choose one of {list(OBJECTIVES)}"
+        )
+    for key in OBJECTIVES[measure]:
+        value = summary.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _check(summary: Mapping[str, Any]) -> list[str]:
+    """Return a problem message per field of the wrong type (empty when the summary is fine)."""
+    problems = []
+    for key in (*_NUMBERS, *_NUMBERS_OPT):
+        value = summary.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            problems.append(f"summary[{key!r}]={value!r} must be a number or None")
+    for key in _MAPPINGS:
+        value = summary.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            problems.append(f"summary[{key!r}] must be a mapping, got {type(value).__name__}")
+            continue
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                problems.append(f"summary[{key!r}][{k!r}]={v!r} must be a number")
+    simulated = summary.get("simulated_devices")
+    if simulated is not None and not isinstance(simulated, bool):
+        problems.append(f"summary['simulated_devices']={simulated!r} must be true or false")
+    return problems
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN and infinities are not JSON: write them as null instead of invalid files."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_job_summary(run_dir: str | os.PathLike[str], summary: Mapping[str, Any]) -> str:
+    """Write ``summary.json`` into a job's output directory (atomically).
+
+    Args:
+        run_dir: the job's output directory (Hydra's ``hydra.runtime.output_dir``).
+        summary: the fields listed in this module's docstring; extra fields are kept.
+
+    Returns:
+        The path of the written file.
+
+    Raises:
+        ConfigError: when a known field has the wrong type (the message names the field).
+    """
+    problems = _check(summary)
+    if problems:
+        raise ConfigError(problems)
+    body = {key: None for key in SUMMARY_FIELDS}
+    body.update(_jsonable(dict(summary)))
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(os.fspath(run_dir), SUMMARY_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(body, f, indent=2, sort_keys=True)
+    # A reader (the launcher) never sees a half-written file.
+    os.replace(tmp, path)
+    return path
+
+
+def read_job_summary(run_dir: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+    """Read a job's ``summary.json``.
+
+    Args:
+        run_dir: the job's output directory, or None.
+
+    Returns:
+        The summary with every field of :data:`SUMMARY_FIELDS` present (``None`` when the job
+        did not write it), or None when there is no summary file or it is not valid JSON (a job
+        killed while writing, or one that is not an rltrain trainer).
+    """
+    if run_dir is None:
+        return None
+    path = os.path.join(os.fspath(run_dir), SUMMARY_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    out = {key: None for key in SUMMARY_FIELDS}
+    out.update(data)
+    return out

@@ -1,0 +1,69 @@
+"""The README's main command in a subprocess, and crash-resume through SIGKILL of the driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rltrain.telemetry.metrics import read_metrics, without_timings
+
+FAST = ["trainer.train_batch_size=4", "logging.progress=false"]
+
+
+def rltrain(run_dir: pathlib.Path, *overrides: str, wait: bool = True):
+    cmd = [sys.executable, "-m", "rltrain", f"hydra.run.dir={run_dir}", *FAST, *overrides]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
+
+
+@pytest.mark.timeout(480)
+def test_readme_main_command_runs_and_writes_its_outputs(tmp_path):
+    out = rltrain(tmp_path, "trainer.total_steps=2", "trainer.eval_every=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 2
+    assert summary["placement_mode"] == "collocated"
+    for name in ("metrics.jsonl", "reward_curve.png", "trace.json", "utilization.json"):
+        assert (tmp_path / name).is_file(), name
+
+
+def _latest(run_dir: pathlib.Path) -> str | None:
+    try:
+        return (run_dir / "checkpoints" / "latest").read_text().strip()
+    except OSError:
+        return None
+
+
+@pytest.mark.timeout(900)
+def test_resume_after_sigkill_reproduces_the_next_step(tmp_path):
+    steady, crashed = tmp_path / "steady", tmp_path / "crashed"
+    out = rltrain(steady, "trainer.total_steps=3", "trainer.eval_every=0")
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    proc = rltrain(crashed, "trainer.total_steps=60", "trainer.save_every=2",
+                   "trainer.eval_every=0", wait=False)
+    deadline = time.monotonic() + 400
+    try:
+        while _latest(crashed) != "step-000002":
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within the deadline"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its local Ray, no clean-up
+        proc.wait(timeout=60)
+
+    out = rltrain(crashed, "trainer.total_steps=3", "trainer.eval_every=0", "trainer.resume=auto")
+    assert out.returncode == 0, out.stderr[-3000:]
+    expected = [r for r in read_metrics(str(steady / "metrics.jsonl")) if r["step"] == 2]
+    resumed = [r for r in read_metrics(str(crashed / "metrics.jsonl")) if r["step"] == 2][-1]
+    assert without_timings(resumed) == without_timings(expected[0])
