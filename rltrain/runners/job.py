@@ -7,6 +7,7 @@ logger and the checkpoint manager. The driver loops receive a :class:`Job` and o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from typing import Any
 from rltrain.config import resolve_offload
 from rltrain.config.schema import RunConfig
 from rltrain.placement.plan import Plan, build_plan
+from rltrain.placement.types import GIB, ClusterSpec
 from rltrain.scheduler import Cluster, WorkerGroup
 from rltrain.scheduler.residency import ResidencyCoordinator, Resident
 from rltrain.telemetry import trace
@@ -88,6 +90,17 @@ class Job:
         return {c: self.groups[c].memory_report().wait() for c in self.resident_components}
 
 
+def _simulated_memory(spec: ClusterSpec, run: RunConfig) -> ClusterSpec:
+    """Simulated devices have the capacity the config gives them, also on a Ray started before
+    (a test session's, a sweep's): their memory is a modelling choice, not a measurement."""
+    configured = int(run.cluster.device_memory_gib * GIB)
+    nodes = tuple(
+        dataclasses.replace(n, device_memory_bytes=configured) if n.accelerator_type == "sim" else n
+        for n in spec.nodes
+    )
+    return dataclasses.replace(spec, nodes=nodes)
+
+
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield None
@@ -135,7 +148,7 @@ def start_job(
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     trace.configure(process="driver", enabled=run.logging.trace)
     with Cluster.start(run.cluster) as cluster:
-        plan = build_plan(run, cluster.spec)  # against the discovered cluster
+        plan = build_plan(run, _simulated_memory(cluster.spec, run))  # the discovered cluster
         reservation = cluster.reserve(plan, name=f"rltrain-{os.getpid()}")
         groups: dict[str, WorkerGroup[Any]] = {}
         for comp in plan.components:

@@ -1,0 +1,358 @@
+"""The Ray cluster a job runs on, and everything the job created on it.
+
+``Cluster.start(cfg.cluster)``:
+
+- ``address: null`` (``cluster=local``) starts a local Ray bound to 127.0.0.1 with its own temp
+  dir and no dashboard. When the machine has no GPU and ``simulate_devices`` is true, each node
+  declares ``devices_per_node`` Ray GPUs (simulated devices; ``torch.cuda.is_available()`` stays
+  False in workers) with ``device_memory_gib`` each; a machine with real GPUs is never given
+  simulated ones. ``num_nodes > 1`` simulates several nodes on this machine
+  (``ray.cluster_utils.Cluster``).
+- ``address: auto`` or ``host:port`` (``cluster=ray``) joins an existing cluster; nodes, devices
+  and device memory are discovered (:mod:`rltrain.scheduler.discovery`).
+- when Ray is already initialised in this process (tests, a Ray-hosted driver), it is reused and
+  left running at shutdown.
+
+Everything created through the cluster (reservations, worker groups, channels) is tracked;
+:meth:`Cluster.release` removes it all, :meth:`Cluster.shutdown` also stops a Ray it started. Use
+it as a context manager so an exception or Ctrl-C cleans up too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rltrain.errors import ConfigError, ResourceError
+from rltrain.placement.types import ClusterSpec, Placement
+from rltrain.scheduler.discovery import MEMORY_LABEL, build_spec
+
+if TYPE_CHECKING:
+    from rltrain.scheduler.channel import Channel
+    from rltrain.scheduler.group import WorkerGroup
+    from rltrain.scheduler.reservation import Reservation
+    from rltrain.telemetry.trace import Span
+
+#: Makes Ray pick the loopback address for a local instance (read by ray._private.services).
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    if cfg is None:
+        return default
+    if isinstance(cfg, Mapping):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def _plain(value: Any) -> Any:
+    """A DictConfig / dataclass value as plain Python (Ray pickles runtime_env)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, DictConfig | ListConfig):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    return value
+
+
+def local_gpu_count() -> int:
+    """GPUs on this machine as Ray detects them (0 on a CPU-only machine)."""
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+
+        return int(get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators())
+    except Exception:  # detection failing means no usable GPU
+        return 0
+
+
+def _use_loopback() -> None:
+    # Ray resolves 127.0.0.1 to the host's public address unless told it is not clustering;
+    # a local job must not listen beyond loopback.
+    os.environ[_LOOPBACK_ENV] = "0"
+    import ray._private.ray_constants as constants
+
+    constants.ENABLE_RAY_CLUSTER = False
+
+
+class Cluster:
+    """A connection to Ray plus the resources one job created on it.
+
+    Attributes:
+        config: the ``cluster`` config section it was started from.
+        spec: the discovered cluster (nodes in rank order, devices, memory, node groups).
+        startup_timeout_s: limit for reservations and worker start-up.
+        collective_timeout_s: timeout of worker process groups.
+    """
+
+    def __init__(self, config: Any, spec: ClusterSpec, owns_ray: bool, local: Any = None):
+        self.config = config
+        self.spec = spec
+        self.startup_timeout_s = float(_get(config, "startup_timeout_s", 120.0))
+        self.collective_timeout_s = float(_get(config, "collective_timeout_s", 300.0))
+        self._owns_ray = owns_ray
+        self._local_cluster = local  # ray.cluster_utils.Cluster for simulated multi-node
+        self._temp_dir: str | None = None
+        self._groups: list[WorkerGroup[Any]] = []
+        self._reservations: list[Reservation] = []
+        self._channels: list[Channel] = []
+        self._links: dict[str, set[str]] = {}
+        self._closed = False
+        # At interpreter exit (also after Ctrl-C) release what the job created.
+        self._finalizer = weakref.finalize(self, Cluster._atexit_release, weakref.ref(self))
+
+    # ---------------------------------------------------------------- start/join
+    @classmethod
+    def start(cls, config: Any = None) -> Cluster:
+        """Start or join Ray as ``config`` says and discover the cluster.
+
+        Args:
+            config: the ``cluster`` section (ClusterConfig, DictConfig or dict); None: defaults.
+
+        Returns:
+            The running cluster.
+
+        Raises:
+            ResourceError: when Ray cannot start, cannot be reached, or has too few nodes.
+            ConfigError: for inconsistent cluster settings.
+        """
+        import ray
+
+        if ray.is_initialized():
+            return cls(config, cls._discover(config), owns_ray=False)
+        address = _get(config, "address")
+        runtime_env = _plain(_get(config, "runtime_env")) or None
+        if address:
+            try:
+                ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ResourceError(
+                    f"cluster.address={address!r}: cannot join the Ray cluster ({exc}). Start "
+                    f"it with `ray start --head` (and `ray start --address=...` on other nodes) "
+                    f"or use cluster=local"
+                ) from None
+            return cls(config, cls._discover(config), owns_ray=True)
+        return cls._start_local(config, runtime_env)
+
+    @classmethod
+    def _start_local(cls, config: Any, runtime_env: dict | None) -> Cluster:
+        import ray
+
+        _use_loopback()
+        temp = _get(config, "temp_dir") or tempfile.mkdtemp(prefix="rltrain-ray-", dir="/tmp")
+        num_nodes = int(_get(config, "num_nodes", 1))
+        node_args = cls._local_node_args(config, num_nodes)
+        local = None
+        if num_nodes == 1:
+            ray.init(
+                address="local",  # never join another Ray instance running on this machine
+                include_dashboard=False,
+                _temp_dir=temp,
+                runtime_env=runtime_env,
+                **node_args[0],
+            )
+        else:
+            from ray.cluster_utils import Cluster as LocalCluster
+
+            # cluster_utils writes "the current cluster" file under Ray's default temp dir,
+            # where other ray.init() calls on this machine would find and join it: keep it in
+            # our own temp dir instead.
+            saved = os.environ.get("RAY_TMPDIR")
+            os.environ["RAY_TMPDIR"] = temp
+            os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
+            try:
+                local = LocalCluster(
+                    initialize_head=True,
+                    head_node_args={**node_args[0], "temp_dir": temp, "include_dashboard": False},
+                )
+                for args in node_args[1:]:
+                    local.add_node(**args)
+                local.wait_for_nodes()
+            finally:
+                if saved is None:
+                    os.environ.pop("RAY_TMPDIR", None)
+                else:
+                    os.environ["RAY_TMPDIR"] = saved
+            ray.init(address=local.address, runtime_env=runtime_env)
+        cluster = cls(config, cls._discover(config), owns_ray=True, local=local)
+        cluster._temp_dir = None if _get(config, "temp_dir") else temp
+        return cluster
+
+    @staticmethod
+    def _local_node_args(config: Any, num_nodes: int) -> list[dict[str, Any]]:
+        per_node = _get(config, "devices_per_node", 2)
+        if isinstance(per_node, Sequence) and not isinstance(per_node, str):
+            devices = [int(d) for d in per_node]
+        else:
+            devices = [int(per_node)] * num_nodes
+        if len(devices) != num_nodes:
+            raise ConfigError(
+                f"cluster.devices_per_node has {len(devices)} entries but cluster.num_nodes="
+                f"{num_nodes}: give one entry per node"
+            )
+        real = local_gpu_count()
+        simulate = bool(_get(config, "simulate_devices", True)) and real == 0
+        cpus = _get(config, "cpus_per_node") or os.cpu_count() or 1
+        memory = str(float(_get(config, "device_memory_gib", 4.0)))
+        out = []
+        for d in devices:
+            args: dict[str, Any] = {"num_cpus": int(cpus) if float(cpus).is_integer() else cpus}
+            if simulate:
+                args["num_gpus"] = d
+                args["labels"] = {MEMORY_LABEL: memory}
+            out.append(args)
+        return out
+
+    @staticmethod
+    def _discover(config: Any) -> ClusterSpec:
+        import ray
+
+        entries = ray.nodes()
+        return build_spec(entries, config or {}, _measure_gpu_memory(entries))
+
+    # ------------------------------------------------------------- reservations
+    def reserve(
+        self,
+        placements: Mapping[str, Sequence[Placement]] | Any,
+        timeout_s: float | None = None,
+        name: str | None = None,
+    ) -> Reservation:
+        """Reserve, in one placement group, every device and CPU share the placements use.
+
+        Args:
+            placements: component name -> placements, or a plan with ``components`` and
+                ``placements(component)``.
+            timeout_s: how long Ray may take (default ``cluster.startup_timeout_s``).
+            name: the placement group's name.
+
+        Returns:
+            The reservation; launch groups into it with ``launch(..., reservation=...)``.
+
+        Raises:
+            ResourceError: when Ray cannot satisfy it in time (says what is missing).
+        """
+        from rltrain.scheduler.reservation import Reservation
+
+        if not isinstance(placements, Mapping):
+            placements = {c: list(placements.placements(c)) for c in placements.components}
+        res = Reservation.create(
+            placements, self.spec, self.startup_timeout_s if timeout_s is None else timeout_s, name
+        )
+        self._reservations.append(res)
+        return res
+
+    # --------------------------------------------------------------- registry
+    def _track_group(self, group: WorkerGroup[Any]) -> None:
+        self._groups.append(group)
+
+    def _forget_group(self, group: WorkerGroup[Any]) -> None:
+        self._groups = [g for g in self._groups if g._state is not group._state]
+
+    def _track_channel(self, channel: Channel) -> None:
+        self._channels.append(channel)
+
+    def link(self, *group_names: str) -> None:
+        """Record that groups share a collective: a failure in one tears the others down."""
+        for a in group_names:
+            self._links.setdefault(a, set()).update(n for n in group_names if n != a)
+
+    def _on_group_failure(self, name: str) -> None:
+        doomed, todo = set(), [name]
+        while todo:
+            n = todo.pop()
+            if n not in doomed:
+                doomed.add(n)
+                todo.extend(self._links.get(n, ()))
+        for g in list(self._groups):
+            if g.name in doomed:
+                g._state.failed = g._state.failed or f"torn down with group {name!r}"
+                g._kill()
+
+    @property
+    def groups(self) -> list[WorkerGroup[Any]]:
+        """The live worker groups launched on this cluster."""
+        return list(self._groups)
+
+    def collect_spans(self) -> list[Span]:
+        """Drain trace spans from every live group and from this (driver) process."""
+        from rltrain.telemetry import trace
+
+        spans = []
+        for g in self._groups:
+            if g.alive:
+                spans.extend(g.collect_spans())
+        return spans + trace.drain()
+
+    # ---------------------------------------------------------------- teardown
+    def release(self) -> None:
+        """Kill every actor and remove every placement group this job created (Ray stays)."""
+        for g in list(self._groups):
+            g.shutdown()
+        for ch in self._channels:
+            ch._kill()
+        for res in self._reservations:
+            res.remove()
+        self._groups, self._channels, self._reservations = [], [], []
+
+    def shutdown(self) -> None:
+        """Release everything and stop Ray if this cluster started it (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        import ray
+
+        try:
+            if ray.is_initialized():
+                self.release()
+        finally:
+            if self._owns_ray:
+                ray.shutdown()
+                if self._local_cluster is not None:
+                    self._local_cluster.shutdown()
+                if self._temp_dir:
+                    shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._finalizer.detach()
+
+    @staticmethod
+    def _atexit_release(ref: weakref.ref[Cluster]) -> None:
+        cluster = ref()
+        if cluster is not None:
+            cluster.shutdown()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _measure_gpu_memory(entries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Memory per device of nodes with real GPUs, by node id (one probe task per such node)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [
+        e["NodeID"]
+        for e in entries
+        if e.get("Alive") and any(k.startswith("accelerator_type:") for k in e["Resources"])
+    ]
+    if not nodes:
+        return {}
+
+    @ray.remote(num_cpus=0, num_gpus=0)
+    def probe() -> int:
+        import torch
+
+        count = torch.cuda.device_count()
+        return min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
+
+    refs = [
+        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+        for n in nodes
+    ]
+    return dict(zip(nodes, ray.get(refs, timeout=120), strict=True))

@@ -1,0 +1,521 @@
+"""Worker groups: one Ray actor per placement, group calls with futures, failure handling.
+
+Typing choice: ``group.call(MyWorker.method, *args)`` is fully typed (arguments checked against
+the method, ``wait()`` returns ``list[R]``) and "go to definition" lands on ``MyWorker.method``.
+The RLinf-style shorthand ``group.method(*args)`` also works (``__getattr__`` returns a
+:class:`GroupMethod`), but static tools cannot see through ``__getattr__``, so prefer ``call`` in
+library code.
+
+A failure in any rank (an exception, or the process dying) surfaces at ``wait()`` as a
+:class:`WorkerError` naming group, rank, node, devices and the remote traceback. The group, and
+every group linked to it by a collective, is then torn down: siblings blocked in a collective are
+killed instead of waiting out the collective timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
+
+import ray
+
+from rltrain.errors import PlacementError, ResourceError, WorkerError
+from rltrain.placement.types import Placement
+from rltrain.scheduler.worker import NOSET_CUDA_ENV, W, Worker, WorkerContext, host_class
+from rltrain.telemetry.trace import device_label
+
+if TYPE_CHECKING:
+    from rltrain.scheduler.cluster import Cluster
+    from rltrain.scheduler.reservation import Reservation
+    from rltrain.telemetry.trace import Span
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CallTimeoutError(WorkerError, TimeoutError):
+    """``wait(timeout=...)`` expired before every rank answered (the workers keep running)."""
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """The identity of one worker process, used in every error about it."""
+
+    group: str
+    rank: int
+    node_rank: int
+    ip: str
+    node_id: str = ""
+    devices: tuple[str, ...] = ()
+    physical_devices: tuple[int, ...] = ()
+    pid: int | None = None
+
+    def describe(self) -> str:
+        """``group 'actor' rank 1 (node 0 127.0.0.1 id ab12.., devices [...] ...)``."""
+        devs = f"devices {list(self.devices)} -> physical {list(self.physical_devices)}"
+        return (
+            f"group {self.group!r} rank {self.rank} (node {self.node_rank} {self.ip} id "
+            f"{self.node_id[:12]}, {devs if self.devices else 'no devices'}, pid {self.pid})"
+        )
+
+
+def resolve_placements(
+    strategy: Any, spec: Any, isolate_accelerator: bool, where: str
+) -> list[Placement]:
+    """Placements from a strategy (``get_placement(spec, isolate)``) or a list of placements.
+
+    Raises:
+        PlacementError: for anything else, or an empty list.
+    """
+    if hasattr(strategy, "get_placement"):
+        placements = list(strategy.get_placement(spec, isolate_accelerator))
+    elif isinstance(strategy, Sequence) and all(isinstance(p, Placement) for p in strategy):
+        placements = list(strategy)
+    else:
+        raise PlacementError(
+            f"{where}: placement_strategy={strategy!r} is neither a placement strategy (with "
+            f"get_placement(cluster, isolate_accelerator)) nor a list of Placement"
+        )
+    if not placements:
+        raise PlacementError(f"{where}: the placement strategy produced no processes")
+    if sorted(p.rank for p in placements) != list(range(len(placements))):
+        raise PlacementError(
+            f"{where}: process ranks {[p.rank for p in placements]} must be "
+            f"0..{len(placements) - 1}"
+        )
+    return sorted(placements, key=lambda p: p.rank)
+
+
+@dataclass
+class _State:
+    """What every view (``execute_on``) of one group shares."""
+
+    name: str
+    cls: type
+    cluster: Cluster
+    placements: list[Placement]
+    reservation: Reservation
+    owns_reservation: bool
+    actors: list[Any] = field(default_factory=list)
+    infos: list[WorkerInfo] = field(default_factory=list)
+    failed: str | None = None
+    closed: bool = False
+
+
+class GroupFuture(Generic[R]):
+    """The pending results of one group call; ``wait()`` returns them in rank order."""
+
+    def __init__(self, group: WorkerGroup[Any], ranks: Sequence[int], refs: list[Any], method: str):
+        self._group = group
+        self._ranks = tuple(ranks)
+        self._refs = refs
+        self._method = method
+
+    @property
+    def refs(self) -> list[Any]:
+        """The Ray object refs, rank order: pass them to another group without fetching data."""
+        return list(self._refs)
+
+    def done(self) -> bool:
+        """Whether every rank has answered (successfully or not)."""
+        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        return len(ready) == len(self._refs)
+
+    def wait(self, timeout: float | None = None) -> list[R]:
+        """Block until every rank answered; fail fast on the first failure.
+
+        Args:
+            timeout: seconds to wait at most (None: no limit).
+
+        Returns:
+            One result per called rank, in rank order.
+
+        Raises:
+            WorkerError: when a rank raised or its process died (the group is torn down).
+            CallTimeoutError: when ``timeout`` expired first.
+        """
+        if len(self._refs) == 1:  # the common no-fan-out case: one round trip
+            try:
+                return [ray.get(self._refs[0], timeout=timeout)]
+            except ray.exceptions.GetTimeoutError:
+                raise self._timeout(timeout, [self._ranks[0]]) from None
+            except ray.exceptions.RayError as exc:
+                raise self._group._fail(self._ranks[0], self._method, exc) from None
+        index = {ref: i for i, ref in enumerate(self._refs)}
+        results: list[Any] = [None] * len(self._refs)
+        pending = list(self._refs)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                raise self._timeout(timeout, [self._ranks[index[r]] for r in pending])
+            i = index[ready[0]]
+            try:
+                results[i] = ray.get(ready[0])
+            except ray.exceptions.RayError as exc:
+                raise self._group._fail(self._ranks[i], self._method, exc) from None
+        return results
+
+    def _timeout(self, timeout: float | None, ranks: list[int]) -> CallTimeoutError:
+        return CallTimeoutError(
+            f"group {self._group.name!r}.{self._method}: ranks {ranks} did not answer within "
+            f"{timeout} s; they keep running: wait again, or shut the group down"
+        )
+
+
+class GroupMethod(Generic[R]):
+    """A worker method bound to (some ranks of) a group; calling it calls every rank."""
+
+    def __init__(self, group: WorkerGroup[Any], name: str):
+        self._group = group
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> GroupFuture[R]:
+        return self._group._submit(self._name, [(args, kwargs)] * len(self._group.ranks))
+
+    def __repr__(self) -> str:
+        return f"<group method {self._group.name}.{self._name} on ranks {self._group.ranks}>"
+
+
+class WorkerGroup(Generic[W]):
+    """One Ray actor per placement of a component; call worker methods on all or some ranks."""
+
+    def __init__(self, state: _State, ranks: Sequence[int] | None = None):
+        self._state = state
+        self._ranks = tuple(range(len(state.placements)) if ranks is None else ranks)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the whole group (not just this view)."""
+        return len(self._state.placements)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The ranks this view calls."""
+        return self._ranks
+
+    @property
+    def placements(self) -> list[Placement]:
+        return list(self._state.placements)
+
+    @property
+    def workers(self) -> list[WorkerInfo]:
+        """Identity (node, devices, pid) of every rank."""
+        return list(self._state.infos)
+
+    @property
+    def actors(self) -> list[Any]:
+        """The Ray actor handles, rank order (for passing to other workers)."""
+        return list(self._state.actors)
+
+    @property
+    def reservation(self) -> Reservation:
+        return self._state.reservation
+
+    # --------------------------------------------------------------------- calls
+    def __getattr__(self, name: str) -> GroupMethod[Any]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if not callable(getattr(self._state.cls, name, None)):
+            raise AttributeError(
+                f"worker group {self.name!r} ({self._state.cls.__name__}) has no method "
+                f"{name!r}: define it on {self._state.cls.__name__}"
+            )
+        return GroupMethod(self, name)
+
+    def call(
+        self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> GroupFuture[R]:
+        """Call ``method`` (e.g. ``MyWorker.step``) with the same arguments on every rank.
+
+        Returns:
+            A future; ``.wait()`` gives the results in rank order.
+        """
+        return self._submit(self._method_name(method), [(args, kwargs)] * len(self._ranks))
+
+    def call_each(
+        self, method: Callable[..., R], per_rank: Sequence[tuple[Any, ...]]
+    ) -> GroupFuture[R]:
+        """Call ``method`` with different positional arguments per rank.
+
+        Args:
+            method: a method of the worker class.
+            per_rank: one tuple of arguments per rank of this view, in rank order.
+
+        Raises:
+            WorkerError: when ``per_rank`` does not have one entry per rank.
+        """
+        if len(per_rank) != len(self._ranks):
+            raise WorkerError(
+                f"group {self.name!r}.call_each got {len(per_rank)} argument tuples for "
+                f"{len(self._ranks)} ranks: give one per rank"
+            )
+        return self._submit(self._method_name(method), [(tuple(a), {}) for a in per_rank])
+
+    def execute_on(self, *ranks: int) -> WorkerGroup[W]:
+        """A view of this group that calls only ``ranks``.
+
+        Raises:
+            WorkerError: for a rank outside the group.
+        """
+        bad = [r for r in ranks if not 0 <= r < self.world_size]
+        if bad or not ranks:
+            raise WorkerError(
+                f"group {self.name!r}.execute_on{ranks}: ranks must be in 0..{self.world_size - 1}"
+            )
+        return WorkerGroup(self._state, ranks)
+
+    def _method_name(self, method: Callable[..., Any]) -> str:
+        name = getattr(method, "__name__", None)
+        if name is None or not callable(getattr(self._state.cls, name, None)):
+            raise WorkerError(
+                f"group {self.name!r}: {method!r} is not a method of {self._state.cls.__name__}"
+            )
+        return name
+
+    def _submit(self, name: str, per_rank: list[tuple[tuple, dict]]) -> GroupFuture[Any]:
+        self._check_usable()
+        refs = [
+            getattr(self._state.actors[r], name).remote(*a, **kw)
+            for r, (a, kw) in zip(self._ranks, per_rank, strict=True)
+        ]
+        return GroupFuture(self, self._ranks, refs, name)
+
+    def _check_usable(self) -> None:
+        if self._state.failed:
+            raise WorkerError(
+                f"group {self.name!r} was torn down after a failure ({self._state.failed}): "
+                f"launch it again"
+            )
+        if self._state.closed:
+            raise WorkerError(f"group {self.name!r} was shut down: launch it again")
+
+    # -------------------------------------------------------------- runtime calls
+    def _host_call(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kw: Any):
+        """Call a runtime method of the host on ranks (all of this view by default)."""
+        ranks = self._ranks if ranks is None else tuple(ranks)
+        self._check_usable()
+        refs = [getattr(self._state.actors[r], method).remote(*args, **kw) for r in ranks]
+        return GroupFuture(self, ranks, refs, method)
+
+    def set_num_threads(self, n: int) -> None:
+        """Set torch / OpenMP threads in every rank of this view (e.g. at a stage change)."""
+        self._host_call("_rltrain_set_num_threads", n).wait()
+
+    def init_process_group(self, backend: str | None = None, timeout_s: float | None = None):
+        """Make a torch.distributed default process group over the whole group.
+
+        Rank 0 opens the rendezvous store on a port it picks itself. Backend ``gloo`` on CPU and
+        simulated devices, ``nccl`` on GPUs (None chooses). Timeout:
+        ``cluster.collective_timeout_s``.
+        """
+        from rltrain.scheduler.collective import init_group_process_group
+
+        init_group_process_group(self, backend, timeout_s)
+
+    def collect_spans(self) -> list[Span]:
+        """Drain the trace spans every rank recorded."""
+        return [s for spans in self._host_call("_rltrain_drain_spans").wait() for s in spans]
+
+    # ------------------------------------------------------------ failure / close
+    def _fail(self, rank: int, method: str, exc: BaseException) -> WorkerError:
+        info = self._state.infos[rank] if rank < len(self._state.infos) else None
+        who = info.describe() if info else f"group {self.name!r} rank {rank}"
+        if isinstance(exc, ray.exceptions.ActorDiedError | ray.exceptions.ActorUnavailableError):
+            what = f"the worker process died while running {method!r}"
+        else:
+            what = f"{method!r} raised"
+        message = f"{who}: {what}:\n{exc}"
+        self._state.failed = f"rank {rank} {method!r}"
+        self._state.cluster._on_group_failure(self.name)
+        err = WorkerError(
+            message + "\nThe group and the groups sharing a collective with it were torn down."
+        )
+        err.worker = info  # type: ignore[attr-defined]
+        return err
+
+    def _kill(self) -> None:
+        for actor in self._state.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already dead or Ray gone
+                pass
+
+    def shutdown(self) -> None:
+        """Kill every actor of the group; release its reservation if it made its own."""
+        if self._state.closed:
+            return
+        self._state.closed = True
+        self._kill()
+        if self._state.owns_reservation:
+            self._state.reservation.remove()
+        self._state.cluster._forget_group(self)
+
+    @property
+    def alive(self) -> bool:
+        return not (self._state.closed or self._state.failed)
+
+    def __repr__(self) -> str:
+        return (
+            f"WorkerGroup({self.name!r}, {self._state.cls.__name__}, world_size="
+            f"{self.world_size}, ranks={self._ranks})"
+        )
+
+
+class WorkerGroupBuilder(Generic[W]):
+    """``MyWorker.create_group(*args, **kwargs)``: the class and its constructor arguments."""
+
+    def __init__(self, cls: type[W], args: tuple[Any, ...], kwargs: Mapping[str, Any]):
+        if not issubclass(cls, Worker):
+            raise TypeError(f"{cls.__name__} must subclass rltrain.scheduler.Worker")
+        self.cls = cls
+        self.args = args
+        self.kwargs = dict(kwargs)
+
+    def launch(
+        self,
+        cluster: Cluster,
+        name: str,
+        placement_strategy: Any,
+        *,
+        reservation: Reservation | None = None,
+        isolate_accelerator: bool = True,
+        num_threads: int | None = None,
+        max_concurrency: int = 1,
+        timeout_s: float | None = None,
+    ) -> WorkerGroup[W]:
+        """Start one actor per placement and wait until all are ready.
+
+        Args:
+            cluster: the running cluster.
+            name: the group's (component's) name; also its name in ``reservation``.
+            placement_strategy: anything with ``get_placement(cluster_spec, isolate)`` or a list
+                of :class:`Placement`.
+            reservation: the job's reservation (``cluster.reserve(...)``); None reserves just
+                this group's devices, released with the group.
+            isolate_accelerator: passed to the strategy.
+            num_threads: torch threads per process (None: from the reservation's CPU shares).
+            max_concurrency: calls an actor runs at once (threads); 1 keeps calls in order.
+            timeout_s: start-up limit (default ``cluster.startup_timeout_s``).
+
+        Returns:
+            The ready group.
+
+        Raises:
+            ResourceError: when Ray cannot reserve or start the workers in time.
+            WorkerError: when a worker's ``__init__`` raises.
+            PlacementError: for a bad strategy or a process outside the reservation.
+        """
+        timeout_s = cluster.startup_timeout_s if timeout_s is None else timeout_s
+        where = f"worker group {name!r}"
+        placements = resolve_placements(
+            placement_strategy, cluster.spec, isolate_accelerator, where
+        )
+        owns = reservation is None
+        if reservation is None:
+            reservation = cluster.reserve({name: placements}, timeout_s=timeout_s)
+        state = _State(name, self.cls, cluster, placements, reservation, owns)
+        group = WorkerGroup(state)
+        cluster._track_group(group)
+        try:
+            self._start(group, num_threads, max_concurrency, timeout_s)
+        except BaseException:
+            group.shutdown()
+            raise
+        return group
+
+    def _contexts(self, state: _State, num_threads: int | None) -> list[WorkerContext]:
+        spec, res = state.cluster.spec, state.reservation
+        master = spec.nodes[state.placements[0].cluster_node_rank].ip
+        out = []
+        for p in state.placements:
+            slot = res.layout.slot(state.name, p.rank)
+            visible = res.visible_devices(p)
+            own = tuple(res.physical[(p.cluster_node_rank, d)] for d in p.device_ids)
+            env = {
+                "RANK": str(p.rank),
+                "WORLD_SIZE": str(len(state.placements)),
+                "LOCAL_RANK": str(p.local_rank),
+                "LOCAL_WORLD_SIZE": str(p.local_world_size),
+                "NODE_RANK": str(p.cluster_node_rank),
+                "MASTER_ADDR": master,
+                "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in visible),
+                NOSET_CUDA_ENV: "1",
+                "RLTRAIN_ACCELERATOR": p.accelerator_type,
+                "RLTRAIN_GROUP": state.name,
+            }
+            out.append(
+                WorkerContext(
+                    group=state.name,
+                    rank=p.rank,
+                    world_size=len(state.placements),
+                    placement=p,
+                    devices=tuple(visible.index(d) for d in own),
+                    device_labels=tuple(device_label(p.cluster_node_rank, d) for d in p.device_ids),
+                    physical_devices=own,
+                    env=env,
+                    num_threads=num_threads or slot.num_threads,
+                )
+            )
+        return out
+
+    def _start(
+        self, group: WorkerGroup[W], num_threads: int | None, max_concurrency: int, timeout: float
+    ) -> None:
+        state = group._state
+        remote_cls = ray.remote(host_class(self.cls))
+        contexts = self._contexts(state, num_threads)
+        for p, ctx in zip(state.placements, contexts, strict=True):
+            slot = state.reservation.layout.slot(state.name, p.rank)
+            actor = remote_cls.options(
+                num_cpus=slot.cpus,
+                num_gpus=0,
+                scheduling_strategy=state.reservation.strategy(state.name, p.rank),
+                max_concurrency=max_concurrency,
+                max_restarts=0,
+            ).remote(ctx, self.args, self.kwargs)
+            state.actors.append(actor)
+            node = state.cluster.spec.nodes[p.cluster_node_rank]
+            state.infos.append(
+                WorkerInfo(
+                    state.name,
+                    p.rank,
+                    p.cluster_node_rank,
+                    node.ip,
+                    node.ray_node_id or "",
+                    ctx.device_labels,
+                    ctx.physical_devices,
+                )
+            )
+        refs = [a._rltrain_ready.remote() for a in state.actors]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if pending:
+            late = [i for i, r in enumerate(refs) if r in set(pending)]
+            raise ResourceError(
+                f"worker group {state.name!r}: ranks {late} did not start within {timeout:g} s "
+                f"(cluster.startup_timeout_s); the node may be out of memory or CPUs, or a "
+                f"worker __init__ is slow: raise the timeout or check the Ray logs"
+            )
+        facts = GroupFuture(group, range(len(refs)), refs, "__init__").wait()
+        for i, f in enumerate(facts):
+            info = state.infos[i]
+            state.infos[i] = WorkerInfo(
+                info.group,
+                info.rank,
+                info.node_rank,
+                f["ip"],
+                f["node_id"],
+                info.devices,
+                info.physical_devices,
+                f["pid"],
+            )
+        port = state.actors[0]._rltrain_free_port.remote()
+        group._host_call("_rltrain_set_env", {"MASTER_PORT": str(ray.get(port))}).wait(timeout)

@@ -1,0 +1,114 @@
+"""Failures: remote exceptions, kill -9, unsatisfiable reservations, cleanup, disjoint jobs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+import ray
+from ray.util import placement_group_table
+
+from rltrain.errors import ResourceError, WorkerError
+from rltrain.placement.strategies import PackedPlacementStrategy
+from rltrain.scheduler import Cluster, Worker
+
+pytestmark = pytest.mark.timeout(180)
+JOB = {"startup_timeout_s": 30.0}  # a job on the session Ray (reused: only timeouts matter)
+
+
+class Flaky(Worker):
+    def __init__(self) -> None:
+        self._release = threading.Event()
+
+    def fail_on(self, rank: int) -> int:
+        if self.rank == rank:
+            raise ValueError(f"bad batch on rank {rank}")
+        return self.rank
+
+    def hold(self, limit_s: float) -> int:
+        # Stands in for a collective a dead peer never joins: blocks until released.
+        self._release.wait(limit_s)
+        return self.rank
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def devices_env(self) -> str:
+        return os.environ["CUDA_VISIBLE_DEVICES"]
+
+
+def actor_states(group) -> list[str]:
+    table = ray._private.state.actors()  # the GCS actor table (no dashboard needed)
+    return [table[a._actor_id.hex()]["State"] for a in group.actors]
+
+
+def pg_state(reservation) -> str:
+    return placement_group_table(reservation.pg)["state"]
+
+
+def test_exception_names_group_rank_node_devices_and_traceback(cluster):
+    group = Flaky.create_group().launch(
+        cluster, name="learner", placement_strategy=PackedPlacementStrategy(0, 1)
+    )
+    with pytest.raises(WorkerError) as info:
+        group.fail_on(1).wait(timeout=60)
+    text = str(info.value)
+    assert "group 'learner' rank 1" in text
+    assert "node 0 127.0.0.1" in text and cluster.spec.nodes[0].ray_node_id[:12] in text
+    assert "devices ['node0/dev1']" in text
+    assert "ValueError: bad batch on rank 1" in text and "in fail_on" in text  # traceback
+    # The siblings were torn down with it; the group refuses further calls.
+    assert actor_states(group) == ["DEAD", "DEAD"]
+    with pytest.raises(WorkerError, match="torn down after a failure"):
+        group.pid()
+
+
+def test_kill_9_fails_the_pending_call(cluster):
+    group = Flaky.create_group().launch(
+        cluster, name="victim", placement_strategy=PackedPlacementStrategy(0, 1)
+    )
+    pids = group.pid().wait(timeout=60)
+    pending = group.hold(120)
+    os.kill(pids[1], signal.SIGKILL)
+    # Detected well before the 120 s the ranks would hold (wait() would raise CallTimeoutError).
+    with pytest.raises(WorkerError) as info:
+        pending.wait(timeout=30)
+    text = str(info.value)
+    assert "group 'victim' rank 1" in text and "process died" in text and str(pids[1]) in text
+    assert actor_states(group) == ["DEAD", "DEAD"]  # rank 0 was not left holding
+
+
+def test_shutdown_removes_every_actor_and_placement_group(ray_session):
+    ray_session.ensure()
+    job = Cluster.start(JOB)
+    first = PackedPlacementStrategy(0, 0)
+    res = job.reserve({"a": first.get_placement(job.spec)})
+    group = Flaky.create_group().launch(job, name="a", placement_strategy=first, reservation=res)
+    own = Flaky.create_group().launch(
+        job, name="b", placement_strategy=PackedPlacementStrategy(1, 1)
+    )
+    assert pg_state(res) == pg_state(own.reservation) == "CREATED"
+    with job:  # leaving the block (here normally; also on an exception) releases everything
+        pass
+    assert actor_states(group) == ["DEAD"] and actor_states(own) == ["DEAD"]
+    assert pg_state(res) == pg_state(own.reservation) == "REMOVED"
+    assert ray.is_initialized()  # the session's Ray was reused, so it stays up
+
+
+def test_two_jobs_get_disjoint_devices_and_a_third_times_out(ray_session):
+    ray_session.ensure()
+    with Cluster.start(JOB) as job_a, Cluster.start(JOB) as job_b:
+        one = PackedPlacementStrategy(0, 0)  # both plans say "device 0"
+        a = Flaky.create_group().launch(job_a, name="w", placement_strategy=one)
+        b = Flaky.create_group().launch(job_b, name="w", placement_strategy=one)
+        devices = a.devices_env().wait(timeout=60) + b.devices_env().wait(timeout=60)
+        assert sorted(devices) == ["0", "1"]
+        with Cluster.start(JOB) as job_c:
+            with pytest.raises(ResourceError) as info:
+                job_c.reserve({"w": one.get_placement(job_c.spec)}, timeout_s=2)
+            assert "needs GPU 1" in str(info.value) and "free GPU 0" in str(info.value)
+            # Nothing stays reserved after the failure.
+            pending = [pg for pg in placement_group_table().values() if pg["state"] == "PENDING"]
+            assert pending == []

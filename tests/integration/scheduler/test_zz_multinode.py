@@ -1,0 +1,119 @@
+"""Two simulated nodes (``ray.cluster_utils.Cluster`` behind ``Cluster.start(num_nodes=2)``).
+
+One module, one 2-node cluster (~6 s, ~1 GB): it stops the session Ray first (a process holds one
+Ray at a time); the next test that needs the session Ray starts it again. Named ``zz`` so it runs
+after this directory's other modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from rltrain.placement.strategies import NodePlacementStrategy, PackedPlacementStrategy
+from rltrain.scheduler import Cluster, Worker
+
+pytestmark = pytest.mark.timeout(240)
+
+TWO_NODES = {
+    "num_nodes": 2,
+    "devices_per_node": 2,
+    "device_memory_gib": 2.0,
+    "cpus_per_node": 1,
+    "node_groups": [{"label": "trainers", "node_ranks": "1"}],
+    "startup_timeout_s": 60.0,
+}
+
+
+class Where(Worker):
+    def where(self) -> tuple[str, str, int]:
+        import os
+
+        return (
+            ray.get_runtime_context().get_node_id(),
+            os.environ["CUDA_VISIBLE_DEVICES"],
+            int(os.environ["NODE_RANK"]),
+        )
+
+
+@pytest.fixture(scope="module")
+def two_nodes(ray_session) -> Iterator[Cluster]:
+    ray_session.suspend()
+    cluster = Cluster.start(TWO_NODES)
+    yield cluster
+    cluster.shutdown()
+
+
+def test_discovery_ranks_and_devices(two_nodes):
+    spec = two_nodes.spec
+    assert spec.num_nodes == 2 and [n.num_devices for n in spec.nodes] == [2, 2]
+    assert [n.accelerator_type for n in spec.nodes] == ["sim", "sim"]
+    assert [n.device_memory_bytes for n in spec.nodes] == [2 * 1024**3] * 2
+    head = next(n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n["Resources"])
+    assert spec.nodes[0].ray_node_id == head  # head first
+    assert spec.group("trainers").node_ranks == (1,)
+
+
+def test_actors_land_on_planned_nodes(two_nodes):
+    spec = two_nodes.spec
+    # Global device ranks 1 and 2: node 0 device 1, node 1 device 0.
+    group = Where.create_group().launch(
+        two_nodes, name="spread", placement_strategy=PackedPlacementStrategy(1, 2)
+    )
+    got = group.where().wait(timeout=60)
+    assert [(node, rank) for node, _, rank in got] == [
+        (spec.nodes[0].ray_node_id, 0),
+        (spec.nodes[1].ray_node_id, 1),
+    ]
+    trainers = Where.create_group().launch(
+        two_nodes,
+        name="trainers",
+        placement_strategy=NodePlacementStrategy([0], node_group_label="trainers"),
+    )
+    ((node, visible, rank),) = trainers.where().wait(timeout=60)
+    assert (node, visible, rank) == (spec.nodes[1].ray_node_id, "", 1)
+
+
+JOIN_SCRIPT = r"""
+import json, os, sys
+from rltrain.scheduler import Cluster, Worker
+from rltrain.placement.strategies import PackedPlacementStrategy
+
+class Probe(Worker):
+    def mark(self):
+        return os.environ.get("RLTRAIN_TEST_MARK"), os.environ["NODE_RANK"]
+
+cfg = {"address": sys.argv[1], "num_nodes": 2, "startup_timeout_s": 30,
+       "runtime_env": {"env_vars": {"RLTRAIN_TEST_MARK": "joined"}}}
+with Cluster.start(cfg) as cluster:
+    group = Probe.create_group().launch(cluster, name="probe",
+                                        placement_strategy=PackedPlacementStrategy(3, 3))
+    print(json.dumps({"nodes": [[n.rank, n.ray_node_id, n.num_devices] for n in cluster.spec.nodes],
+                      "mark": group.mark().wait(timeout=60)}))
+"""
+
+
+def test_second_driver_joins_by_address(two_nodes):
+    """``cluster.address=host:port``: discover the same ranks; runtime_env reaches workers."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    two_nodes.release()  # free the earlier tests' groups: node 1 has a single CPU
+    address = ray.get_runtime_context().gcs_address
+    out = subprocess.run(
+        [sys.executable, "-c", JOIN_SCRIPT, address],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["nodes"] == [[n.rank, n.ray_node_id, 2] for n in two_nodes.spec.nodes]
+    assert got["mark"] == [["joined", "1"]]  # global device 3 = node 1 device 1
+    # The joining job left nothing behind, and this driver's Ray still runs.
+    assert ray.is_initialized()
