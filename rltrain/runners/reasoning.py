@@ -77,6 +77,9 @@ def check_components(run: RunConfig, components: set[str]) -> None:
             "critic worker for LLMs): use grpo, dr_grpo, rloo or reinforce_pp; PPO+GAE runs "
             "with runner=embodied"
         )
+    from rltrain.backends.training import check_training_backend
+
+    check_training_backend(run)  # actor.backend=deepspeed: DeepSpeed's limits, before Ray
 
 
 def worker_builders(run: RunConfig, sizes: BatchSizes) -> dict[str, Any]:
@@ -156,7 +159,8 @@ class ReasoningRunner:
             rollouts.wait()
         shards = rollouts.refs
         with timer("reward"):
-            rewards = g["reward"].execute_on(0).score(shards).wait()[0]
+            scores = g["reward"].execute_on(0).score(shards).wait()[0]
+        rewards = [sc.rewards for sc in scores]
         ref_logprobs = None
         if "reference" in g:
             with timer("reference"), self.job.stage("reference"):
@@ -172,7 +176,7 @@ class ReasoningRunner:
                 )
             with timer("sync"):
                 self._export_weights(step + 1, lease=False)
-        return self._step_metrics(rewards, results, timer.times)
+        return self._step_metrics(scores, results, timer.times)
 
     def _export_weights(self, version: int, lease: bool = True) -> None:
         # Exported inside the actor's lease (it must be resident); the rollout loads the buckets
@@ -190,7 +194,7 @@ class ReasoningRunner:
     def save(self, step: int) -> str:
         with self.job.stage("actor"):
             pending = self.ckpt.begin(step)
-            self.g["actor"].execute_on(0).save(pending.path).wait()
+            self.g["actor"].save(pending.path).wait()  # every rank: ZeRO shards
         return self.ckpt.commit(pending, {"model": _fingerprint(self.run)})
 
     def _resume(self) -> int:
@@ -211,11 +215,16 @@ class ReasoningRunner:
         self._stop = True  # finish the step, write a checkpoint, exit
 
     # ---------------------------------------------------------------------------- metrics
-    def _step_metrics(self, rewards, results, times) -> dict[str, Any]:
+    def _step_metrics(self, scores, results, times) -> dict[str, Any]:
         import torch
 
-        r = torch.cat(rewards).float()
-        out: dict[str, Any] = {"reward/mean": float(r.mean()), "reward/std": float(r.std())}
+        r = torch.cat([sc.rewards for sc in scores]).float()
+        tokens = torch.cat([sc.response_tokens for sc in scores]).float()
+        out: dict[str, Any] = {
+            "reward/mean": float(r.mean()),
+            "reward/std": float(r.std()),
+            "response/length_mean": float(tokens.mean()),
+        }
         keys = {k for res in results for k in res if not k.startswith("state_bytes/")}
         for k in sorted(keys):
             out[k] = sum(res[k] for res in results) / len(results)
@@ -223,6 +232,7 @@ class ReasoningRunner:
         total = sum(times.values())
         out["time/step_s"] = total
         out["perf/samples_per_s"] = self.sizes.samples_per_step / total if total else None
+        out["perf/tokens_per_s"] = float(tokens.sum()) / total if total else None
         return out
 
     def _summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
@@ -236,6 +246,7 @@ class ReasoningRunner:
             else str(self.job.plan.mode),
             "steps": steps,
             "steps_per_s": steps / seconds if seconds else None,
+            "tokens_per_s": _mean([r.get("perf/tokens_per_s") for r in records]),
             "seconds_per_stage": per_stage,
             "peak_memory_bytes_per_device": {
                 f"{n}:{d}": b for (n, d), b in self.job.residency.peak.items()
@@ -250,6 +261,11 @@ class ReasoningRunner:
             "status": status,
             "wall_s": seconds,
         }
+
+
+def _mean(values: list[Any]) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 @contextmanager

@@ -1,29 +1,43 @@
-"""The actor: trains the policy, data-parallel across its processes (torch backend)."""
+"""The actor: trains the policy, data-parallel across its processes.
+
+The training engine (``actor.backend``: torch AdamW + DDP, or DeepSpeed ZeRO) sits behind
+:class:`~rltrain.backends.training.TrainingEngine`; this worker owns the data (its slice of the
+step's batch), the weight export, the checkpoints and the residency calls.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
 
-from rltrain.algorithms.update import UpdateSettings, add_advantages, ppo_update
-from rltrain.backends.offload import StateMover
+from rltrain.algorithms.update import UpdateSettings, add_advantages
+from rltrain.backends.training import (
+    StateSurface,
+    TrainingEngine,
+    build_adamw,
+    build_engine,
+)
 from rltrain.backends.weight_sync.host import HostBuckets, pack_to_host
 from rltrain.config.schema import RunConfig
+from rltrain.errors import ConfigError, WorkerError
 from rltrain.runners.sizes import BatchSizes
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_model, build_tokenizer
 from rltrain.telemetry import trace
 from rltrain.workers.batching import concat_batches
-from rltrain.workers.common import ResidentState, compute_device, seed_everything
+from rltrain.workers.common import (
+    LEDGER_TOLERANCE_BYTES,
+    ResidentState,
+    compute_device,
+    reachable_device_bytes,
+    seed_everything,
+)
 
-
-def build_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.Optimizer:
-    o = run.optimizer
-    return torch.optim.AdamW(
-        model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
-    )
+#: Kept for callers of the torch path: torch AdamW with the ``optimizer.*`` settings.
+build_optimizer = build_adamw
 
 
 class ActorWorker(Worker, ResidentState):
@@ -32,6 +46,9 @@ class ActorWorker(Worker, ResidentState):
     Args:
         run: the checked run config.
         sizes: the derived batch sizes (this rank trains ``sizes.samples_per_actor_rank`` rows).
+
+    Raises:
+        ConfigError: for an ``actor.backend`` that cannot run with these settings.
     """
 
     def __init__(self, run: RunConfig, sizes: BatchSizes) -> None:
@@ -40,18 +57,35 @@ class ActorWorker(Worker, ResidentState):
         self.settings = UpdateSettings.from_config(run)
         self.device = compute_device(self)
         self.tokenizer = build_tokenizer(run.model)
-        self.model = build_model(run.model).to(self.device)
-        self.optimizer = build_optimizer(self.model, run)
-        self.mover = StateMover(self.model, self.optimizer, device=self.device)
-        self.ddp: torch.nn.Module | None = None
+        self.engine: TrainingEngine = build_engine(
+            run,
+            build_model(run.model),
+            self.device,
+            micro_batch=sizes.micro_batch,
+            minibatch=sizes.samples_per_minibatch,
+        )
+
+    # The engine owns model, optimizer and state; properties keep them out of the worker's own
+    # attributes, so the ledger's independent walk reaches each tensor through the engine only.
+    @property
+    def model(self) -> torch.nn.Module:
+        """The plain policy model (DeepSpeed's ``engine.module`` once built)."""
+        return self.engine.model
+
+    @property
+    def optimizer(self) -> Any:
+        """The engine's optimizer (torch AdamW, or DeepSpeed's ZeRO optimizer)."""
+        inner = getattr(self.engine, "optimizer", None)
+        return inner if inner is not None else self.engine.actor.optimizer
+
+    @property
+    def mover(self) -> StateSurface:  # type: ignore[override]
+        """The engine's state mover, driven by ``offload`` / ``reload``."""
+        return self.engine.mover
 
     def setup_data_parallel(self) -> None:
         """Wrap the model for gradient all-reduce (after the group's process group exists)."""
-        if self.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+        self.engine.setup(self.world_size)
 
     def train(
         self,
@@ -87,44 +121,80 @@ class ActorWorker(Worker, ResidentState):
             n = self.sizes.samples_per_actor_rank
             mine = batch.select(torch.arange(self.rank * n, (self.rank + 1) * n)).to(self.device)
             gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + step)
-            metrics = ppo_update(
-                self.ddp or self.model, self.optimizer, mine, self.settings, generator=gen
-            )
+            metrics = self.engine.update(mine, gen)
+            if self.run.actor.latency_ms:  # models a slower device (benchmarks, sweeps)
+                time.sleep(self.run.actor.latency_ms / 1000)
         metrics.update({f"state_bytes/{k}": v for k, v in self.state_bytes().items()})
         return metrics
 
     def export_weights(self, version: int) -> HostBuckets:
         """Pack the current weights into host buckets for the rollout workers."""
         with trace.span("sync", "actor", self.device_labels):
-            return pack_to_host(list(self.model.named_parameters()), version=version)
+            return pack_to_host(self.engine.named_weights(), version=version)
+
+    def memory_report(self) -> dict[str, Any]:
+        """Ledger bytes vs the independent measure (see :class:`ResidentState`).
+
+        Where the walk cannot tell offloaded from resident engine state (DeepSpeed on simulated
+        devices offloads host to host, in place), the engine's bytes are taken from its own
+        ledger and the walk checks everything the worker holds outside the engine.
+
+        Raises:
+            WorkerError: the worker holds device bytes its ledger does not declare.
+        """
+        if self.engine.walk_sees_offload:
+            return super().memory_report()
+        declared = sum(self.mover.resident_bytes().values())
+        others = {k: v for k, v in vars(self).items() if v is not self.engine}
+        outside = reachable_device_bytes(others, self.device)
+        if outside > LEDGER_TOLERANCE_BYTES:
+            raise WorkerError(
+                f"actor rank {self.rank} holds {outside} bytes on its device outside its "
+                f"training engine that its memory ledger does not declare: keep device tensors "
+                f"in the engine's state or free them after the stage"
+            )
+        return {
+            "declared": declared,
+            "measured": declared + outside,
+            "offloaded": sorted(self.mover.offloaded),
+            "engine_bytes": "declared (host-to-host offload on simulated devices)",
+        }
 
     # ------------------------------------------------------------------------- checkpoints
     def save(self, path: str) -> None:
-        """Write the model (HF safetensors), tokenizer and optimizer into ``path`` (rank 0)."""
-        if self.rank != 0:
+        """Write the model (HF safetensors), tokenizer and optimizer state into ``path``.
+
+        Rank 0 writes the model and tokenizer; the optimizer state is written by rank 0 when
+        it is replicated (torch/DDP) and by every rank, one shard each, when the engine
+        partitions it (DeepSpeed ZeRO): then call ``save`` on every actor rank.
+        """
+        if self.rank != 0 and not self.engine.sharded_optimizer:
             return
         with _local_dir(path) as local:
-            self.model.save_pretrained(os.path.join(local, "model"), safe_serialization=True)
-            self.tokenizer.save_pretrained(os.path.join(local, "model"))
-            torch.save(self.optimizer.state_dict(), os.path.join(local, "optimizer.pt"))
+            if self.rank == 0:
+                self.model.save_pretrained(os.path.join(local, "model"), safe_serialization=True)
+                self.tokenizer.save_pretrained(os.path.join(local, "model"))
+            self.engine.save_optimizer(local, self.rank)
 
     def load(self, path: str) -> None:
-        """Restore model and optimizer from a checkpoint written by :meth:`save`."""
+        """Restore model and optimizer from a checkpoint written by :meth:`save`.
+
+        Raises:
+            ConfigError: the checkpoint does not match ``model.*`` or the actor's layout.
+        """
         from safetensors.torch import load_file
 
         with _fetched_dir(path) as local:
             state = load_file(os.path.join(local, "model", "model.safetensors"))
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            with torch.no_grad():  # DeepSpeed's parameters are views of its flat buffers
+                missing, unexpected = self.model.load_state_dict(state, strict=False)
             if unexpected or [m for m in missing if "lm_head" not in m]:
-                from rltrain.errors import ConfigError
-
                 raise ConfigError(
                     f"trainer.resume checkpoint {path!r} does not match model.* (missing "
                     f"{missing[:3]}, unexpected {unexpected[:3]}): resume with the model config "
                     f"it was written with, or start fresh (trainer.resume=null)"
                 )
-            opt = torch.load(os.path.join(local, "optimizer.pt"), map_location=self.device)
-            self.optimizer.load_state_dict(opt)
+            self.engine.load_optimizer(local, self.rank, self.world_size)
 
 
 class _local_dir:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,6 +13,19 @@ from rltrain.config.schema import RunConfig
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_task, build_tokenizer
 from rltrain.telemetry import trace
+
+
+@dataclass(frozen=True)
+class Scores:
+    """The reward worker's answer for one rollout shard.
+
+    Attributes:
+        rewards: ``[b]`` float rewards.
+        response_tokens: ``[b]`` generated tokens per row (EOS included).
+    """
+
+    rewards: torch.Tensor
+    response_tokens: torch.Tensor
 
 
 class RewardWorker(Worker):
@@ -31,9 +45,12 @@ class RewardWorker(Worker):
         texts = decode_responses(self.tokenizer, batch, self.tokenizer.eos_token_id)
         return torch.tensor([self.task.reward(p, t) for p, t in zip(prompts, texts, strict=True)])
 
-    def score(self, shard_refs: list[Any]) -> list[torch.Tensor]:
-        """Rewards of every shard (fetched here from the object store, not by the driver)."""
+    def score(self, shard_refs: list[Any]) -> list[Scores]:
+        """Scores of every shard (fetched here from the object store, not by the driver)."""
         import ray
 
         with trace.span("reward", "reward", self.device_labels):
-            return [self.score_batch(b) for b in ray.get(list(shard_refs))]
+            return [
+                Scores(self.score_batch(b), b.response_mask.sum(dim=1))
+                for b in ray.get(list(shard_refs))
+            ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from rltrain.algorithms.batch import RolloutBatch
@@ -84,6 +86,8 @@ class RolloutWorker(Worker, ResidentState):
                 self.tokenizer.pad_token_id,
                 gen,
             )
+            if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
+                time.sleep(self.run.rollout.latency_ms / 1000)
             return batch.to("cpu")
 
     def evaluate(self, weights: HostBuckets | None = None) -> float:

@@ -8,9 +8,9 @@ import torch
 from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
 from rltrain.placement import memory
+from rltrain.runners.sizes import derive_sizes
 from rltrain.workers.actor import ActorWorker
 from rltrain.workers.rollout import RolloutWorker
-from rltrain.runners.sizes import derive_sizes
 
 
 def test_undeclared_device_tensor_is_caught_loudly():

@@ -1,0 +1,392 @@
+"""Training engines: what trains the actor's policy, behind one small protocol.
+
+The actor worker owns the data (its slice of the step's batch), the checkpoints and the
+residency calls; a :class:`TrainingEngine` owns the model, the optimizer and the update:
+
+- :class:`TorchEngine` (``actor.backend=torch``): torch AdamW, DistributedDataParallel over the
+  actor group's default process group, :func:`~rltrain.algorithms.update.ppo_update`.
+- :class:`DeepSpeedEngine` (``actor.backend=deepspeed``): a
+  :class:`~rltrain.backends.deepspeed_engine.DeepSpeedActor` (ZeRO 1/2/3) built over the same
+  process group, running the same epochs x minibatches of
+  :func:`~rltrain.algorithms.update.actor_loss`, with ``actor.micro_batch_size`` micro-batches
+  accumulated by DeepSpeed.
+
+Both expose the state-mover surface (``offload`` / ``reload`` / ``resident_bytes`` /
+``host_bytes`` / ``offloaded``) as ``engine.mover``, which the worker's residency methods drive.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import torch
+
+from rltrain.algorithms.batch import RolloutBatch
+from rltrain.algorithms.logprobs import compute_logprobs
+from rltrain.algorithms.update import UpdateSettings, actor_loss, minibatch_indices, ppo_update
+from rltrain.backends.offload import StateMover
+from rltrain.config import resolve_offload
+from rltrain.config.schema import RunConfig
+from rltrain.errors import ConfigError, WorkerError
+
+#: The environment variable DeepSpeed's JIT builds cache their compiled ops under.
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
+
+
+class StateSurface(Protocol):
+    """What the residency interface calls on an engine's state (a ``StateMover`` has it)."""
+
+    @property
+    def offloaded(self) -> frozenset[str]: ...
+
+    def offload(self, kinds: Iterable[str]) -> int: ...
+
+    def reload(self, kinds: Iterable[str] | None = None) -> int: ...
+
+    def resident_bytes(self) -> dict[str, int]: ...
+
+    def host_bytes(self) -> dict[str, int]: ...
+
+
+class TrainingEngine(Protocol):
+    """The policy's training engine, as the actor worker uses it.
+
+    Attributes:
+        device: the device the engine computes on.
+        model: the plain (unwrapped) Hugging Face model, for checkpoints.
+        mover: the state-mover surface the residency interface drives.
+        sharded_optimizer: True when each rank holds only its part of the optimizer state (so
+            every rank writes and reads its own file in a checkpoint).
+        walk_sees_offload: True when walking the worker's tensors tells resident state from
+            offloaded state (False for DeepSpeed on CPU, whose offload is host-to-host in place).
+    """
+
+    device: torch.device
+    model: torch.nn.Module
+    mover: StateSurface
+    sharded_optimizer: bool
+    walk_sees_offload: bool
+
+    def setup(self, world_size: int) -> None:
+        """Wrap for data parallelism, once the group's default process group exists."""
+
+    def update(self, batch: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
+        """Epochs x minibatches of the actor loss on this rank's batch; returns mean metrics."""
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The full weights, named as the model's ``named_parameters`` (for weight sync)."""
+
+    def save_optimizer(self, directory: str, rank: int) -> None:
+        """Write this rank's optimizer state into ``directory``."""
+
+    def load_optimizer(self, directory: str, rank: int, world_size: int) -> None:
+        """Read this rank's optimizer state from ``directory`` (written by ``save_optimizer``)."""
+
+
+def build_adamw(model: torch.nn.Module, run: RunConfig) -> torch.optim.Optimizer:
+    """torch AdamW over the model's parameters with the ``optimizer.*`` settings."""
+    o = run.optimizer
+    return torch.optim.AdamW(
+        model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+    )
+
+
+def build_engine(
+    run: RunConfig, model: torch.nn.Module, device: torch.device, micro_batch: int, minibatch: int
+) -> TrainingEngine:
+    """The engine ``actor.backend`` names.
+
+    Args:
+        run: the checked run config.
+        model: the freshly built policy (on ``device`` for torch; DeepSpeed moves it itself).
+        device: this process's compute device.
+        micro_batch: sequences per forward/backward (``BatchSizes.micro_batch``).
+        minibatch: sequences per optimizer step on this rank (``BatchSizes.samples_per_minibatch``).
+
+    Raises:
+        ConfigError: for an unknown backend or settings DeepSpeed cannot run.
+    """
+    if run.actor.backend == "torch":
+        return TorchEngine(run, model.to(device), device)
+    if run.actor.backend == "deepspeed":
+        return DeepSpeedEngine(run, model, device, micro_batch, minibatch)
+    raise ConfigError(
+        f"actor.backend={run.actor.backend!r} is not a training engine: use torch or deepspeed"
+    )
+
+
+# ----------------------------------------------------------------------------------- torch
+class TorchEngine:
+    """torch AdamW + DDP + :func:`ppo_update` (the CPU default).
+
+    Args:
+        run: the checked run config.
+        model: the policy, on ``device``.
+        device: the compute device.
+    """
+
+    sharded_optimizer = False
+    walk_sees_offload = True
+
+    def __init__(self, run: RunConfig, model: torch.nn.Module, device: torch.device) -> None:
+        self.settings = UpdateSettings.from_config(run)
+        self.device = device
+        self.model = model
+        self.optimizer = build_adamw(model, run)
+        self.mover = StateMover(model, self.optimizer, device=device)
+        self.ddp: torch.nn.Module | None = None
+
+    def setup(self, world_size: int) -> None:
+        if world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+
+    def update(self, batch: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
+        return ppo_update(
+            self.ddp or self.model, self.optimizer, batch, self.settings, generator=generator
+        )
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        return list(self.model.named_parameters())
+
+    def save_optimizer(self, directory: str, rank: int) -> None:
+        if rank == 0:  # replicated by DDP: one copy is the whole state
+            torch.save(self.optimizer.state_dict(), os.path.join(directory, "optimizer.pt"))
+
+    def load_optimizer(self, directory: str, rank: int, world_size: int) -> None:
+        state = torch.load(os.path.join(directory, "optimizer.pt"), map_location=self.device)
+        self.optimizer.load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------- deepspeed
+def deepspeed_settings(run: RunConfig, micro_batch: int = 1, minibatch: int = 1) -> Any:
+    """The :class:`DeepSpeedSettings` of a run.
+
+    Args:
+        run: the run config.
+        micro_batch: sequences per forward/backward.
+        minibatch: sequences per optimizer step on one rank; DeepSpeed accumulates
+            ``ceil(minibatch / micro_batch)`` micro-batches per step.
+    """
+    from rltrain.backends.deepspeed_engine import DeepSpeedSettings
+
+    o, a = run.optimizer, run.actor
+    return DeepSpeedSettings(
+        zero_stage=a.zero_stage,
+        dtype=run.model.dtype,
+        optimizer=o.name,
+        lr=o.lr,
+        betas=(float(o.betas[0]), float(o.betas[1])),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        grad_clip=o.grad_clip,
+        micro_batch_size=micro_batch,
+        grad_accum_steps=max(1, math.ceil(minibatch / max(micro_batch, 1))),
+        tensor_parallel_size=a.tensor_parallel_size,
+        pipeline_parallel_size=a.pipeline_parallel_size,
+        policy=resolve_offload(run.placement.offload.get("actor"), "placement.offload.actor"),
+    )
+
+
+def check_training_backend(run: RunConfig, on_gpu: bool | None = None) -> None:
+    """Refuse, before Ray starts, actor settings the chosen training engine cannot run.
+
+    Args:
+        run: the run config.
+        on_gpu: whether the actor will run on CUDA; None guesses: a cluster to join may have GPUs
+            (the worker checks again on its device), a local one has them when this machine does.
+
+    Raises:
+        ConfigError: naming the keys (``actor.zero_stage``, ``optimizer.name``, ...) and the fix.
+    """
+    if run.actor.backend != "deepspeed":
+        return
+    from rltrain.backends.deepspeed_engine import check_deepspeed_limits, import_deepspeed
+
+    if on_gpu is None:
+        on_gpu = run.cluster.address is not None or torch.cuda.is_available()
+    check_deepspeed_limits(deepspeed_settings(run), on_gpu=on_gpu)
+    import_deepspeed()
+
+
+def apply_extensions_dir(run: RunConfig) -> None:
+    """Point DeepSpeed's JIT cache where the driver said, before DeepSpeed is imported.
+
+    A worker inherits the driver's environment only when the driver started Ray; on a joined or
+    already running Ray, ``cluster.runtime_env.env_vars.TORCH_EXTENSIONS_DIR`` is read here.
+    """
+    env_vars = (run.cluster.runtime_env or {}).get("env_vars") or {}
+    value = env_vars.get(EXTENSIONS_ENV)
+    if value and not os.environ.get(EXTENSIONS_ENV):
+        os.environ[EXTENSIONS_ENV] = str(value)
+
+
+class DeepSpeedEngine:
+    """The policy trained by DeepSpeed (ZeRO 1/2/3), built once the process group exists.
+
+    Args:
+        run: the checked run config.
+        model: the policy (DeepSpeed moves it to its device and dtype).
+        device: the compute device.
+        micro_batch: sequences per forward/backward.
+        minibatch: sequences per optimizer step on this rank.
+
+    Raises:
+        ConfigError: for settings DeepSpeed cannot run (checked here, before any build).
+    """
+
+    def __init__(
+        self,
+        run: RunConfig,
+        model: torch.nn.Module,
+        device: torch.device,
+        micro_batch: int,
+        minibatch: int,
+    ) -> None:
+        from rltrain.backends.deepspeed_engine import check_deepspeed_limits
+
+        self.settings = UpdateSettings.from_config(run)
+        self.ds_settings = deepspeed_settings(run, micro_batch, minibatch)
+        check_deepspeed_limits(self.ds_settings, on_gpu=device.type == "cuda")
+        apply_extensions_dir(run)
+        self.device = device
+        self._model: torch.nn.Module | None = model
+        self._actor: Any = None
+
+    @property
+    def sharded_optimizer(self) -> bool:
+        return self.ds_settings.zero_stage > 0
+
+    @property
+    def walk_sees_offload(self) -> bool:
+        # On CPU DeepSpeed's offload copies host to host and leaves the tensors reachable.
+        return self.device.type == "cuda"
+
+    @property
+    def actor(self) -> Any:
+        """The DeepSpeed actor (built at :meth:`setup`)."""
+        if self._actor is None:
+            raise WorkerError(
+                "actor.backend=deepspeed: the DeepSpeed engine is built in "
+                "setup_data_parallel(), after group.init_process_group(); call them first"
+            )
+        return self._actor
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._actor.module if self._actor is not None else self._model
+
+    @property
+    def mover(self) -> StateSurface:
+        return self.actor
+
+    def setup(self, world_size: int) -> None:
+        from rltrain.backends.deepspeed_engine import DeepSpeedActor
+
+        if self._actor is not None:
+            return
+        if world_size > 1 and not torch.distributed.is_initialized():
+            raise WorkerError(
+                "actor.backend=deepspeed with several actor ranks needs the group's process "
+                "group: call group.init_process_group() before setup_data_parallel()"
+            )
+        if self.device.type == "cuda":
+            # DeepSpeed picks cuda:LOCAL_RANK; the runtime isolates each process to its own
+            # devices, so the right index is the worker's, not its rank on the node.
+            os.environ["LOCAL_RANK"] = str(self.device.index)
+            torch.cuda.set_device(self.device)
+        self._actor = DeepSpeedActor(self._model, self.ds_settings)
+        self._model = None  # DeepSpeed owns it now (engine.module)
+
+    def update(self, batch: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
+        s, actor = self.settings, self.actor
+        if batch.old_logprobs is None and (s.ppo_epochs > 1 or s.num_minibatches > 1):
+            # Later steps compare against the policy that sampled, not the updated one.
+            with torch.no_grad():
+                old = compute_logprobs(
+                    actor.engine,
+                    batch.input_ids,
+                    batch.attention_mask,
+                    batch.response_mask,
+                    temperature=s.temperature,
+                )
+            batch = batch.replace(old_logprobs=old)
+        sums: dict[str, float] = defaultdict(float)
+        steps = 0
+        for _ in range(s.ppo_epochs):
+            for idx in minibatch_indices(batch.size, s.num_minibatches, generator):
+                for k, v in self._step(batch.select(idx)).items():
+                    sums[k] += v
+                steps += 1
+        return {k: v / steps for k, v in sums.items()}
+
+    def _step(self, mb: RolloutBatch) -> dict[str, float]:
+        """One optimizer step over the minibatch, split into the configured micro-batches."""
+        parts = torch.tensor_split(torch.arange(mb.size), self.ds_settings.grad_accum_steps)
+        seen: list[dict[str, float]] = []
+
+        def loss_fn(engine: torch.nn.Module, micro: RolloutBatch) -> torch.Tensor:
+            loss, metrics = actor_loss(engine, micro, self.settings)
+            seen.append(metrics)
+            return loss
+
+        self.actor.train_step([mb.select(p) for p in parts], loss_fn)
+        out = {k: sum(m[k] for m in seen) / len(seen) for k in seen[0]}
+        norm = self.actor.engine.get_global_grad_norm()
+        if norm is not None:
+            out["actor/grad_norm"] = float(norm)
+        return out
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        if self.ds_settings.zero_stage == 3:
+            # ZeRO-3 frees each gathered parameter after it is yielded: keep a copy.
+            return [(n, t.detach().clone()) for n, t in self.actor.named_weights()]
+        return list(self.actor.named_weights())
+
+    def _shard_path(self, directory: str, rank: int) -> str:
+        return os.path.join(directory, "optimizer", f"zero_rank{rank}.pt")
+
+    def save_optimizer(self, directory: str, rank: int) -> None:
+        if rank != 0 and not self.sharded_optimizer:
+            return
+        self._check_resident("save")
+        os.makedirs(os.path.join(directory, "optimizer"), exist_ok=True)
+        torch.save(self.actor.engine.optimizer.state_dict(), self._shard_path(directory, rank))
+
+    def load_optimizer(self, directory: str, rank: int, world_size: int) -> None:
+        self._check_resident("load")
+        shards = sorted(glob.glob(os.path.join(directory, "optimizer", "zero_rank*.pt")))
+        expected = world_size if self.sharded_optimizer else 1
+        mine = self._shard_path(directory, rank if self.sharded_optimizer else 0)
+        if len(shards) != expected or not os.path.isfile(mine):
+            raise ConfigError(
+                f"trainer.resume checkpoint {directory!r} holds {len(shards)} DeepSpeed optimizer "
+                f"shard(s) but this run has {expected} (actor.zero_stage="
+                f"{self.ds_settings.zero_stage}, {world_size} actor ranks): resume with the "
+                f"placement it was written with; a checkpoint saved by rank 0 alone lacks the "
+                f"other ranks' ZeRO shards (every actor rank must take part in save)"
+            )
+        state = torch.load(mine, map_location=self.device, weights_only=False)
+        opt = self.actor.engine.optimizer
+        if isinstance(opt, torch.optim.Optimizer):  # ZeRO-0 with torch's AdamW as is
+            opt.load_state_dict(state)
+            return
+        # DeepSpeed's optimizers read the shard at their data-parallel rank from a list, and the
+        # fp32 master partition from the checkpoint too (no bf16 rounding).
+        slots: list[Any] = [None] * max(world_size, rank + 1)
+        slots[rank] = state
+        opt.load_state_dict(slots, load_optimizer_states=True, load_from_fp32_weights=True)
+
+    def _check_resident(self, what: str) -> None:
+        if self.actor.offloaded:
+            raise WorkerError(
+                f"DeepSpeed actor: cannot {what} a checkpoint while {sorted(self.actor.offloaded)} "
+                f"are offloaded; checkpoints run inside the actor's residency lease"
+            )
