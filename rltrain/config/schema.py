@@ -220,8 +220,15 @@ class EnvConfig:
     num_envs: int = 16  # environments per rollout epoch, over all env processes
     pipeline_stage_num: int = 2  # groups of sub-environments per env process
     rollout_steps: int = 128  # env steps per environment per iteration
+    # Modelled device time (benchmarks), per sub-environment: a stage of m environments waits
+    # m * (latency + U(0, jitter)) ms per env step, and as long again for policy inference.
     step_latency_ms: float = 0.0  # added per env step (benchmarks)
     step_latency_jitter_ms: float = 0.0
+    policy_latency_ms: float = 0.0  # added per observation in policy inference (benchmarks)
+    policy_latency_jitter_ms: float = 0.0
+    eval_episodes: int = 100  # greedy evaluation episodes (each on its own environment)
+    target_return: Optional[float] = None  # stop once the greedy mean return reaches this
+    lr_final_fraction: float = 1.0  # optimizer.lr decays linearly to this share by total_steps
 
 
 # --------------------------------------------------------------------------------------- trainer

@@ -227,9 +227,24 @@ def _components(cfg: RunConfig) -> Iterator[str]:
     yield from _one_of("reward.kind", cfg.reward.kind, ("rule", "model"))
     if cfg.reward.kind == "model" and not cfg.reward.model_path:
         yield "reward.kind='model' needs reward.model_path: a local reward-model checkpoint"
+    yield from _env(cfg)
+
+
+def _env(cfg: RunConfig) -> Iterator[str]:
     e = cfg.env
     yield from _positive("env.num_envs", e.num_envs)
     yield from _positive("env.pipeline_stage_num", e.pipeline_stage_num)
+    yield from _positive("env.rollout_steps", e.rollout_steps)
+    yield from _positive("env.eval_episodes", e.eval_episodes)
+    for key in ("step_latency", "step_latency_jitter", "policy_latency", "policy_latency_jitter"):
+        yield from _positive(f"env.{key}_ms", getattr(e, f"{key}_ms"), zero_ok=True)
+    if not 0 <= e.lr_final_fraction <= 1:
+        yield f"env.lr_final_fraction={e.lr_final_fraction} must be in [0, 1]"
+    if e.pipeline_stage_num > 0 and e.num_envs % e.pipeline_stage_num:
+        yield (
+            f"env.num_envs={e.num_envs} is not divisible by env.pipeline_stage_num="
+            f"{e.pipeline_stage_num}: every pipeline stage holds the same number of environments"
+        )
 
 
 def _importable(key: str, spec: str) -> Iterator[str]:

@@ -122,6 +122,28 @@ class EnvRollout:
         return int(self.rewards.size)
 
 
+@dataclass(frozen=True)
+class EpochResult:
+    """What the driver receives from :meth:`EnvWorker.collect`: a reference and small stats.
+
+    Attributes:
+        rollout: a one-element list holding the object ref of the :class:`EnvRollout` (a list,
+            so Ray passes the ref on instead of fetching the data into the driver).
+        env_steps: transitions in the epoch.
+        episode_returns: returns of the episodes that ended in the epoch.
+        episode_lengths: their lengths.
+        versions: weight versions that sampled the epoch's actions.
+        step_s: seconds spent stepping simulators (the ``env_step`` spans).
+    """
+
+    rollout: list[Any]
+    env_steps: int
+    episode_returns: tuple[float, ...]
+    episode_lengths: tuple[int, ...]
+    versions: tuple[int, ...]
+    step_s: float
+
+
 def make_vector_env(env_id: str, num: int) -> Any:
     """A synchronous vector env of ``num`` copies, resetting in the step that ends an episode.
 
@@ -173,6 +195,61 @@ def probe_spaces(env_id: str) -> SpaceSpec:
     )
 
 
+class ChannelLink:
+    """Overlaps a worker's channel traffic with its compute.
+
+    A put runs in a background thread (the worker goes on at once), and the next item the worker
+    will need is fetched ahead while it computes, so a channel's round trips leave the pipeline's
+    critical path. Items keep their meaning whatever order they arrive in (each names its env
+    rank and stage), and the next put for a key only follows the answer to the previous one, so
+    the background puts cannot reorder anything that matters.
+    """
+
+    def __init__(self, owner: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.owner = owner
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rltrain-link")
+        self.sends: list[Any] = []
+
+    def send(self, channel: Any, item: Any, key: str) -> None:
+        """Queue ``item`` under ``key`` in the background (errors surface at the next call)."""
+        self._reap()
+        self.sends.append(self.pool.submit(channel.put, item, key=key, timeout=CHANNEL_TIMEOUT_S))
+
+    def ahead(self, channel: Any, key: str) -> Any:
+        """Start fetching the next item of ``key``; ``receive`` it later."""
+        return self.pool.submit(channel.get, key=key, timeout=CHANNEL_TIMEOUT_S)
+
+    def receive(self, pending: Any, what: str) -> Any:
+        """The item a future from :meth:`ahead` fetched.
+
+        Raises:
+            WorkerError: nothing arrived within ``CHANNEL_TIMEOUT_S`` (the peer stopped).
+        """
+        from rltrain.scheduler import ChannelTimeoutError
+
+        try:
+            return pending.result()
+        except ChannelTimeoutError:
+            raise WorkerError(
+                f"{self.owner}: no {what} for {CHANNEL_TIMEOUT_S} s; the workers on the other "
+                f"side of the channel stopped (see their errors)"
+            ) from None
+
+    def flush(self) -> None:
+        """Wait until every background put was accepted (re-raising the first failure)."""
+        for f in self.sends:
+            f.result()
+        self.sends.clear()
+
+    def _reap(self) -> None:
+        done = [f for f in self.sends if f.done()]
+        for f in done:
+            f.result()
+        self.sends = [f for f in self.sends if not f.done()]
+
+
 def latency_s(rng: np.random.Generator, num: int, ms: float, jitter_ms: float) -> float:
     """Seconds of modelled device time for ``num`` items: ``ms`` each plus ``U(0, jitter_ms)``."""
     if ms <= 0 and jitter_ms <= 0:
@@ -213,6 +290,8 @@ class EnvWorker(Worker):
             for s in range(self.num_stages)
         ]
         self.rng = np.random.default_rng(run.seed * 7_919 + self.rank)
+        self._step_s = 0.0  # seconds inside env steps during the current epoch
+        self.link = ChannelLink(f"env rank {self.rank}")
 
     # ------------------------------------------------------------------------ residency
     def state_bytes(self) -> dict[str, int]:
@@ -248,17 +327,42 @@ class EnvWorker(Worker):
         """
         S, m, D = self.num_stages, self.m, self.spec.obs_dim
         rec = _Recorder(steps, S, m, D, self.spec)
+        link = self.link
         for s, stage in enumerate(self.stages):
             self._send(obs_channel, s, 0, stage.obs)
-        for t in range(steps):
-            for s, stage in enumerate(self.stages):
-                msg = self._receive(act_channel, s)
-                rec.before(t, s, stage.obs, msg)
-                with trace.span("env_step", "env", self.device_labels):
-                    self._step(rec, t, s, stage, msg.actions)
-                if t + 1 < steps:
-                    self._send(obs_channel, s, t + 1, stage.obs)
+        order = [(t, s) for t in range(steps) for s in range(S)]
+        pending = link.ahead(act_channel, self._act_key(0))
+        for i, (t, s) in enumerate(order):
+            stage = self.stages[s]
+            msg = link.receive(pending, f"actions for stage {s}")
+            if i + 1 < len(order):  # fetch the next stage's actions while this one steps
+                pending = link.ahead(act_channel, self._act_key(order[i + 1][1]))
+            rec.before(t, s, stage.obs, msg)
+            with trace.span("env_step", "env", self.device_labels):
+                self._step(rec, t, s, stage, msg.actions)
+            if t + 1 < steps:
+                self._send(obs_channel, s, t + 1, stage.obs)
+        link.flush()
         return rec.finish([st.obs for st in self.stages])
+
+    def collect(self, obs_channel: Any, act_channel: Any, steps: int) -> EpochResult:
+        """:meth:`run_epoch`, with the transitions left in the object store for the actor.
+
+        Returns:
+            A reference to the epoch's :class:`EnvRollout` and its small statistics.
+        """
+        import ray
+
+        self._step_s = 0.0
+        rollout = self.run_epoch(obs_channel, act_channel, steps)
+        return EpochResult(
+            rollout=[ray.put(rollout)],
+            env_steps=rollout.env_steps,
+            episode_returns=rollout.episode_returns,
+            episode_lengths=rollout.episode_lengths,
+            versions=rollout.versions,
+            step_s=self._step_s,
+        )
 
     def _step(self, rec: _Recorder, t: int, s: int, stage: _Stage, actions: np.ndarray) -> None:
         e = self.run.env
@@ -286,30 +390,23 @@ class EnvWorker(Worker):
         left = wait - (time.perf_counter() - started)
         if left > 0:
             time.sleep(left)
+        self._step_s += time.perf_counter() - started
 
     def rollout_key(self, stage: int) -> str:
         """The rollout rank (as a channel key) serving ``stage`` of this process."""
         return str(stage_to_rollout(self.rank, stage, self.num_stages, self.rollout_world))
 
     def _send(self, channel: Any, stage: int, step: int, obs: np.ndarray) -> None:
-        msg = ObsMessage(self.rank, stage, step, obs)
-        channel.put(msg, key=self.rollout_key(stage), timeout=CHANNEL_TIMEOUT_S)
+        self.link.send(channel, ObsMessage(self.rank, stage, step, obs), self.rollout_key(stage))
 
-    def _receive(self, channel: Any, stage: int) -> ActionMessage:
-        from rltrain.scheduler import ChannelTimeoutError
-
-        try:
-            return channel.get(key=f"{self.rank}/{stage}", timeout=CHANNEL_TIMEOUT_S)
-        except ChannelTimeoutError:
-            raise WorkerError(
-                f"env rank {self.rank} stage {stage}: no actions for {CHANNEL_TIMEOUT_S} s; "
-                f"the rollout workers stopped (see their errors)"
-            ) from None
+    def _act_key(self, stage: int) -> str:
+        return f"{self.rank}/{stage}"
 
     def close(self) -> None:
-        """Close every vector environment."""
+        """Close every vector environment and the channel threads."""
         for stage in self.stages:
             stage.env.close()
+        self.link.pool.shutdown(wait=False)
 
 
 def stage_to_rollout(env_rank: int, stage: int, num_stages: int, rollout_world: int) -> int:

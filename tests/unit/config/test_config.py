@@ -32,8 +32,7 @@ def test_primary_config_validates():
 
 @pytest.mark.parametrize(("group", "name"), SHIPPED, ids=[f"{g}/{n}" for g, n in SHIPPED])
 def test_every_shipped_config_composes(group: str, name: str):
-    override = f"+{group}={name}" if group == "experiment" else f"{group}={name}"
-    run = load_config(compose_run(override))
+    run = load_config(compose_run(f"{group}={name}"))
     assert isinstance(run, RunConfig)
 
 

@@ -1,0 +1,455 @@
+"""The embodied driver loop: simulators and policy pipelined through channels, then PPO + GAE.
+
+One policy update, as the algorithm reads:
+
+    env + rollout: a rollout epoch, pipelined     env stage s+1 steps while rollout infers stage s
+                                                  (observations -> obs channel -> rollout,
+                                                   actions -> act channel -> env)
+    actor        : values, GAE, clipped PPO epochs (data-parallel)
+    actor        : export the new weights         (the rollout loads them next epoch)
+    evaluate (greedy episodes) / log / checkpoint
+
+Env and rollout hold their leases together during the epoch (they run at the same time); the
+actor's lease follows, so in the hybrid layout env and rollout leave the devices the actor trains
+on, as their offload policies say. The driver passes object references only: the env workers'
+transitions go from their object store to the actor, never through the driver.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from rltrain.config.schema import RunConfig
+from rltrain.errors import ConfigError, WorkerError
+from rltrain.runners.checkpoint import CheckpointManager, read_state
+from rltrain.runners.job import Job, start_job
+from rltrain.runners.reasoning import StepTimer
+from rltrain.telemetry import trace
+from rltrain.telemetry.metrics import MetricsLogger, plot_curves
+from rltrain.workers.embodied import EmbodiedActorWorker, EmbodiedRolloutWorker
+from rltrain.workers.env import EnvWorker, SpaceSpec, probe_spaces, stage_to_rollout
+
+REQUIRED = ("actor", "rollout", "env")
+#: Seed offset of evaluation environments, away from the training environments' seeds.
+EVAL_SEED = 1_000_000
+
+
+@dataclass(frozen=True)
+class EmbodiedSizes:
+    """Sizes derived once from the config and the plan (never mutated afterwards).
+
+    Attributes:
+        env_world: env processes.
+        rollout_world: rollout processes.
+        actor_world: actor (data-parallel) processes.
+        stages: pipeline stages per env process (``env.pipeline_stage_num``).
+        envs_per_stage: sub-environments per stage (``m``).
+        steps: steps per environment per epoch (``env.rollout_steps``).
+        items_per_rollout: observation items each rollout rank serves per epoch.
+    """
+
+    env_world: int
+    rollout_world: int
+    actor_world: int
+    stages: int
+    envs_per_stage: int
+    steps: int
+    items_per_rollout: tuple[int, ...]
+
+    @property
+    def env_steps_per_epoch(self) -> int:
+        return self.env_world * self.stages * self.envs_per_stage * self.steps
+
+
+def derive_sizes(
+    run: RunConfig, env_world: int, rollout_world: int, actor_world: int
+) -> EmbodiedSizes:
+    """Check the embodied sizes against the process counts and derive :class:`EmbodiedSizes`.
+
+    Raises:
+        ConfigError: naming the keys whose values do not divide, with the nearest valid ones.
+    """
+    e, a = run.env, run.algorithm
+    per_proc = env_world * e.pipeline_stage_num
+    problems = []
+    if e.num_envs % per_proc:
+        ok = max(per_proc, e.num_envs // per_proc * per_proc)
+        problems.append(
+            f"env.num_envs={e.num_envs} is not divisible by env processes ({env_world}, from "
+            f"placement.component_placement.env) x env.pipeline_stage_num="
+            f"{e.pipeline_stage_num} = {per_proc}: use env.num_envs={ok} or change the others"
+        )
+    rows, parts = e.num_envs * e.rollout_steps, a.num_minibatches * actor_world
+    if rows % parts:
+        problems.append(
+            f"env.num_envs x env.rollout_steps = {rows} transitions do not split into "
+            f"algorithm.num_minibatches={a.num_minibatches} x actor processes ({actor_world}) "
+            f"= {parts} equal parts: change env.rollout_steps or algorithm.num_minibatches"
+        )
+    if problems:
+        raise ConfigError(problems)
+    items = [0] * rollout_world
+    for rank in range(env_world):
+        for s in range(e.pipeline_stage_num):
+            items[stage_to_rollout(rank, s, e.pipeline_stage_num, rollout_world)] += 1
+    return EmbodiedSizes(
+        env_world=env_world,
+        rollout_world=rollout_world,
+        actor_world=actor_world,
+        stages=e.pipeline_stage_num,
+        envs_per_stage=e.num_envs // per_proc,
+        steps=e.rollout_steps,
+        items_per_rollout=tuple(n * e.rollout_steps for n in items),
+    )
+
+
+def check_components(run: RunConfig, components: set[str]) -> None:
+    """Refuse a placement or algorithm the embodied runner cannot run, before Ray starts."""
+    missing = [c for c in REQUIRED if c not in components]
+    extra = sorted(components - set(REQUIRED))
+    problems = []
+    if missing:
+        problems.append(
+            f"placement.component_placement places no {missing} but runner=embodied needs "
+            f"{list(REQUIRED)}: use an experiment preset such as experiment=cartpole_hybrid"
+        )
+    if extra:
+        problems.append(
+            f"placement.component_placement places {extra}, which runner=embodied does not use "
+            f"(the value function lives in the actor; rewards come from the simulator): remove "
+            f"them"
+        )
+    if run.algorithm.advantage_estimator != "gae":
+        problems.append(
+            f"algorithm.advantage_estimator={run.algorithm.advantage_estimator!r} with "
+            f"runner=embodied: the embodied actor trains PPO with GAE, set it to 'gae'"
+        )
+    if run.algorithm.kl_coef > 0:
+        problems.append("algorithm.kl_coef must be 0 with runner=embodied (no reference policy)")
+    if problems:
+        raise ConfigError(problems)
+
+
+class EmbodiedRunner:
+    """Runs the loop above on a started :class:`Job`."""
+
+    def __init__(self, job: Job, sizes: EmbodiedSizes, spec: SpaceSpec) -> None:
+        self.job, self.run, self.sizes, self.spec = job, job.run, sizes, spec
+        self.g = job.groups
+        from rltrain.scheduler import Channel
+
+        tag = uuid.uuid4().hex[:8]
+        # Each rollout key holds at most one item per stage it serves; each action key one.
+        most = max(n // sizes.steps for n in sizes.items_per_rollout)
+        self.obs = Channel.create(f"embodied-obs-{tag}", max(most, 1), job.cluster)
+        self.act = Channel.create(f"embodied-act-{tag}", 1, job.cluster)
+        self.ckpt = CheckpointManager(
+            self.run.trainer.checkpoint_dir or f"{job.run_dir}/checkpoints"
+        )
+        self.version = 0
+        self.weights_ref: Any = None
+        self._stop = False
+
+    def fit(self) -> dict[str, Any]:
+        """Train until ``trainer.total_steps``, the target return, the time budget or SIGTERM."""
+        t = self.run.trainer
+        start = self._resume()
+        metrics = MetricsLogger(self.job.run_dir, self.run.logging, resume=start > 0)
+        self._export_weights(start)
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        status, done_steps, t0, evaluated = "completed", start, time.monotonic(), None
+        try:
+            for step in range(start, t.total_steps):
+                record = self.train_step(step)
+                last = step + 1 == t.total_steps
+                if self._eval_due(step, record) or last:
+                    evaluated = self.evaluate(step)
+                    record.update({f"eval/{k}": v for k, v in evaluated.items()})
+                metrics.progress(step + 1, t.total_steps, metrics.log(step, record))
+                done_steps = step + 1
+                target = self.run.env.target_return
+                done = (
+                    target is not None
+                    and evaluated is not None
+                    and (evaluated["return_mean"] >= target)
+                )
+                budget = t.time_budget_s is not None and time.monotonic() - t0 > t.time_budget_s
+                stop = done or budget or self._stop
+                if (t.save_every and (step + 1) % t.save_every == 0) or last or stop:
+                    self.save(step + 1)
+                if stop:
+                    status = "stopped" if self._stop else "completed"
+                    break
+                evaluated = None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            metrics.close()
+        plot_curves(metrics.records, f"{self.job.run_dir}/reward_curve.png")
+        return self._summary(metrics.records, done_steps - start, time.monotonic() - t0, status)
+
+    def _eval_due(self, step: int, record: dict[str, Any]) -> bool:
+        """Every ``trainer.eval_every`` updates; with a positive target return, only once the
+        training episodes reach half of it (an evaluation that cannot stop the run is skipped)."""
+        every, target = self.run.trainer.eval_every, self.run.env.target_return
+        if not every or (step + 1) % every:
+            return False
+        if target is None or target <= 0:
+            return True
+        return (record.get("env/return_mean") or 0.0) >= target / 2
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """One rollout epoch and one PPO update; returns the step's metrics."""
+        timer, g, s = StepTimer(), self.g, self.sizes
+        with timer("generate"), self._leases("env", "rollout"), trace.span("generate", "driver"):
+            serving = g["rollout"].call_each(
+                EmbodiedRolloutWorker.serve,
+                [(self.obs, self.act, n, step, self.weights_ref) for n in s.items_per_rollout],
+            )
+            epochs = g["env"].call(EnvWorker.collect, self.obs, self.act, s.steps)
+            results, served = _wait_all(epochs, serving)
+        stale = sorted({v for r in results for v in r.versions} - {self.version})
+        if stale:
+            raise WorkerError(
+                f"env epoch {step} holds actions of weight versions {stale}, expected only "
+                f"{self.version}: a rollout rank did not load the exported weights"
+            )
+        with timer("train"), self.job.stage("actor"):
+            refs = [r.rollout[0] for r in results]
+            trained = g["actor"].call(EmbodiedActorWorker.train, refs, step).wait()
+            for rank, r in enumerate(trained):
+                sizes = {k[12:]: v for k, v in r.items() if k.startswith("state_bytes/")}
+                self.job.refresh_ledger("actor", sizes, rank)
+            with timer("sync"):
+                self._export_weights(step + 1, lease=False)
+        return self._step_metrics(results, served, trained, timer.times)
+
+    @contextmanager
+    def _leases(self, *components: str):
+        # Env and rollout run at the same time: both hold their devices for the whole epoch.
+        with ExitStack() as stack:
+            for c in components:
+                stack.enter_context(self.job.stage(c))
+            yield
+
+    def _export_weights(self, version: int, lease: bool = True) -> None:
+        with self.job.stage("actor") if lease else _held():
+            fut = self.g["actor"].execute_on(0).call(EmbodiedActorWorker.export_weights, version)
+            fut.wait()
+        self.weights_ref, self.version = fut.refs[0], version
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy episodes with the current weights on rollout rank 0."""
+        with self.job.stage("rollout"):
+            return (
+                self.g["rollout"]
+                .execute_on(0)
+                .call(
+                    EmbodiedRolloutWorker.evaluate,
+                    self.weights_ref,
+                    self.run.env.eval_episodes,
+                    self.run.seed * 7_777 + EVAL_SEED + step,
+                )
+                .wait()[0]
+            )
+
+    # ------------------------------------------------------------------------- checkpoints
+    def save(self, step: int) -> str:
+        with self.job.stage("actor"):
+            pending = self.ckpt.begin(step)
+            self.g["actor"].execute_on(0).call(EmbodiedActorWorker.save, pending.path).wait()
+        return self.ckpt.commit(pending, {"model": _fingerprint(self.run, self.spec)})
+
+    def _resume(self) -> int:
+        path = self.ckpt.resolve(self.run.trainer.resume)
+        if path is None:
+            return 0
+        state = read_state(path)
+        if state.get("model") != _fingerprint(self.run, self.spec):
+            raise ConfigError(
+                f"trainer.resume={path!r} was written for {state.get('model')} but this run is "
+                f"{_fingerprint(self.run, self.spec)}: resume with the same task.env_id and model"
+            )
+        with self.job.stage("actor"):
+            self.g["actor"].call(EmbodiedActorWorker.load, path).wait()
+        return int(state["step"])
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stop = True  # finish the step, write a checkpoint, exit
+
+    # ---------------------------------------------------------------------------- metrics
+    def _step_metrics(self, results, served, trained, times) -> dict[str, Any]:
+        returns = [x for r in results for x in r.episode_returns]
+        lengths = [x for r in results for x in r.episode_lengths]
+        out: dict[str, Any] = {
+            "env/return_mean": sum(returns) / len(returns) if returns else None,
+            "env/length_mean": sum(lengths) / len(lengths) if lengths else None,
+            "env/episodes": len(returns),
+            "time/env_step_s": max(r.step_s for r in results),
+            "time/infer_s": max(x["infer_s"] for x in served),
+        }
+        keys = {k for res in trained for k in res if not k.startswith("state_bytes/")}
+        for k in sorted(keys):
+            out[k] = sum(res[k] for res in trained) / len(trained)
+        out.update({f"time/{k}_s": v for k, v in times.items()})
+        total = sum(times.values())
+        out["time/step_s"] = total
+        steps = self.sizes.env_steps_per_epoch
+        out["perf/env_steps_per_s"] = steps / total if total else None
+        out["perf/rollout_env_steps_per_s"] = steps / times["generate"]
+        # Mean returns are what a reward curve plots for an embodied run.
+        out["reward/mean"] = out["env/return_mean"]
+        return out
+
+    def _summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
+        stage_keys = {"generate", "train", "sync"}
+        per_stage = {
+            k: sum(r.get(f"time/{k}_s", 0) for r in records) / max(len(records), 1)
+            for k in stage_keys
+        }
+        evals = [r["eval/return_mean"] for r in records if r.get("eval/return_mean") is not None]
+        returns = [r["env/return_mean"] for r in records if r.get("env/return_mean") is not None]
+        mode = self.job.plan.mode
+        return {
+            "placement_mode": getattr(mode, "value", str(mode)),
+            "steps": steps,
+            "steps_per_s": steps / seconds if seconds else None,
+            "env_steps_per_s": steps * self.sizes.env_steps_per_epoch / seconds
+            if seconds
+            else None,
+            "seconds_per_stage": per_stage,
+            "peak_memory_bytes_per_device": {
+                f"{n}:{d}": b for (n, d), b in self.job.residency.peak.items()
+            },
+            "final_reward": returns[-1] if returns else None,
+            "final_return": evals[-1] if evals else None,
+            "final_accuracy": None,
+            "simulated_devices": any(
+                n.accelerator_type == "sim" for n in self.job.plan.cluster.nodes
+            ),
+            "status": status,
+            "wall_s": seconds,
+            "env_id": self.spec.env_id,
+        }
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """How much of a run the simulators and the policy were busy at the same time.
+
+    Attributes:
+        env_busy_s: seconds some env process was inside an ``env_step`` span.
+        rollout_busy_s: seconds some rollout process was inside a ``generate`` span.
+        both_s: seconds both were busy at once.
+    """
+
+    env_busy_s: float
+    rollout_busy_s: float
+    both_s: float
+
+    @property
+    def fraction(self) -> float:
+        """Share of the shorter busy time that overlapped the other (0: strictly sequential)."""
+        least = min(self.env_busy_s, self.rollout_busy_s)
+        return self.both_s / least if least > 0 else 0.0
+
+
+def pipeline_overlap(trace_doc: Any) -> Overlap:
+    """Env/rollout overlap from a run's timeline (spans or a Chrome-trace document).
+
+    Only process lanes count (a span on a device lane is the same span again).
+    """
+    from rltrain.telemetry.timeline import covered, intervals, merge
+
+    def busy(component: str, name: str) -> list[tuple[float, float]]:
+        return merge(
+            (i.start_us, i.end_us)
+            for i in intervals(trace_doc)
+            if i.lane_kind == "process" and i.lane.startswith(f"{component}[") and i.name == name
+        )
+
+    env, pol = busy("env", "env_step"), busy("rollout", "generate")
+    both, j = 0.0, 0
+    for lo, hi in env:
+        while j < len(pol) and pol[j][1] <= lo:
+            j += 1
+        k = j
+        while k < len(pol) and pol[k][0] < hi:
+            both += min(hi, pol[k][1]) - max(lo, pol[k][0])
+            k += 1
+    return Overlap(covered(env) / 1e6, covered(pol) / 1e6, both / 1e6)
+
+
+def _wait_all(*futures: Any) -> list[Any]:
+    """Wait for several group calls that feed each other, failing as soon as any rank fails.
+
+    Waiting on one group first would leave its partner's failure unnoticed until the channel
+    timeout: env and rollout block on each other's items.
+    """
+    import ray
+
+    owner = {ref: f for f in futures for ref in f.refs}
+    pending = list(owner)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(ready[0])
+        except ray.exceptions.RayError:
+            owner[ready[0]].wait()  # raises the group's WorkerError and tears it down
+    return [f.wait() for f in futures]
+
+
+@contextmanager
+def _held():
+    yield None
+
+
+def _fingerprint(run: RunConfig, spec: SpaceSpec) -> str:
+    m = run.model
+    return f"mlp-{spec.env_id}-h{m.hidden_size}-l{m.num_layers}"
+
+
+def run_embodied(run: RunConfig, run_dir: str) -> dict[str, Any]:
+    """Plan, start, train and tear down an embodied run.
+
+    Args:
+        run: the checked run config.
+        run_dir: the run's output directory.
+
+    Returns:
+        The job summary (``env_steps_per_s`` and ``final_return`` among the fields).
+
+    Raises:
+        ConfigError / PlacementError / ResourceError: before Ray starts, for bad input.
+    """
+    from rltrain.placement.plan import build_plan
+    from rltrain.placement.types import ClusterSpec
+
+    plan = build_plan(run, ClusterSpec.from_config(run.cluster))  # fails early, no Ray yet
+    check_components(run, set(plan.components))
+    sizes = derive_sizes(
+        run, plan.world_size("env"), plan.world_size("rollout"), plan.world_size("actor")
+    )
+    spec = probe_spaces(run.task.env_id)
+    builders = {
+        "actor": lambda plan: EmbodiedActorWorker.create_group(run, spec),
+        "rollout": lambda plan: EmbodiedRolloutWorker.create_group(run, spec),
+        "env": lambda plan: EnvWorker.create_group(
+            run, spec, sizes.envs_per_stage, sizes.rollout_world
+        ),
+    }
+
+    def data_parallel(groups) -> None:
+        if groups["actor"].world_size > 1:
+            groups["actor"].init_process_group()
+        groups["actor"].call(EmbodiedActorWorker.setup_data_parallel).wait()
+
+    with start_job(run, run_dir, builders, on_launch=data_parallel) as job:
+        summary = EmbodiedRunner(job, sizes, spec).fit()
+        job.verify_ledger()
+        summary.update(job.write_timeline())
+    return summary

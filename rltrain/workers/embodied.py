@@ -1,0 +1,530 @@
+"""The embodied policy and its workers: a small actor-critic MLP, rollout and PPO actor.
+
+- :class:`ActorCritic`: separate policy and value MLPs (``model.num_layers`` hidden layers of
+  ``model.hidden_size``, tanh), categorical actions for Discrete spaces, a diagonal Gaussian with a
+  learned log-std for Box spaces.
+- :func:`episode_gae`: GAE over ``[T, N]`` time-major rewards with episode ends inside the epoch.
+- :class:`EmbodiedRolloutWorker`: serves observation items from the env workers' channel with
+  the latest weights, answering each with sampled actions; also runs greedy evaluation.
+- :class:`EmbodiedActorWorker`: PPO + GAE on the env workers' epochs, data-parallel over its
+  processes; exports weights for the rollout.
+
+Sampling is seeded per item (seed, epoch, env rank, stage, step), so which rollout rank serves an
+item, and in which order, does not change the actions: runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rltrain.algorithms.losses import policy_loss, value_loss
+from rltrain.backends.offload import StateMover
+from rltrain.backends.weight_sync.host import HostBuckets, load_from_host, pack_to_host
+from rltrain.config.schema import RunConfig
+from rltrain.scheduler import Worker
+from rltrain.telemetry import trace
+from rltrain.workers.common import ResidentState, compute_device, seed_everything
+from rltrain.workers.env import (
+    ActionMessage,
+    ChannelLink,
+    EnvRollout,
+    ObsMessage,
+    SpaceSpec,
+    latency_s,
+    make_vector_env,
+)
+
+
+# ------------------------------------------------------------------------------------ network
+def _mlp(inp: int, hidden: int, layers: int, out: int, out_gain: float) -> nn.Sequential:
+    mods: list[nn.Module] = []
+    width = inp
+    for _ in range(layers):
+        lin = nn.Linear(width, hidden)
+        nn.init.orthogonal_(lin.weight, math.sqrt(2))
+        nn.init.zeros_(lin.bias)
+        mods += [lin, nn.Tanh()]
+        width = hidden
+    head = nn.Linear(width, out)
+    # Small policy-head weights start the policy near uniform (PPO implementation detail).
+    nn.init.orthogonal_(head.weight, out_gain)
+    nn.init.zeros_(head.bias)
+    mods.append(head)
+    return nn.Sequential(*mods)
+
+
+class ActorCritic(nn.Module):
+    """Policy and value MLPs over flat observations.
+
+    Args:
+        spec: the environment's spaces.
+        hidden: hidden width (``model.hidden_size``).
+        layers: hidden layers per MLP (``model.num_layers``).
+    """
+
+    def __init__(self, spec: SpaceSpec, hidden: int, layers: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.policy = _mlp(spec.obs_dim, hidden, layers, spec.action_dim, 0.01)
+        self.critic = _mlp(spec.obs_dim, hidden, layers, 1, 1.0)
+        self.log_std = (
+            nn.Parameter(torch.zeros(spec.action_dim)) if spec.action_kind == "continuous" else None
+        )
+
+    def distribution(self, obs: Tensor) -> torch.distributions.Distribution:
+        """The action distribution at ``obs`` (``[B, obs_dim]``)."""
+        out = self.policy(obs)
+        if self.log_std is None:
+            return torch.distributions.Categorical(logits=out)
+        return torch.distributions.Normal(out, self.log_std.exp().expand_as(out))
+
+    def value(self, obs: Tensor) -> Tensor:
+        """``[B]`` state values."""
+        return self.critic(obs).squeeze(-1)
+
+    def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Log-probabilities of ``actions``, entropies and values, each ``[B]`` (for training)."""
+        dist = self.distribution(obs)
+        logp, ent = dist.log_prob(actions), dist.entropy()
+        if self.log_std is not None:
+            logp, ent = logp.sum(-1), ent.sum(-1)
+        return logp, ent, self.value(obs)
+
+    @torch.no_grad()
+    def act(
+        self, obs: Tensor, generator: torch.Generator | None = None, greedy: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """Sample (or, greedy, pick the most likely) actions; returns ``(actions, logprobs)``."""
+        dist = self.distribution(obs)
+        if self.log_std is None:
+            probs = dist.probs
+            actions = (
+                probs.argmax(-1)
+                if greedy
+                else torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            )
+            return actions, dist.log_prob(actions)
+        mean = dist.mean
+        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        actions = mean if greedy else mean + dist.stddev * noise.to(mean.device)
+        return actions, dist.log_prob(actions).sum(-1)
+
+
+def build_policy(run: RunConfig, spec: SpaceSpec) -> ActorCritic:
+    """The run's actor-critic, initialised from ``model.init_seed`` (identical on every rank)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(run.model.init_seed)
+        return ActorCritic(spec, run.model.hidden_size, run.model.num_layers)
+
+
+def item_seed(seed: int, epoch: int, env_rank: int, stage: int, step: int) -> int:
+    """The sampling seed of one observation item (independent of the serving rollout rank)."""
+    return (((seed * 1_000_003 + epoch) * 1_009 + env_rank) * 131 + stage) * 100_003 + step
+
+
+# ---------------------------------------------------------------------------------- algorithm
+def episode_gae(
+    rewards: Tensor,
+    values: Tensor,
+    dones: Tensor,
+    last_values: Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over time-major transitions with episode ends.
+
+    ``delta_t = r_t + gamma * V_{t+1} * (1 - d_t) - V_t`` and
+    ``A_t = delta_t + gamma * lam * (1 - d_t) * A_{t+1}``, where ``d_t`` marks a step that ended
+    its episode (the next observation belongs to a new one) and ``V_T`` is ``last_values``.
+
+    Args:
+        rewards: ``[T, N]`` rewards (a truncated step's reward already holds its bootstrap).
+        values: ``[T, N]`` values of the observations before each step.
+        dones: ``[T, N]`` 1.0 where the step ended the episode.
+        last_values: ``[N]`` values of the observations after the last step.
+        gamma: discount.
+        lam: GAE lambda.
+
+    Returns:
+        ``(advantages, returns)``, each ``[T, N]``, with ``returns = advantages + values``.
+    """
+    steps = rewards.shape[0]
+    adv = torch.zeros_like(rewards)
+    next_value, next_adv = last_values, torch.zeros_like(last_values)
+    for t in reversed(range(steps)):
+        live = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_value * live - values[t]
+        next_adv = delta + gamma * lam * live * next_adv
+        adv[t] = next_adv
+        next_value = values[t]
+    return adv, adv + values
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """An epoch's flat training batch (``B = T * N`` rows).
+
+    Attributes:
+        obs: ``[B, obs_dim]``.
+        actions: ``[B]`` or ``[B, action_dim]``.
+        logprobs: ``[B]`` behaviour log-probabilities.
+        values: ``[B]`` values at rollout time (for value clipping).
+        advantages: ``[B]``.
+        returns: ``[B]`` value targets.
+    """
+
+    obs: Tensor
+    actions: Tensor
+    logprobs: Tensor
+    values: Tensor
+    advantages: Tensor
+    returns: Tensor
+
+    def rows(self, index: Tensor) -> Transitions:
+        return Transitions(*(getattr(self, f)[index] for f in self.__dataclass_fields__))
+
+
+def _cat(rollouts: list[EnvRollout], field: str, axis: int) -> Tensor:
+    return torch.from_numpy(np.concatenate([getattr(r, field) for r in rollouts], axis=axis))
+
+
+@torch.no_grad()
+def build_transitions(
+    model: ActorCritic, rollouts: list[EnvRollout], gamma: float, lam: float, device: torch.device
+) -> Transitions:
+    """Values, truncation bootstraps and GAE for the env processes' epochs (rank order).
+
+    A step cut by a time limit ends the episode for GAE but its reward gains
+    ``gamma * V(final observation)``: the episode would have gone on.
+    """
+    obs = _cat(rollouts, "obs", 1).to(device)
+    steps, n, dim = obs.shape
+    values = model.value(obs.reshape(-1, dim)).reshape(steps, n)
+    last_values = model.value(_cat(rollouts, "last_obs", 0).to(device))
+    rewards = _cat(rollouts, "rewards", 1).to(device)
+    truncated = _cat(rollouts, "truncated", 1).to(device)
+    if truncated.any():
+        final = _cat(rollouts, "final_obs", 1).to(device).reshape(-1, dim)
+        rewards = rewards + gamma * truncated * model.value(final).reshape(steps, n)
+    dones = _cat(rollouts, "dones", 1).to(device)
+    adv, ret = episode_gae(rewards, values, dones, last_values, gamma, lam)
+    actions = _cat(rollouts, "actions", 1).to(device)
+    return Transitions(
+        obs=obs.reshape(-1, dim),
+        actions=actions.reshape(steps * n, *actions.shape[2:]),
+        logprobs=_cat(rollouts, "logprobs", 1).to(device).reshape(-1),
+        values=values.reshape(-1),
+        advantages=adv.reshape(-1),
+        returns=ret.reshape(-1),
+    )
+
+
+@dataclass(frozen=True)
+class PPOSettings:
+    """The PPO knobs the actor uses, read once from the run config."""
+
+    gamma: float
+    lam: float
+    clip: float
+    value_clip: float
+    value_coef: float
+    entropy_coef: float
+    epochs: int
+    minibatches: int
+    grad_clip: float
+
+    @classmethod
+    def from_config(cls, run: RunConfig) -> PPOSettings:
+        a = run.algorithm
+        return cls(
+            a.gamma,
+            a.lam,
+            a.clip_low,
+            a.value_clip,
+            a.value_coef,
+            a.entropy_coef,
+            a.ppo_epochs,
+            a.num_minibatches,
+            run.optimizer.grad_clip,
+        )
+
+
+def ppo_loss(model: nn.Module, mb: Transitions, s: PPOSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped surrogate + clipped value loss - entropy bonus on one minibatch.
+
+    Advantages are whitened per minibatch. Returns the loss and its parts (detached).
+    """
+    logp, ent, value = model(mb.obs, mb.actions)
+    adv = (mb.advantages - mb.advantages.mean()) / (mb.advantages.std() + 1e-8)
+    ones = torch.ones_like(logp)[:, None]
+    pol = policy_loss(logp[:, None], mb.logprobs[:, None], adv[:, None], ones, s.clip, s.clip)
+    v_loss = value_loss(value[:, None], mb.values[:, None], mb.returns[:, None], ones, s.value_clip)
+    entropy = ent.mean()
+    loss = pol.loss + s.value_coef * v_loss - s.entropy_coef * entropy
+    parts = {
+        "loss/policy": pol.loss,
+        "loss/value": v_loss,
+        "loss/entropy": entropy,
+        "loss/approx_kl": pol.approx_kl,
+        "loss/clip_frac": pol.clip_frac,
+    }
+    return loss, {k: v.detach() for k, v in parts.items()}
+
+
+def ppo_epochs(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Transitions,
+    s: PPOSettings,
+    generator: torch.Generator,
+    rank: int = 0,
+    world: int = 1,
+) -> dict[str, float]:
+    """``s.epochs`` passes of ``s.minibatches`` minibatches; this rank trains every
+    ``world``-th row of each minibatch (the generator must be seeded alike on every rank).
+
+    Returns:
+        Mean of each loss part over the optimizer steps, and ``grad_norm``.
+    """
+    rows = batch.obs.shape[0]
+    size = rows // s.minibatches
+    sums: dict[str, float] = {}
+    count = 0
+    for _ in range(s.epochs):
+        perm = torch.randperm(rows, generator=generator).to(batch.obs.device)
+        for k in range(s.minibatches):
+            index = perm[k * size : (k + 1) * size][rank::world]
+            loss, parts = ppo_loss(model, batch.rows(index), s)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            params = [p for p in model.parameters() if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip or float("inf"))
+            optimizer.step()
+            parts["grad_norm"] = norm
+            for key, v in parts.items():
+                sums[key] = sums.get(key, 0.0) + float(v)
+            count += 1
+    return {k: v / count for k, v in sums.items()}
+
+
+# ------------------------------------------------------------------------------------ workers
+class EmbodiedRolloutWorker(Worker, ResidentState):
+    """Runs the policy for observation items from the env workers; holds no optimizer.
+
+    Args:
+        run: the checked run config.
+        spec: the environment's spaces.
+    """
+
+    def __init__(self, run: RunConfig, spec: SpaceSpec) -> None:
+        self.run, self.spec = run, spec
+        self.device = compute_device(self)
+        self.model = build_policy(run, spec).to(self.device)
+        self.model.requires_grad_(False)
+        self.mover = StateMover(self.model, None, device=self.device)
+        self.version = -1  # loads the actor's first export even though the init matches
+        self.rng = np.random.default_rng(run.seed * 6_151 + self.rank)
+        self.link = ChannelLink(f"rollout rank {self.rank}")
+
+    def _sync(self, weights: HostBuckets | None) -> None:
+        if weights is not None and weights.version != self.version:
+            with trace.span("sync", "rollout", self.device_labels):
+                load_from_host(weights, dict(self.model.named_parameters()))
+            self.version = weights.version
+
+    def serve(
+        self,
+        obs_channel: Any,
+        act_channel: Any,
+        num_items: int,
+        epoch: int,
+        weights: HostBuckets | None = None,
+    ) -> dict[str, float]:
+        """Answer ``num_items`` observation items of this rank's key with sampled actions.
+
+        Args:
+            obs_channel: items arrive under key ``str(rank)``.
+            act_channel: answers go to key ``"<env rank>/<stage>"``.
+            num_items: items this rank serves this epoch.
+            epoch: the policy-update index (seeds sampling).
+            weights: the weights to act with (loaded when newer than the held version).
+
+        Returns:
+            ``{"items": n, "infer_s": seconds inside inference}``.
+
+        Raises:
+            WorkerError: no item arrived for ``CHANNEL_TIMEOUT_S`` (the env workers stopped).
+        """
+        self._sync(weights)
+        busy, link, key = 0.0, self.link, str(self.rank)
+        pending = link.ahead(obs_channel, key) if num_items else None
+        for i in range(num_items):
+            msg = link.receive(pending, "observations")
+            if i + 1 < num_items:  # fetch the next item while this one infers
+                pending = link.ahead(obs_channel, key)
+            started = time.perf_counter()
+            with trace.span("generate", "rollout", self.device_labels):
+                answer = self.infer(msg, epoch)
+                e = self.run.env
+                wait = latency_s(
+                    self.rng, len(msg.obs), e.policy_latency_ms, e.policy_latency_jitter_ms
+                )
+                left = wait - (time.perf_counter() - started)
+                if left > 0:
+                    time.sleep(left)  # modelled device time of the policy
+            busy += time.perf_counter() - started
+            link.send(act_channel, answer, f"{msg.env_rank}/{msg.stage}")
+        link.flush()
+        return {"items": float(num_items), "infer_s": busy}
+
+    def infer(self, msg: ObsMessage, epoch: int) -> ActionMessage:
+        """Sample actions for one item (seeded by the item, see :func:`item_seed`)."""
+        gen = torch.Generator().manual_seed(
+            item_seed(self.run.seed, epoch, msg.env_rank, msg.stage, msg.step)
+        )
+        obs = torch.tensor(msg.obs, device=self.device)  # object-store arrays are read-only
+        actions, logprobs = self.model.act(obs, gen)
+        return ActionMessage(actions.cpu().numpy(), logprobs.cpu().numpy(), self.version)
+
+    def evaluate(self, weights: HostBuckets | None, episodes: int, seed: int) -> dict[str, float]:
+        """Greedy episodes on fresh environments of this process.
+
+        Args:
+            weights: the weights to evaluate.
+            episodes: episodes to run (one sub-environment each, all at once).
+            seed: seeds the environments (sub-environment ``i`` gets ``seed + i``).
+
+        Returns:
+            ``{"return_mean", "return_min", "length_mean"}`` over the episodes.
+        """
+        self._sync(weights)
+        with trace.span("evaluate", "rollout", self.device_labels):
+            returns, lengths = greedy_episodes(self.model, self.spec, episodes, seed, self.device)
+        return {
+            "return_mean": float(np.mean(returns)),
+            "return_min": float(np.min(returns)),
+            "length_mean": float(np.mean(lengths)),
+        }
+
+
+def greedy_episodes(
+    model: ActorCritic, spec: SpaceSpec, episodes: int, seed: int, device: torch.device
+) -> tuple[list[float], list[int]]:
+    """Run one greedy episode in each of ``episodes`` sub-environments; returns and lengths."""
+    env = make_vector_env(spec.env_id, episodes)
+    try:
+        obs = env.reset(seed=seed)[0]
+        total = np.zeros(episodes)
+        length = np.zeros(episodes, dtype=np.int64)
+        running = np.ones(episodes, dtype=bool)
+        while running.any():
+            actions, _ = model.act(torch.from_numpy(obs.astype(np.float32)).to(device), None, True)
+            actions = actions.cpu().numpy()
+            if spec.action_kind == "continuous":
+                actions = np.clip(actions, spec.low, spec.high)
+            obs, reward, term, trunc, _ = env.step(actions)
+            total += reward * running
+            length += running
+            # A finished sub-environment resets and runs on; only its first episode counts.
+            running &= ~np.logical_or(term, trunc)
+    finally:
+        env.close()
+    return total.tolist(), length.tolist()
+
+
+class EmbodiedActorWorker(Worker, ResidentState):
+    """One data-parallel rank of the PPO actor-critic.
+
+    Args:
+        run: the checked run config.
+        spec: the environment's spaces.
+    """
+
+    def __init__(self, run: RunConfig, spec: SpaceSpec) -> None:
+        seed_everything(run.seed)
+        self.run, self.spec = run, spec
+        self.settings = PPOSettings.from_config(run)
+        self.device = compute_device(self)
+        self.model = build_policy(run, spec).to(self.device)
+        o = run.optimizer
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps
+        )
+        self.mover = StateMover(self.model, self.optimizer, device=self.device)
+        self.ddp: nn.Module | None = None
+
+    def setup_data_parallel(self) -> None:
+        """Wrap the model for gradient all-reduce (after the group's process group exists)."""
+        if self.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+
+    def train(self, rollout_refs: list[Any], iteration: int) -> dict[str, float]:
+        """One PPO update on every env process's epoch (this rank trains its share of rows).
+
+        Args:
+            rollout_refs: object refs of the env processes' :class:`EnvRollout` (rank order),
+                fetched here, not by the driver.
+            iteration: the policy-update index (seeds minibatch shuffling alike on all ranks).
+
+        Returns:
+            Loss metrics, ``lr``, and ``state_bytes/<kind>`` for the residency ledger.
+        """
+        import ray
+
+        with trace.span("train", "actor", self.device_labels):
+            rollouts = ray.get(list(rollout_refs))
+            s = self.settings
+            batch = build_transitions(self.model, rollouts, s.gamma, s.lam, self.device)
+            self._set_lr(iteration)
+            gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + iteration)
+            metrics = ppo_epochs(
+                self.ddp or self.model,
+                self.optimizer,
+                batch,
+                s,
+                gen,
+                self.rank,
+                self.world_size,
+            )
+            metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics.update({f"state_bytes/{k}": v for k, v in self.state_bytes().items()})
+        return metrics
+
+    def _set_lr(self, iteration: int) -> None:
+        """Linear decay to ``env.lr_final_fraction`` of ``optimizer.lr`` over the run."""
+        frac = self.run.env.lr_final_fraction
+        progress = min(iteration / max(self.run.trainer.total_steps, 1), 1.0)
+        lr = self.run.optimizer.lr * (1.0 - (1.0 - frac) * progress)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def export_weights(self, version: int) -> HostBuckets:
+        """Pack the current weights into host buckets for the rollout workers."""
+        with trace.span("sync", "actor", self.device_labels):
+            return pack_to_host(list(self.model.named_parameters()), version=version)
+
+    def save(self, path: str) -> None:
+        """Write the model and optimizer state into ``path`` (rank 0; local paths)."""
+        if self.rank != 0:
+            return
+        os.makedirs(path, exist_ok=True)
+        torch.save(self.model.state_dict(), os.path.join(path, "policy.pt"))
+        torch.save(self.optimizer.state_dict(), os.path.join(path, "optimizer.pt"))
+
+    def load(self, path: str) -> None:
+        """Restore model and optimizer written by :meth:`save`."""
+        state = torch.load(os.path.join(path, "policy.pt"), map_location=self.device)
+        self.model.load_state_dict(state)
+        opt = torch.load(os.path.join(path, "optimizer.pt"), map_location=self.device)
+        self.optimizer.load_state_dict(opt)
