@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import signal
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from rltrain.config.schema import RunConfig
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, WorkerError
 from rltrain.runners.checkpoint import CheckpointManager, read_state
 from rltrain.runners.job import Job, start_job
 from rltrain.runners.sizes import BatchSizes, derive_sizes
@@ -82,6 +83,30 @@ def check_components(run: RunConfig, components: set[str]) -> None:
     check_training_backend(run)  # actor.backend=deepspeed: DeepSpeed's limits, before Ray
 
 
+def check_staleness(run: RunConfig, plan: Any) -> None:
+    """Refuse asynchronous rollout where rollout and actor share a device, before Ray starts.
+
+    On a shared device the two take turns (residency leases), so there is nothing to overlap
+    and the rollout would sample with stale weights for no gain.
+
+    Raises:
+        ConfigError: ``trainer.max_staleness > 0`` with a device holding both.
+    """
+    k = run.trainer.max_staleness
+    if k <= 0:
+        return
+    shared = sorted(d for d, comps in plan.sharing.items() if {"actor", "rollout"} <= set(comps))
+    if shared:
+        mode = getattr(plan.mode, "value", plan.mode)
+        raise ConfigError(
+            f"trainer.max_staleness={k} needs rollout and actor on separate devices, but "
+            f"placement (mode {mode}) puts both on (node, device) {shared}: use "
+            f"placement=disaggregated (or give placement.component_placement.actor and .rollout "
+            f"disjoint devices), or set trainer.max_staleness=0; a {mode} layout stays "
+            f"synchronous"
+        )
+
+
 def worker_builders(run: RunConfig, sizes: BatchSizes) -> dict[str, Any]:
     """component -> (plan -> group builder): how each reasoning component is created."""
     builders = {
@@ -95,9 +120,16 @@ def worker_builders(run: RunConfig, sizes: BatchSizes) -> dict[str, Any]:
 
 
 class ReasoningRunner:
-    """Runs the loop above on a started :class:`Job`."""
+    """Runs the loop above on a started :class:`Job`.
 
-    def __init__(self, job: Job, sizes: BatchSizes) -> None:
+    Args:
+        job: the started job.
+        sizes: the derived batch sizes.
+        max_staleness: overrides ``trainer.max_staleness`` (benchmarks compare both schedules
+            on one job); ``None`` reads the config.
+    """
+
+    def __init__(self, job: Job, sizes: BatchSizes, max_staleness: int | None = None) -> None:
         self.job, self.run, self.sizes = job, job.run, sizes
         self.g = job.groups
         self.task = build_task(self.run.task, build_tokenizer(self.run.model))
@@ -107,6 +139,8 @@ class ReasoningRunner:
         self.version = 0  # weights the rollout holds; bumped by every update
         self.weights_ref: Any = None
         self._stop = False
+        k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
+        self.pipeline = GenerationPipeline(self, k) if k > 0 else None
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.total_steps`` (or the target accuracy, or a stop signal)."""
@@ -116,6 +150,8 @@ class ReasoningRunner:
         self._export_weights(start)  # the rollout starts from the actor's weights
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         accuracy, done_steps, status, t0 = None, start, "completed", time.monotonic()
+        if self.pipeline is not None:
+            self.pipeline.reset(start, horizon=t.total_steps)
         try:
             for step in range(start, t.total_steps):
                 record = self.train_step(step)
@@ -140,24 +176,50 @@ class ReasoningRunner:
         finally:
             signal.signal(signal.SIGTERM, previous)
             metrics.close()
+            if self.pipeline is not None:
+                self.pipeline.reset(done_steps)  # an early stop drops generations ahead
         plot_curves(metrics.records, f"{self.job.run_dir}/reward_curve.png")
         return self._summary(metrics.records, done_steps - start, time.monotonic() - t0, status)
 
     def train_step(self, step: int) -> dict[str, Any]:
-        """One policy update; returns the step's metrics."""
-        timer, g = StepTimer(), self.g
+        """One policy update; returns the step's metrics.
+
+        With ``trainer.max_staleness=0`` the step generates with the newest weights, then
+        trains. With ``k > 0`` the generations of the next ``k`` steps are already in flight
+        (see :class:`GenerationPipeline`) while the actor trains on this one.
+        """
+        timer = StepTimer()
+        if self.pipeline is None:
+            with timer("generate"), self.job.stage("rollout"), trace.span("generate", "driver"):
+                rollouts = self._submit_generation(step, self.version)
+                rollouts.wait()
+            extra: dict[str, Any] = {}
+        else:
+            self.pipeline.fill(step)  # next steps' generation overlaps this step's training
+            with timer("generate"), trace.span("generate_wait", "driver"):
+                gen = self.pipeline.take(step)
+                gen.future.wait()
+            rollouts = gen.future
+            extra = {"rollout/weight_version": gen.version, "rollout/staleness": step - gen.version}
+        metrics = self._learn(step, rollouts.refs, timer)
+        metrics.update(extra)
+        return metrics
+
+    def _submit_generation(self, step: int, expect_version: int) -> Any:
+        """Start the step's generation on every rollout rank with the newest exported weights."""
         prompts = [ex.prompt for ex in self.task.sample_batch(step, self.sizes.prompts_per_step)]
         k = self.sizes.prompts_per_rollout_rank
-        with timer("generate"), self.job.stage("rollout"), trace.span("generate", "driver"):
-            rollouts = g["rollout"].call_each(
-                RolloutWorker.generate,
-                [
-                    (prompts[r * k : (r + 1) * k], step, self.weights_ref, self.version)
-                    for r in range(self.sizes.rollout_dp)
-                ],
-            )
-            rollouts.wait()
-        shards = rollouts.refs
+        args = [
+            (prompts[r * k : (r + 1) * k], step, self.weights_ref, expect_version)
+            for r in range(self.sizes.rollout_dp)
+        ]
+        if self.pipeline is not None:  # off-policy: the actor's ratio is against the sampler
+            args = [a + (True,) for a in args]
+        return self.g["rollout"].call_each(RolloutWorker.generate, args)
+
+    def _learn(self, step: int, shards: list[Any], timer: StepTimer) -> dict[str, Any]:
+        """Reward, reference, update and weight export for one generated batch."""
+        g = self.g
         with timer("reward"):
             scores = g["reward"].execute_on(0).score(shards).wait()[0]
         rewards = [sc.rewards for sc in scores]
@@ -263,6 +325,77 @@ class ReasoningRunner:
         }
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """A generation submitted ahead: its step, the weight version it samples with, its future."""
+
+    step: int
+    version: int
+    future: Any
+
+
+class GenerationPipeline:
+    """Bounded-staleness schedule: generation for steps ahead runs while the actor trains.
+
+    Before step ``s`` trains, the generations of steps up to ``s + k`` are submitted with the
+    newest exported weights (version ``s``: every update bumps it), so a batch of step ``t`` is
+    sampled with a version ``>= t - k``. At most ``k + 1`` generations are queued (the bounded
+    channel); the rollout loads a new version at the start of its next ``generate`` call, so a
+    weight swap never pauses generation for longer than the load.
+
+    Args:
+        runner: the runner whose rollout group, weights and task are used.
+        max_staleness: ``k >= 1``.
+    """
+
+    def __init__(self, runner: ReasoningRunner, max_staleness: int) -> None:
+        self.runner, self.k = runner, max_staleness
+        self.queue: deque[InFlight] = deque()
+        self.next_step, self.horizon = 0, None
+
+    def reset(self, step: int, horizon: int | None = None) -> None:
+        """Forget generations in flight; the next one submitted is for ``step``.
+
+        Args:
+            step: the next step to generate for.
+            horizon: no generation is submitted for this step or later (``None``: no limit).
+        """
+        self.queue.clear()
+        self.next_step, self.horizon = step, horizon
+
+    def fill(self, step: int) -> None:
+        """Submit the generations of steps up to ``step + k`` not yet in flight."""
+        r = self.runner
+        if not self.queue:
+            self.next_step = max(self.next_step, step)
+        last = step + self.k if self.horizon is None else min(step + self.k, self.horizon - 1)
+        while self.next_step <= last:
+            t = self.next_step
+            with r.job.stage("rollout"):
+                future = r._submit_generation(t, max(t - self.k, 0))
+            self.queue.append(InFlight(t, r.version, future))
+            self.next_step += 1
+
+    def take(self, step: int) -> InFlight:
+        """The generation of ``step`` (submitted by :meth:`fill`).
+
+        Raises:
+            WorkerError: the schedule lost its order (a step was skipped).
+        """
+        if not self.queue or self.queue[0].step != step:
+            raise WorkerError(
+                f"rollout pipeline holds steps {[g.step for g in self.queue]} but step {step} "
+                f"trains next: call train_step with consecutive steps"
+            )
+        return self.queue.popleft()
+
+    def drain(self) -> None:
+        """Wait for every generation in flight; they stay queued for their steps (benchmarks:
+        a timed section ends with the rollout idle, so it cannot delay the next section)."""
+        for g in self.queue:
+            g.future.wait()
+
+
 def _mean(values: list[Any]) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
@@ -301,6 +434,7 @@ def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
 
     plan = build_plan(run, ClusterSpec.from_config(run.cluster))  # fails early, no Ray yet
     check_components(run, set(plan.components))
+    check_staleness(run, plan)
     sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
 
     def data_parallel(groups) -> None:

@@ -7,6 +7,7 @@ import time
 import torch
 
 from rltrain.algorithms.batch import RolloutBatch
+from rltrain.algorithms.logprobs import compute_logprobs
 from rltrain.algorithms.sampling import SamplingParams, encode_prompts, generate, greedy_accuracy
 from rltrain.backends.offload import StateMover
 from rltrain.backends.weight_sync.host import HostBuckets, load_from_host
@@ -59,6 +60,7 @@ class RolloutWorker(Worker, ResidentState):
         step: int,
         weights: HostBuckets | None = None,
         expect_version: int | None = None,
+        behaviour_logprobs: bool = False,
     ) -> RolloutBatch:
         """Sample ``n`` responses for each prompt.
 
@@ -67,9 +69,15 @@ class RolloutWorker(Worker, ResidentState):
             step: the policy-update index (seeds sampling, so a resumed run samples the same).
             weights: new weights to load first (skipped when already at that version).
             expect_version: refuse to sample with an older weight version than this.
+            behaviour_logprobs: also record the sampling policy's per-token log-probs as
+                ``old_logprobs`` (asynchronous training: the actor's clipped ratio must be
+                taken against the policy that sampled, which is older than the actor's).
 
         Returns:
             A CPU batch of ``len(prompts) * n`` rows.
+
+        Raises:
+            WorkerError: the weights held are older than ``expect_version``.
         """
         self._sync(weights, expect_version)
         with trace.span("generate", "rollout", self.device_labels):
@@ -86,9 +94,22 @@ class RolloutWorker(Worker, ResidentState):
                 self.tokenizer.pad_token_id,
                 gen,
             )
+            if behaviour_logprobs:
+                batch = batch.replace(old_logprobs=self._behaviour_logprobs(batch))
             if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
                 time.sleep(self.run.rollout.latency_ms / 1000)
             return batch.to("cpu")
+
+    @torch.no_grad()
+    def _behaviour_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        # Same temperature as sampling, so these are the log-probs of the distribution sampled.
+        return compute_logprobs(
+            self.model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.response_mask,
+            temperature=self.params.temperature,
+        )
 
     def evaluate(self, weights: HostBuckets | None = None) -> float:
         """Greedy accuracy on the task's evaluation prompts, with the given weights."""
