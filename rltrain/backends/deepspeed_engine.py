@@ -217,6 +217,15 @@ def init_distributed(backend: str | None = None) -> None:
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    # DeepSpeed caches its communication backend (and with it the default process group) in a
+    # module global; after the group was destroyed the cache is stale ("Group ... is not
+    # registered"), so drop it and let DeepSpeed build a fresh one.
+    import deepspeed.comm.comm as ds_comm
+    import deepspeed.utils.groups as ds_groups
+
+    ds_comm.cdb = None
+    ds_groups._WORLD_GROUP = None
+    ds_groups._DATA_PARALLEL_GROUP = None
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
 
 
