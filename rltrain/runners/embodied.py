@@ -17,6 +17,7 @@ transitions go from their object store to the actor, never through the driver.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 import uuid
@@ -237,7 +238,7 @@ class EmbodiedRunner:
             yield
 
     def _export_weights(self, version: int, lease: bool = True) -> None:
-        with self.job.stage("actor") if lease else _held():
+        with self.job.stage("actor") if lease else contextlib.nullcontext():
             fut = self.g["actor"].execute_on(0).call(EmbodiedActorWorker.export_weights, version)
             fut.wait()
         self.weights_ref, self.version = fut.refs[0], version
@@ -401,11 +402,6 @@ def _wait_all(*futures: Any) -> list[Any]:
         except ray.exceptions.RayError:
             owner[ready[0]].wait()  # raises the group's WorkerError and tears it down
     return [f.wait() for f in futures]
-
-
-@contextmanager
-def _held():
-    yield None
 
 
 def _fingerprint(run: RunConfig, spec: SpaceSpec) -> str:

@@ -7,6 +7,7 @@ logger and the checkpoint manager. The driver loops receive a :class:`Job` and o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -56,7 +57,7 @@ class Job:
         """The residency lease for a stage of ``component`` (a no-op for node-only ones)."""
         if component in self.resident_components:
             return self.residency.stage(component)
-        return _nothing()
+        return contextlib.nullcontext()
 
     def refresh_ledger(self, component: str, state_bytes: Mapping[str, int], rank: int) -> None:
         """Update a rank's full-state sizes (an optimizer's state appears at its first step)."""
@@ -99,11 +100,6 @@ def _simulated_memory(spec: ClusterSpec, run: RunConfig) -> ClusterSpec:
         for n in spec.nodes
     )
     return dataclasses.replace(spec, nodes=nodes)
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
 
 
 def _stage_extra(plan: Plan, component: str, device: tuple[int, int]) -> int:
@@ -183,10 +179,7 @@ def _residency(
         procs = plan.by_component[comp]
         if not any(p.devices for p in procs) or not hasattr(group, "state_bytes"):
             continue
-        try:
-            sizes = group.state_bytes().wait()
-        except AttributeError:
-            continue
+        sizes = group.state_bytes().wait()
         policy = resolve_offload(run.placement.offload.get(comp), f"placement.offload.{comp}")
         for p, total in zip(procs, sizes, strict=True):
             devices = tuple((p.node_rank, d) for d in p.devices)

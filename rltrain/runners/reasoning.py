@@ -17,10 +17,10 @@ only passes references and receives small things (rewards for logging, metrics).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,7 +243,7 @@ class ReasoningRunner:
     def _export_weights(self, version: int, lease: bool = True) -> None:
         # Exported inside the actor's lease (it must be resident); the rollout loads the buckets
         # from the object store at its next generate, when it holds its own lease.
-        with self.job.stage("actor") if lease else _held():
+        with self.job.stage("actor") if lease else contextlib.nullcontext():
             fut = self.g["actor"].execute_on(0).export_weights(version)
             fut.wait()
         self.weights_ref, self.version = fut.refs[0], version
@@ -401,11 +401,6 @@ def _mean(values: list[Any]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-@contextmanager
-def _held():
-    yield None
-
-
 def _fingerprint(run: RunConfig) -> str:
     m = run.model
     if m.path:
@@ -414,6 +409,12 @@ def _fingerprint(run: RunConfig) -> str:
         f"{m.family}-h{m.hidden_size}-i{m.intermediate_size}-l{m.num_layers}-"
         f"a{m.num_heads}-kv{m.num_kv_heads}-{m.dtype}"
     )
+
+
+def data_parallel(groups) -> None:
+    """``start_job``'s ``on_launch``: the actor's process group and DDP, before any offload."""
+    groups["actor"].init_process_group()
+    groups["actor"].setup_data_parallel().wait()
 
 
 def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
@@ -436,10 +437,6 @@ def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
     check_components(run, set(plan.components))
     check_staleness(run, plan)
     sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
-
-    def data_parallel(groups) -> None:
-        groups["actor"].init_process_group()
-        groups["actor"].setup_data_parallel().wait()
 
     with start_job(run, run_dir, worker_builders(run, sizes), on_launch=data_parallel) as job:
         summary = ReasoningRunner(job, sizes).fit()

@@ -102,7 +102,12 @@ def time_to_accuracy(quick: bool) -> Suite:
 @measure("framework_share", "share of a step outside 100 ms-per-stage work (goal < 2 %)")
 def framework_share(quick: bool) -> Suite:
     from rltrain.runners.job import start_job
-    from rltrain.runners.reasoning import ReasoningRunner, derive_sizes, worker_builders
+    from rltrain.runners.reasoning import (
+        ReasoningRunner,
+        data_parallel,
+        derive_sizes,
+        worker_builders,
+    )
 
     steps = 2 if quick else 10
     run = compose(
@@ -117,12 +122,8 @@ def framework_share(quick: bool) -> Suite:
     sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
     stack = contextlib.ExitStack()
     out = stack.enter_context(tempfile.TemporaryDirectory())
-
-    def dp(groups) -> None:
-        groups["actor"].init_process_group()
-        groups["actor"].setup_data_parallel().wait()
-
-    job = stack.enter_context(start_job(run, out, worker_builders(run, sizes), on_launch=dp))
+    builders = worker_builders(run, sizes)
+    job = stack.enter_context(start_job(run, out, builders, on_launch=data_parallel))
     runner = ReasoningRunner(job, sizes)
     runner._export_weights(0)
     counter = iter(range(10**6))
