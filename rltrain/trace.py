@@ -244,18 +244,17 @@ def _draw_block(
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m rltrain.trace") -> int:
     """Render a run's trace to PNG and print its utilization table.
 
     Args:
         argv: command-line arguments (default ``sys.argv[1:]``).
+        prog: the program name usage messages show (``rltrain trace`` from the console script).
 
     Returns:
         0, or 2 when there is no readable trace.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m rltrain.trace", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("run", help="a run directory holding trace.json, or a trace file")
     parser.add_argument("--out", help=f"PNG to write (default: <run dir>/{TRACE_PNG})")
     parser.add_argument(

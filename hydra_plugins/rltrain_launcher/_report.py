@@ -2,6 +2,12 @@
 
 Rows come from the launcher (overrides, status, timing, device slice) and from each job's
 ``summary.json`` (:mod:`rltrain.telemetry.summary`); a field a job did not write is blank.
+
+With ``logging.trace=true`` (the default) a job's summary also carries ``"utilization"``, the
+per-device headline of its timeline (:func:`rltrain.telemetry.timeline.headline`): the report
+shows the devices' mean and lowest busy fraction, the mean share of device time spent moving
+memory (offload, reload, weight sync) and the longest idle gap of any device. A job without it
+(tracing off, or it failed before the end) shows a dash there.
 """
 
 from __future__ import annotations
@@ -18,6 +24,14 @@ CSV_FILE = "sweep_report.csv"
 MD_FILE = "sweep_report.md"
 PNG_FILE = "sweep_throughput.png"
 
+#: Row key -> the ``summary["utilization"]`` key it is read from.
+UTILIZATION = {
+    "busy_mean": "busy_fraction_mean",
+    "busy_min": "busy_fraction_min",
+    "moving_memory": "memory_fraction_mean",
+    "longest_idle_s": "longest_idle_gap_s",
+}
+
 #: Throughput measures, in the order the chart prefers them.
 THROUGHPUTS = ("tokens_per_s", "env_steps_per_s", "steps_per_s")
 
@@ -25,6 +39,14 @@ _SIMULATED_NOTE = (
     "Rows marked `sim` ran on simulated devices: torch computed on CPU, so they rank placements "
     "by how many processes share this machine's cores, not by accelerator behaviour, unless the "
     "latency knobs (actor.latency_ms, rollout.latency_ms, env.step_latency_ms) model the devices."
+)
+
+
+_UTILIZATION_NOTE = (
+    "Utilization (from each job's timeline, `logging.trace=true`): *busy* is the share of the run "
+    "a device ran any stage, as the mean over the job's devices / the least busy one; *moving "
+    "mem* the mean share spent offloading, reloading or syncing weights (counted in busy too); "
+    "*longest idle s* the longest gap on any device. A dash: the job wrote no timeline."
 )
 
 
@@ -40,6 +62,8 @@ def make_row(job: Mapping[str, Any], summary: Mapping[str, Any] | None) -> dict[
         A flat row; ``seconds_per_stage`` and ``peak_memory_bytes_per_device`` stay mappings.
     """
     s = dict(summary or {})
+    util = s.get("utilization")
+    util = util if isinstance(util, Mapping) else {}
     status = job["status"]
     if status == "completed" and s.get("status"):
         status = str(s["status"])
@@ -59,6 +83,7 @@ def make_row(job: Mapping[str, Any], summary: Mapping[str, Any] | None) -> dict[
         "final_accuracy": s.get("final_accuracy"),
         "objective": job.get("objective"),
         "simulated": s.get("simulated_devices"),
+        **{key: _number_or_none(util.get(src)) for key, src in UTILIZATION.items()},
         "wall_s": job["end"] - job["start"] if job.get("start") and job.get("end") else None,
         "start": job.get("start"),
         "end": job.get("end"),
@@ -66,6 +91,28 @@ def make_row(job: Mapping[str, Any], summary: Mapping[str, Any] | None) -> dict[
         "error": job.get("error") or "",
         "output_dir": job.get("output_dir") or "",
     }
+
+
+def _number_or_none(value: Any) -> float | None:
+    """A finite number from a summary, else None (a hand-edited or truncated file)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "-"
+    # A short run's shares are small: keep one decimal there so 0.4 % does not read as nothing.
+    return f"{100 * value:.0f}%" if value >= 0.1 else f"{100 * value:.1f}%"
+
+
+def _utilization_cells(row: Mapping[str, Any]) -> list[str]:
+    """The table's utilization cells: ``busy mean/min``, ``moving mem``, ``longest idle s``."""
+    mean, low = row["busy_mean"], row["busy_min"]
+    busy = "-" if mean is None else f"{_pct(mean)}/{_pct(low)}"
+    idle = row["longest_idle_s"]
+    return [busy, _pct(row["moving_memory"]), "-" if idle is None else _num(idle)]
 
 
 def _num(value: Any, digits: int = 3) -> str:
@@ -130,8 +177,8 @@ def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     common = set.intersection(*(set(r["_overrides"]) for r in rows)) if len(rows) > 1 else set()
     header = [
         "job", "overrides", "placement", "devices", "steps/s", "tokens/s", "env steps/s",
-        "s per stage", "peak memory", "final reward", "final acc", "sim", "wall s",
-        "status",
+        "s per stage", "peak memory", "busy mean/min", "moving mem", "longest idle s",
+        "final reward", "final acc", "sim", "wall s", "status",
     ]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     if common:
@@ -145,11 +192,14 @@ def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             str(r["job"]), f"`{own}`" if own else "",
             r["placement_mode"] or "", r["devices"], _num(r["steps_per_s"]),
             _num(r["tokens_per_s"]), _num(r["env_steps_per_s"]), stages,
-            _memory_text(r["peak_memory_bytes_per_device"]), _num(r["final_reward"]),
+            _memory_text(r["peak_memory_bytes_per_device"]), *_utilization_cells(r),
+            _num(r["final_reward"]),
             _num(r["final_accuracy"]), {True: "sim", False: "", None: ""}[r["simulated"]],
             _num(r["wall_s"]), status,
         ]  # fmt: skip
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    if any(r["busy_mean"] is not None for r in rows):
+        lines += ["", _UTILIZATION_NOTE]
     if any(r["simulated"] for r in rows):
         lines += ["", _SIMULATED_NOTE]
     return "\n".join(lines) + "\n"

@@ -1,55 +1,130 @@
-"""``python -m rltrain.bench [name ...] [--quick] [--out DIR] [--update-docs] [--list]``."""
+"""``python -m rltrain.bench [name ...] [cluster=ray] [--address A] [--quick] [--out DIR]``.
+
+Also ``rltrain bench ...`` (the console script dispatches here). Runs the named measures (all by
+default) on the embedded default cluster, or on an existing Ray cluster with ``cluster=ray``
+(address ``auto``), ``cluster.address=HOST:PORT`` or ``--address``; prints each measure's table
+as it finishes, then writes ``results.json`` and ``results.md``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
-from rltrain.bench.harness import discover, markdown, run_measure, update_doc, write
+from rltrain.bench.harness import (
+    ADDRESS_ENV,
+    cluster_address,
+    connect,
+    discover,
+    markdown,
+    run_measure,
+    update_doc,
+    write,
+)
+from rltrain.errors import ConfigError, ResourceError
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the named measures (all by default), print a Markdown table, write JSON and Markdown.
-
-    Args:
-        argv: command-line arguments (default: ``sys.argv[1:]``).
-
-    Returns:
-        The exit code: 0, or 2 for an unknown measure name.
-    """
-    parser = argparse.ArgumentParser(prog="python -m rltrain.bench", description=__doc__)
-    parser.add_argument("names", nargs="*", help="measures to run (default: all)")
-    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (CI)")
-    parser.add_argument("--out", default="bench_results", help="directory for results.json/.md")
-    parser.add_argument(
+def parser(prog: str = "python -m rltrain.bench") -> argparse.ArgumentParser:
+    """The bench command line (also ``rltrain bench``)."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Time the named benchmark measures (all by default) against same-run "
+        "baselines, on the embedded default cluster or an existing Ray cluster.",
+    )
+    p.add_argument(
+        "names",
+        nargs="*",
+        metavar="name|cluster=...",
+        help="measures to run (default: all); cluster=local|ray or cluster.address=HOST:PORT",
+    )
+    p.add_argument(
+        "--address",
+        help="join this Ray cluster (auto or HOST:PORT) instead of starting a local one "
+        "(default: $RLTRAIN_BENCH_ADDRESS, else the embedded default)",
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes and few repeats (CI)")
+    p.add_argument("--out", default="bench_results", help="directory for results.json/.md")
+    p.add_argument(
         "--update-docs",
         metavar="MD",
         nargs="?",
         const="docs/benchmarks.md",
         help="also replace each measure's section in this Markdown file",
     )
-    parser.add_argument("--list", action="store_true", help="list the measures and exit")
-    args = parser.parse_args(argv)
+    p.add_argument("--list", action="store_true", help="list the measures and exit")
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m rltrain.bench") -> int:
+    """Run the named measures (all by default), print Markdown tables, write JSON and Markdown.
+
+    A measure that fails is reported (with its traceback) and the others still run.
+
+    Args:
+        argv: command-line arguments (default: ``sys.argv[1:]``).
+        prog: the program name usage messages show.
+
+    Returns:
+        The exit code: 0; 1 when a measure failed; 2 for an unknown measure or a bad option or an
+        unreachable cluster.
+    """
+    args = parser(prog).parse_args(argv)
     registry = discover()
     if args.list:
         for name, m in registry.items():
             print(f"{name}: {m.description}")
         return 0
-    unknown = [n for n in args.names if n not in registry]
+    try:
+        names, address = cluster_address(args.names, args.address)
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    unknown = [n for n in names if n not in registry]
     if unknown:
         print(f"unknown measure(s) {unknown}; known: {sorted(registry)}", file=sys.stderr)
         return 2
-    results = []
-    for name in args.names or list(registry):
-        print(f"running {name}{' (quick)' if args.quick else ''} ...", flush=True)
-        results.append(run_measure(registry[name], quick=args.quick))
-    print(markdown(results))
-    js, md = write(results, args.out)
-    print(f"wrote {js} and {md}")
-    if args.update_docs:
-        update_doc(results, args.update_docs)
-        print(f"updated {args.update_docs}")
+    disconnect = None
+    if not address:  # measures that read the variable must agree with the command line
+        os.environ.pop(ADDRESS_ENV, None)
+    else:
+        try:
+            disconnect = connect(address)
+        except ResourceError as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
+    try:
+        results, failed = _run(registry, names or list(registry), args.quick)
+    finally:
+        if disconnect is not None:
+            disconnect()
+    if results:
+        js, md = write(results, args.out)
+        print(f"wrote {js} and {md}")
+        if args.update_docs:
+            update_doc(results, args.update_docs)
+            print(f"updated {args.update_docs}")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _run(registry: dict, names: list[str], quick: bool) -> tuple[list, list[str]]:
+    """Run each measure in turn, printing its table; a failure is printed and skipped."""
+    results, failed = [], []
+    for name in names:
+        print(f"running {name}{' (quick)' if quick else ''} ...", flush=True)
+        try:
+            result = run_measure(registry[name], quick=quick)
+        except Exception:  # noqa: BLE001 - one broken measure must not lose the others' figures
+            traceback.print_exc()
+            failed.append(name)
+            continue
+        results.append(result)
+        print(markdown([result]), flush=True)
+    return results, failed
 
 
 if __name__ == "__main__":

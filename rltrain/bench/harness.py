@@ -11,6 +11,12 @@ Measures live as modules under :mod:`rltrain.bench.measures`; :func:`discover` i
 module there, so adding a file is enough to register a measure. Keep imports of heavy libraries
 (ray, torch) inside the measure function, so listing measures stays cheap.
 
+Cluster: by default each measure starts what it needs (a local Ray with simulated devices, the
+embedded default). ``--address`` / ``cluster=ray`` (:func:`cluster_address`) makes the runner
+join an existing Ray cluster once, before any measure (:func:`connect`); the measures' own
+``Cluster.start`` / ``start_job`` then reuse that connection instead of starting a local Ray, and
+:data:`ADDRESS_ENV` tells measures that read it where they run.
+
 Speed is reported, never asserted: ratios against a baseline taken in the same run are what
 compare across machines.
 """
@@ -26,13 +32,21 @@ import pkgutil
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, ResourceError
 
 Clock = Callable[[], float]
+
+#: Environment variable naming the Ray cluster the measures run on (``auto`` or ``host:port``);
+#: unset: the embedded default (each measure starts a local Ray with simulated devices).
+ADDRESS_ENV = "RLTRAIN_BENCH_ADDRESS"
+#: How results name the embedded default cluster.
+LOCAL = "local (embedded default)"
+#: What ``cluster=NAME`` on the bench command line means: the address to join (None: local).
+CLUSTER_CHOICES: Mapping[str, str | None] = {"local": None, "ray": "auto"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,8 @@ class Case:
         size: the problem size, for the scaling fit (None: no fit).
         work: units of work one call does, for a throughput column (None: none).
         work_unit: what ``work`` counts (``"tokens"``).
+        warmup: untimed calls before timing (None: the suite's).
+        repeats: timed calls (None: the suite's); a long end-to-end case may ask for fewer.
     """
 
     name: str
@@ -52,6 +68,8 @@ class Case:
     size: float | None = None
     work: float | None = None
     work_unit: str = ""
+    warmup: int | None = None
+    repeats: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,9 @@ class Suite:
     note: str = ""
     #: Called once after the cases ran (or failed): stop actors, free memory the cases held.
     teardown: Callable[[], None] | None = None
+    #: Called once after the cases ran, before ``teardown``: named figures derived from the run
+    #: (a model's prediction to compare with, a sanity count), kept with the results.
+    extras: Callable[[], Mapping[str, float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +112,7 @@ class CaseResult:
     per_size_ratio: float | None = None
     throughput: float | None = None
     work_unit: str = ""
+    warmup: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,6 +127,7 @@ class MeasureResult:
     scaling_exponent: float | None = None
     note: str = ""
     date: str = field(default_factory=lambda: datetime.date.today().isoformat())
+    extras: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,6 +208,19 @@ def scaling_exponent(points: list[tuple[float, float]]) -> float | None:
     return num / den
 
 
+def counts(case: Case, suite: Suite, quick: bool) -> tuple[int, int]:
+    """Warm-up and timed calls for one case: its own or the suite's, capped in quick mode.
+
+    Returns:
+        ``(warmup, repeats)``; quick mode caps them at 1 and 2, and there is always one timed call.
+    """
+    warmup = suite.warmup if case.warmup is None else case.warmup
+    repeats = suite.repeats if case.repeats is None else case.repeats
+    if quick:
+        warmup, repeats = min(warmup, 1), min(repeats, 2)
+    return max(warmup, 0), max(repeats, 1)
+
+
 def run_measure(m: Measure, quick: bool = False, clock: Clock = time.perf_counter) -> MeasureResult:
     """Run one measure: every case after warm-up, several times; summarise against the baseline.
 
@@ -202,42 +238,21 @@ def run_measure(m: Measure, quick: bool = False, clock: Clock = time.perf_counte
     suite = m.build(quick)
     names = [c.name for c in suite.cases]
     if suite.baseline not in names:
+        if suite.teardown is not None:
+            suite.teardown()
         raise ConfigError(
             f"bench measure {m.name!r}: baseline {suite.baseline!r} is not a case of {names}"
         )
-    warmup, repeats = (
-        (min(suite.warmup, 1), min(suite.repeats, 2)) if quick else (suite.warmup, suite.repeats)
-    )
+    plan = {c.name: counts(c, suite, quick) for c in suite.cases}
     try:
-        raw = {c.name: time_case(c, warmup, max(repeats, 1), clock) for c in suite.cases}
+        raw = {c.name: time_case(c, *plan[c.name], clock) for c in suite.cases}
+        extras = {k: float(v) for k, v in (suite.extras() if suite.extras else {}).items()}
     finally:
         if suite.teardown is not None:
             suite.teardown()
     base_case = next(c for c in suite.cases if c.name == suite.baseline)
     base = statistics.median(raw[suite.baseline])
-    results = []
-    for c in suite.cases:
-        xs = raw[c.name]
-        med = statistics.median(xs)
-        q1, q3 = _quartiles(xs)
-        per_size = None
-        if c.size and base_case.size and base > 0:
-            per_size = (med / c.size) / (base / base_case.size)
-        results.append(
-            CaseResult(
-                name=c.name,
-                samples=tuple(xs),
-                median=med,
-                min=min(xs),
-                max=max(xs),
-                iqr=q3 - q1,
-                ratio=med / base if base > 0 else math.nan,
-                size=c.size,
-                per_size_ratio=per_size,
-                throughput=c.work / med if c.work and med > 0 else None,
-                work_unit=c.work_unit,
-            )
-        )
+    results = [_case_result(c, raw[c.name], plan[c.name][0], base, base_case) for c in suite.cases]
     sized = [(c.size, r.median) for c, r in zip(suite.cases, results, strict=True) if c.size]
     return MeasureResult(
         name=m.name,
@@ -247,6 +262,29 @@ def run_measure(m: Measure, quick: bool = False, clock: Clock = time.perf_counte
         cases=tuple(results),
         scaling_exponent=scaling_exponent(sized),
         note=suite.note,
+        extras=extras,
+    )
+
+
+def _case_result(c: Case, xs: list[float], warmup: int, base: float, base_case: Case) -> CaseResult:
+    med = statistics.median(xs)
+    q1, q3 = _quartiles(xs)
+    per_size = None
+    if c.size and base_case.size and base > 0:
+        per_size = (med / c.size) / (base / base_case.size)
+    return CaseResult(
+        name=c.name,
+        samples=tuple(xs),
+        median=med,
+        min=min(xs),
+        max=max(xs),
+        iqr=q3 - q1,
+        ratio=med / base if base > 0 else math.nan,
+        size=c.size,
+        per_size_ratio=per_size,
+        throughput=c.work / med if c.work and med > 0 else None,
+        work_unit=c.work_unit,
+        warmup=warmup,
     )
 
 
@@ -257,21 +295,26 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 
 def markdown(results: list[MeasureResult]) -> str:
-    """Results as Markdown: one table per measure, with its baseline and scaling fit."""
+    """Results as Markdown: one table per measure, with its baseline and scaling fit.
+
+    ``samples`` is the number of timed calls the median and spread come from, ``+N`` the untimed
+    warm-up calls before them.
+    """
     out = []
     for r in results:
         out.append(f"### `{r.name}` ({r.date}{', quick' if r.quick else ''})\n")
         if r.description:
             out.append(f"{r.description}\n")
         out.append(
-            "| case | median s | min s | max s | IQR s | ratio vs baseline | per-size ratio "
-            "| throughput |\n|---|---|---|---|---|---|---|---|"
+            "| case | samples | median s | min s | max s | IQR s | ratio vs baseline "
+            "| per-size ratio | throughput |\n|---|---|---|---|---|---|---|---|---|"
         )
         for c in r.cases:
             tp = f"{_fmt(c.throughput)} {c.work_unit}/s" if c.throughput else "-"
             mark = " (baseline)" if c.name == r.baseline else ""
+            n = f"{len(c.samples)}" + (f" +{c.warmup}" if c.warmup else "")
             out.append(
-                f"| {c.name}{mark} | {_fmt(c.median)} | {_fmt(c.min)} | {_fmt(c.max)} | "
+                f"| {c.name}{mark} | {n} | {_fmt(c.median)} | {_fmt(c.min)} | {_fmt(c.max)} | "
                 f"{_fmt(c.iqr)} | {_fmt(c.ratio)} | {_fmt(c.per_size_ratio)} | {tp} |"
             )
         if r.scaling_exponent is not None:
@@ -279,6 +322,8 @@ def markdown(results: list[MeasureResult]) -> str:
                 f"\nScaling exponent (log-log fit of median time on size; 1.0 = linear): "
                 f"{r.scaling_exponent:.2f}"
             )
+        if r.extras:
+            out.append("\n" + "; ".join(f"{k} = {_fmt(v, 4)}" for k, v in r.extras.items()))
         if r.note:
             out.append(f"\n{r.note}")
         out.append("")
@@ -292,7 +337,94 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cluster": os.environ.get(ADDRESS_ENV) or LOCAL,
     }
+
+
+# ------------------------------------------------------------------------------------ cluster
+
+
+def cluster_address(
+    args: Sequence[str], address: str | None = None, env: Mapping[str, str] | None = None
+) -> tuple[list[str], str | None]:
+    """Split the bench command line's cluster overrides from the measure names.
+
+    Accepts the run config's spelling: ``cluster=local`` (the embedded default), ``cluster=ray``
+    (join the cluster ``ray start`` made on this machine: address ``auto``) and
+    ``cluster.address=HOST:PORT``; ``--address`` says the same as the last. Without any of them the
+    address comes from :data:`ADDRESS_ENV` in ``env``.
+
+    Args:
+        args: the positional arguments (measure names and ``key=value`` overrides).
+        address: the ``--address`` option, or None.
+        env: the environment (default ``os.environ``).
+
+    Returns:
+        ``(measure names, address or None for the embedded default)``.
+
+    Raises:
+        ConfigError: for another override, an unknown cluster, or two that disagree.
+    """
+    env = os.environ if env is None else env
+    names: list[str] = []
+    chosen: dict[str, str | None] = {}
+    if address is not None:
+        chosen["--address"] = address or None
+    for arg in args:
+        if "=" not in arg:
+            names.append(arg)
+            continue
+        key, value = arg.split("=", 1)
+        if key == "cluster":
+            if value not in CLUSTER_CHOICES:
+                raise ConfigError(
+                    f"cluster={value!r} is not valid: choose cluster=local (the embedded "
+                    f"default) or cluster=ray (an existing cluster), or pass --address HOST:PORT"
+                )
+            chosen[arg] = CLUSTER_CHOICES[value]
+        elif key == "cluster.address":
+            chosen[arg] = value or None
+        else:
+            raise ConfigError(
+                f"{arg!r} is not a bench option: arguments are measure names "
+                f"(see --list), cluster=local|ray or cluster.address=HOST:PORT"
+            )
+    if len(set(chosen.values())) > 1:
+        raise ConfigError(f"{' and '.join(chosen)} name different clusters: give one of them")
+    if chosen:
+        return names, next(iter(chosen.values()))
+    return names, env.get(ADDRESS_ENV) or None
+
+
+def connect(address: str) -> Callable[[], None]:
+    """Join the Ray cluster at ``address`` for every measure of this run.
+
+    The measures' ``Cluster.start`` and ``start_job`` find Ray initialised and reuse the
+    connection (leaving the cluster running when they finish); :data:`ADDRESS_ENV` is set so
+    measures that read it, and the results' ``machine`` record, name the cluster.
+
+    Args:
+        address: ``auto`` (the cluster ``ray start`` made on this machine) or ``host:port``.
+
+    Returns:
+        A call that disconnects (the cluster keeps running).
+
+    Raises:
+        ResourceError: when the cluster cannot be reached.
+    """
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    try:
+        ray.init(address=address, log_to_driver=True)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ResourceError(
+            f"bench --address={address!r}: cannot join the Ray cluster ({exc}). Start it with "
+            f"`ray start --head` (and `ray start --address=...` on other nodes), or leave the "
+            f"address out to use the embedded default"
+        ) from None
+    os.environ[ADDRESS_ENV] = address
+    return ray.shutdown
 
 
 def write(results: list[MeasureResult], out_dir: str) -> tuple[str, str]:

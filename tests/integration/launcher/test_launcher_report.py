@@ -87,10 +87,11 @@ def test_markdown_table_has_one_row_per_job_and_blanks_for_missing(tmp_path):
     assert lines[0].startswith("| job | overrides | placement | devices | steps/s | tokens/s |")
     assert lines[2] == (
         "| 0 | `placement=collocated` | collocated | n0:d0,d1 | 2 | 640 |  | "
-        "generate=0.25 train=0.125 | 0:0=2.00G 0:1=1.00G | 0.5 | 0.75 | sim | 2.5 | completed |"
+        "generate=0.25 train=0.125 | 0:0=2.00G 0:1=1.00G | - | - | - | 0.5 | 0.75 | sim | 2.5 | "
+        "completed |"
     )
     assert lines[3] == (
-        "| 1 | `placement=hybrid` | hybrid |  |  |  |  |  |  |  |  |  |  | "
+        "| 1 | `placement=hybrid` | hybrid |  |  |  |  |  |  | - | - | - |  |  |  |  | "
         "failed: ResourceError: too big |"
     )
     assert "simulated devices" in table  # the note under the table
@@ -143,3 +144,65 @@ def test_no_chart_without_throughput(tmp_path):
     rows = [_rows()[1]]
     out = _report.write_report(rows, str(tmp_path))
     assert "png" not in out and not (tmp_path / "sweep_throughput.png").exists()
+
+
+# A summary as a traced job writes it: Job.write_timeline merges timeline.headline() under
+# "utilization" (two devices: busy 0.8 and 0.4, moving memory 0.1 and 0.3, idle gaps 0.5/2.25 s).
+UTIL = {
+    "busy_fraction_mean": 0.6,
+    "busy_fraction_min": 0.4,
+    "memory_fraction_mean": 0.2,
+    "longest_idle_gap_s": 2.25,
+}
+
+
+def _job(num: int, run_dir) -> dict:
+    return {"num": num, "overrides": [f"seed={num}"], "status": "completed",
+            "output_dir": str(run_dir)}  # fmt: skip
+
+
+def test_utilization_from_summary_json_shows_as_columns(tmp_path):
+    traced, untraced = tmp_path / "0", tmp_path / "1"
+    write_job_summary(traced, {"steps": 2, "utilization": UTIL})
+    write_job_summary(untraced, {"steps": 2})  # logging.trace=false: no utilization
+    rows = [
+        _report.make_row(_job(n, d), read_job_summary(d)) for n, d in enumerate((traced, untraced))
+    ]
+    assert (rows[0]["busy_mean"], rows[0]["busy_min"]) == (0.6, 0.4)
+    assert (rows[0]["moving_memory"], rows[0]["longest_idle_s"]) == (0.2, 2.25)
+    assert rows[1]["busy_mean"] is None and rows[1]["longest_idle_s"] is None
+    lines = _report.to_markdown(rows).splitlines()
+    assert lines[0].startswith("| job |")  # no override is shared: no "All jobs" line
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:4]]
+    at = header.index("busy mean/min")
+    assert header[at : at + 3] == ["busy mean/min", "moving mem", "longest idle s"]
+    assert cells[0][at : at + 3] == ["60%/40%", "20%", "2.25"]
+    assert cells[1][at : at + 3] == ["-", "-", "-"]
+    assert "*busy* is the share of the run" in lines[-1]  # the legend, since one job has it
+
+
+def test_utilization_columns_in_csv_and_no_legend_without_any(tmp_path):
+    write_job_summary(tmp_path / "0", {"utilization": UTIL})
+    rows = [_report.make_row(_job(0, tmp_path / "0"), read_job_summary(tmp_path / "0")),
+            _report.make_row(_job(1, tmp_path / "1"), None)]  # fmt: skip
+    _report.to_csv(rows, str(tmp_path / "r.csv"))
+    with open(tmp_path / "r.csv", newline="") as f:
+        got = list(csv.DictReader(f))
+    assert [got[0][k] for k in _report.UTILIZATION] == ["0.6", "0.4", "0.2", "2.25"]
+    assert [got[1][k] for k in _report.UTILIZATION] == ["", "", "", ""]
+    assert "*busy*" not in _report.to_markdown(rows[1:])
+
+
+def test_malformed_utilization_reads_as_absent():
+    bad = {"utilization": {"busy_fraction_mean": "high", "busy_fraction_min": float("nan"),
+                           "memory_fraction_mean": True}}  # fmt: skip
+    row = _report.make_row(_job(0, "/x"), bad)
+    assert [row[k] for k in _report.UTILIZATION] == [None] * 4
+    assert _report.make_row(_job(0, "/x"), {"utilization": "oops"})["busy_mean"] is None
+
+
+def test_small_shares_keep_a_decimal():
+    assert [_report._pct(v) for v in (None, 0.6, 0.1, 0.0329, 0.0)] == [
+        "-", "60%", "10%", "3.3%", "0.0%"
+    ]  # fmt: skip

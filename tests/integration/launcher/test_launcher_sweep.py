@@ -66,6 +66,8 @@ def test_placement_sweep_writes_job_dirs_and_a_report(tmp_path, join_flag):
     assert [r["steps"] for r in rows] == ["2"] * 3
     assert all(float(r["steps_per_s"]) > 0 and r["objective"] for r in rows)
     assert [r["simulated"] for r in rows] == ["True"] * 3
+    # Each job traced its devices (logging.trace defaults to true): the utilization columns.
+    assert all(0 < float(r["busy_mean"]) <= 1 and r["longest_idle_s"] for r in rows)
     table = (sweep_dir / "sweep_report.md").read_text()
     assert table.count("| completed |") == 3 and "simulated devices" in table
     assert (sweep_dir / "sweep_throughput.png").is_file()
