@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,7 @@ class Job:
         Raises:
             WorkerError: a worker holds device memory its ledger does not declare.
         """
+        self.residency.flush()  # moves still in flight would make the walk disagree
         return {c: self.groups[c].memory_report().wait() for c in self.resident_components}
 
 
@@ -146,18 +148,23 @@ def start_job(
     with Cluster.start(run.cluster) as cluster:
         plan = build_plan(run, _simulated_memory(cluster.spec, run))  # the discovered cluster
         reservation = cluster.reserve(plan, name=f"rltrain-{os.getpid()}")
-        groups: dict[str, WorkerGroup[Any]] = {}
-        for comp in plan.components:
-            if comp not in workers:
-                continue
+
+        def launch(comp: str) -> WorkerGroup[Any]:
             with trace.span("launch", comp):
-                groups[comp] = workers[comp](plan).launch(
+                return workers[comp](plan).launch(
                     cluster,
                     name=comp,
                     placement_strategy=plan.placements(comp),
                     reservation=reservation,
                     isolate_accelerator=run.placement.isolate_accelerator,
                 )
+
+        # Groups start at once: a worker's start-up (imports, model build) is seconds of one
+        # core, and one group waiting for the previous made start-up the sum instead of the max.
+        names = [c for c in plan.components if c in workers]
+        with ThreadPoolExecutor(max_workers=max(len(names), 1)) as pool:
+            futures = {c: pool.submit(launch, c) for c in names}
+        groups: dict[str, WorkerGroup[Any]] = {c: f.result() for c, f in futures.items()}
         if on_launch is not None:
             on_launch(groups)
         residency, resident = _residency(run, plan, groups)

@@ -112,6 +112,7 @@ class ResidencyCoordinator:
         self.events: list[ResidencyEvent] = []
         self.peak: dict[Device, int] = {d: 0 for d in self.capacity}
         self._active: set[str] = set()  # components holding a lease: their stage_extra counts
+        self._pending: list[tuple] = []  # moves started and not yet awaited (see stage())
         self._clock = clock
 
     # ---------------------------------------------------------------------------- registration
@@ -222,32 +223,65 @@ class ResidencyCoordinator:
     def stage(self, component: str) -> Iterator[StagePlan]:
         """Hold a lease on the devices of ``component`` for the duration of a stage.
 
-        Evictions and reloads are awaited before the body runs; after it, the component's own
-        state leaves again if its policy is ``after_stage``.
+        Moves are started as early and awaited as late as their order allows, so that a stage
+        costs the driver no extra round trip for them:
+
+        - moves left over from earlier stages (the ``after_stage`` offloads below) are awaited
+          first: the room they free is what this stage plans with;
+        - evictions of other components are awaited before any reload starts (the room must
+          exist before it is used);
+        - this component's reloads are started and awaited only when the lease ends: a worker
+          runs its calls in submission order, so the stage's own calls queue behind the reload;
+        - after the body, an ``after_stage`` component's state is sent away without waiting
+          (it queues behind the stage's calls on the same worker) and awaited at the next
+          lease, :meth:`flush` or :meth:`offload_all`.
+
+        The byte accounting changes when a move starts, so ``usage`` and ``peak`` describe the
+        device as the stage sees it. After a failed stage the workers may be gone: the lease is
+        released, its pending reloads are dropped and nothing more moves.
         """
+        self.flush()
         plan = self.plan_stage(component)
-        # Evictions finish before any reload starts: the room must exist before it is used.
         self._finish([self._act("offload", e.component, e.rank, e.kinds) for e in plan.evictions])
-        self._finish([self._act("reload", component, rank, kinds) for rank, kinds in plan.reloads])
+        reloads = [self._act("reload", component, rank, kinds) for rank, kinds in plan.reloads]
         start = self._clock()
         self._active.add(component)
         self._note_peak()
         try:
             yield plan
-        finally:
-            # After a failed stage the workers may be gone: release the lease, move nothing.
+        except BaseException:
             self._active.discard(component)
+            raise
+        finally:
             self.events.append(ResidencyEvent("grant", component, -1, (), 0, start, self._clock()))
-        self._finish(
-            [
-                self._act("offload", component, r.rank, tuple(sorted(r.movable())))
-                for r in self.residents.values()
-                if r.component == component and r.policy.when == "after_stage" and r.movable()
-            ]
+        self._active.discard(component)
+        self._finish(reloads)
+        self._pending.extend(
+            self._act("offload", component, r.rank, tuple(sorted(r.movable())))
+            for r in self.residents.values()
+            if r.component == component and r.policy.when == "after_stage" and r.movable()
         )
+
+    def set_policy(self, component: str, when: str) -> None:
+        """Change when ``component``'s state leaves (benchmarks compare policies on one job).
+
+        Its state moves to match at once: ``after_stage`` sends it away now (as if its last
+        stage had just ended); the others leave it where it is.
+        """
+        for r in self.residents.values():
+            if r.component == component:
+                r.policy = OffloadPolicy(when=when, states=r.policy.states)
+        if when == "after_stage":
+            self.offload_all(component)
+
+    def flush(self) -> None:
+        """Await every move started and not yet awaited (before reading worker memory)."""
+        pending, self._pending = self._pending, []
+        self._finish(pending)
 
     def offload_all(self, component: str) -> None:
         """Offload everything the policy allows, from every process of ``component``."""
+        self.flush()
         self._finish(
             [
                 self._act("offload", component, r.rank, tuple(sorted(r.movable())))
@@ -257,10 +291,16 @@ class ResidencyCoordinator:
         )
 
     def _act(self, what: str, component: str, rank: int, kinds: tuple[str, ...]) -> tuple:
-        """Start one move; :meth:`_finish` waits for it and records it."""
+        """Start one move and account for it; :meth:`_finish` awaits it and records it."""
         handle = self.handles.get((component, rank))
         start = self._clock()
         waiter = getattr(handle, what)(list(kinds)) if handle is not None else None
+        r = self.residents[(component, rank)]
+        if what == "offload":
+            r.offloaded |= set(kinds)
+        else:
+            r.offloaded -= set(kinds)
+            self._note_peak()
         return (what, component, rank, kinds, start, waiter)
 
     def _finish(self, pending: list[tuple]) -> None:
@@ -268,24 +308,20 @@ class ResidencyCoordinator:
             if waiter is not None and hasattr(waiter, "wait"):
                 waiter.wait()
             r = self.residents[(component, rank)]
-            if what == "offload":
-                r.offloaded |= set(kinds)
-            else:
-                r.offloaded -= set(kinds)
             moved = sum(r.total.get(k, 0) for k in kinds)
             self.events.append(
                 ResidencyEvent(what, component, rank, kinds, moved, start, self._clock())
             )
-            self._note_peak()
 
     def _note_peak(self) -> None:
         for d in self.capacity:
             self.peak[d] = max(self.peak[d], self.usage(d))
 
     def counts(self) -> dict[tuple[str, str], int]:
-        """How many offloads and reloads each component did: {(component, kind): n}."""
+        """How many offloads and reloads each component started: {(component, kind): n}."""
+        moves = [(e.kind, e.component) for e in self.events if e.kind in ("offload", "reload")]
+        moves += [(what, component) for what, component, *_ in self._pending]
         out: dict[tuple[str, str], int] = {}
-        for e in self.events:
-            if e.kind in ("offload", "reload"):
-                out[(e.component, e.kind)] = out.get((e.component, e.kind), 0) + 1
+        for kind, component in moves:
+            out[(component, kind)] = out.get((component, kind), 0) + 1
         return out

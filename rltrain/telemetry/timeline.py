@@ -477,14 +477,19 @@ def write_run_timeline(
         devices: the plan's device lanes (:func:`plan_devices`).
 
     Returns:
-        The utilization summary (also written to ``utilization.json``).
+        The utilization summary (also written to ``utilization.json``). Its window starts
+        where worker start-up ends (the last ``launch`` span), so a short run's figures
+        describe its training, not the seconds of imports before it; the trace keeps both.
     """
     spans = list(spans)
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = chrome_trace_with_devices(spans, devices)
     _atomic_write(out / TRACE_FILE, json.dumps(doc))
-    summary = summarize(spans, devices)
+    launched = [s.start_us + s.dur_us for s in spans if s.name == "launch"]
+    end = max((s.start_us + s.dur_us for s in spans), default=0.0)
+    window = (max(launched), end) if launched and max(launched) < end else None
+    summary = summarize(spans, devices, window_us=window)
     _atomic_write(out / UTILIZATION_FILE, json.dumps(_finite(summary), indent=1))
     return summary
 

@@ -130,3 +130,65 @@ def test_lease_is_all_or_nothing_across_devices_of_a_tp2_process():
     with pytest.raises(ResourceError, match=r"device \(0, 1\)"):
         co.plan_stage("rollout")
     assert log == []  # nothing was evicted from device 0 for a lease that cannot be granted
+
+
+class Waiter:
+    def __init__(self, log, what):
+        self.log, self.what = log, what
+
+    def wait(self):
+        self.log.append(("awaited", *self.what))
+
+
+class Deferred(Recorder):
+    """A handle whose moves return futures, like a worker group's."""
+
+    def offload(self, kinds):
+        super().offload(kinds)
+        return Waiter(self.log, ("offload", self.name))
+
+    def reload(self, kinds):
+        super().reload(kinds)
+        return Waiter(self.log, ("reload", self.name))
+
+
+def test_moves_are_awaited_as_late_as_their_order_allows():
+    co = ResidencyCoordinator({DEV: 4 * GIB})
+    log = []
+    a, r = actor(AFTER), rollout(AFTER)
+    a.offloaded, r.offloaded = set(a.total), set(r.total)
+    co.register(a, Deferred(log, "actor"))
+    co.register(r, Deferred(log, "rollout"))
+    with co.stage("rollout"):
+        log.append(("body", "rollout"))  # the stage's calls queue behind the started reload
+    assert log == [
+        ("reload", "rollout", ("kv_cache", "weights")),
+        ("body", "rollout"),
+        ("awaited", "reload", "rollout"),
+        ("offload", "rollout", ("kv_cache", "weights")),  # started, not awaited
+    ]
+    assert co.usage(DEV) == 0  # accounted as gone: the next lease plans with the room
+    log.clear()
+    with co.stage("actor"):
+        # the rollout's offload was awaited before the actor's reload started
+        assert log[:2] == [
+            ("awaited", "offload", "rollout"),
+            ("reload", "actor", ("grads", "optimizer", "weights")),
+        ]
+    co.flush()
+    assert log[-1] == ("awaited", "offload", "actor")
+    assert [e.kind for e in co.events if e.kind != "grant"] == [
+        "reload", "offload", "reload", "offload"
+    ]
+
+
+def test_a_failed_stage_drops_its_reloads_and_moves_nothing_more():
+    co = ResidencyCoordinator({DEV: 4 * GIB})
+    log = []
+    r = rollout(AFTER)
+    r.offloaded = set(r.total)
+    co.register(r, Deferred(log, "rollout"))
+    with pytest.raises(RuntimeError), co.stage("rollout"):
+        raise RuntimeError("worker died")
+    co.flush()
+    assert log == [("reload", "rollout", ("kv_cache", "weights"))]

@@ -191,3 +191,16 @@ def test_plan_devices_of_a_real_plan():
     run.placement.component_placement = {"actor": "0-1", "rollout": "2"}
     plan = build_plan(run, ClusterSpec.from_config(run.cluster))
     assert timeline.plan_devices(plan) == ["node0/dev0", "node0/dev1", "node0/dev2"]
+
+
+def test_run_utilization_starts_where_worker_start_up_ends(tmp_path):
+    # 10 s of start-up, then 2 s of which dev0 works 1 s: 50 % busy, not 1/12
+    spans = [
+        sp("launch", "actor", (), "driver", 0, 10),
+        sp("train", "actor", ("node0/dev0",), "actor[0]", 10, 1),
+        sp("generate", "rollout", ("node0/dev1",), "rollout[0]", 11, 1),
+    ]
+    s = timeline.write_run_timeline(tmp_path, spans, ["node0/dev0", "node0/dev1"])
+    assert s["window_s"] == pytest.approx(2.0)
+    assert s["devices"]["node0/dev0"]["busy_fraction"] == pytest.approx(0.5)
+    assert len(json.loads((tmp_path / "trace.json").read_text())["traceEvents"]) >= 3
