@@ -24,6 +24,7 @@ _EXPORTS = {
     "create_collective": "rltrain.scheduler.collective",
     "Channel": "rltrain.scheduler.channel",
     "ChannelStats": "rltrain.scheduler.channel",
+    "ChannelFuture": "rltrain.scheduler.channel",
     "ChannelClosedError": "rltrain.scheduler.channel",
     "ChannelFullError": "rltrain.scheduler.channel",
     "ChannelEmptyError": "rltrain.scheduler.channel",
@@ -36,6 +37,7 @@ __all__ = [
     "ChannelClosedError",
     "ChannelEmptyError",
     "ChannelFullError",
+    "ChannelFuture",
     "ChannelStats",
     "ChannelTimeoutError",
     "Cluster",
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
         ChannelClosedError,
         ChannelEmptyError,
         ChannelFullError,
+        ChannelFuture,
         ChannelStats,
         ChannelTimeoutError,
     )

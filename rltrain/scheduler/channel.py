@@ -1,12 +1,19 @@
 """Channels: named, bounded FIFOs between worker groups, with per-key sub-queues.
 
-A :class:`Channel` is a small handle (picklable: pass it to workers) over an async Ray actor that
-holds only object references. ``put`` stores the item in the object store from the producer's
-process (``ray.put``) and hands the channel a reference wrapped in a list, so Ray neither copies
-the item into the channel actor nor resolves it there: the channel's memory stays flat however
-large the items. ``get`` returns the reference and the consumer fetches the item straight from
-the object store; ``get_batch(target_weight)`` moves many references in one call and fetches them
-in one ``ray.get``, which amortises per-item cost for small items.
+A :class:`Channel` is a small handle (picklable: pass it to workers) over an async Ray actor.
+Small items (pickled size up to ``inline_bytes``, 64 KiB by default) travel **by value**: the
+producer pickles them and the pickled bytes ride inside the put call and the get reply, so one
+hand-off costs one message to the channel and one back, nothing else. Larger items go to the
+object store from the producer's process (``ray.put``) and the channel gets a reference wrapped
+in a list, so Ray neither copies the item into the channel actor nor resolves it there: the
+channel's memory stays flat however large the items (at most ``maxsize x inline_bytes`` per key
+by value). ``get`` returns the bytes or the reference and the consumer fetches the item straight
+from the object store; ``get_batch(target_weight)`` moves many items in one call and fetches
+their references in one ``ray.get``, which amortises per-item cost for small items.
+
+``start_put`` / ``start_get`` send the call and return a :class:`ChannelFuture` at once, so a
+worker can put in the background and fetch its next item ahead while it computes, without a
+thread: the channel's round trips then leave the caller's critical path.
 
 Each key has its own FIFO of at most ``maxsize`` items: ``put`` blocks while that queue is full
 (``put_nowait`` raises :class:`ChannelFullError`), so a fast producer can never run ahead of a slow
@@ -23,7 +30,10 @@ Blocking forms (``put``, ``get``, ``get_batch``) and async forms (``async_put``,
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import pickle
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +46,9 @@ if TYPE_CHECKING:
     from rltrain.scheduler.cluster import Cluster
 
 DEFAULT_KEY = "default"
+#: Items whose pickled size is at most this travel by value (below Ray's 100 KiB inline limit
+#: for call arguments, so they never touch the object store).
+DEFAULT_INLINE_BYTES = 64 * 1024
 
 
 class ChannelClosedError(WorkerError):
@@ -65,6 +78,7 @@ class ChannelStats:
         gets: items handed out in total.
         pid: the channel actor's process id (for memory checks).
         maxsize: the bound of each key's queue.
+        by_value: items accepted by value (pickled bytes) rather than as object references.
     """
 
     sizes: dict[str, int]
@@ -73,6 +87,7 @@ class ChannelStats:
     gets: int
     pid: int
     maxsize: int
+    by_value: int = 0
 
 
 class _Queue:
@@ -84,7 +99,10 @@ class _Queue:
 
 
 class _ChannelActor:
-    """The channel's state: per-key deques of wrapped refs, guarded by asyncio conditions."""
+    """The channel's state: per-key deques of wrapped items (pickled bytes, or ``[ref]`` /
+    ``[ref, index]`` for an item in the object store, alone or in a batch's shared object),
+    guarded by asyncio conditions. It never unpickles an item, so it needs none of the items'
+    classes."""
 
     def __init__(self, name: str, maxsize: int) -> None:
         self.name = name
@@ -93,6 +111,11 @@ class _ChannelActor:
         self.closed = False
         self.puts = 0
         self.gets = 0
+        self.by_value = 0
+        # Ray runs an async actor's calls concurrently, so two puts a producer started back to
+        # back may arrive in either order: each handle numbers its puts and waits its turn here.
+        self.turns: dict[str, int] = {}
+        self.turn_changed = asyncio.Condition()
 
     def _q(self, key: str) -> _Queue:
         if key not in self.queues:
@@ -113,8 +136,35 @@ class _ChannelActor:
             return self._closed_error(op)
         return None
 
+    async def _turn(self, order: tuple[str, int] | None) -> None:
+        if order is not None:
+            producer, seq = order
+            async with self.turn_changed:
+                await self.turn_changed.wait_for(lambda: self.turns.get(producer, 0) >= seq)
+
+    async def _next_turn(self, order: tuple[str, int] | None) -> None:
+        if order is not None:
+            async with self.turn_changed:
+                self.turns[order[0]] = order[1] + 1
+                self.turn_changed.notify_all()
+
     async def put(
-        self, wrapped: list[Any], key: str, weight: float, block: bool, timeout: float | None
+        self,
+        wrapped: Any,
+        key: str,
+        weight: float,
+        block: bool,
+        timeout: float | None,
+        order: tuple[str, int] | None = None,
+    ) -> str | None:
+        await self._turn(order)
+        try:
+            return await self._put(wrapped, key, weight, block, timeout)
+        finally:
+            await self._next_turn(order)
+
+    async def _put(
+        self, wrapped: Any, key: str, weight: float, block: bool, timeout: float | None
     ) -> str | None:
         q = self._q(key)
         if self.closed:
@@ -131,22 +181,32 @@ class _ChannelActor:
         q.weight += weight
         q.high_water = max(q.high_water, len(q.items))
         self.puts += 1
+        self.by_value += isinstance(wrapped, bytes)
         async with q.changed:
             q.changed.notify_all()
         return None
 
     async def put_batch(
-        self, wrapped: list[list[Any]], key: str, weight: float, timeout: float | None
+        self,
+        wrapped: list[Any],
+        key: str,
+        weight: float,
+        timeout: float | None,
+        order: tuple[str, int] | None = None,
     ) -> str | None:
-        for w in wrapped:
-            err = await self.put(w, key, weight, True, timeout)
-            if err:
-                return err
-        return None
+        await self._turn(order)
+        try:
+            for w in wrapped:
+                err = await self._put(w, key, weight, True, timeout)
+                if err:
+                    return err
+            return None
+        finally:
+            await self._next_turn(order)
 
     async def get_batch(
         self, key: str, target_weight: float, max_items: int, block: bool, timeout: float | None
-    ) -> tuple[str | None, list[list[Any]]]:
+    ) -> tuple[str | None, list[Any]]:
         q = self._q(key)
         if not q.items:
             if not block:
@@ -186,6 +246,7 @@ class _ChannelActor:
             gets=self.gets,
             pid=os.getpid(),
             maxsize=self.maxsize,
+            by_value=self.by_value,
         )
 
 
@@ -203,29 +264,203 @@ def _raise(err: str | None) -> None:
         raise _ERRORS[kind](text)
 
 
+def _too_big(item: Any, limit: int) -> bool:
+    """A cheap look at the common large items, so they are not pickled only to be put."""
+    nbytes = getattr(item, "nbytes", None)  # numpy arrays, torch tensors
+    if isinstance(nbytes, int):
+        return nbytes > limit
+    if isinstance(item, bytes | bytearray | memoryview):
+        return len(item) > limit
+    return False
+
+
+def _wrap(item: Any, limit: int) -> Any:
+    """Pickled bytes when the item pickles into at most ``limit`` bytes, else ``[ref]``."""
+    small = _wrap_small(item, limit)
+    return small if small is not None else [ray.put(item)]
+
+
+def _wrap_small(item: Any, limit: int) -> bytes | None:
+    """The pickled item when it pickles into at most ``limit`` bytes, else None.
+
+    Items holding object references or actor handles are never pickled here: only Ray's own
+    serializer keeps their reference counts right, so they go through ``ray.put``.
+    """
+    if limit <= 0 or _too_big(item, limit):
+        return None
+    import io
+
+    out = io.BytesIO()
+    pickler = _pickler_class()(out, limit)
+    pickler.dump(item)
+    if pickler.refs or pickler.size > limit or out.tell() > limit:
+        return None
+    return out.getvalue()
+
+
+_PICKLER: list[type] = []
+
+
+def _pickler_class() -> type:
+    """Ray's cloudpickle pickler (so items pickle exactly as ``ray.put`` would pickle them),
+    noting object references and sizing array buffers; built on first use."""
+    if not _PICKLER:
+        from ray import cloudpickle
+
+        class _Pickler(cloudpickle.Pickler):
+            def __init__(self, file: Any, limit: int) -> None:
+                super().__init__(file, protocol=5, buffer_callback=self._in_band)
+                self.limit, self.size, self.refs = limit, 0, False
+
+            def _in_band(self, buf: pickle.PickleBuffer) -> bool:
+                # Array buffers stay in the stream while the total is small; past the limit they
+                # go out of band (not copied) and the caller drops the stream.
+                self.size += buf.raw().nbytes
+                return self.size <= self.limit
+
+            def persistent_id(self, obj: Any) -> None:
+                # A plainly pickled reference loses its owner: leave such items to Ray.
+                if isinstance(obj, ray.ObjectRef | ray.actor.ActorHandle):
+                    self.refs = True
+                return None
+
+        _PICKLER.append(_Pickler)
+    return _PICKLER[0]
+
+
+def _wrap_batch(items: list[Any], limit: int) -> list[Any]:
+    """Wrap a batch: small items by value, the large ones together in **one** object-store
+    object, each queued as ``[ref, index]``; one object and one reference per batch instead of
+    one per item is what makes batches of MB-sized items cheap. The object lives until the last
+    of its items is taken."""
+    wrapped = [_wrap_small(item, limit) for item in items]
+    large = [i for i, w in enumerate(wrapped) if w is None]
+    if len(large) == 1:
+        wrapped[large[0]] = [ray.put(items[large[0]])]
+    elif large:
+        ref = ray.put(tuple(items[i] for i in large))
+        for n, i in enumerate(large):
+            wrapped[i] = [ref, n]
+    return wrapped
+
+
+def _unwrap(wrapped: list[Any]) -> list[Any]:
+    """The items of a get: by-value ones unpickled, references fetched in one ``ray.get``."""
+    refs = list({w[0]: None for w in wrapped if not isinstance(w, bytes)})
+    return _place(wrapped, dict(zip(refs, ray.get(refs), strict=True)) if refs else {})
+
+
+def _place(wrapped: list[Any], fetched: dict[Any, Any]) -> list[Any]:
+    out = []
+    for w in wrapped:
+        if isinstance(w, bytes):
+            out.append(pickle.loads(w))
+        else:
+            value = fetched[w[0]]
+            out.append(value[w[1]] if len(w) > 1 else value)
+    return out
+
+
+class ChannelFuture:
+    """A put or get sent to the channel and not yet waited for (see :meth:`Channel.start_put`).
+
+    Args:
+        channel: the channel's name (for errors).
+        ref: the reference of the channel actor's reply.
+        kind: ``"put"`` or ``"get"``.
+    """
+
+    def __init__(self, channel: str, ref: Any, kind: str) -> None:
+        self.channel, self.ref, self.kind = channel, ref, kind
+
+    def done(self) -> bool:
+        """Whether the channel has answered (``result`` will not block)."""
+        ready, _ = ray.wait([self.ref], timeout=0)
+        return bool(ready)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the answer: None for a put, the item for a get.
+
+        Args:
+            timeout: seconds to wait here (the channel's own timeout was given at the start).
+
+        Raises:
+            ChannelClosedError: the channel is or got closed (or its actor is gone).
+            ChannelTimeoutError: the channel or this wait timed out.
+        """
+        try:
+            out = ray.get(self.ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise ChannelTimeoutError(
+                f"channel {self.channel!r} {self.kind} not answered within {timeout} s"
+            ) from None
+        except ray.exceptions.RayActorError:
+            raise ChannelClosedError(
+                f"channel {self.channel!r} is gone (its actor died or the job was shut down)"
+            ) from None
+        if self.kind == "put":
+            _raise(out)
+            return None
+        err, wrapped = out
+        _raise(err)
+        return _unwrap(wrapped)[0]
+
+
 class Channel:
     """A handle on a named bounded channel; picklable, so workers can put and get too."""
 
-    def __init__(self, name: str, maxsize: int, actor: Any) -> None:
+    def __init__(
+        self, name: str, maxsize: int, actor: Any, inline_bytes: int = DEFAULT_INLINE_BYTES
+    ) -> None:
         self.name = name
         self.maxsize = maxsize
+        self.inline_bytes = inline_bytes
         self._actor = actor
+        self._producer: str | None = None  # this copy's id in the channel's put order
+        self._seqs: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Each process's copy numbers its own puts: the id and counter do not travel.
+        state = dict(self.__dict__)
+        state["_producer"], state["_seqs"] = None, {}
+        return state
+
+    def _order(self, key: str) -> tuple[str, int]:
+        """This handle's next number for a put to ``key`` (keys are ordered independently, so a
+        put waiting for room under one key never holds up another key)."""
+        if self._producer is None:
+            self._producer = uuid.uuid4().hex
+        seq = self._seqs.setdefault(key, itertools.count())
+        return f"{self._producer}/{key}", next(seq)
 
     @classmethod
-    def create(cls, name: str, maxsize: int, cluster: Cluster | None = None) -> Channel:
+    def create(
+        cls,
+        name: str,
+        maxsize: int,
+        cluster: Cluster | None = None,
+        inline_bytes: int = DEFAULT_INLINE_BYTES,
+    ) -> Channel:
         """Start the channel actor.
 
         Args:
             name: the channel's name (unique in the Ray namespace; ``connect`` finds it by it).
             maxsize: items each key's queue holds at most (> 0).
             cluster: when given, the channel is removed with the cluster's other resources.
+            inline_bytes: items pickling into at most this many bytes travel by value; larger
+                ones through the object store (0: every item through the object store).
 
         Raises:
-            ResourceError: for ``maxsize < 1``.
+            ResourceError: for ``maxsize < 1`` or a negative ``inline_bytes``.
         """
         if maxsize < 1:
             raise ResourceError(
                 f"channel {name!r}: maxsize={maxsize} must be >= 1 (channels are bounded)"
+            )
+        if inline_bytes < 0:
+            raise ResourceError(
+                f"channel {name!r}: inline_bytes={inline_bytes} must be >= 0 (0 sends every "
+                f"item through the object store)"
             )
         try:
             actor = (
@@ -238,13 +473,13 @@ class Channel:
                 f"a channel named {name!r} already exists: use Channel.connect({name!r}) or "
                 f"another name"
             ) from None
-        channel = cls(name, maxsize, actor)
+        channel = cls(name, maxsize, actor, inline_bytes)
         if cluster is not None:
             cluster._track_channel(channel)
         return channel
 
     @classmethod
-    def connect(cls, name: str) -> Channel:
+    def connect(cls, name: str, inline_bytes: int = DEFAULT_INLINE_BYTES) -> Channel:
         """A handle on an existing channel, by name.
 
         Raises:
@@ -256,7 +491,45 @@ class Channel:
             raise ResourceError(
                 f"no channel named {name!r}: create it with Channel.create first"
             ) from None
-        return cls(name, ray.get(actor.stats.remote()).maxsize, actor)
+        return cls(name, ray.get(actor.stats.remote()).maxsize, actor, inline_bytes)
+
+    # ------------------------------------------------------------------ non-blocking
+    def start_put(
+        self, item: Any, key: str = DEFAULT_KEY, weight: float = 1.0, timeout: float | None = None
+    ) -> ChannelFuture:
+        """Send ``item`` to the channel and return at once.
+
+        Puts started through one handle to one key are queued in the order they were started,
+        though the channel actor runs its calls concurrently (each handle numbers its puts per
+        key; a copy of the handle in another process numbers its own).
+
+        Args:
+            item: any picklable object (by value when it pickles into ``inline_bytes``).
+            key: the sub-queue.
+            weight: the item's weight for ``get_batch``.
+            timeout: seconds the channel waits for room before failing the put.
+
+        Returns:
+            A future whose ``result()`` returns None once the queue accepted the item, or raises
+            :class:`ChannelClosedError` / :class:`ChannelTimeoutError`.
+        """
+        wrapped = _wrap(item, self.inline_bytes)
+        ref = self._actor.put.remote(wrapped, key, weight, True, timeout, self._order(key))
+        return ChannelFuture(self.name, ref, "put")
+
+    def start_get(self, key: str = DEFAULT_KEY, timeout: float | None = None) -> ChannelFuture:
+        """Ask for the oldest item of ``key`` and return at once.
+
+        Args:
+            key: the sub-queue.
+            timeout: seconds the channel waits for an item before failing the get.
+
+        Returns:
+            A future whose ``result()`` returns the item, or raises
+            :class:`ChannelClosedError` / :class:`ChannelTimeoutError`.
+        """
+        ref = self._actor.get_batch.remote(key, 0.5, 1, True, timeout)
+        return ChannelFuture(self.name, ref, "get")
 
     # ------------------------------------------------------------------ blocking
     def put(
@@ -268,11 +541,12 @@ class Channel:
             ChannelClosedError: the channel is or gets closed.
             ChannelTimeoutError: still full after ``timeout`` seconds.
         """
-        _raise(self._call(self._actor.put.remote([ray.put(item)], key, weight, True, timeout)))
+        self.start_put(item, key, weight, timeout).result()
 
     def put_nowait(self, item: Any, key: str = DEFAULT_KEY, weight: float = 1.0) -> None:
         """Queue ``item`` or raise :class:`ChannelFullError` at once."""
-        _raise(self._call(self._actor.put.remote([ray.put(item)], key, weight, False, None)))
+        wrapped, order = _wrap(item, self.inline_bytes), self._order(key)
+        _raise(self._call(self._actor.put.remote(wrapped, key, weight, False, None, order)))
 
     def put_batch(
         self,
@@ -283,12 +557,17 @@ class Channel:
     ) -> None:
         """Queue several items (each of ``weight``) in one call; blocks as :meth:`put` per item.
 
+        Items too large to go by value share one object-store object (the batch's large items
+        are stored together and each is queued as a reference to its place in it), so a batch
+        costs one ``ray.put``; that object is freed once every one of its items was taken.
+
         Raises:
             ChannelClosedError: the channel is or gets closed (earlier items stay queued).
             ChannelTimeoutError: an item still found the queue full after ``timeout`` seconds.
         """
-        wrapped = [[ray.put(item)] for item in items]
-        _raise(self._call(self._actor.put_batch.remote(wrapped, key, weight, timeout)))
+        wrapped = _wrap_batch(list(items), self.inline_bytes)
+        order = self._order(key)
+        _raise(self._call(self._actor.put_batch.remote(wrapped, key, weight, timeout, order)))
 
     def get(self, key: str = DEFAULT_KEY, timeout: float | None = None) -> Any:
         """Take the oldest item of ``key``; block while it is empty.
@@ -297,7 +576,7 @@ class Channel:
             ChannelClosedError: the channel is closed and the key's queue is empty.
             ChannelTimeoutError: still empty after ``timeout`` seconds.
         """
-        return self._fetch(self._actor.get_batch.remote(key, 0.5, 1, True, timeout))[0]
+        return self.start_get(key, timeout).result()
 
     def get_nowait(self, key: str = DEFAULT_KEY) -> Any:
         """Take the oldest item or raise :class:`ChannelEmptyError` at once."""
@@ -324,23 +603,26 @@ class Channel:
         self, item: Any, key: str = DEFAULT_KEY, weight: float = 1.0, timeout: float | None = None
     ) -> None:
         """Async :meth:`put`."""
-        _raise(await self._actor.put.remote([ray.put(item)], key, weight, True, timeout))
+        wrapped = _wrap(item, self.inline_bytes)
+        _raise(await self._actor.put.remote(wrapped, key, weight, True, timeout, self._order(key)))
 
     async def async_get(self, key: str = DEFAULT_KEY, timeout: float | None = None) -> Any:
         """Async :meth:`get`."""
-        err, wrapped = await self._actor.get_batch.remote(key, 0.5, 1, True, timeout)
-        _raise(err)
-        return await wrapped[0][0]
+        return (await self._async_take(key, 0.5, 1, timeout))[0]
 
     async def async_get_batch(
         self, target_weight: float, key: str = DEFAULT_KEY, timeout: float | None = None
     ) -> list[Any]:
         """Async :meth:`get_batch`."""
-        err, wrapped = await self._actor.get_batch.remote(
-            key, target_weight, 1_000_000, True, timeout
-        )
+        return await self._async_take(key, target_weight, 1_000_000, timeout)
+
+    async def _async_take(
+        self, key: str, target: float, max_items: int, timeout: float | None
+    ) -> list[Any]:
+        err, wrapped = await self._actor.get_batch.remote(key, target, max_items, True, timeout)
         _raise(err)
-        return list(await asyncio.gather(*(w[0] for w in wrapped)))
+        refs = list({w[0]: None for w in wrapped if not isinstance(w, bytes)})
+        return _place(wrapped, dict(zip(refs, await asyncio.gather(*refs), strict=True)))
 
     # --------------------------------------------------------------------- misc
     def stats(self) -> ChannelStats:
@@ -372,7 +654,7 @@ class Channel:
     def _fetch(self, ref: Any) -> list[Any]:
         err, wrapped = self._call(ref)
         _raise(err)
-        return ray.get([w[0] for w in wrapped])
+        return _unwrap(wrapped)
 
     def __repr__(self) -> str:
         return f"Channel({self.name!r}, maxsize={self.maxsize})"

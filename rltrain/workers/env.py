@@ -198,28 +198,27 @@ def probe_spaces(env_id: str) -> SpaceSpec:
 class ChannelLink:
     """Overlaps a worker's channel traffic with its compute.
 
-    A put runs in a background thread (the worker goes on at once), and the next item the worker
-    will need is fetched ahead while it computes, so a channel's round trips leave the pipeline's
-    critical path. Items keep their meaning whatever order they arrive in (each names its env
-    rank and stage), and the next put for a key only follows the answer to the previous one, so
-    the background puts cannot reorder anything that matters.
+    A put is sent without waiting for the channel's answer (the worker goes on at once), and the
+    next item the worker will need is asked for ahead while it computes, so a channel's round
+    trips leave the pipeline's critical path. Both use the channel's non-blocking forms
+    (``start_put`` / ``start_get``), not threads: a hand-off is one message to the channel and
+    its answer to the waiting consumer, with no thread to wake on either side. Items keep their
+    meaning whatever order they arrive in (each names its env rank and stage), and the next put
+    for a key only follows the answer to the previous one.
     """
 
     def __init__(self, owner: str) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         self.owner = owner
-        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rltrain-link")
         self.sends: list[Any] = []
 
     def send(self, channel: Any, item: Any, key: str) -> None:
         """Queue ``item`` under ``key`` in the background (errors surface at the next call)."""
         self._reap()
-        self.sends.append(self.pool.submit(channel.put, item, key=key, timeout=CHANNEL_TIMEOUT_S))
+        self.sends.append(channel.start_put(item, key=key, timeout=CHANNEL_TIMEOUT_S))
 
     def ahead(self, channel: Any, key: str) -> Any:
         """Start fetching the next item of ``key``; ``receive`` it later."""
-        return self.pool.submit(channel.get, key=key, timeout=CHANNEL_TIMEOUT_S)
+        return channel.start_get(key=key, timeout=CHANNEL_TIMEOUT_S)
 
     def receive(self, pending: Any, what: str) -> Any:
         """The item a future from :meth:`ahead` fetched.
@@ -239,15 +238,18 @@ class ChannelLink:
 
     def flush(self) -> None:
         """Wait until every background put was accepted (re-raising the first failure)."""
-        for f in self.sends:
+        sends, self.sends = self.sends, []
+        for f in sends:
             f.result()
-        self.sends.clear()
 
     def _reap(self) -> None:
-        done = [f for f in self.sends if f.done()]
-        for f in done:
-            f.result()
-        self.sends = [f for f in self.sends if not f.done()]
+        still = []
+        for f in self.sends:
+            if f.done():
+                f.result()
+            else:
+                still.append(f)
+        self.sends = still
 
 
 def latency_s(rng: np.random.Generator, num: int, ms: float, jitter_ms: float) -> float:
@@ -403,10 +405,9 @@ class EnvWorker(Worker):
         return f"{self.rank}/{stage}"
 
     def close(self) -> None:
-        """Close every vector environment and the channel threads."""
+        """Close every vector environment."""
         for stage in self.stages:
             stage.env.close()
-        self.link.pool.shutdown(wait=False)
 
 
 def stage_to_rollout(env_rank: int, stage: int, num_stages: int, rollout_world: int) -> int:

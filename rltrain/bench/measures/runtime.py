@@ -4,7 +4,9 @@
   actor call (``ray.get(actor.noop.remote())``); goal <= 1.2x.
 - ``channel_1mb`` / ``channel_16mb`` / ``channel_64mb``: one item through a channel (``put`` then
   ``get``, same process) vs raw ``ray.put`` + ``ray.get``; goal >= 0.9x throughput, i.e. a time
-  ratio <= 1.11. A case with a producer actor feeding the driver shows the pipelined rate.
+  ratio <= 1.11. Cases with a producer actor feeding the driver show the pipelined rate: with
+  blocking ``put``/``get``, and streamed (``start_put`` with up to ``maxsize`` puts in flight,
+  ``start_get`` asking for the next item ahead).
 - ``channel_1kb``: 256 items of 1 KB: ``put_batch`` + ``get_batch`` and per-item ``put``/``get``
   vs raw put+get per item.
 - ``runtime_startup``: launching N workers that import torch, and N bare workers, vs N bare Ray
@@ -90,6 +92,21 @@ class ProducerWorker(Worker):
             channel.put(item)
         return n
 
+    def stream(self, channel: Any, nbytes: int, n: int) -> int:
+        """Like :meth:`produce`, but keeps up to ``channel.maxsize`` puts in flight
+        (``start_put``) instead of waiting for each one's answer; the channel's bound holds."""
+        import numpy as np
+
+        item = np.ones(nbytes, dtype=np.uint8)
+        window: list[Any] = []
+        for _ in range(n):
+            if len(window) >= channel.maxsize:
+                window.pop(0).result()
+            window.append(channel.start_put(item))
+        for f in window:
+            f.result()
+        return n
+
 
 @measure("runtime_call", "no-op call: one-actor WorkerGroup vs raw Ray actor call (goal <= 1.2x)")
 def runtime_call(quick: bool) -> Suite:
@@ -148,10 +165,12 @@ def _channel_suite(nbytes: int, count: int, label: str) -> Suite:
             out = channel.get()
             del out
 
+    distinct = [np.full(nbytes, i, dtype=np.uint8) for i in range(4)]  # not one object 4 times
+
     def batched() -> None:
         for start in range(0, count, 4):  # maxsize=4: batches of up to 4 items
             n = min(4, count - start)
-            channel.put_batch([item] * n)
+            channel.put_batch(distinct[:n])
             out = channel.get_batch(target_weight=n)
             del out
 
@@ -162,6 +181,16 @@ def _channel_suite(nbytes: int, count: int, label: str) -> Suite:
             del out
         done.wait()
 
+    def streamed() -> None:
+        done = producer.stream(channel, nbytes, count)
+        pending = channel.start_get()
+        for i in range(count):
+            out = pending.result()
+            if i + 1 < count:  # ask for the next item while this one is used
+                pending = channel.start_get()
+            del out
+        done.wait()
+
     work = nbytes * count
     return Suite(
         cases=(
@@ -169,6 +198,12 @@ def _channel_suite(nbytes: int, count: int, label: str) -> Suite:
             Case("channel put + get", through_channel, work=work, work_unit="bytes"),
             Case("channel put_batch + get_batch (4)", batched, work=work, work_unit="bytes"),
             Case("channel, producer actor -> driver", pipelined, work=work, work_unit="bytes"),
+            Case(
+                "channel, producer actor -> driver, streamed",
+                streamed,
+                work=work,
+                work_unit="bytes",
+            ),
         ),
         baseline="raw ray.put + ray.get",
         repeats=3,

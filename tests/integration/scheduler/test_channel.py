@@ -135,3 +135,55 @@ def test_channel_memory_stays_flat_with_64mb_items(cluster):
     grew = proc.memory_info().rss - before
     # 384 MB went through; the channel actor holds only references.
     assert grew < 32 * 1024 * 1024, grew
+
+
+def test_small_items_go_by_value_and_batches_share_one_object(cluster):
+    channel = Channel.create("inline", maxsize=4, cluster=cluster, inline_bytes=1024)
+    small, large = np.arange(8, dtype=np.float32), np.arange(4096, dtype=np.int32)  # 32 B, 16 KiB
+    channel.put(small)
+    channel.put(large)
+    assert channel.stats().by_value == 1  # only the small one travelled by value
+    got_small, got_large = channel.get(), channel.get()
+    assert np.array_equal(got_small, small) and np.array_equal(got_large, large)
+    # A batch mixing both: the large items share one object, each keeps its place and order.
+    batch = [large, small, large + 1, {"k": 2}]
+    channel.put_batch(batch)
+    assert channel.stats().by_value == 3
+    out = channel.get_batch(target_weight=4)
+    assert [type(x) for x in out] == [np.ndarray, np.ndarray, np.ndarray, dict]
+    assert all(np.array_equal(a, b) for a, b in zip(out[:3], batch[:3], strict=True))
+    assert out[3] == {"k": 2}
+    # inline_bytes=0: everything through the object store, same results
+    by_ref = Channel.create("by-ref", maxsize=2, cluster=cluster, inline_bytes=0)
+    by_ref.put_batch([small, small * 2])
+    assert [x.tolist() for x in by_ref.get_batch(2)] == [small.tolist(), (small * 2).tolist()]
+    assert by_ref.stats().by_value == 0
+    with pytest.raises(ResourceError, match="inline_bytes=-1 must be >= 0"):
+        Channel.create("bad-inline", maxsize=2, inline_bytes=-1)
+
+
+def test_started_puts_and_gets_complete_later_and_keep_the_bound(cluster):
+    channel = Channel.create("started", maxsize=1, cluster=cluster)
+    pending = channel.start_get(key="k", timeout=30)
+    assert not pending.done()  # nothing queued yet: the get waits in the channel
+    first = channel.start_put("a", key="k")
+    assert pending.result(timeout=30) == "a"
+    first.result(timeout=30)
+    channel.put("b", key="k")
+    blocked = channel.start_put("c", key="k", timeout=30)  # the key's queue is full
+    with pytest.raises(ChannelTimeoutError, match="not answered within 0.2 s"):
+        blocked.result(timeout=0.2)
+    assert channel.qsize("k") == 1
+    assert channel.get(key="k") == "b"
+    blocked.result(timeout=30)  # room again: accepted
+    assert channel.get(key="k") == "c"
+    # Started puts keep their order, though the channel actor runs its calls concurrently.
+    started = [channel.start_put(x, key="ordered") for x in "pqrs"]
+    assert [channel.get(key="ordered", timeout=30) for _ in "pqrs"] == list("pqrs")
+    for f in started:
+        f.result(timeout=30)
+    channel.start_put("d", key="k").result(timeout=30)
+    channel.close()
+    assert channel.get(key="k") == "d"  # queued before the close: still taken
+    with pytest.raises(ChannelClosedError):
+        channel.start_put("e", key="k").result(timeout=30)

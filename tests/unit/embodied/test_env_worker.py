@@ -31,9 +31,32 @@ def compose_run(*overrides: str):
         )
 
 
+class Done:
+    """A finished put: what ``Channel.start_put`` returns once the channel accepted the item."""
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout=None) -> None:
+        return None
+
+
+class Later:
+    """A get that blocks on the queue when its result is asked for."""
+
+    def __init__(self, q: queue.Queue) -> None:
+        self.q = q
+
+    def done(self) -> bool:
+        return not self.q.empty()
+
+    def result(self, timeout=None):
+        return self.q.get(timeout=timeout)
+
+
 class Queue:
-    """A channel stand-in with the worker-facing part of the Channel API: blocking per-key
-    FIFOs, safe across the worker's background threads."""
+    """A channel stand-in with the worker-facing part of the Channel API: per-key FIFOs with
+    the non-blocking forms the workers use (``start_put`` / ``start_get``)."""
 
     def __init__(self) -> None:
         self.items: dict[str, queue.Queue] = {}
@@ -46,8 +69,12 @@ class Queue:
     def put(self, item, key="default", timeout=None):
         self._q(key).put(item)
 
-    def get(self, key="default", timeout=None):
-        return self._q(key).get(timeout=timeout)
+    def start_put(self, item, key="default", timeout=None):
+        self.put(item, key=key, timeout=timeout)
+        return Done()
+
+    def start_get(self, key="default", timeout=None):
+        return Later(self._q(key))
 
 
 class Answering(Queue):
