@@ -20,7 +20,7 @@ from rltrain.algorithms.advantages import (
     rloo_advantages,
 )
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.algorithms.critic import ValueModel, compute_values
+from rltrain.algorithms.critic import ValueModel, compute_values, language_model_trunk
 from rltrain.algorithms.logprobs import compute_logprobs, position_ids_from_mask
 from rltrain.algorithms.losses import (
     KL_ESTIMATORS,
@@ -43,11 +43,16 @@ from rltrain.algorithms.sampling import (
 )
 from rltrain.algorithms.update import (
     UpdateSettings,
+    accumulate_step,
     actor_loss,
     add_advantages,
+    behaviour_logprobs,
     critic_loss,
+    micro_slices,
+    micro_weights,
     minibatch_indices,
     ppo_update,
+    value_update,
 )
 
 __all__ = [
@@ -60,9 +65,11 @@ __all__ = [
     "SamplingParams",
     "UpdateSettings",
     "ValueModel",
+    "accumulate_step",
     "actor_loss",
     "add_advantages",
     "aggregate",
+    "behaviour_logprobs",
     "compute_advantages",
     "compute_logprobs",
     "compute_values",
@@ -77,7 +84,10 @@ __all__ = [
     "greedy_accuracy",
     "grpo_advantages",
     "kl_penalty",
+    "language_model_trunk",
     "masked_whiten",
+    "micro_slices",
+    "micro_weights",
     "minibatch_indices",
     "next_tokens",
     "outcome_token_rewards",
@@ -88,4 +98,5 @@ __all__ = [
     "rloo_advantages",
     "top_p_filter",
     "value_loss",
+    "value_update",
 ]

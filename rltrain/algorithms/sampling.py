@@ -7,7 +7,7 @@ evaluation. It stops per row on EOS and for the batch when every row has stopped
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,43 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def sampling_logits(logits: Tensor, params: SamplingParams) -> Tensor:
+    """The logits of the distribution :func:`next_tokens` samples from.
+
+    Divided by the temperature, then cut to the top-p nucleus (``-inf`` outside it), so
+    ``softmax`` of the result is exactly the sampled distribution.
+
+    Args:
+        logits: ``[B, V]`` raw last-position logits.
+        params: sampling parameters (``greedy`` is not handled here).
+
+    Returns:
+        ``[B, V]`` float logits.
+    """
+    return top_p_filter(logits.float() / params.temperature, params.top_p)
+
+
+def sampled_logprobs(logits: Tensor, tokens: Tensor, params: SamplingParams) -> Tensor:
+    """Log-probabilities of ``tokens`` under the distribution they were sampled from.
+
+    With ``top_p < 1`` that is the nucleus renormalised, not the full softmax: a token
+    sampled from a nucleus holding mass ``m`` has probability ``p / m``. Greedy picks are
+    certain (log-prob 0).
+
+    Args:
+        logits: ``[B, V]`` raw last-position logits.
+        tokens: ``[B]`` the tokens picked from them.
+        params: the sampling parameters used.
+
+    Returns:
+        ``[B]`` float log-probs (``-inf`` for a token outside the nucleus).
+    """
+    if params.greedy:
+        return torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
+    logp = torch.log_softmax(sampling_logits(logits, params), dim=-1)
+    return logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
 def next_tokens(
     logits: Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> Tensor:
@@ -104,8 +141,12 @@ def next_tokens(
     """
     if params.greedy:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(top_p_filter(logits.float() / params.temperature, params.top_p), -1)
+    probs = torch.softmax(sampling_logits(logits, params), -1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class GenerationStopped(Exception):
+    """Raised inside :func:`generate` when its ``should_stop`` callback says so."""
 
 
 @torch.no_grad()
@@ -117,6 +158,9 @@ def generate(
     eos_token_id: int,
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    *,
+    with_logprobs: bool = False,
+    should_stop: Callable[[], bool] | None = None,
 ) -> RolloutBatch:
     """Sample ``params.n`` responses per prompt.
 
@@ -128,16 +172,30 @@ def generate(
         eos_token_id: stops a row; it is part of the response (its mask is 1).
         pad_token_id: fills a row after its EOS.
         generator: the random source for sampling.
+        with_logprobs: also record each response token's log-prob under the distribution it
+            was sampled from (:func:`sampled_logprobs`: temperature and top-p applied) as
+            ``old_logprobs``, zero outside the response mask.
+        should_stop: asked before every decoding step; ``True`` abandons the generation.
 
     Returns:
         A :class:`RolloutBatch` of ``B = b * n`` rows with ``group_size = n``; ``R`` is the
         number of steps run (at most ``max_new_tokens``).
+
+    Raises:
+        GenerationStopped: ``should_stop`` returned ``True``.
     """
     was_training = model.training
     model.eval()
     try:
         return _generate(
-            model, prompt_ids, prompt_mask, params, eos_token_id, pad_token_id, generator
+            model,
+            prompt_ids,
+            prompt_mask,
+            params,
+            (eos_token_id, pad_token_id),
+            generator,
+            with_logprobs,
+            should_stop,
         )
     finally:
         model.train(was_training)
@@ -148,17 +206,22 @@ def _generate(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     params: SamplingParams,
-    eos_token_id: int,
-    pad_token_id: int,
+    eos_pad: tuple[int, int],
     generator: torch.Generator | None,
+    with_logprobs: bool,
+    should_stop: Callable[[], bool] | None,
 ) -> RolloutBatch:
+    eos_token_id, pad_token_id = eos_pad
     ids = prompt_ids.repeat_interleave(params.n, dim=0)
     mask = prompt_mask.repeat_interleave(params.n, dim=0)
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
     tokens: list[Tensor] = []
     live: list[Tensor] = []
+    logps: list[Tensor] = []
     attn, step_ids, pos, past = mask, ids, position_ids_from_mask(mask), None
     for _ in range(params.max_new_tokens):
+        if should_stop is not None and should_stop():
+            raise GenerationStopped
         out = model(
             input_ids=step_ids,
             attention_mask=attn,
@@ -167,7 +230,10 @@ def _generate(
             use_cache=True,
         )
         past = out.past_key_values
-        tok = next_tokens(out.logits[:, -1, :], params, generator)
+        logits = out.logits[:, -1, :]
+        tok = next_tokens(logits, params, generator)
+        if with_logprobs:  # from the very logits sampled from: exact, no second forward pass
+            logps.append(torch.where(done, 0.0, sampled_logprobs(logits, tok, params)))
         tok = torch.where(done, torch.full_like(tok, pad_token_id), tok)
         live.append(~done)
         tokens.append(tok)
@@ -182,6 +248,7 @@ def _generate(
         response_ids=torch.stack(tokens, dim=1),
         response_mask=torch.stack(live, dim=1).float(),
         group_size=params.n,
+        old_logprobs=torch.stack(logps, dim=1) if with_logprobs else None,
     )
 
 

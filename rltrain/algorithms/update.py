@@ -1,12 +1,17 @@
 """One RL update over a rollout batch: advantages, then epochs of minibatch steps.
 
 :func:`actor_loss` is the per-minibatch objective (what a distributed actor calls between its
-own backward and optimizer steps); :func:`ppo_update` is the single-process loop around it.
+own backward and optimizer steps); :func:`ppo_update` is the single-process loop around it and
+:func:`value_update` the critic's. A minibatch may be split into micro-batches whose gradients
+are accumulated (:func:`accumulate_step`), weighted so that the optimizer step equals the
+one-shot step on the whole minibatch.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,11 +171,13 @@ def actor_loss(
     return loss, metrics
 
 
-def critic_loss(critic: ValueModel, mb: RolloutBatch, s: UpdateSettings) -> tuple[Tensor, dict]:
+def critic_loss(
+    critic: torch.nn.Module, mb: RolloutBatch, s: UpdateSettings
+) -> tuple[Tensor, dict[str, float]]:
     """The clipped value loss of one minibatch (scaled by ``value_coef``).
 
     Args:
-        critic: the value model.
+        critic: the value model (:class:`ValueModel`, or its DDP wrapper).
         mb: a minibatch with ``values`` (at rollout time) and ``returns``.
         s: the settings.
 
@@ -182,12 +189,124 @@ def critic_loss(critic: ValueModel, mb: RolloutBatch, s: UpdateSettings) -> tupl
     return s.value_coef * vl, {"critic/value_loss": vl.item()}
 
 
-def _step(params: Any, optimizer: torch.optim.Optimizer, loss: Tensor, grad_clip: float) -> float:
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+def micro_slices(size: int, micro_batch: int) -> list[Tensor]:
+    """Consecutive row ranges of at most ``micro_batch`` rows covering ``0..size-1``.
+
+    Args:
+        size: rows in the minibatch.
+        micro_batch: rows per forward/backward; ``<= 0`` (or ``>= size``) keeps one piece.
+
+    Returns:
+        ``ceil(size / micro_batch)`` index tensors, in order.
+    """
+    step = size if micro_batch <= 0 else min(micro_batch, size)
+    return [torch.arange(i, min(i + step, size)) for i in range(0, max(size, 1), max(step, 1))]
+
+
+def micro_weights(response_mask: Tensor, parts: list[Tensor], loss_agg: str) -> list[float]:
+    """The factor each micro-batch's loss is scaled by, so their gradients add up to the
+    gradient of the loss over the whole minibatch.
+
+    Token-mean losses divide by the minibatch's response tokens, so a micro-batch weighs its
+    share of them; every other aggregation averages over sequences (or divides by
+    ``rows x constant``), so a micro-batch weighs its share of rows.
+
+    Args:
+        response_mask: ``[B, R]`` of the minibatch.
+        parts: row indices of each micro-batch (a partition of ``0..B-1``).
+        loss_agg: the aggregation of the loss (``algorithm.loss_agg``; the critic's value loss
+            is ``token_mean``).
+
+    Returns:
+        One weight per part; they sum to 1 (0 each when the minibatch has no response token
+        under ``token_mean``, where the whole loss is 0 too).
+    """
+    if loss_agg == "token_mean":
+        tokens = response_mask.float().sum(dim=1)
+        total = float(tokens.sum())
+        return [float(tokens[p].sum()) / total if total > 0 else 0.0 for p in parts]
+    rows = response_mask.shape[0]
+    return [len(p) / rows for p in parts]
+
+
+def _clipped_step(
+    params: Iterable[Tensor], optimizer: torch.optim.Optimizer, grad_clip: float
+) -> float:
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
     optimizer.step()
     return float(norm)
+
+
+def accumulate_step(
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mb: RolloutBatch,
+    loss_fn: Callable[[torch.nn.Module, RolloutBatch], tuple[Tensor, dict[str, float]]],
+    *,
+    micro_batch: int = 0,
+    loss_agg: str = "token_mean",
+    grad_clip: float = 0.0,
+) -> dict[str, float]:
+    """One optimizer step on a minibatch, its gradient accumulated over micro-batches.
+
+    Each micro-batch's loss is scaled by :func:`micro_weights`, so the accumulated gradient
+    (and, after clipping the global norm, the step) equals the one-shot step on the whole
+    minibatch. A DistributedDataParallel ``module`` all-reduces only on the last micro-batch
+    (``no_sync`` on the others).
+
+    Args:
+        module: the model, or its DDP wrapper.
+        optimizer: its optimizer.
+        mb: the minibatch.
+        loss_fn: ``(module, micro_batch) -> (loss, metrics)``, the loss aggregated by
+            ``loss_agg`` over the micro-batch.
+        micro_batch: rows per forward/backward; ``<= 0``: the whole minibatch at once.
+        loss_agg: how ``loss_fn`` aggregates (decides the weights).
+        grad_clip: max global gradient norm; ``<= 0`` disables clipping.
+
+    Returns:
+        The micro-batches' metrics combined with the same weights, plus ``grad_norm`` (the
+        norm before clipping).
+    """
+    parts = micro_slices(mb.size, micro_batch)
+    weights = micro_weights(mb.response_mask, parts, loss_agg)
+    no_sync = getattr(module, "no_sync", None)
+    optimizer.zero_grad(set_to_none=True)
+    sums: dict[str, float] = defaultdict(float)
+    for i, (part, w) in enumerate(zip(parts, weights, strict=True)):
+        last = i == len(parts) - 1
+        with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
+            loss, metrics = loss_fn(module, mb if len(parts) == 1 else mb.select(part))
+            (loss * w).backward()
+        for k, v in metrics.items():
+            sums[k] += w * v
+    out = dict(sums)
+    out["grad_norm"] = _clipped_step(module.parameters(), optimizer, grad_clip)
+    return out
+
+
+def _step(params: Any, optimizer: torch.optim.Optimizer, loss: Tensor, grad_clip: float) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    return _clipped_step(params, optimizer, grad_clip)
+
+
+@torch.no_grad()
+def behaviour_logprobs(
+    model: torch.nn.Module, batch: RolloutBatch, s: UpdateSettings, micro_batch: int = 0
+) -> Tensor:
+    """``[B, R]`` log-probs of the batch under ``model`` as it is now, ``micro_batch`` rows at a
+    time (the ``old_logprobs`` of a synchronous step)."""
+    parts = micro_slices(batch.size, micro_batch)
+    out = []
+    for p in parts:
+        b = batch if len(parts) == 1 else batch.select(p)
+        out.append(
+            compute_logprobs(
+                model, b.input_ids, b.attention_mask, b.response_mask, temperature=s.temperature
+            )
+        )
+    return torch.cat(out)
 
 
 def ppo_update(
@@ -199,6 +318,7 @@ def ppo_update(
     critic: ValueModel | None = None,
     critic_optimizer: torch.optim.Optimizer | None = None,
     generator: torch.Generator | None = None,
+    micro_batch: int = 0,
 ) -> dict[str, float]:
     """Train on one rollout batch: ``ppo_epochs`` passes of ``num_minibatches`` steps each.
 
@@ -210,33 +330,87 @@ def ppo_update(
         critic: the value model, trained alongside when given (needs ``returns`` and ``values``).
         critic_optimizer: its optimizer.
         generator: shuffles the minibatches.
+        micro_batch: rows per forward/backward (gradients accumulated, see
+            :func:`accumulate_step`); ``<= 0``: each minibatch at once.
 
     Returns:
         Metrics averaged over the minibatch steps.
     """
     if batch.old_logprobs is None and (s.ppo_epochs > 1 or s.num_minibatches > 1):
         # Later steps must compare against the policy that sampled, not the updated one.
-        with torch.no_grad():
-            old = compute_logprobs(
-                model,
-                batch.input_ids,
-                batch.attention_mask,
-                batch.response_mask,
-                temperature=s.temperature,
-            )
-        batch = batch.replace(old_logprobs=old)
+        batch = batch.replace(old_logprobs=behaviour_logprobs(model, batch, s, micro_batch))
     model.train()
     sums: dict[str, float] = defaultdict(float)
     steps = 0
     for _ in range(s.ppo_epochs):
         for idx in minibatch_indices(batch.size, s.num_minibatches, generator):
             mb = batch.select(idx)
-            loss, metrics = actor_loss(model, mb, s)
-            metrics["actor/grad_norm"] = _step(model.parameters(), optimizer, loss, s.grad_clip)
+            metrics = accumulate_step(
+                model,
+                optimizer,
+                mb,
+                lambda m, micro: actor_loss(m, micro, s),
+                micro_batch=micro_batch,
+                loss_agg=s.loss_agg,
+                grad_clip=s.grad_clip,
+            )
+            metrics["actor/grad_norm"] = metrics.pop("grad_norm")
             if critic is not None and critic_optimizer is not None:
                 closs, cm = critic_loss(critic, mb, s)
                 _step(critic.parameters(), critic_optimizer, closs, s.grad_clip)
                 metrics.update(cm)
+            for k, v in metrics.items():
+                sums[k] += v
+            steps += 1
+    return {k: v / steps for k, v in sums.items()}
+
+
+def value_update(
+    critic: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    s: UpdateSettings,
+    *,
+    generator: torch.Generator | None = None,
+    micro_batch: int = 0,
+) -> dict[str, float]:
+    """Train the critic on one rollout batch: ``ppo_epochs`` x ``num_minibatches`` steps of the
+    clipped value loss (:func:`critic_loss`), as :func:`ppo_update` does for the policy.
+
+    Args:
+        critic: the value model (or its DDP wrapper), put in train mode for the call.
+        optimizer: its optimizer.
+        batch: a batch with ``values`` (at rollout time) and ``returns``.
+        s: the settings.
+        generator: shuffles the minibatches.
+        micro_batch: rows per forward/backward; ``<= 0``: each minibatch at once.
+
+    Returns:
+        Metrics averaged over the minibatch steps: ``critic/value_loss``, ``critic/grad_norm``.
+
+    Raises:
+        ConfigError: the batch has no values or returns.
+    """
+    if batch.values is None or batch.returns is None:
+        raise ConfigError(
+            "the critic trains on value targets: algorithm.advantage_estimator must be 'gae' "
+            "and the batch must carry the critic's rollout-time values"
+        )
+    critic.train()
+    sums: dict[str, float] = defaultdict(float)
+    steps = 0
+    for _ in range(s.ppo_epochs):
+        for idx in minibatch_indices(batch.size, s.num_minibatches, generator):
+            metrics = accumulate_step(
+                critic,
+                optimizer,
+                batch.select(idx),
+                lambda m, micro: critic_loss(m, micro, s),
+                micro_batch=micro_batch,
+                loss_agg="token_mean",
+                grad_clip=s.grad_clip,
+            )
+            metrics["critic/grad_norm"] = metrics.pop("grad_norm")
             for k, v in metrics.items():
                 sums[k] += v
             steps += 1

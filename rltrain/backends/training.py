@@ -4,7 +4,10 @@ The actor worker owns the data (its slice of the step's batch), the checkpoints 
 residency calls; a :class:`TrainingEngine` owns the model, the optimizer and the update:
 
 - :class:`TorchEngine` (``actor.backend=torch``): torch AdamW, DistributedDataParallel over the
-  actor group's default process group, :func:`~rltrain.algorithms.update.ppo_update`.
+  actor group's default process group, :func:`~rltrain.algorithms.update.ppo_update` with each
+  minibatch's gradient accumulated over micro-batches of ``actor.micro_batch_size`` rows.
+- :class:`TorchValueEngine`: the same for the PPO critic's value model (``critic.lr``,
+  :func:`~rltrain.algorithms.update.value_update`).
 - :class:`DeepSpeedEngine` (``actor.backend=deepspeed``): a
   :class:`~rltrain.backends.deepspeed_engine.DeepSpeedActor` (ZeRO 1/2/3) built over the same
   process group, running the same epochs x minibatches of
@@ -28,7 +31,14 @@ import torch
 
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.logprobs import compute_logprobs
-from rltrain.algorithms.update import UpdateSettings, actor_loss, minibatch_indices, ppo_update
+from rltrain.algorithms.update import (
+    UpdateSettings,
+    actor_loss,
+    micro_weights,
+    minibatch_indices,
+    ppo_update,
+    value_update,
+)
 from rltrain.backends.offload import StateMover
 from rltrain.config import resolve_offload
 from rltrain.config.schema import RunConfig
@@ -88,11 +98,23 @@ class TrainingEngine(Protocol):
         """Read this rank's optimizer state from ``directory`` (written by ``save_optimizer``)."""
 
 
-def build_adamw(model: torch.nn.Module, run: RunConfig) -> torch.optim.Optimizer:
-    """torch AdamW over the model's parameters with the ``optimizer.*`` settings."""
+def build_adamw(
+    model: torch.nn.Module, run: RunConfig, lr: float | None = None
+) -> torch.optim.Optimizer:
+    """torch AdamW over the model's parameters with the ``optimizer.*`` settings.
+
+    Args:
+        model: the model.
+        run: the run config.
+        lr: overrides ``optimizer.lr`` (the critic's ``critic.lr``).
+    """
     o = run.optimizer
     return torch.optim.AdamW(
-        model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+        model.parameters(),
+        lr=o.lr if lr is None else lr,
+        betas=tuple(o.betas),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
     )
 
 
@@ -112,7 +134,7 @@ def build_engine(
         ConfigError: for an unknown backend or settings DeepSpeed cannot run.
     """
     if run.actor.backend == "torch":
-        return TorchEngine(run, model.to(device), device)
+        return TorchEngine(run, model.to(device), device, micro_batch)
     if run.actor.backend == "deepspeed":
         return DeepSpeedEngine(run, model, device, micro_batch, minibatch)
     raise ConfigError(
@@ -128,16 +150,28 @@ class TorchEngine:
         run: the checked run config.
         model: the policy, on ``device``.
         device: the compute device.
+        micro_batch: rows per forward/backward; each minibatch's gradient is accumulated over
+            its micro-batches (all-reduced once, on the last), so the step equals the one-shot
+            step on the whole minibatch. ``<= 0``: each minibatch at once.
+        lr: overrides ``optimizer.lr``.
     """
 
     sharded_optimizer = False
     walk_sees_offload = True
 
-    def __init__(self, run: RunConfig, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(
+        self,
+        run: RunConfig,
+        model: torch.nn.Module,
+        device: torch.device,
+        micro_batch: int = 0,
+        lr: float | None = None,
+    ) -> None:
         self.settings = UpdateSettings.from_config(run)
         self.device = device
         self.model = model
-        self.optimizer = build_adamw(model, run)
+        self.micro_batch = micro_batch
+        self.optimizer = build_adamw(model, run, lr)
         self.mover = StateMover(model, self.optimizer, device=device)
         self.ddp: torch.nn.Module | None = None
 
@@ -150,7 +184,12 @@ class TorchEngine:
 
     def update(self, batch: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
         return ppo_update(
-            self.ddp or self.model, self.optimizer, batch, self.settings, generator=generator
+            self.ddp or self.model,
+            self.optimizer,
+            batch,
+            self.settings,
+            generator=generator,
+            micro_batch=self.micro_batch,
         )
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
@@ -163,6 +202,34 @@ class TorchEngine:
     def load_optimizer(self, directory: str, rank: int, world_size: int) -> None:
         state = torch.load(os.path.join(directory, "optimizer.pt"), map_location=self.device)
         self.optimizer.load_state_dict(state)
+
+
+class TorchValueEngine(TorchEngine):
+    """The PPO critic's engine: a value model trained by :func:`value_update` (torch AdamW at
+    ``critic.lr``, DDP over the critic group's process group, micro-batch accumulation).
+
+    Args:
+        run: the checked run config.
+        model: the :class:`~rltrain.algorithms.critic.ValueModel`, on ``device``.
+        device: the compute device.
+        micro_batch: rows per forward/backward (``critic.micro_batch_size``, at most a
+            minibatch).
+    """
+
+    def __init__(
+        self, run: RunConfig, model: torch.nn.Module, device: torch.device, micro_batch: int = 0
+    ) -> None:
+        super().__init__(run, model, device, micro_batch, lr=run.critic.lr)
+
+    def update(self, batch: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
+        return value_update(
+            self.ddp or self.model,
+            self.optimizer,
+            batch,
+            self.settings,
+            generator=generator,
+            micro_batch=self.micro_batch,
+        )
 
 
 # ------------------------------------------------------------------------------- deepspeed
@@ -331,11 +398,17 @@ class DeepSpeedEngine:
         """One optimizer step over the minibatch, split into the configured micro-batches."""
         parts = torch.tensor_split(torch.arange(mb.size), self.ds_settings.grad_accum_steps)
         seen: list[dict[str, float]] = []
+        # DeepSpeed divides every micro-batch's loss by their number; a token-mean loss must
+        # weigh each by its share of the minibatch's tokens instead, so the step equals the
+        # one-shot step (as the torch engine's accumulation does).
+        n = len(parts)
+        weights = micro_weights(mb.response_mask, list(parts), self.settings.loss_agg)
+        scale = iter(w * n for w in weights)
 
         def loss_fn(engine: torch.nn.Module, micro: RolloutBatch) -> torch.Tensor:
             loss, metrics = actor_loss(engine, micro, self.settings)
             seen.append(metrics)
-            return loss
+            return loss * next(scale)
 
         self.actor.train_step([mb.select(p) for p in parts], loss_fn)
         out = {k: sum(m[k] for m in seen) / len(seen) for k in seen[0]}

@@ -202,8 +202,10 @@ def _algorithm(cfg: RunConfig) -> Iterator[str]:
     placed = {n.strip() for k in cfg.placement.component_placement for n in str(k).split(",")}
     if a.advantage_estimator == "gae" and cfg.runner == "reasoning" and "critic" not in placed:
         yield (
-            "algorithm.advantage_estimator='gae' needs a critic, but placement."
-            "component_placement places none: add critic to the placement or use grpo/rloo"
+            "algorithm.advantage_estimator='gae' (PPO) needs a critic, but placement."
+            "component_placement places none: use experiment=reasoning_ppo (or "
+            "reasoning_ppo_hybrid / reasoning_ppo_disaggregated), add one with "
+            "+placement.component_placement.critic=all, or use grpo/rloo"
         )
 
 
@@ -287,6 +289,12 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
     yield from _positive("trainer.save_every", t.save_every, zero_ok=True)
     yield from _positive("trainer.max_restarts", t.max_restarts, zero_ok=True)
     yield from _positive("trainer.max_staleness", t.max_staleness, zero_ok=True)
+    if t.partial_rollout not in ("finish", "restart"):
+        yield (
+            f"trainer.partial_rollout={t.partial_rollout!r} is not valid: choose 'finish' (a "
+            f"generation running when the actor publishes new weights ends with the old ones, "
+            f"counted as stale) or 'restart' (it is cancelled and run again with the new ones)"
+        )
     if t.target_accuracy is not None and not 0 < t.target_accuracy <= 1:
         yield f"trainer.target_accuracy={t.target_accuracy} must be in (0, 1]"
     if t.resume not in (None, "auto") and not os.path.exists(t.resume):

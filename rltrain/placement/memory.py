@@ -158,6 +158,13 @@ def param_count(d: ModelDims) -> int:
     return v * h + layers * per_layer + h + head
 
 
+def value_param_count(d: ModelDims) -> int:
+    """Parameters of the PPO critic's value model: the policy's transformer without its LM head
+    (``V·h``, unless tied to the embeddings) plus a scalar head (``h + 1``)."""
+    head = 0 if d.tie_word_embeddings else d.vocab_size * d.hidden_size
+    return param_count(d) - head + d.hidden_size + 1
+
+
 def _div(num: int, den: int) -> int:
     return -(-num // den)
 
@@ -204,13 +211,15 @@ def activation_bytes(
     shards: int = 1,
     training: bool = True,
     checkpointing: bool = False,
+    outputs_per_token: int | None = None,
 ) -> int:
     """Activations of one micro-batch, plus its fp32 logits.
 
     Training keeps ``b·s·h·L·17`` elements (model dtype) for backward; with gradient
     checkpointing only each layer's input (``b·s·h·L``) plus one layer recomputed
     (``b·s·h·17``); a forward pass alone holds one layer's (``b·s·h·17``). Logits add
-    ``b·s·V·4`` bytes. The total is divided by ``shards`` (the tensor-parallel size).
+    ``b·s·V·4`` bytes (``b·s·1·4`` for the critic's values: ``outputs_per_token=1``). The total
+    is divided by ``shards`` (the tensor-parallel size).
     """
     base = micro_batch * seq_len * d.hidden_size
     if not training:
@@ -219,7 +228,8 @@ def activation_bytes(
         elements = base * d.num_layers + base * ACTIVATION_ELEMENTS
     else:
         elements = base * d.num_layers * ACTIVATION_ELEMENTS
-    logits = micro_batch * seq_len * d.vocab_size * 4
+    outputs = d.vocab_size if outputs_per_token is None else outputs_per_token
+    logits = micro_batch * seq_len * outputs * 4
     return _div(elements * dtype_bytes(d.dtype) + logits, shards)
 
 

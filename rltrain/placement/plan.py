@@ -461,7 +461,7 @@ def component_terms(
     Returns:
         ``{kind: bytes}``; kinds that do not apply are left out.
     """
-    params = mem.param_count(dims)
+    params = mem.value_param_count(dims) if name == "critic" else mem.param_count(dims)
     dt = dims.dtype
     seq = dims.max_position_embeddings
     t: dict[str, int] = {}
@@ -476,7 +476,10 @@ def component_terms(
         t["grads"] = mem.grad_bytes(params, dt, tp * pp * z["grads"])
         t["optimizer"] = mem.optimizer_bytes(params, dt, tp * pp * z["optimizer"])
         ckpt = bool(getattr(run.actor, "gradient_checkpointing", False)) and name == "actor"
-        t["activations"] = mem.activation_bytes(sec.micro_batch_size, seq, dims, tp, True, ckpt)
+        out = 1 if name == "critic" else None  # a value per token, not vocabulary logits
+        t["activations"] = mem.activation_bytes(
+            sec.micro_batch_size, seq, dims, tp, True, ckpt, outputs_per_token=out
+        )
     elif name in ("reference", "inference"):
         sec = getattr(run, name)
         tp = getattr(sec, "tensor_parallel_size", 1)

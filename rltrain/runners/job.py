@@ -147,7 +147,7 @@ def start_job(
     trace.configure(process="driver", enabled=run.logging.trace)
     with Cluster.start(run.cluster) as cluster:
         plan = build_plan(run, _simulated_memory(cluster.spec, run))  # the discovered cluster
-        reservation = cluster.reserve(plan, name=f"rltrain-{os.getpid()}")
+        reservation = cluster.reserve(plan, name=f"rltrain-{os.getpid()}", overlap=overlap(run))
 
         def launch(comp: str) -> WorkerGroup[Any]:
             with trace.span("launch", comp):
@@ -170,6 +170,15 @@ def start_job(
         residency, resident = _residency(run, plan, groups)
         job = Job(run, plan, cluster, groups, residency, run_dir, resident)
         yield job
+
+
+def overlap(run: RunConfig) -> tuple[frozenset[str], ...]:
+    """Components whose stages run at the same time in this run (they share the cores)."""
+    if run.runner == "embodied" and run.env.pipeline_stage_num > 1:
+        return (frozenset({"env", "rollout"}),)
+    if run.runner == "reasoning" and run.trainer.max_staleness > 0:
+        return (frozenset({"actor", "rollout"}),)
+    return ()
 
 
 def _residency(

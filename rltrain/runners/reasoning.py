@@ -6,6 +6,7 @@ One step, as the algorithm reads:
     rollout  : generate n responses per prompt      (with the latest weights)
     reward   : score them                           (rule function)
     reference: log-probs for the KL                 (only when algorithm.kl_coef > 0)
+    critic   : values, then its own update          (PPO: algorithm.advantage_estimator=gae)
     actor    : advantages, clipped-surrogate update (data-parallel)
     actor    : export the new weights               (the rollout loads them next step)
     evaluate / log / checkpoint
@@ -17,22 +18,22 @@ only passes references and receives small things (rewards for logging, metrics).
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from rltrain.config.schema import RunConfig
-from rltrain.errors import ConfigError, WorkerError
+from rltrain.errors import ConfigError
 from rltrain.runners.checkpoint import CheckpointManager, read_state
 from rltrain.runners.job import Job, start_job
+from rltrain.runners.pipeline import GenerationPipeline, InFlight  # noqa: F401 (re-exported)
 from rltrain.runners.sizes import BatchSizes, derive_sizes
 from rltrain.tasks import build_task, build_tokenizer
 from rltrain.telemetry import trace
 from rltrain.telemetry.metrics import MetricsLogger, plot_curves
 from rltrain.workers.actor import ActorWorker
+from rltrain.workers.critic import CriticWorker, derive_critic_sizes
 from rltrain.workers.reference import ReferenceWorker, gather_round_robin
 from rltrain.workers.reward import RewardWorker
 from rltrain.workers.rollout import RolloutWorker
@@ -72,11 +73,19 @@ def check_components(run: RunConfig, components: set[str]) -> None:
             f"algorithm.kl_coef={run.algorithm.kl_coef} needs {need}: add them to the placement"
             + (" (the reference computes the KL's log-probs)" if "reference" in missing else "")
         )
-    if run.algorithm.advantage_estimator == "gae":
+    gae = run.algorithm.advantage_estimator == "gae"
+    if gae and "critic" not in components:
         raise ConfigError(
-            "algorithm.advantage_estimator='gae' is not available with runner=reasoning yet (no "
-            "critic worker for LLMs): use grpo, dr_grpo, rloo or reinforce_pp; PPO+GAE runs "
-            "with runner=embodied"
+            f"placement.component_placement places {sorted(components)} but "
+            f"algorithm.advantage_estimator='gae' (PPO) needs a critic: use experiment="
+            f"reasoning_ppo (or reasoning_ppo_hybrid / reasoning_ppo_disaggregated), or add "
+            f"+placement.component_placement.critic=all"
+        )
+    if "critic" in components and not gae:
+        raise ConfigError(
+            f"placement.component_placement places a critic but algorithm.advantage_estimator="
+            f"{run.algorithm.advantage_estimator!r} does not use one: remove it from the "
+            f"placement, or use algorithm=ppo (gae)"
         )
     from rltrain.backends.training import check_training_backend
 
@@ -116,6 +125,8 @@ def worker_builders(run: RunConfig, sizes: BatchSizes) -> dict[str, Any]:
     }
     if run.algorithm.kl_coef > 0:
         builders["reference"] = lambda plan: ReferenceWorker.create_group(run)
+    if run.algorithm.advantage_estimator == "gae":
+        builders["critic"] = lambda plan: CriticWorker.create_group(run, sizes.samples_per_step)
     return builders
 
 
@@ -140,7 +151,8 @@ class ReasoningRunner:
         self.weights_ref: Any = None
         self._stop = False
         k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
-        self.pipeline = GenerationPipeline(self, k) if k > 0 else None
+        partial = self.run.trainer.partial_rollout
+        self.pipeline = GenerationPipeline(self, k, partial) if k > 0 else None
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.total_steps`` (or the target accuracy, or a stop signal)."""
@@ -200,7 +212,7 @@ class ReasoningRunner:
                 gen = self.pipeline.take(step)
                 gen.future.wait()
             rollouts = gen.future
-            extra = {"rollout/weight_version": gen.version, "rollout/staleness": step - gen.version}
+            extra = self.pipeline.metrics(gen)
         metrics = self._learn(step, rollouts.refs, timer)
         metrics.update(extra)
         return metrics
@@ -218,32 +230,62 @@ class ReasoningRunner:
         return self.g["rollout"].call_each(RolloutWorker.generate, args)
 
     def _learn(self, step: int, shards: list[Any], timer: StepTimer) -> dict[str, Any]:
-        """Reward, reference, update and weight export for one generated batch."""
+        """Reward, reference, update and weight export for one generated batch.
+
+        The reward's answer goes to the actor as an object reference, and the weight export is
+        queued behind the update on rank 0: the driver waits once, for both, instead of once
+        per call (the scoring overlaps the actor's reload).
+        """
         g = self.g
-        with timer("reward"):
-            scores = g["reward"].execute_on(0).score(shards).wait()[0]
-        rewards = [sc.rewards for sc in scores]
+        scored = g["reward"].execute_on(0).score(shards)
         ref_logprobs = None
         if "reference" in g:
             with timer("reference"), self.job.stage("reference"):
                 per_rank = g["reference"].call(ReferenceWorker.logprobs, shards).wait()
                 ref_logprobs = gather_round_robin(per_rank, len(shards))
+        critic_metrics: dict[str, Any] = {}
+        if "critic" in g:  # PPO: the actor's GAE reads the values the critic attaches
+            shards, critic_metrics = self._critic(step, shards, scored.refs[0], ref_logprobs, timer)
         with timer("train"), self.job.stage("actor"):
-            results = g["actor"].call(ActorWorker.train, shards, rewards, step, ref_logprobs).wait()
-            for rank, r in enumerate(results):
-                self.job.refresh_ledger(
-                    "actor",
-                    {k[12:]: v for k, v in r.items() if k.startswith("state_bytes/")},
-                    rank,
-                )
+            trained = g["actor"].call(ActorWorker.train, shards, scored.refs[0], step, ref_logprobs)
+            exported = g["actor"].execute_on(0).export_weights(step + 1)
+            results = trained.wait()
             with timer("sync"):
-                self._export_weights(step + 1, lease=False)
-        return self._step_metrics(scores, results, timer.times)
+                exported.wait()
+        self.weights_ref, self.version = exported.refs[0], step + 1
+        for rank, r in enumerate(results):
+            self.job.refresh_ledger(
+                "actor", {k[12:]: v for k, v in r.items() if k.startswith("state_bytes/")}, rank
+            )
+        with timer("reward"):
+            scores = scored.wait()[0]  # answered before the update started
+        return {**self._step_metrics(scores, results, timer.times), **critic_metrics}
 
-    def _export_weights(self, version: int, lease: bool = True) -> None:
+    def _critic(
+        self, step: int, shards: list[Any], rewards: Any, ref_logprobs: Any, timer: StepTimer
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """Token values for the step's shards, then the critic's update on them.
+
+        Returns:
+            The shards with values (object refs, shard order) and the critic's mean metrics.
+        """
+        g = self.g
+        with timer("critic"), self.job.stage("critic"):
+            per_rank = g["critic"].call(CriticWorker.with_values, shards).wait()
+            valued = gather_round_robin(per_rank, len(shards))
+            train = g["critic"].call(CriticWorker.train, valued, rewards, step, ref_logprobs)
+            results = train.wait()
+        for rank, r in enumerate(results):
+            self.job.refresh_ledger(
+                "critic", {k[12:]: v for k, v in r.items() if k.startswith("state_bytes/")}, rank
+            )
+        keys = [k for k in results[0] if not k.startswith("state_bytes/")]
+        return valued, {k: sum(r[k] for r in results) / len(results) for k in keys}
+
+    def _export_weights(self, version: int) -> None:
         # Exported inside the actor's lease (it must be resident); the rollout loads the buckets
         # from the object store at its next generate, when it holds its own lease.
-        with self.job.stage("actor") if lease else contextlib.nullcontext():
+        with self.job.stage("actor"):
             fut = self.g["actor"].execute_on(0).export_weights(version)
             fut.wait()
         self.weights_ref, self.version = fut.refs[0], version
@@ -257,6 +299,9 @@ class ReasoningRunner:
         with self.job.stage("actor"):
             pending = self.ckpt.begin(step)
             self.g["actor"].save(pending.path).wait()  # every rank: ZeRO shards
+        if "critic" in self.g:
+            with self.job.stage("critic"):
+                self.g["critic"].save(pending.path).wait()
         return self.ckpt.commit(pending, {"model": _fingerprint(self.run)})
 
     def _resume(self) -> int:
@@ -271,6 +316,9 @@ class ReasoningRunner:
             )
         with self.job.stage("actor"):
             self.g["actor"].load(f"{path}").wait()
+        if "critic" in self.g:
+            with self.job.stage("critic"):
+                self.g["critic"].load(f"{path}").wait()
         return int(state["step"])
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -325,77 +373,6 @@ class ReasoningRunner:
         }
 
 
-@dataclass(frozen=True)
-class InFlight:
-    """A generation submitted ahead: its step, the weight version it samples with, its future."""
-
-    step: int
-    version: int
-    future: Any
-
-
-class GenerationPipeline:
-    """Bounded-staleness schedule: generation for steps ahead runs while the actor trains.
-
-    Before step ``s`` trains, the generations of steps up to ``s + k`` are submitted with the
-    newest exported weights (version ``s``: every update bumps it), so a batch of step ``t`` is
-    sampled with a version ``>= t - k``. At most ``k + 1`` generations are queued (the bounded
-    channel); the rollout loads a new version at the start of its next ``generate`` call, so a
-    weight swap never pauses generation for longer than the load.
-
-    Args:
-        runner: the runner whose rollout group, weights and task are used.
-        max_staleness: ``k >= 1``.
-    """
-
-    def __init__(self, runner: ReasoningRunner, max_staleness: int) -> None:
-        self.runner, self.k = runner, max_staleness
-        self.queue: deque[InFlight] = deque()
-        self.next_step, self.horizon = 0, None
-
-    def reset(self, step: int, horizon: int | None = None) -> None:
-        """Forget generations in flight; the next one submitted is for ``step``.
-
-        Args:
-            step: the next step to generate for.
-            horizon: no generation is submitted for this step or later (``None``: no limit).
-        """
-        self.queue.clear()
-        self.next_step, self.horizon = step, horizon
-
-    def fill(self, step: int) -> None:
-        """Submit the generations of steps up to ``step + k`` not yet in flight."""
-        r = self.runner
-        if not self.queue:
-            self.next_step = max(self.next_step, step)
-        last = step + self.k if self.horizon is None else min(step + self.k, self.horizon - 1)
-        while self.next_step <= last:
-            t = self.next_step
-            with r.job.stage("rollout"):
-                future = r._submit_generation(t, max(t - self.k, 0))
-            self.queue.append(InFlight(t, r.version, future))
-            self.next_step += 1
-
-    def take(self, step: int) -> InFlight:
-        """The generation of ``step`` (submitted by :meth:`fill`).
-
-        Raises:
-            WorkerError: the schedule lost its order (a step was skipped).
-        """
-        if not self.queue or self.queue[0].step != step:
-            raise WorkerError(
-                f"rollout pipeline holds steps {[g.step for g in self.queue]} but step {step} "
-                f"trains next: call train_step with consecutive steps"
-            )
-        return self.queue.popleft()
-
-    def drain(self) -> None:
-        """Wait for every generation in flight; they stay queued for their steps (benchmarks:
-        a timed section ends with the rollout idle, so it cannot delay the next section)."""
-        for g in self.queue:
-            g.future.wait()
-
-
 def _mean(values: list[Any]) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
@@ -413,8 +390,10 @@ def _fingerprint(run: RunConfig) -> str:
 
 def data_parallel(groups) -> None:
     """``start_job``'s ``on_launch``: the actor's process group and DDP, before any offload."""
-    groups["actor"].init_process_group()
-    groups["actor"].setup_data_parallel().wait()
+    for name in ("actor", "critic"):
+        if name in groups:
+            groups[name].init_process_group()
+            groups[name].setup_data_parallel().wait()
 
 
 def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
@@ -437,6 +416,8 @@ def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
     check_components(run, set(plan.components))
     check_staleness(run, plan)
     sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
+    if "critic" in plan.components:
+        derive_critic_sizes(run, sizes.samples_per_step, plan.world_size("critic"))
 
     with start_job(run, run_dir, worker_builders(run, sizes), on_launch=data_parallel) as job:
         summary = ReasoningRunner(job, sizes).fit()

@@ -221,6 +221,7 @@ class Cluster:
         placements: Mapping[str, Sequence[Placement]] | Any,
         timeout_s: float | None = None,
         name: str | None = None,
+        overlap: Sequence[frozenset[str]] = (),
     ) -> Reservation:
         """Reserve, in one placement group, every device and CPU share the placements use.
 
@@ -229,6 +230,8 @@ class Cluster:
                 ``placements(component)``.
             timeout_s: how long Ray may take (default ``cluster.startup_timeout_s``).
             name: the placement group's name.
+            overlap: sets of components whose stages run at the same time (their processes
+                share a node's cores for torch threads instead of each taking all of them).
 
         Returns:
             The reservation; launch groups into it with ``launch(..., reservation=...)``.
@@ -241,7 +244,11 @@ class Cluster:
         if not isinstance(placements, Mapping):
             placements = {c: list(placements.placements(c)) for c in placements.components}
         res = Reservation.create(
-            placements, self.spec, self.startup_timeout_s if timeout_s is None else timeout_s, name
+            placements,
+            self.spec,
+            self.startup_timeout_s if timeout_s is None else timeout_s,
+            name,
+            overlap,
         )
         self._reservations.append(res)
         return res

@@ -86,6 +86,7 @@ class Reservation:
         spec: ClusterSpec,
         timeout_s: float,
         name: str | None = None,
+        overlap: Sequence[frozenset[str]] = (),
     ) -> Reservation:
         """Reserve what ``placements`` use and learn which devices Ray gave.
 
@@ -94,6 +95,7 @@ class Reservation:
             spec: the live cluster (nodes must carry Ray node ids).
             timeout_s: how long to wait for Ray to place every bundle.
             name: the placement group's name (default: a unique ``rltrain-<hex>``).
+            overlap: components working at the same time (see :func:`plan_reservation`).
 
         Returns:
             The ready reservation.
@@ -103,7 +105,7 @@ class Reservation:
                 lists what each node lacks); nothing stays reserved.
             PlacementError: when a placement names a node or device the cluster lacks.
         """
-        layout = plan_reservation(placements, spec)
+        layout = plan_reservation(placements, spec, overlap)
         name = name or f"rltrain-{uuid.uuid4().hex[:10]}"
         selectors = [{NODE_ID_LABEL: spec.nodes[b.node_rank].ray_node_id} for b in layout.bundles]
         pg = placement_group(

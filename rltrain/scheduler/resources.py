@@ -16,7 +16,9 @@ Rules (DESIGN.md, "Ray resource model"):
   bundle) and asks for an equal part of that bundle's CPUs, so collocated processes fit;
 - torch threads = the job's cores on the node // the component's processes on that node (they run
   at the same time in their stage), at least 1. Ray's default (1 thread for a fractional-CPU
-  actor) halves a small model's speed on 2 cores.
+  actor) halves a small model's speed on 2 cores. Components that work at the same time
+  (``overlap``: actor and rollout with asynchronous rollout, env and rollout in a pipeline) are
+  counted together, so their threads do not oversubscribe the node's cores.
 """
 
 from __future__ import annotations
@@ -156,13 +158,17 @@ def _node_bundles(
 
 
 def plan_reservation(
-    placements: Mapping[str, Sequence[Placement]], spec: ClusterSpec
+    placements: Mapping[str, Sequence[Placement]],
+    spec: ClusterSpec,
+    overlap: Sequence[frozenset[str]] = (),
 ) -> ReservationLayout:
     """Compute the job's bundles and each process's slot.
 
     Args:
         placements: every component's placements (component name -> one per rank).
         spec: the cluster the placements were resolved against.
+        overlap: sets of components whose stages run at the same time; a process's thread
+            count divides the node's cores over the processes of its whole set there.
 
     Returns:
         The layout; bundles are ordered by node, devices first, then the node's CPU bundle.
@@ -191,7 +197,10 @@ def plan_reservation(
     per_bundle = Counter(home(p) for procs in placements.values() for p in procs)
     slots = []
     for component, procs in placements.items():
-        per_node = Counter(p.cluster_node_rank for p in procs)
+        together = {component}.union(*(s for s in overlap if component in s))
+        per_node = Counter(
+            q.cluster_node_rank for c in together if c in placements for q in placements[c]
+        )
         for p in procs:
             idx = home(p)
             threads = max(

@@ -90,7 +90,7 @@ class ActorWorker(Worker, ResidentState):
     def train(
         self,
         shard_refs: list[Any],
-        rewards: list[torch.Tensor],
+        rewards: list[Any],
         step: int,
         ref_logprobs: list[torch.Tensor] | None = None,
     ) -> dict[str, float]:
@@ -99,7 +99,9 @@ class ActorWorker(Worker, ResidentState):
         Args:
             shard_refs: object refs of the rollout shards (rank order), fetched here, not by
                 the driver.
-            rewards: one ``[b]`` reward tensor per shard.
+            rewards: one ``[b]`` reward tensor per shard, or the reward worker's
+                :class:`~rltrain.workers.reward.Scores` per shard (its answer passed on as an
+                object reference, so the driver need not wait for it).
             step: the policy-update index (seeds minibatch shuffling).
             ref_logprobs: ``[b, R]`` reference log-probs per shard (when the KL is on).
 
@@ -110,6 +112,7 @@ class ActorWorker(Worker, ResidentState):
 
         with trace.span("train", "actor", self.device_labels):
             shards = ray.get(list(shard_refs))
+            rewards = [getattr(r, "rewards", r) for r in rewards]
             shards = [s.replace(rewards=r) for s, r in zip(shards, rewards, strict=True)]
             if ref_logprobs is not None:
                 shards = [

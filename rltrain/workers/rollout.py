@@ -7,8 +7,13 @@ import time
 import torch
 
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.algorithms.logprobs import compute_logprobs
-from rltrain.algorithms.sampling import SamplingParams, encode_prompts, generate, greedy_accuracy
+from rltrain.algorithms.sampling import (
+    GenerationStopped,
+    SamplingParams,
+    encode_prompts,
+    generate,
+    greedy_accuracy,
+)
 from rltrain.backends.offload import StateMover
 from rltrain.backends.weight_sync.host import HostBuckets, load_from_host
 from rltrain.config.schema import RunConfig
@@ -61,7 +66,7 @@ class RolloutWorker(Worker, ResidentState):
         weights: HostBuckets | None = None,
         expect_version: int | None = None,
         behaviour_logprobs: bool = False,
-    ) -> RolloutBatch:
+    ) -> RolloutBatch | None:
         """Sample ``n`` responses for each prompt.
 
         Args:
@@ -71,10 +76,12 @@ class RolloutWorker(Worker, ResidentState):
             expect_version: refuse to sample with an older weight version than this.
             behaviour_logprobs: also record the sampling policy's per-token log-probs as
                 ``old_logprobs`` (asynchronous training: the actor's clipped ratio must be
-                taken against the policy that sampled, which is older than the actor's).
+                taken against the policy that sampled, which is older than the actor's). They
+                are those of the distribution sampled: temperature and top-p applied.
 
         Returns:
-            A CPU batch of ``len(prompts) * n`` rows.
+            A CPU batch of ``len(prompts) * n`` rows; ``None`` when the call was cancelled
+            (``ray.cancel``: a partial rollout restarted with newer weights) before it ended.
 
         Raises:
             WorkerError: the weights held are older than ``expect_version``.
@@ -85,31 +92,23 @@ class RolloutWorker(Worker, ResidentState):
                 self.run.seed * 1_000_003 + step * 1_009 + self.rank
             )
             ids, mask = encode_prompts(self.tokenizer, prompts)
-            batch = generate(
-                self.model,
-                ids.to(self.device),
-                mask.to(self.device),
-                self.params,
-                self.tokenizer.eos_token_id,
-                self.tokenizer.pad_token_id,
-                gen,
-            )
-            if behaviour_logprobs:
-                batch = batch.replace(old_logprobs=self._behaviour_logprobs(batch))
-            if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
-                time.sleep(self.run.rollout.latency_ms / 1000)
+            try:
+                batch = generate(
+                    self.model,
+                    ids.to(self.device),
+                    mask.to(self.device),
+                    self.params,
+                    self.tokenizer.eos_token_id,
+                    self.tokenizer.pad_token_id,
+                    gen,
+                    with_logprobs=behaviour_logprobs,
+                    should_stop=_cancelled,
+                )
+                if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
+                    _sleep_unless_cancelled(self.run.rollout.latency_ms / 1000)
+            except GenerationStopped:
+                return None  # nobody reads a cancelled call's result
             return batch.to("cpu")
-
-    @torch.no_grad()
-    def _behaviour_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        # Same temperature as sampling, so these are the log-probs of the distribution sampled.
-        return compute_logprobs(
-            self.model,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.response_mask,
-            temperature=self.params.temperature,
-        )
 
     def evaluate(self, weights: HostBuckets | None = None) -> float:
         """Greedy accuracy on the task's evaluation prompts, with the given weights."""
@@ -120,3 +119,27 @@ class RolloutWorker(Worker, ResidentState):
             return greedy_accuracy(
                 self.model, self.tokenizer, self._task, self.run.rollout.max_new_tokens
             )
+
+
+def _cancelled() -> bool:
+    """Whether the Ray call running this code was cancelled (``ray.cancel`` on its ref).
+
+    Ray only flags a running actor call; the call itself must look (between decoding steps).
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    try:
+        return ray.get_runtime_context().is_canceled()
+    except RuntimeError:  # not inside a task (a worker built directly, in a unit test)
+        return False
+
+
+def _sleep_unless_cancelled(seconds: float, poll_s: float = 0.01) -> None:
+    """Sleep, but give up (``GenerationStopped``) within ``poll_s`` of a cancellation."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if _cancelled():
+            raise GenerationStopped
+        time.sleep(min(left, poll_s))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from rltrain.config import load_config
 from rltrain.config.store import register_configs
 from rltrain.errors import ConfigError
-from rltrain.runners.reasoning import GenerationPipeline, run_reasoning
+from rltrain.runners.reasoning import run_reasoning
 from rltrain.telemetry.metrics import read_metrics
 
 CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
@@ -39,80 +38,17 @@ def compose_run(*overrides: str):
         return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
-# ----------------------------------------------------------------------- the schedule, pure logic
-class _Future:
-    def wait(self) -> None:
-        return None
-
-
-class _FakeRunner:
-    """Records what the pipeline submits; ``version`` is bumped by the test like an update."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self.submitted: list[tuple[int, int, int]] = []  # (step, expect, version sent)
-        self.job = self
-
-    def stage(self, component: str):
-        return nullcontext()
-
-    def _submit_generation(self, step: int, expect: int) -> _Future:
-        self.submitted.append((step, expect, self.version))
-        return _Future()
-
-
-def _schedule(k: int, steps: int, start: int = 0) -> tuple[_FakeRunner, list[int]]:
-    runner = _FakeRunner()
-    runner.version = start
-    pipe = GenerationPipeline(runner, k)  # type: ignore[arg-type]
-    pipe.reset(start, horizon=start + steps)
-    versions = []
-    for step in range(start, start + steps):
-        pipe.fill(step)
-        versions.append(pipe.take(step).version)
-        runner.version = step + 1  # the update exports version step + 1
-    assert not pipe.queue  # the horizon stops generation at the last step
-    return runner, versions
-
-
-@pytest.mark.parametrize(
-    ("k", "expected"),
-    [
-        (1, [0, 0, 1, 2, 3, 4]),
-        (2, [0, 0, 0, 1, 2, 3]),
-        (3, [0, 0, 0, 0, 1, 2]),
-    ],
-)
-def test_schedule_samples_with_versions_at_most_k_old(k, expected):
-    runner, versions = _schedule(k, 6)
-    assert versions == expected
-    assert [s - v for s, v in enumerate(versions)] == [min(s, k) for s in range(6)]
-    # the rollout is told to refuse anything older than step - k
-    assert [e for _, e, _ in runner.submitted] == [max(s - k, 0) for s in range(6)]
-
-
-def test_schedule_resumes_from_a_later_step():
-    runner, versions = _schedule(1, 3, start=5)
-    assert versions == [5, 5, 6]
-    assert [s for s, _, _ in runner.submitted] == [5, 6, 7]
-
-
-def test_schedule_refuses_a_skipped_step():
-    from rltrain.errors import WorkerError
-
-    pipe = GenerationPipeline(_FakeRunner(), 1)  # type: ignore[arg-type]
-    pipe.fill(0)
-    pipe.take(0)
-    with pytest.raises(WorkerError, match="step 2 trains next"):
-        pipe.take(2)
-
-
 # ------------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("placement", ["collocated", "hybrid"])
 def test_staleness_is_refused_where_rollout_and_actor_share_a_device(placement, tmp_path):
     run = compose_run(f"placement={placement}", "trainer.max_staleness=1")
     with pytest.raises(ConfigError, match=f"trainer.max_staleness=1.*mode {placement}"):
         run_reasoning(run, str(tmp_path))  # refused by the plan check, before Ray starts
+
+
+def test_unknown_partial_rollout_is_refused_when_the_config_loads():
+    with pytest.raises(ConfigError, match=r"trainer.partial_rollout='always'.*'finish'.*'restart'"):
+        compose_run("placement=disaggregated", "trainer.partial_rollout=always")
 
 
 # ------------------------------------------------------------------------------ real runs
@@ -171,3 +107,32 @@ def test_disaggregated_max_staleness_one_overlaps_and_bounds_staleness(
         for (g_start, g_end), (t_start, t_end) in zip(gens[1:], trains[:-1], strict=True)
     ]
     assert all(o > 0 for o in overlaps), overlaps
+
+
+@pytest.mark.timeout(300)
+def test_restart_discards_generations_running_at_a_weight_swap(ray_session, tmp_path):
+    ray_session.ensure()
+    # generation far slower than training: the next step's generation is still running when
+    # the actor publishes, so it is cancelled and run again with the new weights
+    latency_ms = 1500
+    shared = [o for o in SHORT if "latency_ms" not in o]
+    run = compose_run(
+        *shared,
+        "trainer.total_steps=3",
+        "trainer.max_staleness=1",
+        "trainer.partial_rollout=restart",
+        f"rollout.latency_ms={latency_ms}",
+    )
+    summary = run_reasoning(run, str(tmp_path))
+    assert summary["status"] == "completed" and summary["steps"] == 3
+    records = read_metrics(str(tmp_path / "metrics.jsonl"))
+    restarts = [r["rollout/restarts"] for r in records]
+    staleness = [r["rollout/staleness"] for r in records]
+    assert restarts[0] == 0 and sum(restarts) >= 1, restarts
+    # a restarted batch carries the newest weights; one that finished in time is 1 behind
+    assert staleness == [0] + [0 if n else 1 for n in restarts[1:]], (staleness, restarts)
+    # every submission ran on the rollout; a cancelled one stopped inside its modelled
+    # latency instead of sleeping it out (an uncancelled call lasts at least that long)
+    gens = _spans(tmp_path, "generate", "rollout")
+    assert len(gens) == 3 + sum(restarts)
+    assert any(end - start < latency_ms * 1000 for start, end in gens), gens

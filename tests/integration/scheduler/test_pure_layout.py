@@ -207,3 +207,14 @@ def test_chrome_trace_lanes():
         (4, "step"),
         (5, "generate"),
     ]
+
+
+def test_components_that_overlap_share_the_cores_for_threads():
+    # Node 1: 4 CPUs. Taking turns, actor (1 process) and rollout (1 process) get 4 threads
+    # each; overlapping (asynchronous rollout) they run at once and get 4 // 2 = 2 each.
+    placements = {"actor": [place(0, 1, [0])], "rollout": [place(0, 1, [1])]}
+    turns = plan_reservation(placements, SPEC)
+    both = plan_reservation(placements, SPEC, overlap=[frozenset({"actor", "rollout"})])
+    assert [s.num_threads for s in turns.slots] == [4, 4]
+    assert [s.num_threads for s in both.slots] == [2, 2]
+    assert both.bundles == turns.bundles  # only threads change, not what Ray reserves

@@ -178,7 +178,10 @@ def test_moves_are_awaited_as_late_as_their_order_allows():
     co.flush()
     assert log[-1] == ("awaited", "offload", "actor")
     assert [e.kind for e in co.events if e.kind != "grant"] == [
-        "reload", "offload", "reload", "offload"
+        "reload",
+        "offload",
+        "reload",
+        "offload",
     ]
 
 

@@ -1,0 +1,185 @@
+"""Bounded-staleness rollout pipeline: generation for the next steps runs while the actor trains.
+
+The reasoning runner (``trainer.max_staleness = k >= 1``) asks this schedule, before step ``s``
+trains, to have the generations of steps up to ``s + k`` in flight, and takes step ``s``'s batch
+from it. Each generation records the weight version it samples with, so the staleness of every
+batch is known. What happens to a generation still running when the actor publishes newer
+weights is ``trainer.partial_rollout``:
+
+- ``finish``: it runs to the end with the weights it started with (its batch is stale);
+- ``restart``: it is cancelled and submitted again with the newest weights (its batch is fresh;
+  the work done so far is lost).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rltrain.errors import ConfigError, WorkerError
+
+if TYPE_CHECKING:  # the runner imports this module
+    from rltrain.runners.reasoning import ReasoningRunner
+
+PARTIAL_ROLLOUTS = ("finish", "restart")
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A generation submitted ahead.
+
+    Attributes:
+        step: the step whose batch it generates.
+        version: the weight version it samples with.
+        future: the rollout group's future (``wait()``, ``done()``, ``refs``).
+        restarts: how often this step's generation was restarted before this submission.
+    """
+
+    step: int
+    version: int
+    future: Any
+    restarts: int = 0
+
+
+class GenerationPipeline:
+    """Bounded-staleness schedule: generation for steps ahead runs while the actor trains.
+
+    Before step ``s`` trains, the generations of steps up to ``s + k`` are submitted with the
+    newest exported weights (version ``s``: every update bumps it), so a batch of step ``t`` is
+    sampled with a version ``>= t - k``. At most ``k + 1`` generations are queued (the bounded
+    channel); the rollout loads a new version at the start of its next ``generate`` call, so a
+    weight swap never pauses generation for longer than the load.
+
+    With ``partial_rollout="restart"``, :meth:`fill` first cancels every generation that is
+    still running with weights older than the newest and submits it again with the newest.
+
+    Args:
+        runner: the runner whose rollout group, weights (``version``) and task are used; it
+            must offer ``job.stage(component)`` and ``_submit_generation(step, expect)``.
+        max_staleness: ``k >= 1``.
+        partial_rollout: ``finish`` or ``restart`` (``trainer.partial_rollout``).
+
+    Raises:
+        ConfigError: for a ``partial_rollout`` outside :data:`PARTIAL_ROLLOUTS`.
+    """
+
+    def __init__(
+        self, runner: ReasoningRunner, max_staleness: int, partial_rollout: str = "finish"
+    ) -> None:
+        if partial_rollout not in PARTIAL_ROLLOUTS:
+            raise ConfigError(
+                f"trainer.partial_rollout={partial_rollout!r} is not valid: choose one of "
+                f"{list(PARTIAL_ROLLOUTS)}"
+            )
+        self.runner, self.k = runner, max_staleness
+        self.restart = partial_rollout == "restart"
+        self.queue: deque[InFlight] = deque()
+        self.next_step, self.horizon = 0, None
+        self.restarts_total = 0  # generations cancelled and submitted again, whole run
+        self._restarts_at_fill = 0  # ... at the latest fill (the step's ``rollout/restarts``)
+
+    def reset(self, step: int, horizon: int | None = None) -> None:
+        """Forget generations in flight; the next one submitted is for ``step``.
+
+        Generations still running are cancelled (their results would never be read).
+
+        Args:
+            step: the next step to generate for.
+            horizon: no generation is submitted for this step or later (``None``: no limit).
+        """
+        for g in self.queue:
+            if not g.future.done():
+                _cancel(g.future)
+        self.queue.clear()
+        self.next_step, self.horizon = step, horizon
+
+    def fill(self, step: int) -> None:
+        """Submit the generations of steps up to ``step + k`` not yet in flight.
+
+        With ``restart``, generations still running with older weights than the runner's
+        newest are cancelled and submitted again first (in step order: the rollout runs its
+        calls in the order they arrive).
+        """
+        self._restarts_at_fill = self._restart_stale() if self.restart else 0
+        if not self.queue:
+            self.next_step = max(self.next_step, step)
+        last = step + self.k if self.horizon is None else min(step + self.k, self.horizon - 1)
+        while self.next_step <= last:
+            self.queue.append(self._submit(self.next_step))
+            self.next_step += 1
+
+    def take(self, step: int) -> InFlight:
+        """The generation of ``step`` (submitted by :meth:`fill`).
+
+        Raises:
+            WorkerError: the schedule lost its order (a step was skipped).
+        """
+        if not self.queue or self.queue[0].step != step:
+            raise WorkerError(
+                f"rollout pipeline holds steps {[g.step for g in self.queue]} but step {step} "
+                f"trains next: call train_step with consecutive steps"
+            )
+        return self.queue.popleft()
+
+    def metrics(self, gen: InFlight) -> dict[str, Any]:
+        """The step record's ``rollout/*`` entries for the batch ``gen`` (taken this step).
+
+        Returns:
+            ``rollout/weight_version``, ``rollout/staleness`` and, with ``restart``,
+            ``rollout/restarts``: generations restarted at this step's weight swap.
+        """
+        out: dict[str, Any] = {
+            "rollout/weight_version": gen.version,
+            "rollout/staleness": gen.step - gen.version,
+        }
+        if self.restart:
+            out["rollout/restarts"] = self._restarts_at_fill
+        return out
+
+    def drain(self) -> None:
+        """Wait for every generation in flight; they stay queued for their steps (benchmarks:
+        a timed section ends with the rollout idle, so it cannot delay the next section)."""
+        for g in self.queue:
+            g.future.wait()
+
+    # ------------------------------------------------------------------------------ helpers
+    def _submit(self, step: int, restarts: int = 0) -> InFlight:
+        r = self.runner
+        with r.job.stage("rollout"):
+            future = r._submit_generation(step, max(step - self.k, 0))
+        return InFlight(step, r.version, future, restarts)
+
+    def _restart_stale(self) -> int:
+        """Cancel and resubmit the generations running with old weights; returns how many."""
+        newest = self.runner.version
+        stale = [g.version < newest and not g.future.done() for g in self.queue]
+        if not any(stale):
+            return 0
+        for g, old in zip(self.queue, stale, strict=True):
+            if old:
+                _cancel(g.future)
+        self.queue = deque(
+            self._submit(g.step, g.restarts + 1) if old else g
+            for g, old in zip(self.queue, stale, strict=True)
+        )
+        n = sum(stale)
+        self.restarts_total += n
+        return n
+
+
+def _cancel(future: Any) -> None:
+    """Cancel a group call on every rank.
+
+    A running ``RolloutWorker.generate`` sees the flag at its next decoding step (or within
+    10 ms of its modelled latency) and returns ``None``. A call queued behind another on the
+    same actor is flagged when Ray retries the cancellation (about every 2 s), so with
+    ``k >= 2`` a restarted generation that had not started yet may still run for that long.
+    """
+    refs = future.refs
+    if not refs:
+        return
+    import ray
+
+    for ref in refs:
+        ray.cancel(ref)
