@@ -227,7 +227,8 @@ class ResidencyCoordinator:
         costs the driver no extra round trip for them:
 
         - moves left over from earlier stages (the ``after_stage`` offloads below) are awaited
-          first: the room they free is what this stage plans with;
+          first when this stage needs the room they free; when it fits with them still on the
+          device (the policy moved them, not a shortage), it starts at once;
         - evictions of other components are awaited before any reload starts (the room must
           exist before it is used);
         - this component's reloads are started and awaited only when the lease ends: a worker
@@ -240,7 +241,7 @@ class ResidencyCoordinator:
         device as the stage sees it. After a failed stage the workers may be gone: the lease is
         released, its pending reloads are dropped and nothing more moves.
         """
-        self.flush()
+        self._await_pending_if_needed(component)
         plan = self.plan_stage(component)
         self._finish([self._act("offload", e.component, e.rank, e.kinds) for e in plan.evictions])
         reloads = [self._act("reload", component, rank, kinds) for rank, kinds in plan.reloads]
@@ -273,6 +274,33 @@ class ResidencyCoordinator:
                 r.policy = OffloadPolicy(when=when, states=r.policy.states)
         if when == "after_stage":
             self.offload_all(component)
+
+    def _await_pending_if_needed(self, component: str) -> None:
+        self._pending = [m for m in self._pending if not self._reaped(m)]
+        if not self._pending:
+            return
+        # Plan as if the moves in flight had not happened: if the stage fits so, nothing
+        # needs to wait for them.
+        undo = [(self.residents[(c, r)], set(k)) for what, c, r, k, *_ in self._pending]
+        for res, kinds in undo:
+            res.offloaded -= kinds
+        try:
+            fits = not self.plan_stage(component).evictions
+        except ResourceError:
+            fits = False
+        finally:
+            for res, kinds in undo:
+                res.offloaded |= kinds
+        if not fits:
+            self.flush()
+
+    def _reaped(self, move: tuple) -> bool:
+        """Record a move in flight that has finished (without blocking); True if it had."""
+        waiter = move[-1]
+        if waiter is not None and hasattr(waiter, "done") and not waiter.done():
+            return False
+        self._finish([move])
+        return True
 
     def flush(self) -> None:
         """Await every move started and not yet awaited (before reading worker memory)."""

@@ -195,3 +195,38 @@ def test_a_failed_stage_drops_its_reloads_and_moves_nothing_more():
         raise RuntimeError("worker died")
     co.flush()
     assert log == [("reload", "rollout", ("kv_cache", "weights"))]
+
+
+class Slow(Waiter):
+    """A move still running: ``done()`` stays False until awaited."""
+
+    def done(self):
+        return False
+
+
+class SlowHandle(Recorder):
+    def offload(self, kinds):
+        super().offload(kinds)
+        return Slow(self.log, ("offload", self.name))
+
+    def reload(self, kinds):
+        super().reload(kinds)
+        return Waiter(self.log, ("reload", self.name))
+
+
+def test_a_stage_that_fits_does_not_wait_for_offloads_still_running():
+    # 8 GiB holds actor (4) and rollout (2) at once: after_stage moves them by policy, not for
+    # room, so the actor's stage need not wait for the rollout's offload to finish.
+    co = ResidencyCoordinator({DEV: 8 * GIB})
+    log = []
+    a, r = actor(AFTER), rollout(AFTER)
+    a.offloaded, r.offloaded = set(a.total), set(r.total)
+    co.register(a, SlowHandle(log, "actor"))
+    co.register(r, SlowHandle(log, "rollout"))
+    with co.stage("rollout"):
+        pass
+    with co.stage("actor"):
+        assert ("awaited", "offload", "rollout") not in log
+    co.flush()
+    assert log[-2:] == [("awaited", "offload", "rollout"), ("awaited", "offload", "actor")]
+    # on the 4 GiB device of the test above the same stage waits (it needs the room)
