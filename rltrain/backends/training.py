@@ -182,8 +182,11 @@ class TorchEngine:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=ids)
 
+    #: The update this engine runs (the critic's engine runs :func:`value_update`).
+    update_fn = staticmethod(ppo_update)
+
     def update(self, batch: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
-        return ppo_update(
+        return self.update_fn(
             self.ddp or self.model,
             self.optimizer,
             batch,
@@ -221,15 +224,7 @@ class TorchValueEngine(TorchEngine):
     ) -> None:
         super().__init__(run, model, device, micro_batch, lr=run.critic.lr)
 
-    def update(self, batch: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
-        return value_update(
-            self.ddp or self.model,
-            self.optimizer,
-            batch,
-            self.settings,
-            generator=generator,
-            micro_batch=self.micro_batch,
-        )
+    update_fn = staticmethod(value_update)
 
 
 # ------------------------------------------------------------------------------- deepspeed

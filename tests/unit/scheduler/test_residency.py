@@ -143,9 +143,11 @@ class Waiter:
 class Deferred(Recorder):
     """A handle whose moves return futures, like a worker group's."""
 
+    offload_future = Waiter
+
     def offload(self, kinds):
         super().offload(kinds)
-        return Waiter(self.log, ("offload", self.name))
+        return self.offload_future(self.log, ("offload", self.name))
 
     def reload(self, kinds):
         super().reload(kinds)
@@ -204,14 +206,8 @@ class Slow(Waiter):
         return False
 
 
-class SlowHandle(Recorder):
-    def offload(self, kinds):
-        super().offload(kinds)
-        return Slow(self.log, ("offload", self.name))
-
-    def reload(self, kinds):
-        super().reload(kinds)
-        return Waiter(self.log, ("reload", self.name))
+class SlowHandle(Deferred):
+    offload_future = Slow
 
 
 def test_a_stage_that_fits_does_not_wait_for_offloads_still_running():
