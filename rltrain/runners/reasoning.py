@@ -225,7 +225,10 @@ class ReasoningRunner:
             (prompts[r * k : (r + 1) * k], step, self.weights_ref, expect_version)
             for r in range(self.sizes.rollout_dp)
         ]
-        if self.pipeline is not None:  # off-policy: the actor's ratio is against the sampler
+        # Off-policy, the actor's ratio is taken against the sampler; a KL in the reward needs
+        # the sampler's log-probs too (recorded while sampling: no extra forward pass).
+        alg = self.run.algorithm
+        if self.pipeline is not None or (alg.kl_in == "reward" and alg.kl_coef > 0):
             args = [a + (True,) for a in args]
         return self.g["rollout"].call_each(RolloutWorker.generate, args)
 

@@ -12,7 +12,9 @@ from rltrain.runners.reasoning import run_reasoning
 from .test_reasoning import compose_run
 
 SETTINGS = (
-    "algorithm.kl_coef=0.05", "trainer.total_steps=2", "trainer.eval_every=0",
+    # kl_in=reward: the rollout records the sampler's log-probs for the per-token KL
+    "algorithm.kl_coef=0.05", "algorithm.kl_in=reward", "trainer.total_steps=2",
+    "trainer.eval_every=0",
     "trainer.train_batch_size=2", "logging.progress=false",
     # shorter sequences and micro batches keep the predicted activations small
     "model.max_position_embeddings=16", "actor.micro_batch_size=32",
