@@ -54,7 +54,9 @@ def _quiet() -> tuple[str, ...]:
     return ("logging.progress=false", "logging.trace=false", "trainer.save_every=0")
 
 
-def _rltrain_case(name: str, *overrides: str, seen: dict | None = None) -> Case:
+def _rltrain_case(
+    name: str, *overrides: str, seen: dict | None = None, key: str = "rltrain"
+) -> Case:
     def run() -> None:
         from rltrain.runners.reasoning import run_reasoning
 
@@ -64,7 +66,7 @@ def _rltrain_case(name: str, *overrides: str, seen: dict | None = None) -> Case:
         if run_cfg.trainer.target_accuracy and (summary["final_accuracy"] or 0) < TARGET:
             raise RuntimeError(f"rltrain did not reach {TARGET}: {summary}")
         if seen is not None:
-            seen["rltrain"] = (summary["steps"], summary["wall_s"])
+            seen[key] = (summary["steps"], summary["wall_s"])
 
     return Case(name, run)
 
@@ -89,7 +91,15 @@ def _training_part(seen: dict) -> dict[str, float]:
     if "plain" not in seen or "rltrain" not in seen:
         return {}
     (p_steps, p_s), (r_steps, r_s) = seen["plain"], seen["rltrain"]
-    return {
+    one = {}
+    if "one_device" in seen:  # the same run with one actor and one rollout process
+        o_steps, o_s = seen["one_device"]
+        one = {
+            "one_device_training_s": o_s,
+            "one_device_steps": o_steps,
+            "one_device_training_time_ratio": o_s / p_s if p_s else float("nan"),
+        }
+    return one | {
         "plain_training_s": p_s,
         "plain_steps": p_steps,
         "rltrain_training_s": r_s,
@@ -132,6 +142,17 @@ def time_to_accuracy(quick: bool) -> Suite:
                 f"model.init_seed={seed}",
                 f"trainer.target_accuracy={TARGET}",
                 seen=seen,
+            ),
+            # A model this small gains nothing from data parallelism (a forward is per-op
+            # overhead, not FLOPs): one actor and one rollout process show the framework alone.
+            _rltrain_case(
+                f"rltrain collocated seed={seed} to {TARGET}, 1 simulated device (end to end)",
+                f"seed={seed}",
+                f"model.init_seed={seed}",
+                f"trainer.target_accuracy={TARGET}",
+                "cluster.devices_per_node=1",
+                seen=seen,
+                key="one_device",
             ),
         )
     return Suite(
