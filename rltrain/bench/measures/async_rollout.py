@@ -15,8 +15,6 @@ that work itself and leaves the rollout idle for the next section.
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 
 from rltrain.bench.harness import Case, Suite, measure
 
@@ -28,45 +26,29 @@ LATENCY_MS = 2000.0
 
 @measure("async_rollout", "disaggregated, max_staleness=1 vs synchronous: steps/s (goal >= 1.8x)")
 def async_rollout(quick: bool) -> Suite:
-    from rltrain.bench.measures.trainer import compose
-    from rltrain.placement.plan import build_plan
-    from rltrain.placement.types import ClusterSpec
-    from rltrain.runners.job import start_job
-    from rltrain.runners.reasoning import (
-        ReasoningRunner,
-        data_parallel,
-        derive_sizes,
-        worker_builders,
-    )
+    from rltrain.bench.measures.trainer import compose, start_reasoning
+    from rltrain.runners.reasoning import ReasoningRunner
 
     steps = 3 if quick else 6
+    # trainer.max_staleness=1 in the config (each runner below still picks its own schedule):
+    # the job's thread rule then counts actor and rollout together, one core each, as any
+    # asynchronous run gets. Both schedules share that setting; the synchronous one is not
+    # slower with it (tiny batches gain nothing from a second thread).
     run = compose(
         "placement=disaggregated",
         "logging.progress=false",
         "logging.trace=false",
         "trainer.save_every=0",
+        "trainer.max_staleness=1",
         f"rollout.latency_ms={LATENCY_MS}",
         f"actor.latency_ms={LATENCY_MS}",
         "trainer.train_batch_size=2",
         "rollout.n_samples_per_prompt=2",
         "rollout.max_new_tokens=1",
     )
-    plan = build_plan(run, ClusterSpec.from_config(run.cluster))
-    sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
     stack = contextlib.ExitStack()
-    out = stack.enter_context(tempfile.TemporaryDirectory())
-    job = stack.enter_context(
-        start_job(run, out, worker_builders(run, sizes), on_launch=data_parallel)
-    )
-    # One core's worth of torch threads per simulated device. The plan gives each component
-    # all the node's cores, since the components of a synchronous step run in turn. When
-    # generation and training overlap, that makes 2x the threads the cores can run, and the
-    # oversubscription (spinning OpenMP threads) slows the actor's step, which is on the
-    # critical path. Both schedules get the same setting; the synchronous one is not slower
-    # with it (tiny batches gain nothing from a second thread).
-    threads = max(1, (os.cpu_count() or 2) // 2)
-    for component in ("actor", "rollout"):
-        job.groups[component].set_num_threads(threads)
+    job, sizes = start_reasoning(run, stack)
+    threads = job.groups["actor"].reservation.layout.slot("actor", 0).num_threads
     runners = {k: ReasoningRunner(job, sizes, max_staleness=k) for k in (0, 1)}
     # Disjoint step (hence weight version) ranges: the rollout reloads weights at every step of
     # either schedule, as in a real run, instead of mistaking one runner's version for the other's.

@@ -168,17 +168,31 @@ def time_to_accuracy(quick: bool) -> Suite:
     )
 
 
+def start_reasoning(run, stack: contextlib.ExitStack):
+    """Plan ``run`` and start its job and workers on ``stack`` (a suite's teardown closes it).
+
+    Returns:
+        ``(job, sizes)``: the started job and the derived batch sizes.
+    """
+    from rltrain.placement.plan import build_plan
+    from rltrain.placement.types import ClusterSpec
+    from rltrain.runners.job import start_job
+    from rltrain.runners.reasoning import data_parallel, derive_sizes, worker_builders
+
+    plan = build_plan(run, ClusterSpec.from_config(run.cluster))
+    sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
+    out = stack.enter_context(tempfile.TemporaryDirectory())
+    job = stack.enter_context(
+        start_job(run, out, worker_builders(run, sizes), on_launch=data_parallel)
+    )
+    return job, sizes
+
+
 @measure("framework_share", "share of a step the framework adds to 100 ms-per-stage work (< 2 %)")
 def framework_share(quick: bool) -> Suite:
     import torch
 
-    from rltrain.runners.job import start_job
-    from rltrain.runners.reasoning import (
-        ReasoningRunner,
-        data_parallel,
-        derive_sizes,
-        worker_builders,
-    )
+    from rltrain.runners.reasoning import ReasoningRunner
 
     steps = 2 if quick else 10
     run = compose(
@@ -190,16 +204,8 @@ def framework_share(quick: bool) -> Suite:
         "rollout.max_new_tokens=1",
         "cluster.devices_per_node=1",
     )
-    from rltrain.placement.plan import build_plan
-    from rltrain.placement.types import ClusterSpec
-
-    plan = build_plan(run, ClusterSpec.from_config(run.cluster))
-    sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
     stack = contextlib.ExitStack()
-    out = stack.enter_context(tempfile.TemporaryDirectory())
-    job = stack.enter_context(
-        start_job(run, out, worker_builders(run, sizes), on_launch=data_parallel)
-    )
+    job, sizes = start_reasoning(run, stack)
     runner = ReasoningRunner(job, sizes)
     runner._export_weights(0)
     counter = iter(range(10**6))
