@@ -7,16 +7,13 @@ import pathlib
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
-from rltrain.config import load_config
-from rltrain.config.store import register_configs
 from rltrain.errors import ConfigError
 from rltrain.runners.reasoning import run_reasoning
 from rltrain.telemetry.metrics import read_metrics
 
-CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
+from .test_reasoning import compose_run
+
 # Generation and training each take >= 300 ms, so an overlap is a property of the schedule.
 # The untrained policy rarely earns a reward; the entropy bonus moves the weights every step, so a
 # stale batch's behaviour policy really differs from the actor's.
@@ -29,13 +26,6 @@ SHORT = (
     "rollout.latency_ms=300",
     "actor.latency_ms=300",
 )
-
-
-def compose_run(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
 # ------------------------------------------------------------------------------- refusals

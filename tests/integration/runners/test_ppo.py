@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
-from rltrain.config import load_config
-from rltrain.config.store import register_configs
 from rltrain.errors import ConfigError
 from rltrain.runners.reasoning import check_components, run_reasoning
 from rltrain.telemetry.metrics import read_metrics
 
-CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
+from .test_reasoning import compose_run
+
 #: One prompt, "0+0=", a 6-token alphabet and one new token: about 1 sample in 6 answers "0",
 #: so the 32 samples of a step carry a reward signal for the critic to learn (a random policy on
 #: the default task almost never earns one).
@@ -29,13 +25,6 @@ LEAN = (
     "trainer.eval_every=0",
     "logging.progress=false",
 )
-
-
-def compose_run(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
 @pytest.mark.timeout(400)
