@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rltrain.scheduler.wire import TensorRecord
+
 
 @dataclass(frozen=True)
-class RolloutBatch:
+class RolloutBatch(TensorRecord):
     """Token ids and per-token statistics of one rollout batch.
 
     Attributes:

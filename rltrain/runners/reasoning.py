@@ -240,7 +240,7 @@ class ReasoningRunner:
         per call (the scoring overlaps the actor's reload).
         """
         g = self.g
-        scored = g["reward"].execute_on(0).score(shards)
+        scored = g["reward"].execute_on(0).score(*shards)
         ref_logprobs = None
         if "reference" in g:
             with timer("reference"), self.job.stage("reference"):
@@ -250,7 +250,13 @@ class ReasoningRunner:
         if "critic" in g:  # PPO: the actor's GAE reads the values the critic attaches
             shards, critic_metrics = self._critic(step, shards, scored.refs[0], ref_logprobs, timer)
         with timer("train"), self.job.stage("actor"):
-            trained = g["actor"].call(ActorWorker.train, shards, scored.refs[0], step, ref_logprobs)
+            trained = g["actor"].call(
+                ActorWorker.train,
+                *shards,
+                rewards=scored.refs[0],
+                step=step,
+                ref_logprobs=ref_logprobs,
+            )
             exported = g["actor"].execute_on(0).export_weights(step + 1)
             results = trained.wait()
             with timer("sync"):
@@ -276,7 +282,9 @@ class ReasoningRunner:
         with timer("critic"), self.job.stage("critic"):
             per_rank = g["critic"].call(CriticWorker.with_values, shards).wait()
             valued = gather_round_robin(per_rank, len(shards))
-            train = g["critic"].call(CriticWorker.train, valued, rewards, step, ref_logprobs)
+            train = g["critic"].call(
+                CriticWorker.train, *valued, rewards=rewards, step=step, ref_logprobs=ref_logprobs
+            )
             results = train.wait()
         for rank, r in enumerate(results):
             self.job.refresh_ledger(

@@ -32,6 +32,9 @@ from rltrain.workers.common import (
     LEDGER_TOLERANCE_BYTES,
     ResidentState,
     compute_device,
+    fetch,
+    fetched_dir,
+    local_dir,
     reachable_device_bytes,
     seed_everything,
 )
@@ -89,7 +92,7 @@ class ActorWorker(Worker, ResidentState):
 
     def train(
         self,
-        shard_refs: list[Any],
+        *shards: Any,
         rewards: list[Any],
         step: int,
         ref_logprobs: list[torch.Tensor] | None = None,
@@ -97,8 +100,9 @@ class ActorWorker(Worker, ResidentState):
         """One update on this rank's slice of the step's batch.
 
         Args:
-            shard_refs: object refs of the rollout shards (rank order), fetched here, not by
-                the driver.
+            shards: the rollout shards (shard order), each an object ref passed as its own
+                argument (Ray resolves it before the call starts, small ones inline in the
+                call, so the worker makes no extra round trip to fetch it) or a batch.
             rewards: one ``[b]`` reward tensor per shard, or the reward worker's
                 :class:`~rltrain.workers.reward.Scores` per shard (its answer passed on as an
                 object reference, so the driver need not wait for it).
@@ -108,10 +112,8 @@ class ActorWorker(Worker, ResidentState):
         Returns:
             Training metrics of this rank, plus ``state_bytes/<kind>`` for the ledger.
         """
-        import ray
-
         with trace.span("train", "actor", self.device_labels):
-            shards = ray.get(list(shard_refs))
+            shards = fetch(shards)
             rewards = [getattr(r, "rewards", r) for r in rewards]
             shards = [s.replace(rewards=r) for s, r in zip(shards, rewards, strict=True)]
             if ref_logprobs is not None:
@@ -173,7 +175,7 @@ class ActorWorker(Worker, ResidentState):
         """
         if self.rank != 0 and not self.engine.sharded_optimizer:
             return
-        with _local_dir(path) as local:
+        with local_dir(path) as local:
             if self.rank == 0:
                 self.model.save_pretrained(os.path.join(local, "model"), safe_serialization=True)
                 self.tokenizer.save_pretrained(os.path.join(local, "model"))
@@ -187,7 +189,7 @@ class ActorWorker(Worker, ResidentState):
         """
         from safetensors.torch import load_file
 
-        with _fetched_dir(path) as local:
+        with fetched_dir(path) as local:
             state = load_file(os.path.join(local, "model", "model.safetensors"))
             with torch.no_grad():  # DeepSpeed's parameters are views of its flat buffers
                 missing, unexpected = self.model.load_state_dict(state, strict=False)
@@ -198,46 +200,3 @@ class ActorWorker(Worker, ResidentState):
                     f"it was written with, or start fresh (trainer.resume=null)"
                 )
             self.engine.load_optimizer(local, self.rank, self.world_size)
-
-
-class _local_dir:
-    """A local directory to write into; uploaded to ``path`` on exit when it is a remote URI."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.remote = "://" in path and not path.startswith("file://")
-
-    def __enter__(self) -> str:
-        if not self.remote:
-            os.makedirs(self.path, exist_ok=True)
-            return self.path
-        import tempfile
-
-        self._tmp = tempfile.TemporaryDirectory()
-        return self._tmp.name
-
-    def __exit__(self, *exc: object) -> None:
-        if self.remote:
-            if exc[0] is None:
-                import fsspec
-
-                fs, root = fsspec.core.url_to_fs(self.path)
-                fs.put(self._tmp.name + "/", root, recursive=True)
-            self._tmp.cleanup()
-
-
-class _fetched_dir(_local_dir):
-    """A local copy of ``path`` (downloaded first when it is a remote URI)."""
-
-    def __enter__(self) -> str:
-        local = super().__enter__()
-        if self.remote:
-            import fsspec
-
-            fs, root = fsspec.core.url_to_fs(self.path)
-            fs.get(root + "/", local, recursive=True)
-        return local
-
-    def __exit__(self, *exc: object) -> None:
-        if self.remote:
-            self._tmp.cleanup()

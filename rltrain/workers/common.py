@@ -125,3 +125,63 @@ class ResidentState:
             "measured": measured,
             "offloaded": sorted(self.mover.offloaded),
         }
+
+
+def fetch(items: Iterable[Any]) -> list[Any]:
+    """The values behind a list of object refs; values given directly pass through.
+
+    Workers take rollout shards either as refs (fetched here, in the worker, not by the driver)
+    or as values (Ray resolves refs passed as top-level call arguments; unit tests pass values).
+    """
+    import ray
+
+    items = list(items)
+    where = [i for i, x in enumerate(items) if isinstance(x, ray.ObjectRef)]
+    if not where:
+        return items
+    for i, value in zip(where, ray.get([items[i] for i in where]), strict=True):
+        items[i] = value
+    return items
+
+
+class local_dir:
+    """A local directory to write into; uploaded to ``path`` on exit when it is a remote URI."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.remote = "://" in path and not path.startswith("file://")
+
+    def __enter__(self) -> str:
+        if not self.remote:
+            os.makedirs(self.path, exist_ok=True)
+            return self.path
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory()
+        return self._tmp.name
+
+    def __exit__(self, *exc: object) -> None:
+        if self.remote:
+            if exc[0] is None:
+                import fsspec
+
+                fs, root = fsspec.core.url_to_fs(self.path)
+                fs.put(self._tmp.name + "/", root, recursive=True)
+            self._tmp.cleanup()
+
+
+class fetched_dir(local_dir):
+    """A local copy of ``path`` (downloaded first when it is a remote URI)."""
+
+    def __enter__(self) -> str:
+        local = super().__enter__()
+        if self.remote:
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(self.path)
+            fs.get(root + "/", local, recursive=True)
+        return local
+
+    def __exit__(self, *exc: object) -> None:
+        if self.remote:
+            self._tmp.cleanup()

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.critic import ValueModel, compute_values
 from rltrain.algorithms.update import UpdateSettings, add_advantages, micro_slices
 from rltrain.backends.training import StateSurface, TorchValueEngine
@@ -31,9 +30,15 @@ from rltrain.errors import ConfigError
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_model, build_tokenizer
 from rltrain.telemetry import trace
-from rltrain.workers.actor import _fetched_dir, _local_dir
 from rltrain.workers.batching import concat_batches
-from rltrain.workers.common import ResidentState, compute_device, seed_everything
+from rltrain.workers.common import (
+    ResidentState,
+    compute_device,
+    fetch,
+    fetched_dir,
+    local_dir,
+    seed_everything,
+)
 from rltrain.workers.reference import shards_of_rank
 
 #: Where a checkpoint keeps the critic (beside the actor's ``model/`` and optimizer).
@@ -93,15 +98,6 @@ def derive_critic_sizes(run: RunConfig, samples_per_step: int, critic_world: int
         samples_per_minibatch=per_rank // mb,
         micro_batch=min(run.critic.micro_batch_size, per_rank // mb),
     )
-
-
-def fetch(items: list[Any]) -> list[RolloutBatch]:
-    """The batches behind object refs (batches given directly, as in unit tests, pass through)."""
-    if all(isinstance(x, RolloutBatch) for x in items):
-        return list(items)
-    import ray
-
-    return ray.get(list(items))
 
 
 def build_value_model(run: RunConfig) -> ValueModel:
@@ -198,7 +194,7 @@ class CriticWorker(Worker, ResidentState):
     # ---------------------------------------------------------------------------------- train
     def train(
         self,
-        shard_refs: list[Any],
+        *shards: Any,
         rewards: list[Any],
         step: int,
         ref_logprobs: list[torch.Tensor] | None = None,
@@ -206,7 +202,8 @@ class CriticWorker(Worker, ResidentState):
         """One value update on this rank's rows of the step's batch.
 
         Args:
-            shard_refs: refs of the shards with values (from :meth:`with_values`), shard order.
+            shards: the shards with values (from :meth:`with_values`), shard order, each an
+                object ref passed as its own argument (resolved by Ray) or a batch.
             rewards: one ``[b]`` reward tensor per shard, or the reward worker's ``Scores`` per
                 shard (as the actor takes them).
             step: the update index (seeds minibatch shuffling).
@@ -222,7 +219,7 @@ class CriticWorker(Worker, ResidentState):
         """
         with trace.span("train", "critic", self.device_labels):
             rewards = [getattr(r, "rewards", r) for r in rewards]  # tensors, or Scores
-            shards = [s.replace(rewards=r) for s, r in zip(fetch(shard_refs), rewards, strict=True)]
+            shards = [s.replace(rewards=r) for s, r in zip(fetch(shards), rewards, strict=True)]
             if ref_logprobs is not None:
                 shards = [
                     s.replace(ref_logprobs=r) for s, r in zip(shards, ref_logprobs, strict=True)
@@ -257,7 +254,7 @@ class CriticWorker(Worker, ResidentState):
             return
         from safetensors.torch import save_file
 
-        with _local_dir(os.path.join(path, CHECKPOINT_SUBDIR)) as local:
+        with local_dir(os.path.join(path, CHECKPOINT_SUBDIR)) as local:
             state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
             save_file(state, os.path.join(local, "model.safetensors"))
             self.engine.save_optimizer(local, 0)
@@ -270,7 +267,7 @@ class CriticWorker(Worker, ResidentState):
         """
         from safetensors.torch import load_file
 
-        with _fetched_dir(os.path.join(path, CHECKPOINT_SUBDIR)) as local:
+        with fetched_dir(os.path.join(path, CHECKPOINT_SUBDIR)) as local:
             file = os.path.join(local, "model.safetensors")
             if not os.path.isfile(file):
                 raise ConfigError(

@@ -11,12 +11,14 @@ from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import decode_responses
 from rltrain.config.schema import RunConfig
 from rltrain.scheduler import Worker
+from rltrain.scheduler.wire import TensorRecord
 from rltrain.tasks import build_task, build_tokenizer
 from rltrain.telemetry import trace
+from rltrain.workers.common import fetch
 
 
 @dataclass(frozen=True)
-class Scores:
+class Scores(TensorRecord):
     """The reward worker's answer for one rollout shard.
 
     Attributes:
@@ -45,12 +47,14 @@ class RewardWorker(Worker):
         texts = decode_responses(self.tokenizer, batch, self.tokenizer.eos_token_id)
         return torch.tensor([self.task.reward(p, t) for p, t in zip(prompts, texts, strict=True)])
 
-    def score(self, shard_refs: list[Any]) -> list[Scores]:
-        """Scores of every shard (fetched here from the object store, not by the driver)."""
-        import ray
+    def score(self, *shards: Any) -> list[Scores]:
+        """Scores of every shard.
 
+        Args:
+            shards: the rollout shards, each an object ref passed as its own argument (Ray
+                resolves it before the call starts, not the driver) or a batch.
+        """
         with trace.span("reward", "reward", self.device_labels):
             return [
-                Scores(self.score_batch(b), b.response_mask.sum(dim=1))
-                for b in ray.get(list(shard_refs))
+                Scores(self.score_batch(b), b.response_mask.sum(dim=1)) for b in fetch(shards)
             ]

@@ -1,8 +1,9 @@
 """CPU weight sync: buckets as flat host tensors, for Ray's object store (or any pickle channel).
 
 The sender packs its tensors into a few flat ``uint8`` CPU buckets (few large objects travel
-through the object store far faster than hundreds of small ones); the receivers load them into
-their own tensors by name. Works the same whatever device each side computes on.
+through the object store far faster than hundreds of small ones; they pickle as raw buffers, see
+:mod:`rltrain.scheduler.wire`); the receivers load them into their own tensors by name. Works
+the same whatever device each side computes on.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from rltrain.backends.weight_sync.buckets import (
     pack_bucket,
     plan_buckets,
 )
+from rltrain.scheduler.wire import TensorRecord
 
 
 @dataclass(frozen=True)
-class HostBuckets:
+class HostBuckets(TensorRecord):
     """A weight version packed into flat CPU buckets.
 
     Attributes:

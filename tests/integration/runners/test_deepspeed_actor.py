@@ -95,7 +95,7 @@ def _fresh_rollout(runner: reasoning.ReasoningRunner, step: int) -> tuple[list, 
             ],
         )
         fut.wait()
-    scores = g["reward"].execute_on(0).score(fut.refs).wait()[0]
+    scores = g["reward"].execute_on(0).score(*fut.refs).wait()[0]
     return fut.refs, [sc.rewards for sc in scores]
 
 
@@ -130,10 +130,10 @@ def test_collocated_deepspeed_trains_offloads_exports_and_resumes(
         with self.job.stage("actor"):
             seen["exported"] = _exported(self, 3)
             actor.save(ckpt).wait()  # every rank writes its ZeRO shard
-            first = actor.call(ActorWorker.train, shards, rewards, 3, None).wait()
+            first = actor.call(ActorWorker.train, *shards, rewards=rewards, step=3).wait()
             seen["after_first"] = _exported(self, 4)
             actor.load(ckpt).wait()
-            again = actor.call(ActorWorker.train, shards, rewards, 3, None).wait()
+            again = actor.call(ActorWorker.train, *shards, rewards=rewards, step=3).wait()
             seen["after_again"] = _exported(self, 4)
         seen["first"], seen["again"] = first, again
         return out
@@ -141,7 +141,13 @@ def test_collocated_deepspeed_trains_offloads_exports_and_resumes(
     monkeypatch.setattr(reasoning.ReasoningRunner, "fit", fit)
     # 3 steps of an untrained policy score 0 everywhere (zero advantages): the entropy bonus
     # gives every update a gradient, so "the weights moved" and "bit for bit" mean something.
-    run = compose_run("placement=collocated", "algorithm.entropy_coef=0.05", *SHORT, *DEEPSPEED)
+    run = compose_run(
+        "placement=collocated",
+        "placement.offload.actor.when=after_stage",  # RLinf's turns: every stage moves state
+        "algorithm.entropy_coef=0.05",
+        *SHORT,
+        *DEEPSPEED,
+    )
     summary = reasoning.run_reasoning(run, str(tmp_path))  # also checks the memory ledger
 
     assert summary["status"] == "completed" and summary["steps"] == 3

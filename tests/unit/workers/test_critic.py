@@ -66,7 +66,7 @@ def test_a_fresh_critic_predicts_zero_and_training_fits_the_returns(critic):
     losses = []
     for step in range(25):
         shard = batch.replace(values=critic.values([batch])[0])
-        m = critic.train([shard], [REWARDS], step)
+        m = critic.train(shard, rewards=[REWARDS], step=step)
         losses.append(m["critic/value_loss"])
     # gamma = lam = 1: every token's target is its row's reward; 6 of the 20 tokens earn 1
     assert m["critic/returns_mean"] == pytest.approx(6 / 20)
@@ -80,16 +80,16 @@ def test_a_fresh_critic_predicts_zero_and_training_fits_the_returns(critic):
 
 def test_training_without_values_or_gae_is_refused(critic):
     with pytest.raises(ConfigError, match="with_values"):
-        critic.train([_batch()], [REWARDS], 0)
+        critic.train(_batch(), rewards=[REWARDS], step=0)
     grpo = CriticWorker(_run(advantage_estimator="grpo"), samples_per_step=8)
     shard = _batch().replace(values=torch.zeros(8, 4))
     with pytest.raises(ConfigError, match="gae only"):
-        grpo.train([shard], [REWARDS], 0)
+        grpo.train(shard, rewards=[REWARDS], step=0)
 
 
 def test_offload_and_reload_keep_the_values_bit_for_bit(critic):
     batch = _batch()
-    critic.train([batch.replace(values=critic.values([batch])[0])], [REWARDS], 0)
+    critic.train(batch.replace(values=critic.values([batch])[0]), rewards=[REWARDS], step=0)
     before = critic.values([batch])[0]
     assert critic.offload(["weights", "grads", "optimizer"]) > 0
     assert sum(critic.mover.resident_bytes().values()) == 0
@@ -99,7 +99,7 @@ def test_offload_and_reload_keep_the_values_bit_for_bit(critic):
 
 def test_the_plan_predicts_the_critic_state_it_holds(critic):
     batch = _batch()
-    critic.train([batch.replace(values=critic.values([batch])[0])], [REWARDS], 0)
+    critic.train(batch.replace(values=critic.values([batch])[0]), rewards=[REWARDS], step=0)
     run = critic.run
     params = sum(p.numel() for p in critic.model.parameters())
     dims = memory.model_dims(run.model)
@@ -114,7 +114,7 @@ def test_the_plan_predicts_the_critic_state_it_holds(critic):
 
 def test_checkpoint_round_trip_and_mismatches(critic, tmp_path):
     batch = _batch()
-    critic.train([batch.replace(values=critic.values([batch])[0])], [REWARDS], 0)
+    critic.train(batch.replace(values=critic.values([batch])[0]), rewards=[REWARDS], step=0)
     critic.save(str(tmp_path / "ckpt"))
     fresh = CriticWorker(_run(), samples_per_step=8)
     assert not torch.equal(fresh.values([batch])[0], critic.values([batch])[0])
