@@ -66,7 +66,12 @@ def test_collocated_offloads_follow_the_policy(ray_session, tmp_path, monkeypatc
         return out
 
     monkeypatch.setattr(reasoning.ReasoningRunner, "fit", fit)
-    run = compose_run("placement=collocated", *SHORT)
+    run = compose_run(
+        "placement=collocated",
+        "placement.offload.actor.when=after_stage",
+        "placement.offload.rollout.when=after_stage",
+        *SHORT,
+    )
     run_reasoning(run, str(tmp_path))
     # per rank: rollout reloads once per generate (3) and per evaluation (1)
     assert seen[("rollout", "reload")] == 2 * (3 + 1)
