@@ -359,10 +359,17 @@ def _check_mode(run: Any, cp: ComponentPlacement, mode: PlacementMode) -> None:
     sets = "; ".join(
         f"{n}: {_brief_devices(cp.device_set(n))}" for n in cp.components if cp.device_set(n)
     )
+    hint = ""
+    if "critic" in cp.components and want == "disaggregated":
+        # algorithm=ppo adds `critic: all`, which shares every device: the common way here.
+        hint = (
+            "; for PPO on separate devices use experiment=reasoning_ppo_disaggregated, or give "
+            "the critic its own devices with placement.component_placement.critic=<devices>"
+        )
     raise PlacementError(
         f"placement.mode={want!r}, but placement.component_placement lays components out as "
         f"{mode.value!r} ({sets}): set placement.mode={mode.value} (or null to skip the check), "
-        f"or change the placement"
+        f"or change the placement{hint}"
     )
 
 

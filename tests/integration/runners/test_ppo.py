@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, PlacementError
 from rltrain.runners.reasoning import check_components, run_reasoning
 from rltrain.telemetry.metrics import read_metrics
 
@@ -60,3 +60,9 @@ def test_ppo_without_a_critic_and_a_critic_without_ppo_are_refused_before_ray():
         check_components(run, {"actor", "rollout", "reward", "critic"})
     with pytest.raises(ConfigError, match="experiment=reasoning_ppo"):
         compose_run("algorithm.advantage_estimator=gae")  # the config check, at load time
+
+
+def test_ppo_with_the_disaggregated_placement_points_at_the_preset(tmp_path):
+    run = compose_run("algorithm=ppo", "placement=disaggregated")  # the critic: all devices
+    with pytest.raises(PlacementError, match="experiment=reasoning_ppo_disaggregated"):
+        run_reasoning(run, str(tmp_path))  # the plan refuses it before Ray starts
