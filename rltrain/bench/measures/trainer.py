@@ -113,11 +113,13 @@ def _training_part(seen: dict) -> dict[str, float]:
         for (seed, steps, secs), (_, _, ps) in zip(seen[key], seen["plain"], strict=False):
             if seed is not None:
                 out[f"{label}_seed{seed}_steps"] = steps
+                out[f"{label}_seed{seed}_training_s"] = secs
                 out[f"{label}_seed{seed}_ratio"] = secs / ps if ps else float("nan")
     out["plain_steps"], out["plain_training_s"] = p_steps, p_s
-    for seed, steps, _ in seen["plain"]:
+    for seed, steps, secs in seen["plain"]:
         if seed is not None:
             out[f"plain_seed{seed}_steps"] = steps
+            out[f"plain_seed{seed}_training_s"] = secs
     return out
 
 

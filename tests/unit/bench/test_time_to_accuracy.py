@@ -20,6 +20,7 @@ def test_training_part_sums_seeds_and_keeps_each_seed():
     assert out["rltrain_seed1_ratio"] == pytest.approx(1.5)
     assert out["rltrain_seed2_ratio"] == pytest.approx(1.05)
     assert out["rltrain_seed2_steps"] == 250 and out["plain_seed1_steps"] == 200
+    assert out["rltrain_seed2_training_s"] == 21.0 and out["plain_seed2_training_s"] == 20.0
     assert "one_device_steps" not in out
 
 
