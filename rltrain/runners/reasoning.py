@@ -262,10 +262,7 @@ class ReasoningRunner:
             with timer("sync"):
                 exported.wait()
         self.weights_ref, self.version = exported.refs[0], step + 1
-        for rank, r in enumerate(results):
-            self.job.refresh_ledger(
-                "actor", {k[12:]: v for k, v in r.items() if k.startswith("state_bytes/")}, rank
-            )
+        self._refresh_ledger("actor", results)
         with timer("reward"):
             scores = scored.wait()[0]  # answered before the update started
         return {**self._step_metrics(scores, results, timer.times), **critic_metrics}
@@ -286,12 +283,18 @@ class ReasoningRunner:
                 CriticWorker.train, *valued, rewards=rewards, step=step, ref_logprobs=ref_logprobs
             )
             results = train.wait()
-        for rank, r in enumerate(results):
-            self.job.refresh_ledger(
-                "critic", {k[12:]: v for k, v in r.items() if k.startswith("state_bytes/")}, rank
-            )
+        self._refresh_ledger("critic", results)
         keys = [k for k in results[0] if not k.startswith("state_bytes/")]
         return valued, {k: sum(r[k] for r in results) / len(results) for k in keys}
+
+    def _refresh_ledger(self, component: str, results: list[dict[str, Any]]) -> None:
+        """Each rank's ``state_bytes/<kind>`` (in its train metrics) into the memory ledger."""
+        for rank, r in enumerate(results):
+            self.job.refresh_ledger(
+                component,
+                {k[12:]: v for k, v in r.items() if k.startswith("state_bytes/")},
+                rank,
+            )
 
     def _export_weights(self, version: int) -> None:
         # Exported inside the actor's lease (it must be resident); the rollout loads the buckets

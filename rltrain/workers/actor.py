@@ -27,7 +27,7 @@ from rltrain.runners.sizes import BatchSizes
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_model, build_tokenizer
 from rltrain.telemetry import trace
-from rltrain.workers.batching import concat_batches
+from rltrain.workers.batching import concat_batches, with_scores
 from rltrain.workers.common import (
     LEDGER_TOLERANCE_BYTES,
     ResidentState,
@@ -113,15 +113,9 @@ class ActorWorker(Worker, ResidentState):
             Training metrics of this rank, plus ``state_bytes/<kind>`` for the ledger.
         """
         with trace.span("train", "actor", self.device_labels):
-            shards = fetch(shards)
-            rewards = [getattr(r, "rewards", r) for r in rewards]
-            shards = [s.replace(rewards=r) for s, r in zip(shards, rewards, strict=True)]
-            if ref_logprobs is not None:
-                shards = [
-                    s.replace(ref_logprobs=r) for s, r in zip(shards, ref_logprobs, strict=True)
-                ]
+            scored = with_scores(fetch(shards), rewards, ref_logprobs)
             batch = add_advantages(
-                concat_batches(shards, self.tokenizer.pad_token_id), self.settings
+                concat_batches(scored, self.tokenizer.pad_token_id), self.settings
             )
             n = self.sizes.samples_per_actor_rank
             mine = batch.select(torch.arange(self.rank * n, (self.rank + 1) * n)).to(self.device)

@@ -1,9 +1,11 @@
 """Joining rollout shards: each rollout rank returns a batch with its own prompt and response
-lengths, so shards are padded (prompts on the left, responses on the right) before joining."""
+lengths, so shards are padded (prompts on the left, responses on the right) before joining; and
+attaching what other workers computed for them (rewards, reference log-probs)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,3 +55,23 @@ def concat_batches(shards: Sequence[RolloutBatch], pad_token_id: int) -> Rollout
         if all(v is not None for v in values):
             fields[name] = torch.cat([pad_tokens(v, r_len) for v in values])
     return RolloutBatch(**fields)
+
+
+def with_scores(
+    shards: Sequence[RolloutBatch],
+    rewards: Sequence[Any],
+    ref_logprobs: Sequence[torch.Tensor] | None = None,
+) -> list[RolloutBatch]:
+    """The shards with their rewards (and reference log-probs) set, shard by shard.
+
+    Args:
+        shards: the step's rollout shards, shard order.
+        rewards: one ``[b]`` reward tensor per shard, or the reward worker's ``Scores``.
+        ref_logprobs: ``[b, R]`` reference log-probs per shard, or None.
+    """
+    out = [
+        s.replace(rewards=getattr(r, "rewards", r)) for s, r in zip(shards, rewards, strict=True)
+    ]
+    if ref_logprobs is not None:
+        out = [s.replace(ref_logprobs=r) for s, r in zip(out, ref_logprobs, strict=True)]
+    return out

@@ -30,7 +30,7 @@ from rltrain.errors import ConfigError
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_model, build_tokenizer
 from rltrain.telemetry import trace
-from rltrain.workers.batching import concat_batches
+from rltrain.workers.batching import concat_batches, with_scores
 from rltrain.workers.common import (
     ResidentState,
     compute_device,
@@ -218,18 +218,13 @@ class CriticWorker(Worker, ResidentState):
                 not ``gae``.
         """
         with trace.span("train", "critic", self.device_labels):
-            rewards = [getattr(r, "rewards", r) for r in rewards]  # tensors, or Scores
-            shards = [s.replace(rewards=r) for s, r in zip(fetch(shards), rewards, strict=True)]
-            if ref_logprobs is not None:
-                shards = [
-                    s.replace(ref_logprobs=r) for s, r in zip(shards, ref_logprobs, strict=True)
-                ]
-            if any(s.values is None for s in shards):
+            scored = with_scores(fetch(shards), rewards, ref_logprobs)
+            if any(s.values is None for s in scored):
                 raise ConfigError(
                     "critic.train got rollout shards without values: pass the refs returned by "
                     "CriticWorker.with_values"
                 )
-            batch = add_advantages(concat_batches(shards, self.pad_token_id), self.settings)
+            batch = add_advantages(concat_batches(scored, self.pad_token_id), self.settings)
             if batch.returns is None:
                 raise ConfigError(
                     f"algorithm.advantage_estimator={self.settings.advantage_estimator!r} gives "

@@ -101,16 +101,16 @@ def _training_part(seen: dict) -> dict[str, float]:
     out: dict[str, float] = {}
     p_steps = sum(r[1] for r in seen["plain"])
     p_s = sum(r[2] for r in seen["plain"])
-    for key, label in (("rltrain", "rltrain"), ("one_device", "one_device")):
-        if key not in seen:
+    for label in ("rltrain", "one_device"):
+        if label not in seen:
             continue
-        r_steps = sum(r[1] for r in seen[key])
-        r_s = sum(r[2] for r in seen[key])
+        r_steps = sum(r[1] for r in seen[label])
+        r_s = sum(r[2] for r in seen[label])
         out[f"{label}_steps"] = r_steps
         out[f"{label}_training_s"] = r_s
         out[f"{label}_training_time_ratio"] = r_s / p_s if p_s else float("nan")
         out[f"{label}_per_step_ratio"] = (r_s / r_steps) / (p_s / p_steps) if r_steps else 0.0
-        for (seed, steps, secs), (_, _, ps) in zip(seen[key], seen["plain"], strict=False):
+        for (seed, steps, secs), (_, _, ps) in zip(seen[label], seen["plain"], strict=False):
             if seed is not None:
                 out[f"{label}_seed{seed}_steps"] = steps
                 out[f"{label}_seed{seed}_training_s"] = secs
