@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.update import UpdateSettings, add_advantages
 from rltrain.backends.training import (
     StateSurface,
@@ -118,11 +119,22 @@ class ActorWorker(Worker, ResidentState):
                 concat_batches(scored, self.tokenizer.pad_token_id), self.settings
             )
             n = self.sizes.samples_per_actor_rank
-            mine = batch.select(torch.arange(self.rank * n, (self.rank + 1) * n)).to(self.device)
-            gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + step)
-            metrics = self.engine.update(mine, gen)
-            if self.run.actor.latency_ms:  # models a slower device (benchmarks, sweeps)
-                time.sleep(self.run.actor.latency_ms / 1000)
+            return self.update(batch.select(torch.arange(self.rank * n, (self.rank + 1) * n)), step)
+
+    def update(self, mine: RolloutBatch, step: int) -> dict[str, float]:
+        """One update on this rank's rows (advantages set), on any device.
+
+        Args:
+            mine: this rank's ``sizes.samples_per_actor_rank`` rows.
+            step: the policy-update index (seeds minibatch shuffling).
+
+        Returns:
+            Training metrics of this rank, plus ``state_bytes/<kind>`` for the ledger.
+        """
+        gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + step)
+        metrics = self.engine.update(mine.to(self.device), gen)
+        if self.run.actor.latency_ms:  # models a slower device (benchmarks, sweeps)
+            time.sleep(self.run.actor.latency_ms / 1000)
         metrics.update({f"state_bytes/{k}": v for k, v in self.state_bytes().items()})
         return metrics
 

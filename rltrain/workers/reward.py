@@ -30,8 +30,8 @@ class Scores(TensorRecord):
     response_tokens: torch.Tensor
 
 
-class RewardWorker(Worker):
-    """Scores rollout shards with the task's reward function.
+class RuleReward:
+    """The task's rule reward as a plain object (the reward worker's, and a fused rank's).
 
     Args:
         run: the checked run config.
@@ -47,6 +47,25 @@ class RewardWorker(Worker):
         texts = decode_responses(self.tokenizer, batch, self.tokenizer.eos_token_id)
         return torch.tensor([self.task.reward(p, t) for p, t in zip(prompts, texts, strict=True)])
 
+    def scores(self, batch: RolloutBatch) -> Scores:
+        """The rewards and response lengths of one batch."""
+        return Scores(self.score_batch(batch), batch.response_mask.sum(dim=1))
+
+
+class RewardWorker(Worker):
+    """Scores rollout shards with the task's reward function.
+
+    Args:
+        run: the checked run config.
+    """
+
+    def __init__(self, run: RunConfig) -> None:
+        self.rule = RuleReward(run)
+
+    def score_batch(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B]`` rewards of one batch."""
+        return self.rule.score_batch(batch)
+
     def score(self, *shards: Any) -> list[Scores]:
         """Scores of every shard.
 
@@ -55,6 +74,4 @@ class RewardWorker(Worker):
                 resolves it before the call starts, not the driver) or a batch.
         """
         with trace.span("reward", "reward", self.device_labels):
-            return [
-                Scores(self.score_batch(b), b.response_mask.sum(dim=1)) for b in fetch(shards)
-            ]
+            return [self.rule.scores(b) for b in fetch(shards)]
