@@ -89,6 +89,9 @@ class PlacementConfig:
     component_placement: Dict[str, Any] = MISSING  # RLinf grammar, e.g. {"actor,rollout": "all"}
     offload: Dict[str, OffloadPolicyConfig] = field(default_factory=dict)
     isolate_accelerator: bool = True  # a process sees only its own devices
+    # auto | true | false: run actor, rollout and the rule reward in one process per device
+    # when they share the devices and nothing has to move (rltrain.runners.fusion)
+    fuse: str = "false"
 
 
 # ----------------------------------------------------------------------------------------- model

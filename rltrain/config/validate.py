@@ -129,6 +129,7 @@ def _placement(cfg: RunConfig) -> Iterator[str]:
                     f"placement.component_placement names unknown component {name.strip()!r} "
                     f"(in key {key!r}): components are {list(COMPONENTS)}"
                 )
+    yield from _one_of("placement.fuse", str(p.fuse).lower(), ("auto", "true", "false"))
     for name, policy in p.offload.items():
         if name not in COMPONENTS:
             yield f"placement.offload.{name}: unknown component; components are {list(COMPONENTS)}"

@@ -46,6 +46,7 @@ def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Pl
     cluster = ClusterSpec.from_config(run.cluster)
     plan = build_plan(run, cluster, check_fit=False)
     _print(plan, max_rows)
+    print(fusion_line(run, plan))
     with open(os.path.join(out_dir, "plan.json"), "w") as f:
         json.dump(plan.to_dict(), f, indent=1)
     with open(os.path.join(out_dir, "plan.svg"), "w") as f:
@@ -53,6 +54,22 @@ def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Pl
     print(f"wrote {os.path.join(out_dir, 'plan.json')} and plan.svg")
     plan.check_fit()
     return plan
+
+
+def fusion_line(run: Any, plan: Plan) -> str:
+    """One line on whether actor, rollout and reward run fused (``placement.fuse``)."""
+    from rltrain.runners.fusion import FUSED, fusion_blockers
+
+    mode = str(run.placement.fuse).lower()
+    if mode == "false" or run.runner != "reasoning":
+        return "processes: one per planned process (placement.fuse=false)"
+    blockers = fusion_blockers(run, plan)
+    if not blockers:
+        return (
+            f"processes: {'+'.join(FUSED)} fused, one process per actor rank "
+            f"(placement.fuse={mode})"
+        )
+    return f"processes: not fused (placement.fuse={mode}): " + "; ".join(blockers)
 
 
 def _print(plan: Plan, max_rows: int) -> None:

@@ -14,6 +14,10 @@ One step, as the algorithm reads:
 Components that share a device take turns through the residency coordinator (``job.stage``).
 Bulk data (rollout batches, weights) moves between workers as Ray object references: the driver
 only passes references and receives small things (rewards for logging, metrics).
+
+Fused (``placement.fuse``, :mod:`rltrain.runners.fusion`), one process per device runs actor,
+rollout and rule reward: a step is one call per rank that generates, scores and trains on that
+rank's prompts with the rank's own parameters, so there is no weight export or sync.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
 from rltrain.runners.checkpoint import CheckpointManager, read_state
+from rltrain.runners.fusion import decide_fusion
 from rltrain.runners.job import Job, start_job
 from rltrain.runners.pipeline import GenerationPipeline, InFlight  # noqa: F401 (re-exported)
 from rltrain.runners.sizes import BatchSizes, derive_sizes
@@ -34,6 +39,7 @@ from rltrain.telemetry import trace
 from rltrain.telemetry.metrics import MetricsLogger, plot_curves
 from rltrain.workers.actor import ActorWorker
 from rltrain.workers.critic import CriticWorker, derive_critic_sizes
+from rltrain.workers.hybrid import HybridWorker
 from rltrain.workers.reference import ReferenceWorker, gather_round_robin
 from rltrain.workers.reward import RewardWorker
 from rltrain.workers.rollout import RolloutWorker
@@ -116,8 +122,14 @@ def check_staleness(run: RunConfig, plan: Any) -> None:
         )
 
 
-def worker_builders(run: RunConfig, sizes: BatchSizes) -> dict[str, Any]:
-    """component -> (plan -> group builder): how each reasoning component is created."""
+def worker_builders(run: RunConfig, sizes: BatchSizes, fused: bool = False) -> dict[str, Any]:
+    """component -> (plan -> group builder): how each reasoning component is created.
+
+    Fused (``placement.fuse``), the actor's processes run the rollout and the reward too and
+    the other two groups are not started.
+    """
+    if fused:
+        return {"actor": lambda plan: HybridWorker.create_group(run, sizes)}
     builders = {
         "actor": lambda plan: ActorWorker.create_group(run, sizes),
         "rollout": lambda plan: RolloutWorker.create_group(run),
@@ -149,6 +161,7 @@ class ReasoningRunner:
         )
         self.version = 0  # weights the rollout holds; bumped by every update
         self.weights_ref: Any = None
+        self.fused = "rollout" not in self.g  # placement.fuse: the actor ranks do every stage
         self._stop = False
         k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
         partial = self.run.trainer.partial_rollout
@@ -200,6 +213,8 @@ class ReasoningRunner:
         trains. With ``k > 0`` the generations of the next ``k`` steps are already in flight
         (see :class:`GenerationPipeline`) while the actor trains on this one.
         """
+        if self.fused:
+            return self._fused_step(step)
         timer = StepTimer()
         if self.pipeline is None:
             with timer("generate"), self.job.stage("rollout"), trace.span("generate", "driver"):
@@ -216,6 +231,19 @@ class ReasoningRunner:
         metrics = self._learn(step, rollouts.refs, timer)
         metrics.update(extra)
         return metrics
+
+    def _fused_step(self, step: int) -> dict[str, Any]:
+        """The step on fused ranks: each generates, scores and trains on its own prompts."""
+        timer = StepTimer()
+        prompts = [ex.prompt for ex in self.task.sample_batch(step, self.sizes.prompts_per_step)]
+        k = self.sizes.prompts_per_rollout_rank
+        per_rank = [(prompts[r * k : (r + 1) * k], step) for r in range(self.sizes.rollout_dp)]
+        with timer("step"), self.job.stage("actor"), trace.span("step", "driver"):
+            out = self.g["actor"].call_each(HybridWorker.step, per_rank).wait()
+        results = [metrics for metrics, _ in out]
+        self.version = step + 1
+        self._refresh_ledger("actor", results)
+        return self._step_metrics([scores for _, scores in out], results, timer.times)
 
     def _submit_generation(self, step: int, expect_version: int) -> Any:
         """Start the step's generation on every rollout rank with the newest exported weights."""
@@ -297,6 +325,9 @@ class ReasoningRunner:
             )
 
     def _export_weights(self, version: int) -> None:
+        if self.fused:  # the rollout samples with the actor's own parameters
+            self.version = version
+            return
         # Exported inside the actor's lease (it must be resident); the rollout loads the buckets
         # from the object store at its next generate, when it holds its own lease.
         with self.job.stage("actor"):
@@ -305,6 +336,9 @@ class ReasoningRunner:
         self.weights_ref, self.version = fut.refs[0], version
 
     def evaluate(self) -> float:
+        if self.fused:
+            with self.job.stage("actor"):
+                return self.g["actor"].execute_on(0).evaluate().wait()[0]
         with self.job.stage("rollout"):
             return self.g["rollout"].execute_on(0).evaluate(self.weights_ref).wait()[0]
 
@@ -350,7 +384,7 @@ class ReasoningRunner:
             "response/length_mean": float(tokens.mean()),
         }
         keys = {k for res in results for k in res if not k.startswith("state_bytes/")}
-        for k in sorted(keys):
+        for k in sorted(keys):  # fused ranks time their stages themselves (time/<stage>_s)
             out[k] = sum(res[k] for res in results) / len(results)
         out.update({f"time/{k}_s": v for k, v in times.items()})
         total = sum(times.values())
@@ -432,9 +466,14 @@ def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
     sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
     if "critic" in plan.components:
         derive_critic_sizes(run, sizes.samples_per_step, plan.world_size("critic"))
+    fused, blockers = decide_fusion(run, plan)
 
-    with start_job(run, run_dir, worker_builders(run, sizes), on_launch=data_parallel) as job:
+    builders = worker_builders(run, sizes, fused)
+    with start_job(run, run_dir, builders, on_launch=data_parallel) as job:
         summary = ReasoningRunner(job, sizes).fit()
         job.verify_ledger()
         summary.update(job.write_timeline())
+    summary["fused"] = fused
+    if blockers and str(run.placement.fuse).lower() == "auto":
+        summary["fuse_blockers"] = blockers  # why placement.fuse=auto took turns instead
     return summary

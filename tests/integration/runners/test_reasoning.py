@@ -89,3 +89,34 @@ def test_missing_component_and_bad_batch_are_refused_before_ray(tmp_path):
     run = compose_run("cluster.device_memory_gib=0.001")
     with pytest.raises(ResourceError, match="device"):
         run_reasoning(run, str(tmp_path))
+
+
+@pytest.mark.timeout(300)
+def test_fused_collocated_learns_what_taking_turns_learns(ray_session, tmp_path):
+    """placement.fuse: one process per device does generate, score and train; the rows and
+    random streams are the separate workers', so the records match a turn-taking run's."""
+    ray_session.ensure()
+    fused = run_reasoning(compose_run(*SHORT), str(tmp_path / "fused"))
+    # after_stage offload moves state between the stages: auto falls back to taking turns
+    turns = run_reasoning(
+        compose_run(*SHORT, "placement.offload.rollout.when=after_stage"), str(tmp_path / "turns")
+    )
+    assert fused["fused"] is True and "fuse_blockers" not in fused
+    assert turns["fused"] is False
+    assert any("placement.offload.rollout.when" in b for b in turns["fuse_blockers"])
+    a = read_metrics(str(tmp_path / "fused" / "metrics.jsonl"))
+    b = read_metrics(str(tmp_path / "turns" / "metrics.jsonl"))
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("reward/mean", "reward/std", "response/length_mean"):
+            assert ra[key] == rb[key], key  # same samples, same rewards
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+            # the turn-taking actor pads its rows to the widest rollout shard: float noise only
+            assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-6), key
+        assert {"time/generate_s", "time/reward_s", "time/train_s"} <= set(ra)
+    assert a[-1]["eval/accuracy"] == b[-1]["eval/accuracy"]
+    trace = json.loads((tmp_path / "fused" / "trace.json").read_text())
+    processes = {e["args"]["process"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert processes == {"driver", "actor[0]", "actor[1]"}  # no rollout or reward processes
+    latest = (tmp_path / "fused" / "checkpoints" / "latest").read_text().strip()
+    assert (tmp_path / "fused" / "checkpoints" / latest / "model" / "model.safetensors").is_file()

@@ -33,6 +33,7 @@ def test_plan_prints_writes_and_starts_nothing(tmp_path):
     assert "HEAVY []" in out.stdout
     assert "hybrid plan: 1 node(s) x 8 device(s)" in out.stdout
     assert "shared with" in out.stdout and "rollout" in out.stdout
+    assert "processes: one per planned process (placement.fuse=false)" in out.stdout
     data = json.loads((tmp_path / "plan.json").read_text())
     assert data["mode"] == "hybrid" and data["fits"] is True
     assert len(data["processes"]) == 10
@@ -45,6 +46,7 @@ def test_plan_for_a_cluster_far_larger_than_this_machine(tmp_path):
     out = plan_cli(tmp_path, "cluster=ray", "cluster.num_nodes=128")
     assert out.returncode == 0, out.stderr
     assert "actor     │ 0-1023 │ 0-127" in out.stdout  # merged rows for alike processes
+    assert "actor+rollout+reward fused, one process per actor rank" in out.stdout
     data = json.loads((tmp_path / "plan.json").read_text())
     assert data["cluster"]["num_devices"] == 1024 and len(data["devices"]) == 1024
     assert "showing the first 32 of 1024 devices" in (tmp_path / "plan.svg").read_text()

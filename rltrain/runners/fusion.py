@@ -1,0 +1,118 @@
+"""When the actor, the rollout and the rule reward run in one process per device.
+
+In a collocated layout the actor and the rollout hold the same devices and take turns. When
+nothing has to move between their turns, separate processes buy nothing and cost a second copy
+of the weights per device, a weight export and load per step, and four Ray hops per step
+(generate, score, train, export). ``placement.fuse`` runs them in one process per device
+instead (verl's fused workers, OpenRLHF's hybrid engine): the rollout samples with the actor's
+own parameters, the task's rule reward scores in the same process, and one call per rank does
+the whole step (:class:`rltrain.workers.hybrid.HybridWorker`).
+
+``placement.fuse`` is ``false`` (separate processes), ``true`` (fuse, or refuse the run naming
+what stands in the way) or ``auto`` (fuse when nothing stands in the way, else take turns and
+say why in ``summary.json``). The rules are pure and decided before Ray starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rltrain.config import resolve_offload
+from rltrain.config.schema import RunConfig
+from rltrain.config.validate import GROUP_ESTIMATORS  # torch-free: the plan command uses this
+from rltrain.errors import ConfigError
+
+#: The components a fused rank runs.
+FUSED = ("actor", "rollout", "reward")
+
+
+def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
+    """Why the actor, rollout and reward cannot share processes in this run.
+
+    Args:
+        run: the checked run config.
+        plan: the placement plan (``by_component``, ``components``, ``memory``).
+
+    Returns:
+        One reason per obstacle, each naming the config key; empty when they can.
+    """
+    out: list[str] = []
+    actor = [(p.node_rank, p.devices) for p in plan.by_component.get("actor", ())]
+    rollout = [(p.node_rank, p.devices) for p in plan.by_component.get("rollout", ())]
+    if actor != rollout or not any(devices for _, devices in actor):
+        out.append(
+            "placement.component_placement gives actor and rollout different processes "
+            f"(actor {actor}, rollout {rollout}): fusing needs the same devices, rank by rank"
+        )
+    others = sorted(set(plan.components) - set(FUSED))
+    if others:
+        out.append(
+            f"the placement also has {others}: their stages read the rollout's output between "
+            f"generation and update"
+        )
+    if run.trainer.max_staleness > 0:
+        out.append(f"trainer.max_staleness={run.trainer.max_staleness} overlaps the two stages")
+    if run.algorithm.advantage_estimator not in GROUP_ESTIMATORS:
+        out.append(
+            f"algorithm.advantage_estimator={run.algorithm.advantage_estimator!r} normalises "
+            f"over the whole batch, and a fused rank sees only its own prompt groups "
+            f"(group estimators {list(GROUP_ESTIMATORS)} fuse)"
+        )
+    for key, value in (
+        ("actor.backend", run.actor.backend),
+        ("rollout.backend", run.rollout.backend),
+    ):
+        if value != "torch":
+            out.append(f"{key}={value!r}: only the torch engines share parameters in process")
+    for key in (
+        "actor.tensor_parallel_size",
+        "actor.pipeline_parallel_size",
+        "rollout.tensor_parallel_size",
+        "rollout.pipeline_parallel_size",
+    ):
+        section, name = key.split(".")
+        value = getattr(getattr(run, section), name)
+        if value != 1:
+            out.append(f"{key}={value}: a fused rank holds the whole model")
+    for comp in ("actor", "rollout"):
+        key = f"placement.offload.{comp}"
+        if resolve_offload(run.placement.offload.get(comp), key).when == "after_stage":
+            out.append(
+                f"placement.offload.{comp}.when=after_stage moves state between the stages"
+            )
+    for device, memory in sorted(plan.memory.items()):
+        total = max((sum(t.bytes for t in s.terms) for s in memory.stages), default=0)
+        if total > memory.capacity_bytes:
+            out.append(
+                f"device {device} cannot hold every component's state at once ({total} bytes > "
+                f"{memory.capacity_bytes}): the stages must take turns"
+            )
+            break
+    return out
+
+
+def decide_fusion(run: RunConfig, plan: Any) -> tuple[bool, list[str]]:
+    """Whether this run fuses, by ``placement.fuse``.
+
+    Args:
+        run: the checked run config.
+        plan: the placement plan.
+
+    Returns:
+        ``(fused, blockers)``: ``blockers`` says why an ``auto`` run did not fuse.
+
+    Raises:
+        ConfigError: ``placement.fuse=true`` and something stands in the way.
+    """
+    mode = str(run.placement.fuse).lower()
+    if mode == "false" or run.runner != "reasoning":
+        return False, []
+    blockers = fusion_blockers(run, plan)
+    if blockers and mode == "true":
+        raise ConfigError(
+            "placement.fuse=true but the actor, rollout and reward cannot share processes: "
+            + "; ".join(blockers)
+            + ". Fix those, or set placement.fuse=auto (take turns when fusing is not possible)"
+            " or placement.fuse=false"
+        )
+    return not blockers, blockers

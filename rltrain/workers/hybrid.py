@@ -1,0 +1,95 @@
+"""One process per device for the actor, the rollout and the rule reward (``placement.fuse``).
+
+A fused rank samples its own prompts with the policy it trains (the rollout is the actor's own
+parameters: no second copy, no weight sync), scores them with the task's rule, forms the group
+advantages of its own prompt groups and takes the data-parallel update, all in one call. The
+rows and random streams are those of the separate workers (rollout rank ``r``'s prompts and
+sampling seed, actor rank ``r``'s rows and shuffling seed), so a fused run learns what a turn-
+taking run learns. When fusing is allowed is decided in :mod:`rltrain.runners.fusion`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rltrain.algorithms.sampling import SamplingParams, encode_prompts, generate, greedy_accuracy
+from rltrain.algorithms.update import add_advantages
+from rltrain.backends.weight_sync.host import HostBuckets
+from rltrain.config.schema import RunConfig
+from rltrain.runners.sizes import BatchSizes
+from rltrain.telemetry import trace
+from rltrain.workers.actor import ActorWorker
+from rltrain.workers.reward import RuleReward, Scores
+
+
+class HybridWorker(ActorWorker):
+    """One data-parallel rank of the fused actor, rollout and reward.
+
+    Args:
+        run: the checked run config.
+        sizes: the derived batch sizes (actor and rollout have the same ranks).
+    """
+
+    def __init__(self, run: RunConfig, sizes: BatchSizes) -> None:
+        super().__init__(run, sizes)
+        r = run.rollout
+        self.params = SamplingParams(
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            n=r.n_samples_per_prompt,
+        )
+        self.rule = RuleReward(run)
+
+    def step(self, prompts: list[str], step: int) -> tuple[dict[str, float], Scores]:
+        """Generate, score and train on this rank's prompts.
+
+        Args:
+            prompts: this rank's prompts (rollout rank ``rank``'s share of the step).
+            step: the policy-update index (seeds sampling and minibatch shuffling).
+
+        Returns:
+            The rank's training metrics (``time/<stage>_s`` included, ``state_bytes/<kind>``
+            for the ledger) and the scores of its rows.
+        """
+        times: dict[str, float] = {}
+        t = time.perf_counter()
+        with trace.span("generate", "rollout", self.device_labels):
+            gen = torch.Generator(device=self.device).manual_seed(
+                self.run.seed * 1_000_003 + step * 1_009 + self.rank
+            )
+            ids, mask = encode_prompts(self.tokenizer, prompts)
+            batch = generate(
+                self.model,
+                ids.to(self.device),
+                mask.to(self.device),
+                self.params,
+                self.tokenizer.eos_token_id,
+                self.tokenizer.pad_token_id,
+                gen,
+            ).to("cpu")
+            if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
+                time.sleep(self.run.rollout.latency_ms / 1000)
+        times["generate"], t = time.perf_counter() - t, time.perf_counter()
+        with trace.span("reward", "reward", self.device_labels):
+            scores = self.rule.scores(batch)
+        times["reward"], t = time.perf_counter() - t, time.perf_counter()
+        with trace.span("train", "actor", self.device_labels):
+            mine = add_advantages(batch.replace(rewards=scores.rewards), self.settings)
+            metrics = self.update(mine, step)
+        times["train"] = time.perf_counter() - t
+        metrics.update({f"time/{k}_s": v for k, v in times.items()})
+        return metrics, scores
+
+    def evaluate(self, weights: HostBuckets | None = None) -> float:
+        """Greedy accuracy on the task's evaluation prompts with the current weights.
+
+        Args:
+            weights: ignored: a fused rank evaluates the parameters it trains.
+        """
+        with trace.span("evaluate", "rollout", self.device_labels):
+            return greedy_accuracy(
+                self.model, self.tokenizer, self.rule.task, self.run.rollout.max_new_tokens
+            )
