@@ -5,16 +5,19 @@ plain single-process loop (``rltrain/bench/plain_grpo.py``) with the same settin
 the same run. The cases time end to end (Ray and worker start-up included); the extras give
 the training part alone (first step to the evaluation that reached the target) and its ratio.
 
-``framework_share``: training steps when the rollout's and the actor's stages each do 100 ms of
-work (the latency knobs ``rollout.latency_ms`` and ``actor.latency_ms``) on a batch so small that
-the real compute is a few ms. The baseline is the *same work without the framework*: the same
-worker classes (rollout, reward, actor: one rank each) built in the driver process and called
-in sequence, with the same knobs, the same weight packing and loading. ``1 - baseline / step`` is
-the share of a step the framework adds: Ray calls and object transfers, residency leases and
-offload/reload, the driver loop. Two rltrain cases, one job: offload ``on_demand`` (the shipped
-collocated default: state moves only when the next stage lacks room, none here) and
-``after_stage`` (RLinf's collocated behaviour: weights, grads and optimizer leave after every
-stage).
+``framework_share``: training steps when generation and update each do 100 ms of work (the
+latency knobs ``rollout.latency_ms`` and ``actor.latency_ms``) on a batch so small that the real
+compute is a few ms, with the shipped collocated default (actor, rollout and reward fused in one
+process per device, ``placement.fuse``). The baseline is the *same work without the framework*:
+the same fused worker class built in the driver process and its ``step`` called with the same
+knobs. ``1 - baseline / step`` is the share of a step the framework adds: the Ray call, the
+driver loop, the residency lease.
+
+``framework_share_turns``: the same for separate actor, rollout and reward processes taking turns
+(``placement.fuse=false``): baseline the same three worker classes called in sequence in one
+process (with the same weight packing and loading); two rltrain cases on one job, offload
+``on_demand`` (state moves only when the next stage lacks room, none here) and ``after_stage``
+(RLinf's collocated behaviour: weights, grads and optimizer leave after every stage).
 """
 
 from __future__ import annotations
@@ -159,8 +162,8 @@ def time_to_accuracy(quick: bool) -> Suite:
                 seeds=SEEDS,
                 seen=seen,
             ),
-            # A model this small gains nothing from data parallelism (a forward is per-op
-            # overhead, not FLOPs): one actor and one rollout process show the framework alone.
+            # One simulated device: one fused process with both cores' threads, the shape of
+            # the plain loop, so the difference is the framework alone.
             _rltrain_case(
                 f"rltrain collocated, seeds {seeds}, to {TARGET}, 1 simulated device (end to end)",
                 target,
@@ -186,31 +189,31 @@ def time_to_accuracy(quick: bool) -> Suite:
 def start_reasoning(run, stack: contextlib.ExitStack):
     """Plan ``run`` and start its job and workers on ``stack`` (a suite's teardown closes it).
 
+    Actor, rollout and reward are fused (one process per device) when ``placement.fuse`` and
+    the layout allow it, as in ``python -m rltrain``.
+
     Returns:
         ``(job, sizes)``: the started job and the derived batch sizes.
     """
     from rltrain.placement.plan import build_plan
     from rltrain.placement.types import ClusterSpec
+    from rltrain.runners.fusion import decide_fusion
     from rltrain.runners.job import start_job
     from rltrain.runners.reasoning import data_parallel, derive_sizes, worker_builders
 
     plan = build_plan(run, ClusterSpec.from_config(run.cluster))
     sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
+    fused, _ = decide_fusion(run, plan)
     out = stack.enter_context(tempfile.TemporaryDirectory())
     job = stack.enter_context(
-        start_job(run, out, worker_builders(run, sizes), on_launch=data_parallel)
+        start_job(run, out, worker_builders(run, sizes, fused), on_launch=data_parallel)
     )
     return job, sizes
 
 
-@measure("framework_share", "share of a step the framework adds to 100 ms-per-stage work (< 2 %)")
-def framework_share(quick: bool) -> Suite:
-    import torch
-
-    from rltrain.runners.reasoning import ReasoningRunner
-
-    steps = 2 if quick else 10
-    run = compose(
+def _latency_run(*overrides: str):
+    """The framework-share run: 100 ms per stage on top of a few ms of real compute."""
+    return compose(
         *_quiet(),
         f"rollout.latency_ms={LATENCY_MS}",
         f"actor.latency_ms={LATENCY_MS}",
@@ -218,7 +221,77 @@ def framework_share(quick: bool) -> Suite:
         "rollout.n_samples_per_prompt=2",
         "rollout.max_new_tokens=1",
         "cluster.devices_per_node=1",
+        *overrides,
     )
+
+
+@measure("framework_share", "share of a step the framework adds to 100 ms-per-stage work (< 2 %)")
+def framework_share(quick: bool) -> Suite:
+    """The shipped collocated default (fused): rltrain steps vs the same fused worker's
+    ``step`` called in this process."""
+    import torch
+
+    from rltrain.runners.reasoning import ReasoningRunner
+    from rltrain.workers.hybrid import HybridWorker
+
+    steps = 2 if quick else 10
+    run = _latency_run("placement.fuse=true")
+    stack = contextlib.ExitStack()
+    job, sizes = start_reasoning(run, stack)
+    runner = ReasoningRunner(job, sizes)
+    counter = iter(range(10**6))
+    local = HybridWorker(run, sizes)
+    local.setup_data_parallel()
+    threads = job.groups["actor"].reservation.layout.slot("actor", 0).num_threads
+
+    def rltrain_steps() -> None:
+        for _ in range(steps):
+            runner.train_step(next(counter))
+
+    def in_process() -> None:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads or previous)  # the worker's share of the cores
+        try:
+            for _ in range(steps):
+                step = next(counter)
+                batch = runner.task.sample_batch(step, sizes.prompts_per_step)
+                local.step([ex.prompt for ex in batch], step)
+        finally:
+            torch.set_num_threads(previous)
+
+    base = f"{steps} steps, the fused worker in one process (no framework)"
+    return Suite(
+        cases=(
+            Case(base, in_process, work=steps, work_unit="steps"),
+            Case(
+                f"{steps} rltrain steps, fused (shipped collocated)",
+                rltrain_steps,
+                work=steps,
+                work_unit="steps",
+            ),
+        ),
+        baseline=base,
+        warmup=1,
+        repeats=2 if quick else 5,
+        note="framework share = 1 - 1/ratio; goal < 2 % (ratio < 1.02). Actor, rollout and "
+        "reward fused in one process on one simulated device; generation and update each sleep "
+        f"{LATENCY_MS:g} ms on top of their real compute, in both cases. "
+        "framework_share_turns measures the same with separate processes taking turns.",
+        teardown=stack.close,
+    )
+
+
+@measure(
+    "framework_share_turns",
+    "framework share at 100 ms per stage, actor and rollout as separate processes taking turns",
+)
+def framework_share_turns(quick: bool) -> Suite:
+    import torch
+
+    from rltrain.runners.reasoning import ReasoningRunner
+
+    steps = 2 if quick else 10
+    run = _latency_run("placement.fuse=false")
     stack = contextlib.ExitStack()
     job, sizes = start_reasoning(run, stack)
     runner = ReasoningRunner(job, sizes)
@@ -251,7 +324,7 @@ def framework_share(quick: bool) -> Suite:
         cases=(
             Case(base, in_process, work=steps, work_unit="steps"),
             Case(
-                f"{steps} rltrain steps, offload on_demand (shipped collocated)",
+                f"{steps} rltrain steps, offload on_demand (collocated, placement.fuse=false)",
                 rltrain_steps("on_demand"),
                 work=steps,
                 work_unit="steps",
