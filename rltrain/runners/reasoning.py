@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rltrain.config.schema import RunConfig
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, WorkerError
 from rltrain.runners.checkpoint import CheckpointManager, read_state
 from rltrain.runners.fusion import decide_fusion
 from rltrain.runners.job import Job, start_job
@@ -162,6 +162,7 @@ class ReasoningRunner:
         self.version = 0  # weights the rollout holds; bumped by every update
         self.weights_ref: Any = None
         self.fused = "rollout" not in self.g  # placement.fuse: the actor ranks do every stage
+        self._queued: tuple[int, Any] | None = None  # fused: (step, call) submitted ahead
         self._stop = False
         k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
         partial = self.run.trainer.partial_rollout
@@ -179,7 +180,7 @@ class ReasoningRunner:
             self.pipeline.reset(start, horizon=t.total_steps)
         try:
             for step in range(start, t.total_steps):
-                record = self.train_step(step)
+                record = self.train_step(step, queue_next=self._may_queue_next(step, t0))
                 last = step + 1 == t.total_steps
                 if (t.eval_every and (step + 1) % t.eval_every == 0) or last:
                     accuracy = record["eval/accuracy"] = self.evaluate()
@@ -187,6 +188,8 @@ class ReasoningRunner:
                 done_steps = step + 1
                 done = t.target_accuracy is not None and (accuracy or 0) >= t.target_accuracy
                 budget = t.time_budget_s is not None and time.monotonic() - t0 > t.time_budget_s
+                if (done or budget or self._stop) and self._queued is not None:
+                    continue  # the next step already runs on the fused ranks: record it, then stop
                 if (
                     (t.save_every and (step + 1) % t.save_every == 0)
                     or last
@@ -206,15 +209,23 @@ class ReasoningRunner:
         plot_curves(metrics.records, f"{self.job.run_dir}/reward_curve.png")
         return self._summary(metrics.records, done_steps - start, time.monotonic() - t0, status)
 
-    def train_step(self, step: int) -> dict[str, Any]:
+    def train_step(self, step: int, queue_next: bool = False) -> dict[str, Any]:
         """One policy update; returns the step's metrics.
 
         With ``trainer.max_staleness=0`` the step generates with the newest weights, then
         trains. With ``k > 0`` the generations of the next ``k`` steps are already in flight
         (see :class:`GenerationPipeline`) while the actor trains on this one.
+
+        Args:
+            step: the policy-update index.
+            queue_next: fused ranks only: submit step ``step + 1`` now, behind this one (a
+                rank runs its calls in order, so it still generates with the weights this
+                step leaves: nothing changes but the driver's round trip between the two).
+                The caller promises to call ``train_step(step + 1)`` next, with no
+                evaluation or checkpoint in between.
         """
         if self.fused:
-            return self._fused_step(step)
+            return self._fused_step(step, queue_next)
         timer = StepTimer()
         if self.pipeline is None:
             with timer("generate"), self.job.stage("rollout"), trace.span("generate", "driver"):
@@ -232,18 +243,51 @@ class ReasoningRunner:
         metrics.update(extra)
         return metrics
 
-    def _fused_step(self, step: int) -> dict[str, Any]:
+    def _fused_step(self, step: int, queue_next: bool) -> dict[str, Any]:
         """The step on fused ranks: each generates, scores and trains on its own prompts."""
         timer = StepTimer()
-        prompts = [ex.prompt for ex in self.task.sample_batch(step, self.sizes.prompts_per_step)]
-        k = self.sizes.prompts_per_rollout_rank
-        per_rank = [(prompts[r * k : (r + 1) * k], step) for r in range(self.sizes.rollout_dp)]
         with timer("step"), self.job.stage("actor"), trace.span("step", "driver"):
-            out = self.g["actor"].call_each(HybridWorker.step, per_rank).wait()
+            future = self._take_queued(step)
+            if queue_next:
+                self._queued = (step + 1, self._submit_fused(step + 1))
+            out = future.wait()
         results = [metrics for metrics, _ in out]
         self.version = step + 1
         self._refresh_ledger("actor", results)
         return self._step_metrics([scores for _, scores in out], results, timer.times)
+
+    def _submit_fused(self, step: int) -> Any:
+        prompts = [ex.prompt for ex in self.task.sample_batch(step, self.sizes.prompts_per_step)]
+        k = self.sizes.prompts_per_rollout_rank
+        per_rank = [(prompts[r * k : (r + 1) * k], step) for r in range(self.sizes.rollout_dp)]
+        return self.g["actor"].call_each(HybridWorker.step, per_rank)
+
+    def _take_queued(self, step: int) -> Any:
+        """The queued call for ``step`` (see ``queue_next``), or a new one."""
+        if self._queued is None:
+            return self._submit_fused(step)
+        queued, future = self._queued
+        self._queued = None
+        if queued != step:
+            raise WorkerError(
+                f"fused step {queued} was queued on the ranks but step {step} trains next: "
+                f"after train_step(s, queue_next=True) call train_step(s + 1)"
+            )
+        return future
+
+    def _may_queue_next(self, step: int, t0: float) -> bool:
+        """Whether :meth:`fit` may queue step ``step + 1`` behind ``step``: fused ranks, and
+        nothing happens between the two (no evaluation, checkpoint, last step or stop)."""
+        t = self.run.trainer
+        after = step + 1
+        return (
+            self.fused
+            and not self._stop
+            and after < t.total_steps
+            and not (t.eval_every and after % t.eval_every == 0)
+            and not (t.save_every and after % t.save_every == 0)
+            and not (t.time_budget_s is not None and time.monotonic() - t0 > t.time_budget_s)
+        )
 
     def _submit_generation(self, step: int, expect_version: int) -> Any:
         """Start the step's generation on every rollout rank with the newest exported weights."""
@@ -336,6 +380,7 @@ class ReasoningRunner:
         self.weights_ref, self.version = fut.refs[0], version
 
     def evaluate(self) -> float:
+        self._no_queued("evaluate")
         if self.fused:
             with self.job.stage("actor"):
                 return self.g["actor"].execute_on(0).evaluate().wait()[0]
@@ -344,6 +389,7 @@ class ReasoningRunner:
 
     # ------------------------------------------------------------------------- checkpoints
     def save(self, step: int) -> str:
+        self._no_queued("save")
         with self.job.stage("actor"):
             pending = self.ckpt.begin(step)
             self.g["actor"].save(pending.path).wait()  # every rank: ZeRO shards
@@ -351,6 +397,13 @@ class ReasoningRunner:
             with self.job.stage("critic"):
                 self.g["critic"].save(pending.path).wait()
         return self.ckpt.commit(pending, {"model": _fingerprint(self.run)})
+
+    def _no_queued(self, what: str) -> None:
+        if self._queued is not None:
+            raise WorkerError(
+                f"{what} with fused step {self._queued[0]} queued on the ranks would see its "
+                f"update: train that step first"
+            )
 
     def _resume(self) -> int:
         path = self.ckpt.resolve(self.run.trainer.resume)

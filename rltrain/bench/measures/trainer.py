@@ -162,12 +162,15 @@ def time_to_accuracy(quick: bool) -> Suite:
                 seeds=SEEDS,
                 seen=seen,
             ),
-            # One simulated device: one fused process with both cores' threads, the shape of
-            # the plain loop, so the difference is the framework alone.
+            # One simulated device: one fused process with both cores' threads and the whole
+            # batch in one forward/backward (actor.micro_batch_size=128: the default 64 would
+            # accumulate two), the plain loop's shape, so the difference is the framework.
             _rltrain_case(
-                f"rltrain collocated, seeds {seeds}, to {TARGET}, 1 simulated device (end to end)",
+                f"rltrain collocated, seeds {seeds}, to {TARGET}, 1 simulated device, "
+                "micro-batch 128 (end to end)",
                 target,
                 "cluster.devices_per_node=1",
+                "actor.micro_batch_size=128",
                 seeds=SEEDS,
                 seen=seen,
                 key="one_device",
@@ -245,8 +248,8 @@ def framework_share(quick: bool) -> Suite:
     threads = job.groups["actor"].reservation.layout.slot("actor", 0).num_threads
 
     def rltrain_steps() -> None:
-        for _ in range(steps):
-            runner.train_step(next(counter))
+        for i in range(steps):  # as fit() does: each step queued behind the previous one
+            runner.train_step(next(counter), queue_next=i < steps - 1)
 
     def in_process() -> None:
         previous = torch.get_num_threads()

@@ -67,3 +67,30 @@ def test_resume_after_sigkill_reproduces_the_next_step(tmp_path):
     expected = [r for r in read_metrics(str(steady / "metrics.jsonl")) if r["step"] == 2]
     resumed = [r for r in read_metrics(str(crashed / "metrics.jsonl")) if r["step"] == 2][-1]
     assert without_timings(resumed) == without_timings(expected[0])
+
+
+@pytest.mark.timeout(480)
+def test_sigterm_finishes_the_step_in_flight_checkpoints_it_and_exits(tmp_path):
+    """SIGTERM mid-run: the step running (and, fused, the one queued behind it) is recorded,
+    the checkpoint holds exactly the recorded steps, the run exits cleanly as 'stopped'."""
+    proc = rltrain(tmp_path, "trainer.total_steps=400", "trainer.eval_every=0",
+                   "trainer.save_every=0", wait=False)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    try:
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            assert proc.poll() is None, "the run ended before its third step"
+            assert time.monotonic() < deadline, "no third step within the deadline"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    records = read_metrics(str(metrics))
+    steps = [r["step"] for r in records]
+    assert steps == list(range(len(steps))) and 3 <= len(steps) < 400
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["steps"] == len(steps)
+    assert summary["fused"] is True
+    assert _latest(tmp_path) == f"step-{len(steps):06d}"
