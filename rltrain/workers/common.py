@@ -41,6 +41,52 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def sample_prompts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: list[str],
+    params: Any,
+    device: torch.device,
+    seed: int,
+    step: int,
+    rank: int,
+    **kwargs: Any,
+) -> Any:
+    """Sample ``params.n`` responses per prompt as rollout rank ``rank`` does at ``step``.
+
+    The random stream depends only on (run seed, step, rank), so a resumed run, and a fused
+    rank standing in for rollout rank ``rank``, sample exactly the same.
+
+    Args:
+        model: the policy.
+        tokenizer: its tokenizer.
+        prompts: the rank's prompts.
+        params: the :class:`~rltrain.algorithms.sampling.SamplingParams`.
+        device: where to compute.
+        seed: the run's seed.
+        step: the policy-update index.
+        rank: the rollout rank.
+        kwargs: passed on to :func:`~rltrain.algorithms.sampling.generate`.
+
+    Returns:
+        The :class:`~rltrain.algorithms.batch.RolloutBatch`, on ``device``.
+    """
+    from rltrain.algorithms.sampling import encode_prompts, generate
+
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + step * 1_009 + rank)
+    ids, mask = encode_prompts(tokenizer, prompts)
+    return generate(
+        model,
+        ids.to(device),
+        mask.to(device),
+        params,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        gen,
+        **kwargs,
+    )
+
+
 def _walk(obj: Any, seen: set[int], out: dict[int, int], device: torch.device) -> None:
     """Add the device storages reachable from ``obj`` to ``out`` (storage ptr -> bytes)."""
     if id(obj) in seen:

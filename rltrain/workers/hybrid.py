@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import time
 
-import torch
-
-from rltrain.algorithms.sampling import SamplingParams, encode_prompts, generate, greedy_accuracy
+from rltrain.algorithms.sampling import SamplingParams, greedy_accuracy
 from rltrain.algorithms.update import add_advantages
 from rltrain.backends.weight_sync.host import HostBuckets
 from rltrain.config.schema import RunConfig
 from rltrain.runners.sizes import BatchSizes
 from rltrain.telemetry import trace
 from rltrain.workers.actor import ActorWorker
+from rltrain.workers.common import sample_prompts
 from rltrain.workers.reward import RuleReward, Scores
 
 
@@ -57,18 +56,15 @@ class HybridWorker(ActorWorker):
         times: dict[str, float] = {}
         t = time.perf_counter()
         with trace.span("generate", "rollout", self.device_labels):
-            gen = torch.Generator(device=self.device).manual_seed(
-                self.run.seed * 1_000_003 + step * 1_009 + self.rank
-            )
-            ids, mask = encode_prompts(self.tokenizer, prompts)
-            batch = generate(
+            batch = sample_prompts(
                 self.model,
-                ids.to(self.device),
-                mask.to(self.device),
+                self.tokenizer,
+                prompts,
                 self.params,
-                self.tokenizer.eos_token_id,
-                self.tokenizer.pad_token_id,
-                gen,
+                self.device,
+                self.run.seed,
+                step,
+                self.rank,
             ).to("cpu")
             if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
                 time.sleep(self.run.rollout.latency_ms / 1000)

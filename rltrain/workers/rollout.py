@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import (
     GenerationStopped,
     SamplingParams,
-    encode_prompts,
-    generate,
     greedy_accuracy,
 )
 from rltrain.backends.offload import StateMover
@@ -21,7 +17,7 @@ from rltrain.errors import WorkerError
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_model, build_task, build_tokenizer
 from rltrain.telemetry import trace
-from rltrain.workers.common import ResidentState, compute_device
+from rltrain.workers.common import ResidentState, compute_device, sample_prompts
 
 
 class RolloutWorker(Worker, ResidentState):
@@ -88,19 +84,16 @@ class RolloutWorker(Worker, ResidentState):
         """
         self._sync(weights, expect_version)
         with trace.span("generate", "rollout", self.device_labels):
-            gen = torch.Generator(device=self.device).manual_seed(
-                self.run.seed * 1_000_003 + step * 1_009 + self.rank
-            )
-            ids, mask = encode_prompts(self.tokenizer, prompts)
             try:
-                batch = generate(
+                batch = sample_prompts(
                     self.model,
-                    ids.to(self.device),
-                    mask.to(self.device),
+                    self.tokenizer,
+                    prompts,
                     self.params,
-                    self.tokenizer.eos_token_id,
-                    self.tokenizer.pad_token_id,
-                    gen,
+                    self.device,
+                    self.run.seed,
+                    step,
+                    self.rank,
                     with_logprobs=behaviour_logprobs,
                     should_stop=_cancelled,
                 )

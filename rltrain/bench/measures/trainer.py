@@ -214,6 +214,19 @@ def start_reasoning(run, stack: contextlib.ExitStack):
     return job, sizes
 
 
+@contextlib.contextmanager
+def _torch_threads(threads: int | None):
+    """torch computes with ``threads`` threads inside the block (None: as it is)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads or previous)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _latency_run(*overrides: str):
     """The framework-share run: 100 ms per stage on top of a few ms of real compute."""
     return compose(
@@ -232,7 +245,6 @@ def _latency_run(*overrides: str):
 def framework_share(quick: bool) -> Suite:
     """The shipped collocated default (fused): rltrain steps vs the same fused worker's
     ``step`` called in this process."""
-    import torch
 
     from rltrain.runners.reasoning import ReasoningRunner
     from rltrain.workers.hybrid import HybridWorker
@@ -252,15 +264,11 @@ def framework_share(quick: bool) -> Suite:
             runner.train_step(next(counter), queue_next=i < steps - 1)
 
     def in_process() -> None:
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads or previous)  # the worker's share of the cores
-        try:
-            for _ in range(steps):
-                step = next(counter)
-                batch = runner.task.sample_batch(step, sizes.prompts_per_step)
+        for _ in range(steps):
+            step = next(counter)
+            batch = runner.task.sample_batch(step, sizes.prompts_per_step)
+            with _torch_threads(threads):  # the worker's share of the cores
                 local.step([ex.prompt for ex in batch], step)
-        finally:
-            torch.set_num_threads(previous)
 
     base = f"{steps} steps, the fused worker in one process (no framework)"
     return Suite(
@@ -289,7 +297,6 @@ def framework_share(quick: bool) -> Suite:
     "framework share at 100 ms per stage, actor and rollout as separate processes taking turns",
 )
 def framework_share_turns(quick: bool) -> Suite:
-    import torch
 
     from rltrain.runners.reasoning import ReasoningRunner
 
@@ -314,13 +321,9 @@ def framework_share_turns(quick: bool) -> Suite:
         return run_steps
 
     def in_process() -> None:
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads or previous)  # the workers' share of the cores
-        try:
+        with _torch_threads(threads):  # the workers' share of the cores
             for _ in range(steps):
                 local.step(next(counter))
-        finally:
-            torch.set_num_threads(previous)
 
     base = f"{steps} steps, same workers in one process (no framework)"
     return Suite(
