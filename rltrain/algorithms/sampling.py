@@ -37,6 +37,16 @@ class SamplingParams:
     n: int = 1
     greedy: bool = False
 
+    @classmethod
+    def from_rollout(cls, rollout: Any) -> SamplingParams:
+        """The parameters of a ``rollout`` config section (``RolloutConfig``)."""
+        return cls(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            n=rollout.n_samples_per_prompt,
+        )
+
     def __post_init__(self) -> None:
         problems = []
         if self.max_new_tokens < 1:

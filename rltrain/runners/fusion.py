@@ -64,16 +64,11 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
     ):
         if value != "torch":
             out.append(f"{key}={value!r}: only the torch engines share parameters in process")
-    for key in (
-        "actor.tensor_parallel_size",
-        "actor.pipeline_parallel_size",
-        "rollout.tensor_parallel_size",
-        "rollout.pipeline_parallel_size",
-    ):
-        section, name = key.split(".")
-        value = getattr(getattr(run, section), name)
-        if value != 1:
-            out.append(f"{key}={value}: a fused rank holds the whole model")
+    for section in ("actor", "rollout"):
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(getattr(run, section), name)
+            if value != 1:
+                out.append(f"{section}.{name}={value}: a fused rank holds the whole model")
     for comp in ("actor", "rollout"):
         key = f"placement.offload.{comp}"
         if resolve_offload(run.placement.offload.get(comp), key).when == "after_stage":

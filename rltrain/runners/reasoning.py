@@ -256,10 +256,14 @@ class ReasoningRunner:
         self._refresh_ledger("actor", results)
         return self._step_metrics([scores for _, scores in out], results, timer.times)
 
-    def _submit_fused(self, step: int) -> Any:
+    def _rank_prompts(self, step: int) -> list[list[str]]:
+        """The step's prompts, split over the rollout ranks (rank order)."""
         prompts = [ex.prompt for ex in self.task.sample_batch(step, self.sizes.prompts_per_step)]
         k = self.sizes.prompts_per_rollout_rank
-        per_rank = [(prompts[r * k : (r + 1) * k], step) for r in range(self.sizes.rollout_dp)]
+        return [prompts[r * k : (r + 1) * k] for r in range(self.sizes.rollout_dp)]
+
+    def _submit_fused(self, step: int) -> Any:
+        per_rank = [(prompts, step) for prompts in self._rank_prompts(step)]
         return self.g["actor"].call_each(HybridWorker.step, per_rank)
 
     def _take_queued(self, step: int) -> Any:
@@ -291,11 +295,9 @@ class ReasoningRunner:
 
     def _submit_generation(self, step: int, expect_version: int) -> Any:
         """Start the step's generation on every rollout rank with the newest exported weights."""
-        prompts = [ex.prompt for ex in self.task.sample_batch(step, self.sizes.prompts_per_step)]
-        k = self.sizes.prompts_per_rollout_rank
         args = [
-            (prompts[r * k : (r + 1) * k], step, self.weights_ref, expect_version)
-            for r in range(self.sizes.rollout_dp)
+            (prompts, step, self.weights_ref, expect_version)
+            for prompts in self._rank_prompts(step)
         ]
         # Off-policy, the actor's ratio is taken against the sampler; a KL in the reward needs
         # the sampler's log-probs too (recorded while sampling: no extra forward pass).
@@ -527,6 +529,6 @@ def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
         job.verify_ledger()
         summary.update(job.write_timeline())
     summary["fused"] = fused
-    if blockers and str(run.placement.fuse).lower() == "auto":
-        summary["fuse_blockers"] = blockers  # why placement.fuse=auto took turns instead
+    if blockers:  # only placement.fuse=auto gets here with any: why it took turns instead
+        summary["fuse_blockers"] = blockers
     return summary

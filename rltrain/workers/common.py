@@ -41,48 +41,35 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def sample_prompts(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    prompts: list[str],
-    params: Any,
-    device: torch.device,
-    seed: int,
-    step: int,
-    rank: int,
-    **kwargs: Any,
-) -> Any:
-    """Sample ``params.n`` responses per prompt as rollout rank ``rank`` does at ``step``.
+def sample_prompts(worker: Any, prompts: list[str], step: int, **kwargs: Any) -> Any:
+    """Sample ``params.n`` responses per prompt as rollout rank ``worker.rank`` does at ``step``.
 
     The random stream depends only on (run seed, step, rank), so a resumed run, and a fused
     rank standing in for rollout rank ``rank``, sample exactly the same.
 
     Args:
-        model: the policy.
-        tokenizer: its tokenizer.
+        worker: a sampling worker: ``model``, ``tokenizer``, ``params`` (the
+            :class:`~rltrain.algorithms.sampling.SamplingParams`), ``device``, ``run``, ``rank``.
         prompts: the rank's prompts.
-        params: the :class:`~rltrain.algorithms.sampling.SamplingParams`.
-        device: where to compute.
-        seed: the run's seed.
         step: the policy-update index.
-        rank: the rollout rank.
         kwargs: passed on to :func:`~rltrain.algorithms.sampling.generate`.
 
     Returns:
-        The :class:`~rltrain.algorithms.batch.RolloutBatch`, on ``device``.
+        The :class:`~rltrain.algorithms.batch.RolloutBatch`, on the worker's device.
     """
     from rltrain.algorithms.sampling import encode_prompts, generate
 
-    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + step * 1_009 + rank)
+    device, tokenizer = worker.device, worker.tokenizer
+    seed = worker.run.seed * 1_000_003 + step * 1_009 + worker.rank
     ids, mask = encode_prompts(tokenizer, prompts)
     return generate(
-        model,
+        worker.model,
         ids.to(device),
         mask.to(device),
-        params,
+        worker.params,
         tokenizer.eos_token_id,
         tokenizer.pad_token_id,
-        gen,
+        torch.Generator(device=device).manual_seed(seed),
         **kwargs,
     )
 

@@ -33,13 +33,7 @@ class HybridWorker(ActorWorker):
 
     def __init__(self, run: RunConfig, sizes: BatchSizes) -> None:
         super().__init__(run, sizes)
-        r = run.rollout
-        self.params = SamplingParams(
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            n=r.n_samples_per_prompt,
-        )
+        self.params = SamplingParams.from_rollout(run.rollout)
         self.rule = RuleReward(run)
 
     def step(self, prompts: list[str], step: int) -> tuple[dict[str, float], Scores]:
@@ -56,16 +50,7 @@ class HybridWorker(ActorWorker):
         times: dict[str, float] = {}
         t = time.perf_counter()
         with trace.span("generate", "rollout", self.device_labels):
-            batch = sample_prompts(
-                self.model,
-                self.tokenizer,
-                prompts,
-                self.params,
-                self.device,
-                self.run.seed,
-                step,
-                self.rank,
-            ).to("cpu")
+            batch = sample_prompts(self, prompts, step).to("cpu")
             if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
                 time.sleep(self.run.rollout.latency_ms / 1000)
         times["generate"], t = time.perf_counter() - t, time.perf_counter()

@@ -62,10 +62,6 @@ class RewardWorker(Worker):
     def __init__(self, run: RunConfig) -> None:
         self.rule = RuleReward(run)
 
-    def score_batch(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[B]`` rewards of one batch."""
-        return self.rule.score_batch(batch)
-
     def score(self, *shards: Any) -> list[Scores]:
         """Scores of every shard.
 

@@ -34,13 +34,7 @@ class RolloutWorker(Worker, ResidentState):
         self.model = build_model(run.model).to(self.device)
         self.model.requires_grad_(False)
         self.mover = StateMover(self.model, None, device=self.device)
-        r = run.rollout
-        self.params = SamplingParams(
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            n=r.n_samples_per_prompt,
-        )
+        self.params = SamplingParams.from_rollout(run.rollout)
         self.version = 0
         self._task = None
 
@@ -86,16 +80,7 @@ class RolloutWorker(Worker, ResidentState):
         with trace.span("generate", "rollout", self.device_labels):
             try:
                 batch = sample_prompts(
-                    self.model,
-                    self.tokenizer,
-                    prompts,
-                    self.params,
-                    self.device,
-                    self.run.seed,
-                    step,
-                    self.rank,
-                    with_logprobs=behaviour_logprobs,
-                    should_stop=_cancelled,
+                    self, prompts, step, with_logprobs=behaviour_logprobs, should_stop=_cancelled
                 )
                 if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
                     _sleep_unless_cancelled(self.run.rollout.latency_ms / 1000)

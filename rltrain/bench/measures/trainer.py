@@ -245,7 +245,6 @@ def _latency_run(*overrides: str):
 def framework_share(quick: bool) -> Suite:
     """The shipped collocated default (fused): rltrain steps vs the same fused worker's
     ``step`` called in this process."""
-
     from rltrain.runners.reasoning import ReasoningRunner
     from rltrain.workers.hybrid import HybridWorker
 
@@ -297,7 +296,6 @@ def framework_share(quick: bool) -> Suite:
     "framework share at 100 ms per stage, actor and rollout as separate processes taking turns",
 )
 def framework_share_turns(quick: bool) -> Suite:
-
     from rltrain.runners.reasoning import ReasoningRunner
 
     steps = 2 if quick else 10
