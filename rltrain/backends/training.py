@@ -4,8 +4,10 @@ The actor worker owns the data (its slice of the step's batch), the checkpoints 
 residency calls; a :class:`TrainingEngine` owns the model, the optimizer and the update:
 
 - :class:`TorchEngine` (``actor.backend=torch``): torch AdamW, DistributedDataParallel over the
-  actor group's default process group, :func:`~rltrain.algorithms.update.ppo_update` with each
-  minibatch's gradient accumulated over micro-batches of ``actor.micro_batch_size`` rows.
+  actor group's default process group (gradients averaged through shared memory between CPU
+  ranks of one host, :mod:`~rltrain.backends.host_allreduce`),
+  :func:`~rltrain.algorithms.update.ppo_update` with each minibatch's gradient accumulated over
+  micro-batches of ``actor.micro_batch_size`` rows.
 - :class:`TorchValueEngine`: the same for the PPO critic's value model (``critic.lr``,
   :func:`~rltrain.algorithms.update.value_update`).
 - :class:`DeepSpeedEngine` (``actor.backend=deepspeed``): a
@@ -39,6 +41,7 @@ from rltrain.algorithms.update import (
     ppo_update,
     value_update,
 )
+from rltrain.backends.host_allreduce import wrap_data_parallel
 from rltrain.backends.offload import StateMover
 from rltrain.config import resolve_offload
 from rltrain.config.schema import RunConfig
@@ -168,6 +171,7 @@ class TorchEngine:
         lr: float | None = None,
     ) -> None:
         self.settings = UpdateSettings.from_config(run)
+        self.cluster = run.cluster
         self.device = device
         self.model = model
         self.micro_batch = micro_batch
@@ -177,10 +181,12 @@ class TorchEngine:
 
     def setup(self, world_size: int) -> None:
         if world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+            self.ddp = wrap_data_parallel(
+                self.model,
+                self.device,
+                self.cluster.collective_timeout_s,
+                host_allreduce=self.cluster.host_allreduce,
+            )
 
     #: The update this engine runs (the critic's engine runs :func:`value_update`).
     update_fn = staticmethod(ppo_update)

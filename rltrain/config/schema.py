@@ -62,6 +62,8 @@ class ClusterConfig:
     temp_dir: Optional[str] = None  # local Ray's temp dir; null: a fresh one per run
     startup_timeout_s: float = 120.0  # waiting for actors / placement groups
     collective_timeout_s: float = 300.0  # torch.distributed timeout for worker collectives
+    # data-parallel CPU ranks on one host average gradients through shared memory, not gloo
+    host_allreduce: bool = True
 
 
 # ------------------------------------------------------------------------------------- placement

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rltrain.backends.host_allreduce import HostAllReduce
 from rltrain.backends.offload import StateMover
 from rltrain.errors import WorkerError
 from rltrain.scheduler import Worker
@@ -85,8 +86,8 @@ def _walk(obj: Any, seen: set[int], out: dict[int, int], device: torch.device) -
         if obj.grad is not None:
             _walk(obj.grad, seen, out, device)
         return
-    if isinstance(obj, StateMover):
-        return  # its host buffers are off the device by definition
+    if isinstance(obj, (StateMover, HostAllReduce)):
+        return  # their buffers are host memory by definition (a mover's, a shared file)
     if isinstance(obj, torch.nn.Module):
         for t in (*obj.parameters(), *obj.buffers()):
             _walk(t, seen, out, device)

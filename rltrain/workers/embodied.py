@@ -464,10 +464,12 @@ class EmbodiedActorWorker(Worker, ResidentState):
     def setup_data_parallel(self) -> None:
         """Wrap the model for gradient all-reduce (after the group's process group exists)."""
         if self.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
+            from rltrain.backends.host_allreduce import wrap_data_parallel
 
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+            c = self.run.cluster
+            self.ddp = wrap_data_parallel(
+                self.model, self.device, c.collective_timeout_s, host_allreduce=c.host_allreduce
+            )
 
     def train(self, rollout_refs: list[Any], iteration: int) -> dict[str, float]:
         """One PPO update on every env process's epoch (this rank trains its share of rows).
