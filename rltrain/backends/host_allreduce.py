@@ -85,7 +85,7 @@ class HostAllReduce:
             raw[header + i * region : header + (i + 1) * region].view(world_size, capacity)
             for i in range(2)
         ]
-        self._round = int(self._arrived[rank])
+        self._round = 0  # the file starts zeroed: no rank has arrived anywhere
         self._fence = threading.Lock()  # a locked instruction: orders the row before the counter
 
     @staticmethod
@@ -219,7 +219,7 @@ def _map(path: str, size: int, token: bytes) -> mmap.mmap | None:
         os.close(fd)
 
 
-def mean_hook(state, bucket):  # noqa: ANN001, ANN201 - DDP rejects string annotations here
+def mean_hook(state, bucket):  # unannotated: DDP rejects the string annotations of this module
     """DistributedDataParallel communication hook: the bucket's gradients averaged in place.
 
     Args:
