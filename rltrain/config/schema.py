@@ -163,6 +163,9 @@ class TaskConfig:
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     reward_fn: Optional[str] = None  # dotted path "pkg.module:function"; null: the task's own
+    # prompt tokens a row may hold (chat template applied); longer rows are refused when the
+    # dataset is checked, and the plan sizes activations and KV cache from it
+    max_prompt_length: int = 512
     env_id: str = "CartPole-v1"  # gym: any registered Gymnasium id
     params: Dict[str, Any] = field(default_factory=dict)  # task-specific extras
 
@@ -189,6 +192,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int = 4
     gpu_memory_utilization: float = 0.3  # share of device memory a vLLM engine reserves
+    max_model_len: Optional[int] = None  # vLLM: tokens per sequence; null: prompt + new tokens
     latency_ms: float = 0.0  # added per generate call (benchmarks)
 
 
@@ -210,6 +214,7 @@ class ReferenceConfig:
 class RewardConfig:
     kind: str = "rule"  # rule (the task's reward function) | model
     model_path: Optional[str] = None  # reward model checkpoint when kind=model
+    micro_batch_size: int = 16  # kind=model: sequences per forward
 
 
 @dataclass
@@ -234,6 +239,14 @@ class EnvConfig:
     eval_episodes: int = 100  # greedy evaluation episodes (each on its own environment)
     target_return: Optional[float] = None  # stop once the greedy mean return reaches this
     lr_final_fraction: float = 1.0  # optimizer.lr decays linearly to this share by total_steps
+
+
+@dataclass
+class WeightSyncConfig:
+    """How new actor weights reach the rollout (rltrain.backends.weight_sync)."""
+
+    # auto | host | collective | ipc; auto: what the plan allows and is fastest there
+    transport: str = "auto"
 
 
 # --------------------------------------------------------------------------------------- trainer
@@ -284,5 +297,6 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

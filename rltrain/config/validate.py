@@ -300,3 +300,7 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
         yield f"trainer.target_accuracy={t.target_accuracy} must be in (0, 1]"
     if t.resume not in (None, "auto") and not os.path.exists(t.resume):
         yield (f"trainer.resume={t.resume!r} is neither 'auto' nor an existing checkpoint path")
+
+
+# Checks kept in their own modules register themselves on import.
+from rltrain.config import engine_checks  # noqa: E402, F401
