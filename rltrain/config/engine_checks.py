@@ -2,7 +2,182 @@
 ``weight_sync``): options a run could not honour are refused here, before Ray starts.
 
 Registered with :func:`rltrain.config.validate.check`; imported by that module, so every
-``load_config`` runs them.
+``load_config`` runs them. No torch, no Ray: whether this machine has GPUs and vLLM is read
+from the driver's files and installed packages only.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+
+from rltrain.config.schema import RunConfig
+from rltrain.config.validate import check
+
+#: The training engines that do not shard a model by tensor or pipeline parallelism.
+_WHOLE_MODEL_ENGINES = {
+    "torch": "the torch engine holds the whole model on every device (data parallel, DDP)",
+    "deepspeed": "the DeepSpeed engine shards with ZeRO only",
+}
+
+
+def local_gpus_visible() -> bool:
+    """Whether this machine shows a CUDA GPU to the driver (without importing torch).
+
+    Reads the NVIDIA driver's device list; an empty ``CUDA_VISIBLE_DEVICES`` hides them all.
+    """
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return False
+    try:
+        return bool(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return False
+
+
+def vllm_installed() -> bool:
+    """Whether the ``vllm`` package can be imported by this interpreter (not imported here)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+@check
+def _parallel_sizes(cfg: RunConfig) -> Iterator[str]:
+    """Tensor/pipeline parallel sizes only the vLLM engine can honour."""
+    a = cfg.actor
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = getattr(a, name)
+        if value > 1:
+            why = _WHOLE_MODEL_ENGINES.get(a.backend, "it does not shard the model")
+            yield (
+                f"actor.{name}={value} with actor.backend={a.backend!r}: {why}, so nothing would "
+                f"be split; set actor.{name}=1 (shard the optimizer and weights with "
+                f"actor.backend=deepspeed actor.zero_stage=3 instead)"
+            )
+    r = cfg.rollout
+    if r.backend == "torch":
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(r, name)
+            if value > 1:
+                yield (
+                    f"rollout.{name}={value} with rollout.backend='torch': the torch engine "
+                    f"generates with the whole model on one device; use rollout.backend=vllm "
+                    f"(tensor parallel on GPUs) or set rollout.{name}=1"
+                )
+    elif r.pipeline_parallel_size > 1:
+        yield (
+            f"rollout.pipeline_parallel_size={r.pipeline_parallel_size} with "
+            f"rollout.backend='vllm': rltrain's vLLM engine is tensor-parallel only (one engine "
+            f"per rollout process spanning its devices); use rollout.tensor_parallel_size"
+        )
+    inf = cfg.inference
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = getattr(inf, name)
+        if value > 1:
+            yield (
+                f"inference.{name}={value}: the inference component recomputes log-probs with "
+                f"the whole model on one device (a torch forward); set inference.{name}=1"
+            )
+
+
+@check
+def _rollout_engine(cfg: RunConfig) -> Iterator[str]:
+    """``rollout.backend=vllm`` needs CUDA GPUs and the vllm package; vLLM-only keys need it."""
+    r = cfg.rollout
+    if r.backend == "vllm":
+        if cfg.runner != "reasoning":
+            yield (
+                f"rollout.backend='vllm' with runner={cfg.runner!r}: the embodied rollout runs "
+                f"its own policy network; use rollout.backend=torch"
+            )
+        local = cfg.cluster.address is None
+        if local and cfg.cluster.simulate_devices and not local_gpus_visible():
+            yield (
+                "rollout.backend='vllm' needs CUDA GPUs, but this machine has none, so "
+                "cluster=local would run on simulated devices (cluster.simulate_devices=true); "
+                "use rollout.backend=torch here, or run on GPU nodes"
+            )
+        elif local and not vllm_installed():
+            yield (
+                "rollout.backend='vllm' needs the vllm package, which this Python cannot import: "
+                "pip install 'rltrain[vllm]' (a build matching the node's torch), or use "
+                "rollout.backend=torch"
+            )
+    elif r.max_model_len is not None:
+        yield (
+            f"rollout.max_model_len={r.max_model_len} sizes a vLLM engine, but rollout.backend="
+            f"'torch' generates up to task.max_prompt_length + rollout.max_new_tokens; drop it "
+            f"or use rollout.backend=vllm"
+        )
+    if r.backend == "vllm" and r.max_model_len is not None:
+        need = cfg.task.max_prompt_length + r.max_new_tokens
+        if r.max_model_len < need:
+            yield (
+                f"rollout.max_model_len={r.max_model_len} is shorter than task.max_prompt_length "
+                f"+ rollout.max_new_tokens = {need}: raise it, or leave it null (that sum)"
+            )
+
+
+@check
+def _training_engine(cfg: RunConfig) -> Iterator[str]:
+    """Actor options the chosen training engine would ignore."""
+    a = cfg.actor
+    if a.backend == "torch" and a.zero_stage != 0:
+        yield (
+            f"actor.zero_stage={a.zero_stage} with actor.backend='torch': ZeRO is DeepSpeed's; "
+            f"use actor.backend=deepspeed, or leave actor.zero_stage=0"
+        )
+    if cfg.runner == "embodied":
+        if a.backend != "torch":
+            yield (
+                f"actor.backend={a.backend!r} with runner='embodied': the embodied actor trains "
+                f"its policy network with torch; use actor.backend=torch"
+            )
+        if a.gradient_checkpointing:
+            yield (
+                "actor.gradient_checkpointing=true with runner='embodied': the embodied policy "
+                "is a small network without checkpointed layers; set it to false"
+            )
+
+
+@check
+def _reward_engine(cfg: RunConfig) -> Iterator[str]:
+    """A reward model needs a sequence-classification checkpoint; a rule reward takes none."""
+    rw = cfg.reward
+    if rw.kind == "rule" and rw.model_path:
+        yield (
+            f"reward.model_path={rw.model_path!r} is set but reward.kind='rule' scores with the "
+            f"task's rule and would ignore it: set reward.kind=model, or drop reward.model_path"
+        )
+    if rw.kind == "model":
+        if cfg.runner != "reasoning":
+            yield (
+                f"reward.kind='model' with runner={cfg.runner!r}: embodied runs take their "
+                f"rewards from the environment; use reward.kind=rule"
+            )
+        path = rw.model_path
+        if path and not os.path.isfile(os.path.join(path, "config.json")):
+            yield (
+                f"reward.model_path={path!r} is not a Hugging Face checkpoint directory (no "
+                f"config.json): save the reward model with model.save_pretrained(dir) and its "
+                f"tokenizer with tokenizer.save_pretrained(dir)"
+            )
+
+
+@check
+def _inference_component(cfg: RunConfig) -> Iterator[str]:
+    """The inference component recomputes log-probs of a synchronous step."""
+    placed = {n.strip() for k in cfg.placement.component_placement for n in str(k).split(",")}
+    if "inference" not in placed:
+        return
+    if cfg.runner != "reasoning":
+        yield (
+            f"placement.component_placement places an inference component, but runner="
+            f"{cfg.runner!r} does not use one: remove it from the placement"
+        )
+    if cfg.trainer.max_staleness > 0:
+        yield (
+            f"trainer.max_staleness={cfg.trainer.max_staleness} with an inference component: "
+            f"it recomputes log-probs under the actor's current weights, while an asynchronous "
+            f"step must take its ratio against the (older) policy that sampled; remove the "
+            f"inference component or set trainer.max_staleness=0"
+        )
