@@ -20,6 +20,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rltrain.config.store import register_configs
+from rltrain.errors import RltrainError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG_PATH = (
@@ -31,12 +32,30 @@ CONFIG_PATH = (
 register_configs()
 
 
+#: Set while the task function runs: an error raised before it is a command-line or composition
+#: mistake (Hydra's grammar, a missing group option, an unusable run directory), never a job's.
+_STATE: dict[str, object] = {"entered": False, "refused": None}
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def hydra_main(cfg: DictConfig) -> float | None:
-    """The Hydra task function: check the config, then run the job it describes."""
-    from rltrain.app import run
+    """The Hydra task function: check the config, then run the job it describes.
 
-    return run(cfg)
+    A single run that rltrain refuses (bad input, found before Ray starts) returns instead of
+    raising, so Hydra adds no "Error executing job" banner; :func:`main` reports it (exit 2).
+    The refusal is written to the run's ``rltrain.log``, and a run directory that holds nothing
+    else is removed.
+    """
+    from rltrain.app import refused_run, run
+
+    _STATE["entered"] = True
+    try:
+        return run(cfg)
+    except RltrainError as exc:
+        if not refused_run(exc):  # a sweep's job: the launcher records and reports it
+            raise
+        _STATE["refused"] = exc
+        return None
 
 
 #: Sub-command name -> the module whose ``main(argv, prog=...)`` runs it.
@@ -56,8 +75,7 @@ def subcommand(argv: Sequence[str]) -> Callable[[], int] | None:
     if not argv or argv[0] not in SUBCOMMANDS:
         return None
     name, rest = argv[0], list(argv[1:])
-    launcher = "python -m rltrain" if os.path.basename(sys.argv[0]) == "__main__.py" else "rltrain"
-    prog = f"{launcher} {name}"
+    prog = f"{_program()} {name}"
 
     def run() -> int:
         module = importlib.import_module(SUBCOMMANDS[name])
@@ -72,23 +90,63 @@ def main() -> None:
     Hydra prints its own errors and exits 1; asking it to re-raise lets us print one message that
     names the key, the value and the fix, and exit 2. Set HYDRA_FULL_ERROR=1 for tracebacks.
     """
-    command = subcommand(sys.argv[1:])
+    argv = sys.argv[1:]
+    command = subcommand(argv)
     if command is not None:
         sys.exit(command())
+    if any(a in ("--help", "-h") for a in argv):
+        from rltrain.help import help_text
+
+        print(help_text(CONFIG_PATH, _program()))
+        sys.exit(0)
     from rltrain.config.errors import explain
 
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         hydra_main()
+    except KeyboardInterrupt:
+        sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - classified below, re-raised when not ours
         message = explain(exc)
+        if message is None and not _STATE["entered"]:
+            message = explain_command_line(exc)
         if message is None or user_full_error:
             raise
         print(f"rltrain: error: {message}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    if _STATE["refused"] is not None:
+        print(f"rltrain: error: {_STATE['refused']}", file=sys.stderr)
+        sys.exit(2)
+
+
+def explain_command_line(exc: BaseException) -> str:
+    """A mistake found before the job started: the override grammar, or Hydra's own setup.
+
+    Args:
+        exc: what Hydra raised while parsing the command line, composing the config or preparing
+            the run directory.
+
+    Returns:
+        One message with the cause and the fix.
+    """
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, OSError) and exc.filename:
+        return (
+            f"cannot create the run directory {exc.filename!r} ({exc.strerror}): set "
+            f"hydra.run.dir to a writable directory (or run from one)"
+        )
+    if isinstance(exc, ValueError) and "integer string conversion" in first:
+        return f"a number on the command line is too long ({first.split(':')[0]}): fix it"
+    return (
+        f"could not read the command line: {first}. Overrides look like key=value, "
+        f"+new.key=value, group=option; quote values holding spaces, commas or brackets "
+        f"(see https://hydra.cc/docs/advanced/override_grammar/basic/ and {_program()} --help)"
+    )
+
+
+def _program() -> str:
+    return "python -m rltrain" if os.path.basename(sys.argv[0]) == "__main__.py" else "rltrain"
 
 
 if __name__ == "__main__":

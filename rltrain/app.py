@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
+import shutil
 
 from omegaconf import DictConfig
 
 from rltrain.config import load_config
 from rltrain.config.schema import RunConfig
+from rltrain.errors import ConfigError, RltrainError
+
+log = logging.getLogger("rltrain")
+
+#: What Hydra writes into a run directory before the job runs.
+HYDRA_FILES = frozenset({".hydra", "rltrain.log"})
 
 
 def run_dir() -> str:
@@ -74,14 +83,80 @@ def run(cfg: DictConfig) -> float | None:
         The job's objective (for Hydra sweepers): its throughput, or None.
 
     Raises:
-        ConfigError: when the config fails a check; nothing has started yet.
+        ConfigError: when the config or the run's inputs fail a check; nothing has started yet.
+        PlacementError / ResourceError: the placement cannot be laid out or does not fit.
     """
+    _refuse_private_preset()
     run_cfg = load_config(cfg)
+    out_dir = run_dir()
     if run_cfg.mode == "plan":
         from rltrain.placement.command import plan_command
 
-        plan_command(run_cfg)
+        plan_command(run_cfg, out_dir)
         return None
+    from rltrain.runners.layout import preflight
     from rltrain.telemetry.summary import objective
 
-    return objective(train(run_cfg, run_dir()))
+    layout = preflight(run_cfg, out_dir)  # everything that can fail before Ray, at once
+    if layout.resume_note:
+        log.info(layout.resume_note)
+    if run_cfg.trainer.resume == "auto":  # the runners resume from the checkpoint found here
+        trainer = dataclasses.replace(run_cfg.trainer, resume=layout.resume)
+        run_cfg = dataclasses.replace(run_cfg, trainer=trainer)
+    return objective(train(run_cfg, out_dir))
+
+
+def _refuse_private_preset() -> None:
+    """``experiment=_name`` selects a file that only holds what public presets share."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    choice = HydraConfig.get().runtime.choices.get("experiment")
+    if choice and os.path.basename(str(choice)).startswith("_"):
+        raise ConfigError(
+            f"experiment={choice} is not a preset: files starting with '_' hold what the presets "
+            f"share and place nothing; choose a preset (python -m rltrain --help lists them)"
+        )
+
+
+def refused_run(exc: RltrainError) -> bool:
+    """Record a single run's refusal; say whether the caller should report it itself.
+
+    The refusal goes into the run's ``rltrain.log``; a run directory holding nothing but what
+    Hydra wrote before the job started is removed (with empty parents inside the working
+    directory), so a refused command leaves nothing behind.
+
+    Args:
+        exc: the refusal.
+
+    Returns:
+        True for a single run (the caller prints the error and exits 2); False in a sweep,
+        whose launcher records each job's failure.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+        return False
+    path = run_dir()
+    if not _remove_if_untouched(path):
+        with open(os.path.join(path, "rltrain.log"), "a") as f:  # the terminal shows it once
+            f.write(f"rltrain: refused: {exc}\n")
+    return True
+
+
+def _remove_if_untouched(path: str) -> bool:
+    """Remove a run directory holding only Hydra's files; say whether it is gone."""
+    if not os.path.isdir(path) or not set(os.listdir(path)) <= HYDRA_FILES:
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    cwd = os.path.abspath(os.getcwd())
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent.startswith(cwd + os.sep):
+        try:
+            os.rmdir(parent)  # only when empty
+        except OSError:
+            break
+        parent = os.path.dirname(parent)
+    return True

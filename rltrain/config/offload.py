@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rltrain.config.schema import OFFLOAD_WHEN, STATE_KINDS, OffloadPolicyConfig
 from rltrain.errors import ConfigError
@@ -33,7 +35,43 @@ class OffloadPolicy:
         return self.enabled and kind in self.states
 
 
-def resolve_offload(policy: OffloadPolicyConfig | None, key: str) -> OffloadPolicy:
+def policy_config(policy: Any, key: str) -> OffloadPolicyConfig | None:
+    """An offload policy as given in the config (a mapping, a record or null) as a record.
+
+    Args:
+        policy: ``placement.offload.<component>`` as composed.
+        key: its config key, for messages.
+
+    Returns:
+        The record, or None for null.
+
+    Raises:
+        ConfigError: for keys the policy does not have or values of the wrong type.
+    """
+    if policy is None or isinstance(policy, OffloadPolicyConfig):
+        return policy
+    if not isinstance(policy, Mapping):
+        raise ConfigError(
+            f"{key}={policy!r} must be a mapping such as {{when: after_stage, states: [weights]}}"
+        )
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(OffloadPolicyConfig), dict(policy))
+    except ConfigKeyError as exc:
+        known = ", ".join(OffloadPolicyConfig.__dataclass_fields__)
+        raise ConfigError(
+            f"{key}.{getattr(exc, 'key', '?')} is not an offload policy key: known keys are {known}"
+        ) from None
+    except ValidationError as exc:
+        raise ConfigError(
+            f"{key}.{getattr(exc, 'key', '?')}: {str(exc.msg).splitlines()[0]}"
+        ) from None
+    return OmegaConf.to_object(node)
+
+
+def resolve_offload(policy: OffloadPolicyConfig | Mapping | None, key: str) -> OffloadPolicy:
     """Apply the alias spellings and check the values of one component's offload policy.
 
     If any of ``offload_weight`` / ``offload_grad`` / ``offload_optimizer`` is given, the state
@@ -42,7 +80,7 @@ def resolve_offload(policy: OffloadPolicyConfig | None, key: str) -> OffloadPoli
     ``after_stage``.
 
     Args:
-        policy: the policy as configured, or None for "never offload".
+        policy: the policy as configured (a record or a mapping), or None for "never offload".
         key: the config key of the policy, used in error messages (``placement.offload.actor``).
 
     Returns:
@@ -51,6 +89,7 @@ def resolve_offload(policy: OffloadPolicyConfig | None, key: str) -> OffloadPoli
     Raises:
         ConfigError: for an unknown ``when`` or state kind, or aliases that contradict ``when``.
     """
+    policy = policy_config(policy, key)
     if policy is None:
         return OffloadPolicy()
     problems = []

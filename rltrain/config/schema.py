@@ -89,7 +89,10 @@ class PlacementConfig:
 
     mode: Optional[str] = None  # collocated | disaggregated | hybrid; checked against the layout
     component_placement: Dict[str, Any] = MISSING  # RLinf grammar, e.g. {"actor,rollout": "all"}
-    offload: Dict[str, OffloadPolicyConfig] = field(default_factory=dict)
+    # component -> OffloadPolicyConfig. Typed Any so that one override adds a component's policy
+    # (+placement.offload.reference={when: after_stage}; OmegaConf cannot add a mapping to a
+    # dict of structured values); each entry is checked against OffloadPolicyConfig on load.
+    offload: Dict[str, Any] = field(default_factory=dict)
     isolate_accelerator: bool = True  # a process sees only its own devices
     # auto | true | false: run actor, rollout and the rule reward in one process per device
     # when they share the devices and nothing has to move (rltrain.runners.fusion)

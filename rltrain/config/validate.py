@@ -7,15 +7,17 @@ reported together, each naming the full key, the bad value and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import math
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, ValidationError
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, ValidationError
 
-from rltrain.config.offload import resolve_offload
+from rltrain.config.offload import policy_config, resolve_offload
 from rltrain.config.schema import COMPONENTS, RunConfig
 from rltrain.errors import ConfigError
 
@@ -49,7 +51,17 @@ def load_config(cfg: DictConfig | dict[str, Any] | RunConfig) -> RunConfig:
     else:
         # A plain, resolved copy: Hydra's `+key=value` may have opened a typed node, and
         # workers on other processes cannot resolve `${hydra:...}` interpolations.
-        plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+        try:
+            plain = (
+                OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+            )
+        except InterpolationResolutionError as exc:
+            key = getattr(exc, "full_key", None) or "?"
+            first = str(exc.msg if hasattr(exc, "msg") else exc).splitlines()[0]
+            raise ConfigError(
+                f"{key} could not be resolved ({first}): the key it refers to is missing; "
+                f"set that key, or give {key} a value of its own"
+            ) from None
         try:
             node = OmegaConf.merge(OmegaConf.structured(RunConfig), plain)
         except (ConfigKeyError, ValidationError) as exc:
@@ -65,10 +77,24 @@ def load_config(cfg: DictConfig | dict[str, Any] | RunConfig) -> RunConfig:
                 ]
             )
         run = OmegaConf.to_object(node)
-    problems = [p for c in _CHECKS for p in c(run)]
+    problems = _typed_offload(run)
+    problems += [p for c in _CHECKS for p in c(run)]
     if problems:
         raise ConfigError(problems)
     return run
+
+
+def _typed_offload(run: RunConfig) -> list[str]:
+    """Turn each ``placement.offload`` mapping into its record (see the schema's comment)."""
+    problems, typed = [], {}
+    for name, policy in run.placement.offload.items():
+        try:
+            typed[name] = policy_config(policy, f"placement.offload.{name}")
+        except ConfigError as exc:
+            problems += exc.problems
+            typed[name] = None
+    run.placement.offload = typed
+    return problems
 
 
 def _one_of(key: str, value: Any, options: tuple[str, ...]) -> Iterator[str]:
@@ -77,14 +103,63 @@ def _one_of(key: str, value: Any, options: tuple[str, ...]) -> Iterator[str]:
 
 
 def _positive(key: str, value: float, zero_ok: bool = False) -> Iterator[str]:
+    if not math.isfinite(value):
+        return  # reported once, by _finite
     if value < 0 or (value == 0 and not zero_ok):
         yield f"{key}={value!r} must be {'>= 0' if zero_ok else '> 0'}"
+
+
+def _within(key: str, value: float, low: float, high: float, why: str = "") -> Iterator[str]:
+    """Refuse a finite value outside ``[low, high]``."""
+    if math.isfinite(value) and not low <= value <= high:
+        yield f"{key}={value!r} must be in [{low:g}, {high:g}]{why}"
+
+
+#: No real cluster has more devices than this: larger sizes are typing mistakes, refused before
+#: anything tries to plan (or allocate) them.
+MAX_DEVICES = 100_000
+#: Seeds feed torch, NumPy and Python's random: all take 32-bit values.
+SEED_LIMIT = 2**32
+#: Integers beyond this cannot be any real count, size or step.
+INT_LIMIT = 2**53
+
+
+def _fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(full key, value)`` of every leaf of a config record, lists and mappings included."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _fields(getattr(obj, f.name), f"{prefix}{f.name}.")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _fields(v, f"{prefix}{k}.")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _fields(v, f"{prefix}{i}.")
+    else:
+        yield prefix[:-1], obj
+
+
+@check
+def _finite(cfg: RunConfig) -> Iterator[str]:
+    """No NaN or infinity anywhere, and no integer beyond any real count."""
+    for key, value in _fields(cfg):
+        if isinstance(value, float) and not math.isfinite(value):
+            yield f"{key}={value!r} must be a finite number"
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
+            yield f"{key}={value} is beyond any real size (|value| <= 2**53): fix the number"
 
 
 @check
 def _run(cfg: RunConfig) -> Iterator[str]:
     yield from _one_of("mode", cfg.mode, ("train", "plan"))
     yield from _one_of("runner", cfg.runner, ("reasoning", "embodied"))
+    for key, seed in (
+        ("seed", cfg.seed),
+        ("task.seed", cfg.task.seed),
+        ("model.init_seed", cfg.model.init_seed),
+    ):
+        if not 0 <= seed < SEED_LIMIT:
+            yield f"{key}={seed} must be in [0, 2**32): torch, NumPy and random take 32-bit seeds"
 
 
 @check
@@ -106,6 +181,18 @@ def _cluster(cfg: RunConfig) -> Iterator[str]:
             yield f"cluster.devices_per_node={d!r} must hold non-negative integers"
     elif not isinstance(d, int) or isinstance(d, bool) or d < 0:
         yield f"cluster.devices_per_node={d!r} must be a non-negative integer or a list of them"
+    else:
+        d = [d] * max(min(c.num_nodes, MAX_DEVICES + 1), 0)
+    if isinstance(d, list) and all(isinstance(x, int) for x in d):
+        total = sum(d)
+        if total > MAX_DEVICES or c.num_nodes > MAX_DEVICES:
+            yield (
+                f"cluster.num_nodes={c.num_nodes} x cluster.devices_per_node="
+                f"{c.devices_per_node} is beyond any real cluster (at most {MAX_DEVICES:,} "
+                f"devices): give the nodes and devices per node this job should use"
+            )
+    if c.cpus_per_node is not None:
+        yield from _positive("cluster.cpus_per_node", c.cpus_per_node)
     labels = [g.label for g in c.node_groups]
     for label in labels:
         if label in ("cluster", "node"):
@@ -189,12 +276,21 @@ def _algorithm(cfg: RunConfig) -> Iterator[str]:
         ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
     )
     yield from _positive("algorithm.kl_coef", a.kl_coef, zero_ok=True)
-    yield from _positive("algorithm.clip_low", a.clip_low, zero_ok=True)
+    yield from _within(
+        "algorithm.clip_low", a.clip_low, 0, 0.999, ": the ratio is clipped below at 1 - clip_low"
+    )
     yield from _positive("algorithm.clip_high", a.clip_high, zero_ok=True)
+    yield from _positive("algorithm.entropy_coef", a.entropy_coef, zero_ok=True)
+    yield from _positive("algorithm.value_clip", a.value_clip, zero_ok=True)
+    yield from _positive("algorithm.value_coef", a.value_coef, zero_ok=True)
+    yield from _within("algorithm.gamma", a.gamma, 0, 1, " (a discount)")
+    yield from _within("algorithm.lam", a.lam, 0, 1, " (GAE's lambda)")
     yield from _positive("algorithm.ppo_epochs", a.ppo_epochs)
     yield from _positive("algorithm.num_minibatches", a.num_minibatches)
     n = cfg.rollout.n_samples_per_prompt
-    if a.advantage_estimator in GROUP_ESTIMATORS and n < 2:
+    if n < 1:
+        yield f"rollout.n_samples_per_prompt={n} must be >= 1"
+    elif a.advantage_estimator in GROUP_ESTIMATORS and n < 2:
         yield (
             f"rollout.n_samples_per_prompt={n} with algorithm.advantage_estimator="
             f"{a.advantage_estimator!r}: a group-based estimator compares samples of one prompt, "
@@ -210,6 +306,31 @@ def _algorithm(cfg: RunConfig) -> Iterator[str]:
         )
 
 
+OPTIMIZERS = ("adamw", "deepspeed_adamw")
+
+
+@check
+def _optimizer(cfg: RunConfig) -> Iterator[str]:
+    o = cfg.optimizer
+    yield from _one_of("optimizer.name", o.name, OPTIMIZERS)
+    if o.name == "deepspeed_adamw" and cfg.actor.backend != "deepspeed":
+        yield (
+            "optimizer.name='deepspeed_adamw' is DeepSpeed's own Adam: use it with "
+            "actor.backend=deepspeed, or optimizer.name=adamw"
+        )
+    yield from _positive("optimizer.lr", o.lr)
+    if len(o.betas) != 2:
+        yield f"optimizer.betas={list(o.betas)} must hold two numbers, e.g. [0.9, 0.999]"
+    for i, b in enumerate(o.betas):
+        if math.isfinite(b) and not 0 <= b < 1:
+            yield f"optimizer.betas[{i}]={b} must be in [0, 1)"
+    yield from _positive("optimizer.eps", o.eps)
+    yield from _positive("optimizer.weight_decay", o.weight_decay, zero_ok=True)
+    yield from _positive("optimizer.grad_clip", o.grad_clip, zero_ok=True)
+    yield from _positive("optimizer.warmup_steps", o.warmup_steps, zero_ok=True)
+    yield from _positive("critic.lr", cfg.critic.lr)
+
+
 @check
 def _components(cfg: RunConfig) -> Iterator[str]:
     yield from _one_of("actor.backend", cfg.actor.backend, ("torch", "deepspeed"))
@@ -217,7 +338,17 @@ def _components(cfg: RunConfig) -> Iterator[str]:
     for comp in ("actor", "rollout", "inference"):
         for size in ("tensor_parallel_size", "pipeline_parallel_size"):
             yield from _positive(f"{comp}.{size}", getattr(getattr(cfg, comp), size))
-    yield from _positive("actor.micro_batch_size", cfg.actor.micro_batch_size)
+    for key in (
+        "actor.micro_batch_size",
+        "reference.micro_batch_size",
+        "critic.micro_batch_size",
+        "inference.micro_batch_size",
+        "reward.micro_batch_size",
+    ):
+        section, name = key.split(".")
+        yield from _positive(key, getattr(getattr(cfg, section), name))
+    yield from _positive("actor.latency_ms", cfg.actor.latency_ms, zero_ok=True)
+    yield from _positive("rollout.latency_ms", cfg.rollout.latency_ms, zero_ok=True)
     if cfg.actor.zero_stage not in (0, 1, 2, 3):
         yield f"actor.zero_stage={cfg.actor.zero_stage} must be 0, 1, 2 or 3"
     r = cfg.rollout
@@ -227,6 +358,11 @@ def _components(cfg: RunConfig) -> Iterator[str]:
         yield f"rollout.top_p={r.top_p} must be in (0, 1]"
     if not 0 < r.gpu_memory_utilization <= 1:
         yield f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]"
+    if r.max_model_len is not None:
+        yield from _positive("rollout.max_model_len", r.max_model_len)
+    yield from _one_of(
+        "weight_sync.transport", cfg.weight_sync.transport, ("auto", "host", "collective", "ipc")
+    )
     yield from _one_of("reward.kind", cfg.reward.kind, ("rule", "model"))
     if cfg.reward.kind == "model" and not cfg.reward.model_path:
         yield "reward.kind='model' needs reward.model_path: a local reward-model checkpoint"
@@ -271,6 +407,9 @@ def _task(cfg: RunConfig) -> Iterator[str]:
             yield "task.name='jsonl' needs task.path: a local .jsonl or .parquet file"
         elif not os.path.isfile(t.path):
             yield f"task.path={t.path!r} does not exist: give a local .jsonl or .parquet file"
+    yield from _positive("task.max_prompt_length", t.max_prompt_length)
+    yield from _positive("task.num_train", t.num_train, zero_ok=True)
+    yield from _positive("task.num_eval", t.num_eval, zero_ok=True)
     if t.reward_fn is not None and ":" not in t.reward_fn:
         yield (f"task.reward_fn={t.reward_fn!r} must look like 'package.module:function'")
     elif t.reward_fn is not None:
@@ -296,9 +435,12 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
             f"generation running when the actor publishes new weights ends with the old ones, "
             f"counted as stale) or 'restart' (it is cancelled and run again with the new ones)"
         )
+    if t.time_budget_s is not None:
+        yield from _positive("trainer.time_budget_s", t.time_budget_s)
     if t.target_accuracy is not None and not 0 < t.target_accuracy <= 1:
         yield f"trainer.target_accuracy={t.target_accuracy} must be in (0, 1]"
-    if t.resume not in (None, "auto") and not os.path.exists(t.resume):
+    local = t.resume is not None and "://" not in t.resume
+    if t.resume not in (None, "auto") and local and not os.path.exists(t.resume):
         yield (f"trainer.resume={t.resume!r} is neither 'auto' nor an existing checkpoint path")
 
 

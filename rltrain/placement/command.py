@@ -39,7 +39,8 @@ def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Pl
 
     Raises:
         PlacementError: for a bad placement.
-        ResourceError: when the plan does not fit (after writing it).
+        ConfigError: every problem training would refuse before Ray starts (the plan not
+            fitting, sizes, the dataset, the checkpoint to resume), after writing the plan.
     """
     out_dir = out_dir or run_dir()
     os.makedirs(out_dir, exist_ok=True)
@@ -52,7 +53,11 @@ def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Pl
     with open(os.path.join(out_dir, "plan.svg"), "w") as f:
         f.write(svg(plan))
     print(f"wrote {os.path.join(out_dir, 'plan.json')} and plan.svg")
-    plan.check_fit()
+    from rltrain.runners.layout import preflight
+
+    layout = preflight(run, out_dir, plan)  # what training refuses before Ray, refused here
+    if layout.resume_note:
+        print(layout.resume_note)
     return plan
 
 

@@ -11,7 +11,9 @@ point ``trainer.checkpoint_dir`` at shared storage (NFS, or an fsspec URI such a
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import posixpath
 import uuid
 from dataclasses import dataclass
@@ -135,3 +137,164 @@ def read_state(checkpoint: str) -> dict[str, Any]:
     fs, path = fsspec.core.url_to_fs(checkpoint)
     with fs.open(posixpath.join(path, STATE_FILE)) as f:
         return json.load(f)
+
+
+# ----------------------------------------------------------------------------------- resuming
+#: The config sections that make two runs the same experiment: a checkpoint of one is a valid
+#: start for the other. Placement, cluster, optimizer and trainer settings may change between
+#: invocations (moving workers, extending a run) without changing the experiment.
+EXPERIMENT_KEYS = ("runner", "seed", "model", "task", "algorithm")
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What ``trainer.resume`` resolved to.
+
+    Attributes:
+        path: the checkpoint to resume from, or None to start at step 0.
+        note: one line saying what was found where (printed at start).
+    """
+
+    path: str | None
+    note: str = ""
+
+
+def model_fingerprint(run: Any) -> str:
+    """What a reasoning checkpoint records of the model it holds (checked on resume)."""
+    m = run.model
+    if m.path:
+        return f"path:{m.path}"
+    return (
+        f"{m.family}-h{m.hidden_size}-i{m.intermediate_size}-l{m.num_layers}-"
+        f"a{m.num_heads}-kv{m.num_kv_heads}-{m.dtype}"
+    )
+
+
+def experiment_key(config: Any) -> str | None:
+    """The identity of a run's experiment (:data:`EXPERIMENT_KEYS`), from a config.
+
+    Args:
+        config: a :class:`~rltrain.config.schema.RunConfig`, or a composed config as saved by
+            Hydra (``.hydra/config.yaml``), possibly of an older rltrain.
+
+    Returns:
+        A canonical JSON string; None when the config cannot be read as a run config.
+    """
+    from omegaconf import OmegaConf
+
+    from rltrain.config.schema import RunConfig
+
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(RunConfig), config)
+        plain = OmegaConf.to_container(node, resolve=True)
+    except Exception:  # noqa: BLE001 - another program's or version's config: not ours
+        return None
+    return json.dumps({k: plain.get(k) for k in EXPERIMENT_KEYS}, sort_keys=True, default=str)
+
+
+def _earlier_runs(run_dir: str) -> list[str]:
+    """Run directories beside this one: ``outputs/<date>/<time>`` and ``<root>/<name>``."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+    found = glob.glob(os.path.join(root, "*", ".hydra", "config.yaml"))
+    found += glob.glob(os.path.join(root, "*", "*", ".hydra", "config.yaml"))
+    here = os.path.abspath(run_dir)
+    dirs = {os.path.dirname(os.path.dirname(f)) for f in found}
+    return sorted(d for d in dirs if os.path.abspath(d) != here)
+
+
+def _latest_of_experiment(run: Any, run_dir: str) -> tuple[str, float] | None:
+    """The newest checkpoint written by an earlier run of the same experiment."""
+    from omegaconf import OmegaConf
+
+    key = experiment_key(run)
+    best: tuple[str, float] | None = None
+    for other in _earlier_runs(run_dir):
+        try:
+            saved = OmegaConf.load(os.path.join(other, ".hydra", "config.yaml"))
+        except Exception:  # noqa: BLE001 - an unreadable file is not a run of ours
+            continue
+        if experiment_key(saved) != key:
+            continue
+        root = OmegaConf.select(saved, "trainer.checkpoint_dir") or os.path.join(
+            other, "checkpoints"
+        )
+        latest = CheckpointManager(str(root)).latest() if os.path.isdir(str(root)) else None
+        if latest is None:
+            continue
+        when = os.path.getmtime(os.path.join(latest, STATE_FILE))
+        if best is None or when > best[1]:
+            best = (latest, when)
+    return best
+
+
+def resolve_resume(run: Any, run_dir: str | None) -> Resume:
+    """Decide, before Ray starts, which checkpoint ``trainer.resume`` means.
+
+    ``auto`` takes the newest checkpoint of this run's checkpoint directory
+    (``trainer.checkpoint_dir``, else ``<run dir>/checkpoints``); when that holds none and no
+    ``trainer.checkpoint_dir`` is set, the newest checkpoint of an earlier run of the same
+    experiment (:func:`experiment_key`) among the run directories beside this one — so running
+    the same command again after a crash resumes, although Hydra gave it a new run directory.
+
+    Args:
+        run: the checked run config.
+        run_dir: this run's output directory; None skips the search of earlier runs.
+
+    Returns:
+        The decision, with a line saying what was found where.
+
+    Raises:
+        ConfigError: a given path holds no checkpoint, or one of another model.
+    """
+    resume = run.trainer.resume
+    if resume is None:
+        return Resume(None)
+    if resume != "auto":
+        path = CheckpointManager(resume).resolve(resume)
+        if path is None:
+            raise ConfigError(
+                f"trainer.resume={resume!r} holds no complete checkpoint yet: give a "
+                f"step-NNNNNN directory, or resume=auto"
+            )
+        _check_model(run, path, "trainer.resume")
+        return Resume(path, f"resuming from {path} (step {read_state(path).get('step')})")
+    own = run.trainer.checkpoint_dir or (
+        os.path.join(run_dir, "checkpoints") if run_dir is not None else None
+    )
+    if own is not None:
+        fs, root = fsspec.core.url_to_fs(own)
+        path = CheckpointManager(own).latest() if fs.exists(root) else None
+        if path is not None:
+            _check_model(run, path, "trainer.resume=auto found")
+            step = read_state(path).get("step")
+            return Resume(path, f"trainer.resume=auto: resuming from {path} (step {step})")
+    if run.trainer.checkpoint_dir is None and run_dir is not None:
+        found = _latest_of_experiment(run, run_dir)
+        if found is not None:
+            step = read_state(found[0]).get("step")
+            return Resume(
+                found[0],
+                f"trainer.resume=auto: resuming from {found[0]} (step {step}), the newest "
+                f"checkpoint of an earlier run of this experiment",
+            )
+    where = own if own is not None else "the checkpoint directory"
+    beside = (
+        f" or in earlier runs of this experiment beside {run_dir}"
+        if run.trainer.checkpoint_dir is None and run_dir is not None
+        else ""
+    )
+    note = f"trainer.resume=auto: no checkpoint in {where}{beside}; starting at step 0"
+    return Resume(None, note)
+
+
+def _check_model(run: Any, path: str, what: str) -> None:
+    """Refuse a reasoning checkpoint written for another model (embodied runs check on load)."""
+    if run.runner != "reasoning":
+        return
+    recorded = read_state(path).get("model")
+    if recorded is not None and recorded != model_fingerprint(run):
+        raise ConfigError(
+            f"{what} {path!r}, written for model {recorded}, but model.* is "
+            f"{model_fingerprint(run)}: resume with the model settings it was written with, or "
+            f"set trainer.resume=null to start fresh"
+        )

@@ -49,3 +49,42 @@ def test_unknown_key_lists_the_known_ones():
     out = run_cli("+trainer.totl_steps=3")
     assert out.returncode == 2
     assert "total_steps" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer.total_steps=[1,2", "could not read the command line"),
+        ("trainer..x=1", "could not read the command line"),
+        ("seed=" + "1" * 5000, "too long"),
+        ("hydra.run.dir=/proc/no/such/dir", "hydra.run.dir"),
+        ("cluster.devices_per_node=100000000", "beyond any real cluster"),
+        ("cluster.device_memory_gib=nan", "cluster.device_memory_gib"),
+    ],
+)
+def test_hydra_mistakes_are_clear_errors(override: str, expected: str, tmp_path):
+    out = run_cli(override, "mode=plan", cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert expected in out.stderr
+    assert "Traceback" not in out.stderr and "Error executing job" not in out.stderr
+
+
+def test_a_refused_run_leaves_nothing_behind(tmp_path):
+    out = run_cli("trainer.train_batch_size=3", cwd=tmp_path)
+    assert out.returncode == 2 and "trainer.train_batch_size=3" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_plan_keeps_its_drawing_and_logs_why(tmp_path):
+    out = run_cli("mode=plan", "trainer.max_staleness=1", "hydra.run.dir=run", cwd=tmp_path)
+    assert out.returncode == 2
+    assert (tmp_path / "run" / "plan.json").exists()
+    assert "max_staleness" in (tmp_path / "run" / "rltrain.log").read_text()
+
+
+def test_help_lists_public_options_modes_and_subcommands():
+    out = run_cli("--help")
+    assert out.returncode == 0
+    for text in ("placement", "hybrid", "cartpole_hybrid", "mode=plan", "bench", "trace"):
+        assert text in out.stdout
+    assert "_cartpole " not in out.stdout and "rltrain_schema" not in out.stdout

@@ -1,0 +1,246 @@
+"""Everything about a run that can be known before Ray starts, decided in one place.
+
+:func:`preflight` turns a composed config into a checked :class:`RunLayout`: the config checks,
+the inputs (the dataset, the tokenizer, the checkpoint to resume), the plan on the configured
+cluster, the batch sizes, whether the step is fused. Every problem it finds is reported together,
+in one :class:`~rltrain.errors.ConfigError`. ``python -m rltrain`` and ``python -m rltrain
+mode=plan`` both call it, so the plan command refuses exactly what training would refuse before
+Ray starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rltrain.config.schema import RunConfig
+from rltrain.errors import ConfigError, RltrainError
+
+#: What every reasoning run places.
+REASONING_COMPONENTS = ("actor", "rollout", "reward")
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """A run's layout, computed before Ray starts.
+
+    Attributes:
+        plan: the placement plan on the configured cluster.
+        sizes: the batch sizes (:class:`~rltrain.runners.sizes.BatchSizes` for reasoning runs,
+            the embodied runner's sizes for embodied runs).
+        fused: whether actor, rollout and reward run as one process per device.
+        fuse_blockers: why an ``auto`` run takes turns instead (empty when fused or not asked).
+        resume: the checkpoint the run resumes from (``trainer.resume`` resolved), or None.
+        resume_note: one line on what ``trainer.resume`` resolved to and why.
+    """
+
+    plan: Any
+    sizes: Any
+    fused: bool = False
+    fuse_blockers: tuple[str, ...] = ()
+    resume: str | None = None
+    resume_note: str = ""
+
+
+Problems = list  # of str (a ConfigError's problem) or RltrainError (another kind, kept whole)
+
+
+def _collect(problems: Problems, fn: Callable[[], Any]) -> Any:
+    """Run one check; keep its problems instead of stopping at the first."""
+    try:
+        return fn()
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    except RltrainError as exc:
+        problems.append(exc)
+    return None
+
+
+def _raise(problems: Problems) -> None:
+    """Raise the problems found: one error of its own kind, or all together as a ConfigError."""
+    if len(problems) == 1 and isinstance(problems[0], RltrainError):
+        raise problems[0]
+    if problems:
+        raise ConfigError([str(p) for p in problems])
+
+
+def input_problems(run: RunConfig, run_dir: str | None) -> tuple[Problems, Any]:
+    """Problems of the run's inputs: its dataset and tokenizer, and the checkpoint it resumes.
+
+    Args:
+        run: the checked config.
+        run_dir: this run's output directory (where ``trainer.resume=auto`` looks first), or
+            None to skip the search of earlier runs.
+
+    Returns:
+        ``(problems, resume)`` where ``resume`` is the :class:`~rltrain.runners.checkpoint.Resume`
+        decision (None when it could not be made).
+    """
+    from rltrain import tasks
+    from rltrain.runners.checkpoint import resolve_resume
+
+    problems: Problems = []
+    check_task = getattr(tasks, "check_task", None)
+    if check_task is not None and run.runner == "reasoning":
+        _collect(problems, lambda: problems.extend(check_task(run)))
+    resume = _collect(problems, lambda: resolve_resume(run, run_dir))
+    return problems, resume
+
+
+def plan_problems(run: RunConfig, plan: Any) -> tuple[Problems, dict[str, Any]]:
+    """Every check that needs the plan, for the run's runner; all problems together.
+
+    Args:
+        run: the checked config.
+        plan: its plan (built with or without the fit check).
+
+    Returns:
+        ``(problems, parts)`` with ``parts`` holding ``sizes``, ``fused`` and ``fuse_blockers``
+        where they could be derived.
+    """
+    problems: Problems = []
+    parts: dict[str, Any] = {}
+    _collect(problems, plan.check_fit)
+    components = set(plan.components)
+    if run.runner == "embodied":
+        from rltrain.runners import embodied
+        from rltrain.workers.env import probe_spaces
+
+        before = len(problems)
+        _collect(problems, lambda: embodied.check_components(run, components))
+        if len(problems) > before:
+            return problems, parts
+        parts["sizes"] = _collect(
+            problems,
+            lambda: embodied.derive_sizes(
+                run, plan.world_size("env"), plan.world_size("rollout"), plan.world_size("actor")
+            ),
+        )
+        _collect(problems, lambda: probe_spaces(run.task.env_id))
+        return problems, parts
+    from rltrain.runners.fusion import decide_fusion
+    from rltrain.runners.sizes import derive_sizes
+
+    before = len(problems)
+    _collect(problems, lambda: check_components(run, components))
+    if len(problems) > before:
+        return problems, parts  # sizes and fusion need the components the runner uses
+    _collect(problems, lambda: check_staleness(run, plan))
+    sizes = _collect(
+        problems,
+        lambda: derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout")),
+    )
+    parts["sizes"] = sizes
+    if sizes is not None and "critic" in components:
+        from rltrain.workers.critic import derive_critic_sizes
+
+        _collect(
+            problems,
+            lambda: derive_critic_sizes(run, sizes.samples_per_step, plan.world_size("critic")),
+        )
+    decision = _collect(problems, lambda: decide_fusion(run, plan))
+    if decision is not None:
+        parts["fused"], parts["fuse_blockers"] = decision[0], tuple(decision[1])
+    return problems, parts
+
+
+def check_components(run: RunConfig, components: set[str]) -> None:
+    """Refuse a reasoning placement that lacks a component the algorithm needs, or holds one it
+    does not use.
+
+    Raises:
+        ConfigError: naming the missing or extra components and the fix.
+    """
+    need = list(REASONING_COMPONENTS)
+    if run.algorithm.kl_coef > 0:
+        need.append("reference")
+    missing = [c for c in need if c not in components]
+    if missing:
+        raise ConfigError(
+            f"placement.component_placement places no {missing} but runner=reasoning with "
+            f"algorithm.kl_coef={run.algorithm.kl_coef} needs {need}: add them to the placement"
+            + (" (the reference computes the KL's log-probs)" if "reference" in missing else "")
+        )
+    gae = run.algorithm.advantage_estimator == "gae"
+    if gae and "critic" not in components:
+        raise ConfigError(
+            f"placement.component_placement places {sorted(components)} but "
+            f"algorithm.advantage_estimator='gae' (PPO) needs a critic: use experiment="
+            f"reasoning_ppo (or reasoning_ppo_hybrid / reasoning_ppo_disaggregated), or add "
+            f"+placement.component_placement.critic=all"
+        )
+    if "critic" in components and not gae:
+        raise ConfigError(
+            f"placement.component_placement places a critic but algorithm.advantage_estimator="
+            f"{run.algorithm.advantage_estimator!r} does not use one: remove it from the "
+            f"placement, or use algorithm=ppo (gae)"
+        )
+    if run.actor.backend == "deepspeed":
+        from rltrain.backends.training import check_training_backend
+
+        check_training_backend(run)  # DeepSpeed's limits
+
+
+def check_staleness(run: RunConfig, plan: Any) -> None:
+    """Refuse asynchronous rollout where rollout and actor share a device.
+
+    On a shared device the two take turns (residency leases), so there is nothing to overlap
+    and the rollout would sample with stale weights for no gain.
+
+    Raises:
+        ConfigError: ``trainer.max_staleness > 0`` with a device holding both.
+    """
+    k = run.trainer.max_staleness
+    if k <= 0:
+        return
+    shared = sorted(d for d, comps in plan.sharing.items() if {"actor", "rollout"} <= set(comps))
+    if shared:
+        mode = getattr(plan.mode, "value", plan.mode)
+        raise ConfigError(
+            f"trainer.max_staleness={k} needs rollout and actor on separate devices, but "
+            f"placement (mode {mode}) puts both on (node, device) {shared}: use "
+            f"placement=disaggregated (or give placement.component_placement.actor and .rollout "
+            f"disjoint devices), or set trainer.max_staleness=0; a {mode} layout stays "
+            f"synchronous"
+        )
+
+
+def preflight(run: RunConfig, run_dir: str | None = None, plan: Any = None) -> RunLayout:
+    """Check everything that can be checked before Ray starts, and lay the run out.
+
+    Args:
+        run: the config, already through :func:`~rltrain.config.load_config`.
+        run_dir: the run's output directory (``trainer.resume=auto`` looks for earlier runs of
+            the same experiment beside it); None skips that search.
+        plan: a plan already built from ``run`` (the plan command builds it without the fit
+            check, to draw it first); None builds it on the configured cluster.
+
+    Returns:
+        The layout.
+
+    Raises:
+        ConfigError: every problem found, each naming the key, the value and the fix.
+        PlacementError: the placement itself cannot be resolved (nothing plan-dependent could
+            be checked then; the input problems are reported with it).
+    """
+    from rltrain.placement.plan import build_plan
+    from rltrain.placement.types import ClusterSpec
+
+    problems, resume = input_problems(run, run_dir)
+    if plan is None:
+        plan = _collect(
+            problems, lambda: build_plan(run, ClusterSpec.from_config(run.cluster), check_fit=False)
+        )
+        if plan is None:
+            _raise(problems)
+    more, parts = plan_problems(run, plan)
+    _raise(problems + more)
+    return RunLayout(
+        plan=plan,
+        sizes=parts.get("sizes"),
+        fused=bool(parts.get("fused", False)),
+        fuse_blockers=tuple(parts.get("fuse_blockers", ())),
+        resume=resume.path if resume is not None else None,
+        resume_note=resume.note if resume is not None else "",
+    )

@@ -1,0 +1,166 @@
+"""Every command and override the README and docs/ show does what they say.
+
+Each ``python -m rltrain ...`` command in a code block is composed and put through the same
+checks training makes before Ray starts (:func:`rltrain.runners.layout.preflight`, which is what
+``mode=plan`` runs); a sweep is checked job by job. A command the docs print with an
+``rltrain: error:`` line must be refused with that text. Overrides quoted inline in the prose
+(`` `key=value` ``) must compose on the default config. Paths written ``/path/to/...`` stand for
+the reader's files: the test puts small real ones in their place.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+from collections.abc import Callable
+
+import pytest
+from doc_commands import ROOT, DocCommand, all_commands, doc_files
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from rltrain.config import load_config
+from rltrain.config.errors import explain
+from rltrain.config.store import register_configs
+
+CONF = ROOT / "conf"
+COMMANDS = all_commands()
+RUNS = [c for c in COMMANDS if c.is_run]
+
+
+def compose_config(overrides: list[str]):
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def placeholders(tmp_path_factory) -> dict[str, Callable[[], str]]:
+    """``/path/to/...`` stand-ins: config key -> a function making a real file or directory."""
+    root = tmp_path_factory.mktemp("reader")
+
+    def checkpoint() -> str:
+        from rltrain.config.schema import ModelConfig
+        from rltrain.tasks import build_model, build_tokenizer
+
+        path = root / "checkpoint"
+        if not path.exists():
+            build_model(ModelConfig()).save_pretrained(path)
+            build_tokenizer(ModelConfig()).save_pretrained(path)
+        return str(path)
+
+    def jsonl() -> str:
+        path = root / "train.jsonl"
+        path.write_text('{"prompt": "1+2=", "answer": "3"}\n{"prompt": "2+2=", "answer": "4"}\n')
+        return str(path)
+
+    def directory() -> str:
+        return str(root)
+
+    return {
+        "model.path": checkpoint,
+        "model.tokenizer_path": checkpoint,
+        "reward.model_path": checkpoint,
+        "task.path": jsonl,
+        "task.eval_path": jsonl,
+        "trainer.checkpoint_dir": directory,
+    }
+
+
+def _fill(overrides: list[str], placeholders: dict[str, Callable[[], str]]) -> list[str]:
+    out = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.lstrip("+") == "cluster.address":
+            value = re.sub(r"<[^>]+>", "127.0.0.1", value)  # planning never connects
+        if "/path/to/" in value:
+            make = placeholders.get(key.lstrip("+"))
+            assert make is not None, f"add a stand-in for {key}=/path/to/... to this test"
+            value = make()
+        out.append(f"{key}={value}")
+    return out
+
+
+def _refusal(overrides: list[str], tmp_path: pathlib.Path) -> str | None:
+    """What rltrain says about these overrides before Ray starts; None when it accepts them."""
+    from rltrain.runners.layout import preflight
+
+    try:
+        cfg = compose_config(overrides)
+        preflight(load_config(cfg), str(tmp_path))
+    except Exception as exc:  # noqa: BLE001 - classified by explain, as the CLI does
+        message = explain(exc)
+        if message is None:
+            raise
+        return message
+    return None
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+@pytest.mark.parametrize("command", RUNS, ids=[c.where for c in RUNS])
+def test_documented_command(command: DocCommand, placeholders, tmp_path):
+    for overrides in command.override_sets():
+        refusal = _refusal(_fill(overrides, placeholders), tmp_path)
+        if command.expect_error is None:
+            assert refusal is None, f"{command.where}: {' '.join(overrides)} -> {refusal}"
+        else:
+            shown = _squash(command.expect_error.split("...")[0]).strip()
+            assert refusal is not None, f"{command.where} is shown failing but runs"
+            assert shown in _squash(refusal), f"{command.where}: {refusal}"
+
+
+def test_documented_bench_measures_exist():
+    from rltrain.bench.harness import discover
+
+    known = set(discover())
+    for c in COMMANDS:
+        if c.args and c.args[0] == "bench":
+            names = [a for a in c.args[1:] if not a.startswith("-") and "=" not in a]
+            names = [n for n in names if not re.fullmatch(r"[\d.:]+|MD", n)]
+            assert set(names) <= known, f"{c.where}: unknown measures {set(names) - known}"
+
+
+#: An override quoted in prose: a dotted key (or a group) and a value, nothing else.
+INLINE = re.compile(r"`(\+{0,2}[a-z_]+(?:\.[a-z_0-9]+)+=[^`]+)`")
+
+
+def _inline_overrides() -> list[tuple[str, str]]:
+    found = []
+    for path in doc_files():
+        in_block = False
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                in_block = not in_block
+            elif not in_block:
+                found += [(f"{path.relative_to(ROOT)}:{i}", m) for m in INLINE.findall(line)]
+    return found
+
+
+INLINE_OVERRIDES = _inline_overrides()
+
+
+@pytest.mark.parametrize(
+    ("where", "override"), INLINE_OVERRIDES, ids=[w for w, _ in INLINE_OVERRIDES]
+)
+def test_documented_override_composes(where: str, override: str, placeholders):
+    key, _, value = override.partition("=")
+    if "<" in value or "..." in value or re.fullmatch(r"[A-Za-z]", value):
+        pytest.skip("a pattern (<x>, ..., or a single letter), not a value")
+    if key.startswith("hydra."):
+        pytest.skip("Hydra's own key: Hydra checks it")
+    try:
+        load_config(compose_config(_fill([override], placeholders)))
+    except Exception as exc:  # noqa: BLE001
+        message = explain(exc) or repr(exc)
+        # Cross-field checks may need the rest of a documented command; the override itself
+        # must exist, take its value's type and need no extra `+`.
+        bad_key = ("unknown config key", "Could not override", "bad value for", "could not read")
+        assert not any(b in message for b in bad_key), f"{where}: {override} -> {message}"
+
+
+def test_the_docs_show_commands():
+    assert len(RUNS) >= 20 and len(INLINE_OVERRIDES) >= 10
