@@ -17,13 +17,19 @@ from rltrain.telemetry.metrics import read_metrics, without_timings
 FAST = ["trainer.train_batch_size=4", "logging.progress=false"]
 
 
-def rltrain(run_dir: pathlib.Path, *overrides: str, wait: bool = True):
-    cmd = [sys.executable, "-m", "rltrain", f"hydra.run.dir={run_dir}", *FAST, *overrides]
+def rltrain(run_dir: pathlib.Path | None, *overrides: str, wait: bool = True, cwd=None):
+    """Run the entry point; ``run_dir=None`` lets Hydra pick ``outputs/<date>/<time>`` in cwd."""
+    where = [f"hydra.run.dir={run_dir}"] if run_dir is not None else []
+    cmd = [sys.executable, "-m", "rltrain", *where, *FAST, *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if not wait:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, cwd=cwd,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420, cwd=cwd)
+
+
+def _run_dirs(cwd: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(p.parent for p in cwd.glob("outputs/*/*/.hydra"))
 
 
 @pytest.mark.timeout(480)
@@ -46,27 +52,38 @@ def _latest(run_dir: pathlib.Path) -> str | None:
 
 @pytest.mark.timeout(900)
 def test_resume_after_sigkill_reproduces_the_next_step(tmp_path):
-    steady, crashed = tmp_path / "steady", tmp_path / "crashed"
+    """SIGKILL of the driver, then the same command again with trainer.resume=auto: the new
+    invocation (Hydra gives it a new run directory) finds the killed run's last checkpoint and
+    reproduces the uninterrupted run's next step."""
+    steady, work = tmp_path / "steady", tmp_path / "work"
+    work.mkdir()
     out = rltrain(steady, "trainer.total_steps=3", "trainer.eval_every=0")
     assert out.returncode == 0, out.stderr[-3000:]
 
-    proc = rltrain(crashed, "trainer.total_steps=60", "trainer.save_every=2",
-                   "trainer.eval_every=0", wait=False)
+    proc = rltrain(None, "trainer.total_steps=60", "trainer.save_every=2",
+                   "trainer.eval_every=0", wait=False, cwd=work)
     deadline = time.monotonic() + 400
     try:
-        while _latest(crashed) != "step-000002":
+        while not (_run_dirs(work) and _latest(_run_dirs(work)[0]) == "step-000002"):
             assert proc.poll() is None, "the run ended before its first checkpoint"
             assert time.monotonic() < deadline, "no checkpoint within the deadline"
             time.sleep(0.05)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and its local Ray, no clean-up
         proc.wait(timeout=60)
+    crashed = _run_dirs(work)[0]
+    time.sleep(1.1)  # Hydra's run directories are named to the second
 
-    out = rltrain(crashed, "trainer.total_steps=3", "trainer.eval_every=0", "trainer.resume=auto")
+    out = rltrain(None, "trainer.total_steps=3", "trainer.eval_every=0", "trainer.resume=auto",
+                  cwd=work)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resuming from {crashed / 'checkpoints' / 'step-000002'}" in out.stdout + out.stderr
+    resumed_dir = [d for d in _run_dirs(work) if d != crashed]
+    assert len(resumed_dir) == 1
     expected = [r for r in read_metrics(str(steady / "metrics.jsonl")) if r["step"] == 2]
-    resumed = [r for r in read_metrics(str(crashed / "metrics.jsonl")) if r["step"] == 2][-1]
-    assert without_timings(resumed) == without_timings(expected[0])
+    resumed = read_metrics(str(resumed_dir[0] / "metrics.jsonl"))
+    assert [r["step"] for r in resumed] == [2]
+    assert without_timings(resumed[0]) == without_timings(expected[0])
 
 
 @pytest.mark.timeout(480)

@@ -1,0 +1,83 @@
+"""``trainer.resume``: resolved before Ray starts, across invocations for ``auto``."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+from omegaconf import OmegaConf
+from test_front_door import compose_config
+
+from rltrain.config import load_config
+from rltrain.errors import ConfigError
+from rltrain.runners.checkpoint import CheckpointManager, model_fingerprint, resolve_resume
+
+
+def earlier_run(root: pathlib.Path, name: str, steps: list[int], *overrides: str) -> str:
+    """A finished run directory as Hydra and rltrain leave it: its config and checkpoints."""
+    run_dir = root / name
+    cfg = compose_config(*overrides)
+    (run_dir / ".hydra").mkdir(parents=True)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    manager = CheckpointManager(str(run_dir / "checkpoints"), keep=0)
+    run = load_config(cfg)
+    for step in steps:
+        manager.commit(manager.begin(step), {"model": model_fingerprint(run)})
+    return str(run_dir / "checkpoints" / f"step-{steps[-1]:06d}") if steps else ""
+
+
+def auto(*overrides: str):
+    return load_config(compose_config("trainer.resume=auto", *overrides))
+
+
+def test_auto_finds_the_previous_invocation(tmp_path):
+    outputs = tmp_path / "outputs" / "2026-11-25"
+    expected = earlier_run(outputs, "10-00-00", [2, 4])
+    found = resolve_resume(auto(), str(outputs / "11-00-00"))
+    assert found.path == expected
+    assert "step 4" in found.note and "earlier run" in found.note
+
+
+def test_auto_takes_the_newest_checkpoint_of_the_experiment(tmp_path):
+    day1, day2 = tmp_path / "outputs" / "2026-11-24", tmp_path / "outputs" / "2026-11-25"
+    older = earlier_run(day1, "23-00-00", [8])
+    newer = earlier_run(day2, "01-00-00", [2])
+    os.utime(os.path.join(older, "trainer_state.json"), (1, 1))
+    assert resolve_resume(auto(), str(day2 / "02-00-00")).path == newer
+
+
+def test_auto_ignores_other_experiments(tmp_path):
+    outputs = tmp_path / "outputs" / "2026-11-25"
+    earlier_run(outputs, "10-00-00", [4], "seed=7")
+    earlier_run(outputs, "10-30-00", [4], "model.hidden_size=32")
+    found = resolve_resume(auto(), str(outputs / "11-00-00"))
+    assert found.path is None
+    assert "starting at step 0" in found.note
+
+
+def test_auto_prefers_this_runs_own_checkpoints(tmp_path):
+    outputs = tmp_path / "outputs" / "2026-11-25"
+    earlier_run(outputs, "10-00-00", [8])
+    own = earlier_run(outputs, "11-00-00", [2])
+    assert resolve_resume(auto(), str(outputs / "11-00-00")).path == own
+
+
+def test_moving_workers_keeps_the_experiment(tmp_path):
+    outputs = tmp_path / "outputs" / "2026-11-25"
+    expected = earlier_run(outputs, "10-00-00", [4], "placement=disaggregated")
+    found = resolve_resume(auto("placement=hybrid"), str(outputs / "11-00-00"))
+    assert found.path == expected
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_ray(tmp_path):
+    path = earlier_run(tmp_path, "run", [4], "model.hidden_size=32")
+    run = load_config(compose_config(f"trainer.resume={path}"))
+    with pytest.raises(ConfigError, match="model.hidden_size|h32"):
+        resolve_resume(run, str(tmp_path / "new"))
+
+
+def test_a_directory_without_a_checkpoint_is_refused(tmp_path):
+    run = load_config(compose_config(f"trainer.resume={tmp_path}"))
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        resolve_resume(run, str(tmp_path / "new"))
