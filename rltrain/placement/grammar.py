@@ -11,8 +11,11 @@ A placement string is ``part[,part...]`` with ``part = resource_ranks[:process_r
 rank spec one of ``a``, ``a-b`` (inclusive) or ``all`` (resources only). Processes spread evenly
 over the part's resources (``0-3:0-7``: two per resource) or resources split evenly over the
 processes (``0-7:0-3``: two per process). A part without process ranks gives one process per
-resource, numbered on from the previous part. Over the whole string the process ranks must be
-exactly ``0..N-1``, each used once.
+resource, numbered on from the highest rank so far. Over the whole string the process ranks
+must be exactly ``0..N-1``, each used once, and no resource may appear in two parts: processes
+that share a resource are written in one part, so sharing is always even. Whitespace around
+numbers, ``-``, ``:`` and ``,`` and empty parts (a trailing comma) are ignored, as in RLinf;
+numbers are ASCII digits.
 
 Parsing (this module) needs no cluster; resolving a parsed placement needs only the number of
 resources it may address, so it is pure and exact. Mapping resource ranks to nodes and devices is
@@ -21,6 +24,7 @@ resources it may address, so it is pure and exact. Mapping resource ranks to nod
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +34,11 @@ from rltrain.errors import PlacementError
 ALL = "all"
 
 _SPEC_HELP = "write 'a', 'a-b' (inclusive, a <= b) or 'all', e.g. '0-3:0-7,4'"
+
+# A rank spec: 'all' (any case, as RLinf), or ASCII digits, optionally '-' and ASCII digits.
+# Whitespace is allowed around the numbers and the '-' (RLinf strips it), never inside a number.
+_SPEC = re.compile(r"\s*(?:(?P<all>all)|(?P<a>[0-9]+)(?:\s*-\s*(?P<b>[0-9]+))?)\s*", re.IGNORECASE)
+_DIGITS = frozenset("0123456789")
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,13 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class Part:
-    """One comma-separated part: resources, and optionally the process ranks placed on them."""
+    """One comma-separated part: resources, and optionally the process ranks placed on them.
+
+    Attributes:
+        resources: the resource ranks.
+        processes: the process ranks, or None for one process per resource.
+        text: the part as written, without the whitespace around it (for messages).
+    """
 
     resources: RankSpec
     processes: RankSpec | None
@@ -73,7 +88,7 @@ class Entry:
         components: the component names the key lists; they share this placement.
         node_groups: the node-group labels whose resources are concatenated, in the order given,
             or None for the whole cluster.
-        text: the placement string as written.
+        text: the placement string exactly as written.
         parts: the parsed parts.
     """
 
@@ -88,13 +103,29 @@ def _where(key: str, text: str) -> str:
     return f"component_placement[{key!r}]={text!r}"
 
 
+def _why_not_a_spec(token: str) -> str:
+    """Why ``token`` is not a rank spec, naming the character that makes it one."""
+    odd = [c for c in token if c.isdigit() and c not in _DIGITS]
+    if odd:
+        return f"{odd[0]!r} is not an ASCII digit: write ranks with the digits 0-9"
+    if "_" in token:
+        return "an underscore cannot separate digits: write the number without it"
+    if re.search(r"[0-9]\s+[0-9]", token):
+        return "whitespace cannot separate digits: remove it, or use ',' between parts"
+    return _SPEC_HELP
+
+
 def parse_rank_spec(token: str, key: str, text: str, allow_all: bool = True) -> RankSpec:
     """Parse ``a``, ``a-b`` or ``all``.
+
+    Numbers are ASCII digits; whitespace around a number or the ``-`` is ignored (as RLinf
+    does), whitespace or an underscore inside a number is an error (Python's ``int()`` would
+    read ``'1 0'`` as nothing and ``'1_0'`` as ten). ``all`` is accepted in any case.
 
     Args:
         token: the spec.
         key: the component key, for messages.
-        text: the whole placement string, for messages.
+        text: the whole placement string as written, for messages.
         allow_all: whether ``all`` is accepted (not for process ranks).
 
     Returns:
@@ -103,31 +134,33 @@ def parse_rank_spec(token: str, key: str, text: str, allow_all: bool = True) -> 
     Raises:
         PlacementError: for anything else, or ``b < a``.
     """
-    token = token.strip()
-    if token == ALL:
+    m = _SPEC.fullmatch(token)
+    if m is None:
+        raise PlacementError(
+            f"{_where(key, text)}: {token.strip()!r} is not a rank spec: {_why_not_a_spec(token)}"
+        )
+    if m["all"] is not None:
         if not allow_all:
             raise PlacementError(
                 f"{_where(key, text)}: process ranks cannot be 'all'; omit ':<process ranks>' "
                 f"for one process per resource, or write them as 'a-b'"
             )
         return RankSpec(None, None)
-    lo, sep, hi = token.partition("-")
-    try:
-        a = int(lo)
-        b = int(hi) if sep else a
-    except ValueError:
+    a = int(m["a"])
+    b = int(m["b"]) if m["b"] is not None else a
+    if b < a:
         raise PlacementError(
-            f"{_where(key, text)}: {token!r} is not a rank spec: {_SPEC_HELP}"
-        ) from None
-    if a < 0 or b < a:
-        raise PlacementError(
-            f"{_where(key, text)}: {token!r} is not a rank range (needs 0 <= a <= b): {_SPEC_HELP}"
+            f"{_where(key, text)}: {token.strip()!r} is not a rank range (needs a <= b): "
+            f"write '{b}-{a}'; to reorder processes, list parts in the order you want"
         )
     return RankSpec(a, b)
 
 
 def parse_placement(text: Any, key: str = "?") -> tuple[Part, ...]:
     """Parse a placement string such as ``"0-1:0-3,3-5,7-10:7-14"``.
+
+    As in RLinf, whitespace around parts, ranks, ``:`` and ``-`` is ignored and empty parts
+    (a trailing comma, ``" 0-1 , 4-5 ,"``) are skipped.
 
     Args:
         text: the string (an int is accepted: YAML reads ``actor: 0`` as one).
@@ -137,33 +170,35 @@ def parse_placement(text: Any, key: str = "?") -> tuple[Part, ...]:
         Its parts, in order.
 
     Raises:
-        PlacementError: for an empty string, empty parts or malformed rank specs.
+        PlacementError: for a string without parts or malformed rank specs; the message
+            quotes the string exactly as given.
     """
     if isinstance(text, bool) or not isinstance(text, (str, int)):
         raise PlacementError(
             f"{_where(key, text)}: a placement is a string like '0-3' or 'all', or a mapping "
             f"{{node_group: <label>, placement: '0-3'}}; got {type(text).__name__}"
         )
-    text = str(text).replace(" ", "")
-    if not text:
-        raise PlacementError(f"{_where(key, text)}: the placement is empty: {_SPEC_HELP}")
+    text = str(text)
     parts = []
-    for chunk in text.split(","):
+    for raw in text.split(","):
+        chunk = raw.strip()
         if not chunk:
-            raise PlacementError(f"{_where(key, text)}: an empty part between commas")
+            continue
         res, sep, proc = chunk.partition(":")
         if sep and ":" in proc:
             raise PlacementError(
                 f"{_where(key, text)}: part {chunk!r} has more than one ':'; "
                 f"a part is resource_ranks[:process_ranks]"
             )
-        if sep and not proc:
+        if sep and not proc.strip():
             raise PlacementError(
                 f"{_where(key, text)}: part {chunk!r} has no process ranks after ':'"
             )
         resources = parse_rank_spec(res, key, text)
         processes = parse_rank_spec(proc, key, text, allow_all=False) if sep else None
         parts.append(Part(resources, processes, chunk))
+    if not parts:
+        raise PlacementError(f"{_where(key, text)}: the placement is empty: {_SPEC_HELP}")
     return tuple(parts)
 
 
@@ -224,7 +259,7 @@ def parse_entry(key: Any, value: Any) -> Entry:
         groups = _labels(value.get("node_group"), key)
         value = value["placement"]
     parts = parse_placement(value, key)
-    return Entry(key, names, groups, str(value).replace(" ", ""), parts)
+    return Entry(key, names, groups, str(value), parts)
 
 
 def parse_component_placement(mapping: Any) -> tuple[Entry, ...]:
@@ -262,6 +297,13 @@ def resolve(
 ) -> list[tuple[int, ...]]:
     """Resolve a parsed placement into the resource ranks of each process.
 
+    One sharing rule holds over the whole string: processes that share a resource are written
+    in one part (``0-1:0-3``), where they share it evenly; two parts never name the same
+    resource (``0-1,1-2`` and ``all,0`` are refused, as in RLinf). Parts may list resources in
+    any order (``4-7,0-3``: ranks 0-3 on 4-7); a part without process ranks continues after the
+    highest rank given so far; explicit process ranks may come in any order if together they
+    are exactly ``0..N-1``.
+
     Args:
         entry: the parsed entry.
         num_resources: how many resources (devices, hardware units or nodes) the entry's node
@@ -269,23 +311,24 @@ def resolve(
         space: a description of those resources, for messages (``"8 accelerators of the
             cluster"``).
         uneven_ok: let processes spread over resources unevenly (as evenly as possible, earlier
-            resources taking one more). RLinf's own node example needs it (``0-1:0-200``: 201
-            processes on 2 nodes); device sharing stays exact.
+            resources taking one more). Only for nodes, where RLinf's documented example needs
+            it (``0-1:0-200``: 201 processes on 2 nodes); device sharing stays exact.
 
     Returns:
         For process rank ``i`` (list index), the resource ranks it uses, ascending.
 
     Raises:
-        PlacementError: for resource ranks beyond ``num_resources``, uneven sharing, repeated
-            or missing process ranks.
+        PlacementError: for resource ranks beyond ``num_resources``, two parts naming one
+            resource, uneven sharing, repeated or missing process ranks.
     """
     where = _where(entry.key, entry.text)
-    by_rank: dict[int, tuple[int, ...]] = {}
+    if num_resources == 0:
+        raise PlacementError(f"{where}: there are no resources to place on ({space})")
+    spans: list[tuple[Part, range, range]] = []
+    owner: dict[int, Part] = {}
     next_rank = 0
     for part in entry.parts:
         res = part.resources.ranks(num_resources)
-        if num_resources == 0:
-            raise PlacementError(f"{where}: there are no resources to place on ({space})")
         if res.stop > num_resources:
             raise PlacementError(
                 f"{where}: part {part.text!r} asks for resource {res.stop - 1}, but there are "
@@ -294,6 +337,15 @@ def resolve(
         procs = (
             part.processes.ranks(0) if part.processes else range(next_rank, next_rank + len(res))
         )
+        spans.append((part, res, procs))
+        next_rank = max(next_rank, procs.stop)
+    for part, res, _ in spans:
+        for r in res:
+            first = owner.setdefault(r, part)
+            if first is not part:
+                raise _overlap(where, first, part, spans, num_resources, space)
+    by_rank: dict[int, tuple[int, ...]] = {}
+    for part, res, procs in spans:
         for rank, resources in zip(
             procs, _spread(part, len(procs), res, where, uneven_ok), strict=True
         ):
@@ -303,7 +355,6 @@ def resolve(
                     f"each process rank appears once"
                 )
             by_rank[rank] = resources
-        next_rank = procs.stop
     n = len(by_rank)
     missing = sorted(set(range(n)) - set(by_rank))
     if missing:
@@ -313,6 +364,71 @@ def resolve(
             f"renumber the process ranks"
         )
     return [by_rank[i] for i in range(n)]
+
+
+def _count(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
+
+
+def _span_text(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def even_alternatives(used: list[int], num_procs: int, num_resources: int) -> list[tuple[str, str]]:
+    """Placement strings that place ``num_procs`` processes evenly near the resources ``used``.
+
+    Args:
+        used: the resource ranks the refused string named (ascending, at least one).
+        num_procs: the processes it asked for.
+        num_resources: resources available (ranks ``0..num_resources-1``).
+
+    Returns:
+        ``(string, what it means)`` pairs: the processes shared evenly by as many resources as
+        possible from the first one used (``0-1:0-3``), then one process per resource when
+        that fits (``0-3``), or every resource named once.
+    """
+    lo = used[0]
+    room = min(len(set(used)), num_resources - lo)
+    d = max(k for k in range(1, room + 1) if num_procs % k == 0)
+    last = num_procs - 1
+    out = [
+        (
+            f"{_span_text(lo, lo + d - 1)}:{_span_text(0, last)}",
+            f"{_count(num_procs)}, {num_procs // d} per resource",
+        )
+    ]
+    if num_procs // d == 1:
+        out = [(_span_text(lo, lo + d - 1), f"{_count(num_procs)}, one per resource")]
+    if num_procs > d and lo + last < num_resources:
+        out.append((_span_text(lo, lo + last), f"{_count(num_procs)}, one per resource"))
+    elif num_procs > d:
+        hi = max(used)
+        out.append((_span_text(lo, hi), f"{_count(hi - lo + 1)}, one per resource"))
+    return out
+
+
+def _overlap(
+    where: str,
+    first: Part,
+    again: Part,
+    spans: list[tuple[Part, range, range]],
+    num_resources: int,
+    space: str,
+) -> PlacementError:
+    """The error for two parts naming the same resource, with even alternatives."""
+    a = next(res for p, res, _ in spans if p is first)
+    b = next(res for p, res, _ in spans if p is again)
+    both = sorted(set(a) & set(b))
+    used = sorted({r for _, res, _ in spans for r in res})
+    total = sum(len(procs) for _, _, procs in spans)
+    alts = "; or ".join(
+        f"{text!r} ({what})" for text, what in even_alternatives(used, total, num_resources)
+    )
+    return PlacementError(
+        f"{where}: parts {first.text!r} and {again.text!r} both name resource(s) "
+        f"{_brief(both)} (of the {space}). Processes that share a resource are written in "
+        f"one part, where they share it evenly; two parts cannot name one resource: e.g. {alts}"
+    )
 
 
 def _spread(

@@ -38,16 +38,104 @@ def test_mixed_parts_continue_process_ranks_implicitly():
 
 def test_all_means_every_resource_and_single_ranks_work():
     assert resolve("all", 3) == [(0,), (1,), (2,)]
+    assert resolve("ALL", 3) == resolve("All", 3) == [(0,), (1,), (2,)]  # RLinf: any case
     assert resolve("5", 8) == [(5,)]
-    assert resolve(" 2 - 3 ", 8) == [(2,), (3,)]  # spaces are ignored
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # RLinf strips every part and skips empty ones: a trailing comma is harmless.
+        (" 0-1 , 4-5 ,", [(0,), (1,), (4,), (5,)]),
+        (" 2 - 3 ", [(2,), (3,)]),
+        ("0 - 1 : 0 - 3", [(0,), (0,), (1,), (1,)]),
+        (",0,,1,", [(0,), (1,)]),
+        ("\t0-1\n", [(0,), (1,)]),
+        ("007", [(7,)]),  # leading zeros are still ASCII digits
+    ],
+)
+def test_whitespace_and_empty_parts_are_ignored_as_in_rlinf(text, expected):
+    assert resolve(text, 8) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        # Before: '0 1' and '0_1' became device 1, '٣' device 3, '1 0' was reported as '10'.
+        ("0 1", "whitespace cannot separate digits"),
+        ("1 0", "whitespace cannot separate digits"),
+        ("0_1", "an underscore cannot separate digits"),
+        ("٣", "'٣' is not an ASCII digit"),
+        ("0-３", "is not an ASCII digit"),  # a full-width 3
+        ("+1", "not a rank spec"),
+        ("-1", "not a rank spec"),
+        ("1.0", "not a rank spec"),
+    ],
+)
+def test_numbers_are_ascii_digits_and_nothing_else(text, needle):
+    with pytest.raises(PlacementError) as err:
+        resolve(text, 8)
+    msg = str(err.value)
+    assert needle in msg
+    assert f"component_placement['actor']={text!r}" in msg  # the string exactly as given
+
+
+def test_errors_quote_the_string_exactly_as_given():
+    with pytest.raises(PlacementError, match=r"\['actor'\]=' 0-1 , 9 ,': part '9' asks"):
+        resolve(" 0-1 , 9 ,", 8)
 
 
 def test_parts_may_go_backwards_over_resources_keeping_rank_order():
+    # An rltrain extension (RLinf wants ascending parts): ranks follow the parts' order.
     assert resolve("4-5,0-1", 6) == [(4,), (5,), (0,), (1,)]
 
 
 def test_explicit_process_ranks_may_come_in_any_order_if_they_cover_0_to_n():
     assert resolve("2-3:2-3,0-1:0-1", 4) == [(0,), (1,), (2,), (3,)]
+
+
+def test_an_implicit_part_continues_after_the_highest_rank_so_far():
+    # RLinf's rule: "2-3:2-3,0-1:0-1,4-5" -> processes 4-5 on resources 4-5.
+    assert resolve("2-3:2-3,0-1:0-1,4-5", 6)[4:] == [(4,), (5,)]
+
+
+@pytest.mark.parametrize(
+    ("text", "n", "first", "again", "alternatives"),
+    [
+        # the issue's examples: 4 processes on devices 0,1,1,2; 9 processes on 8 devices
+        ("0-1,1-2", 4, "0-1", "1-2", ["'0-1:0-3' (4 processes, 2 per resource)", "'0-3'"]),
+        ("all,0", 8, "all", "0", ["'0-2:0-8' (9 processes, 3 per resource)", "'0-7'"]),
+        # even, yet still one resource in two parts: written as one part instead
+        ("0-1:0-1,0-1:2-3", 4, "0-1:0-1", "0-1:2-3", ["'0-1:0-3'"]),
+        ("0-3:0-7,2-5:8-11", 8, "0-3:0-7", "2-5:8-11", ["'0-5:0-11' (12 processes, 2 per"]),
+    ],
+)
+def test_two_parts_never_name_one_resource(text, n, first, again, alternatives):
+    with pytest.raises(PlacementError) as err:
+        resolve(text, n)
+    msg = str(err.value)
+    assert f"parts {first!r} and {again!r} both name resource" in msg
+    for alt in alternatives:
+        assert alt in msg
+
+
+def test_parts_with_different_but_even_sharing_are_accepted_as_in_rlinf():
+    # Each part shares its own resources evenly; no resource is in two parts.
+    assert resolve("0:0-1,1", 2) == [(0,), (0,), (1,)]
+
+
+def test_even_alternatives_by_hand():
+    # 4 processes near resources 0,1,2 of 4: share 0-1 two each, or one each on 0-3
+    assert grammar.even_alternatives([0, 1, 1, 2], 4, 4) == [
+        ("0-1:0-3", "4 processes, 2 per resource"),
+        ("0-3", "4 processes, one per resource"),
+    ]
+    # 7 processes (prime) on 3 resources from 5 of 8: all on 5, or resources 5-7 once each
+    assert grammar.even_alternatives([5, 6, 7], 7, 8) == [
+        ("5:0-6", "7 processes, 7 per resource"),
+        ("5-7", "3 processes, one per resource"),
+    ]
+    assert grammar.even_alternatives([2, 3], 2, 4) == [("2-3", "2 processes, one per resource")]
 
 
 def test_node_placement_may_be_uneven_as_in_the_seed_example():
@@ -67,11 +155,12 @@ def test_node_placement_may_be_uneven_as_in_the_seed_example():
         ("0-3:1-4", 4, "ranks [0] are missing"),
         ("0-1:0-1,2-3:1-2", 4, "process rank 1 is placed twice"),
         ("0-8", 8, "asks for resource 8"),
-        ("3-1", 8, "not a rank range"),
+        ("3-1", 8, "not a rank range (needs a <= b): write '1-3'"),
         ("a-b", 8, "not a rank spec"),
         ("0:all", 8, "process ranks cannot be 'all'"),
         ("0:1:2", 8, "more than one ':'"),
-        ("0,,1", 8, "empty part"),
+        (" , ", 8, "the placement is empty"),
+        ("0-1:2-3,2-3", 4, "ranks [0, 1] are missing"),
         ("0-1:", 8, "no process ranks"),
         ("", 8, "empty"),
         ("all", 0, "no resources"),
