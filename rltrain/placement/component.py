@@ -85,6 +85,39 @@ def detect_mode(device_sets: Mapping[str, frozenset[tuple[int, int]]]) -> Placem
     return PlacementMode.DISAGGREGATED
 
 
+#: Components whose devices decide a model-parallel (reasoning) layout's mode, as in RLinf's
+#: ``ModelParallelComponentPlacement``: a reward or reference on the rollout's devices does not
+#: change it.
+MODE_COMPONENTS = ("actor", "rollout", "inference", "critic")
+
+
+def detect_model_parallel_mode(
+    device_sets: Mapping[str, frozenset[tuple[int, int]]],
+) -> PlacementMode:
+    """RLinf's mode of a model-parallel layout, from actor, rollout, inference and critic.
+
+    Args:
+        device_sets: ``(node, device)`` pairs per component (absent or empty: not placed on
+            devices).
+
+    Returns:
+        COLLOCATED when the actor and the rollout use the same devices; DISAGGREGATED when
+        actor, rollout and inference are pairwise disjoint and the critic shares none of
+        theirs; otherwise HYBRID (a partial overlap, which RLinf refuses and rltrain runs).
+    """
+    empty: frozenset[tuple[int, int]] = frozenset()
+    actor = device_sets.get("actor", empty)
+    rollout = device_sets.get("rollout", empty)
+    if actor == rollout:
+        return PlacementMode.COLLOCATED
+    apart = [device_sets.get(c, empty) for c in ("actor", "rollout", "inference")]
+    critic = device_sets.get("critic", empty)
+    disjoint = all(not (a & b) for i, a in enumerate(apart) for b in apart[i + 1 :]) and not any(
+        critic & s for s in apart
+    )
+    return PlacementMode.DISAGGREGATED if disjoint else PlacementMode.HYBRID
+
+
 class ComponentPlacement:
     """Parses ``component_placement`` and places every component it names on a cluster.
 
@@ -275,7 +308,23 @@ class ModelParallelComponentPlacement(ComponentPlacement):
         for name in ("actor", "inference"):
             if name in self._strategies:
                 self._check_one_device_each(name)
+        collocated = self.placement_mode is PlacementMode.COLLOCATED
+        if collocated and "inference" in self._strategies and self.device_set("inference"):
+            entry = self._entry["inference"]
+            raise PlacementError(
+                f"{self.key}[{entry.key!r}]={entry.text!r}: actor and rollout share their "
+                f"devices (collocated), where the actor recomputes log-probs itself; a separate "
+                f"inference group belongs to disaggregated layouts (as in RLinf): remove "
+                f"inference, or give actor and rollout devices of their own"
+            )
         self._regroup_rollout()
+
+    @property
+    def placement_mode(self) -> PlacementMode:
+        """RLinf's mode of a model-parallel layout (see :func:`detect_model_parallel_mode`)."""
+        return detect_model_parallel_mode(
+            {n: self.device_set(n) for n in MODE_COMPONENTS if n in self._strategies}
+        )
 
     def _mp(self, name: str) -> int:
         tp, pp = self.sizes[name]

@@ -218,3 +218,39 @@ def test_model_parallel_errors(node8, placement, kw, needle):
     with pytest.raises(PlacementError) as err:
         mp(placement, node8, **kw)
     assert needle in str(err.value)
+
+
+# --------------------------------------------------- modes of model-parallel layouts (RLinf's)
+@pytest.mark.parametrize(
+    ("placement", "mode"),
+    [
+        # a reward or reference on the rollout's devices does not make a layout hybrid
+        ({"actor": "0-3", "rollout": "4-7", "reward": "4-7"}, PlacementMode.DISAGGREGATED),
+        (
+            {"actor": "0-3", "rollout": "4-7", "reward": "4-7", "reference": "4-7"},
+            PlacementMode.DISAGGREGATED,
+        ),
+        ({"actor": "0-3", "rollout": "4-5", "inference": "6-7"}, PlacementMode.DISAGGREGATED),
+        ({"actor,rollout": "all", "reward": "0", "reference": "0-3"}, PlacementMode.COLLOCATED),
+        ({"actor,rollout,critic": "all"}, PlacementMode.COLLOCATED),
+        # RLinf refuses these partial overlaps; rltrain runs them and calls them hybrid
+        ({"actor": "0-5", "rollout": "4-7"}, PlacementMode.HYBRID),
+        ({"actor": "all", "rollout": "6-7"}, PlacementMode.HYBRID),
+        # the critic counts: sharing the actor's devices is not disaggregated
+        ({"actor": "0-3", "rollout": "4-7", "critic": "0-3"}, PlacementMode.HYBRID),
+        ({"actor": "0-3", "rollout": "4-5", "inference": "4-7"}, PlacementMode.HYBRID),
+    ],
+)
+def test_model_parallel_mode_is_rlinfs(node8, placement, mode):
+    assert mp(placement, node8).placement_mode is mode
+
+
+def test_other_layouts_name_their_mode_from_every_components_devices(node8):
+    # HybridComponentPlacement (embodied runs) keeps the device rule: reward shares 4-7
+    cp = HybridComponentPlacement(rlinf({"actor": "0-3", "rollout": "4-7", "reward": "4-7"}), node8)
+    assert cp.placement_mode is PlacementMode.HYBRID
+
+
+def test_inference_beside_a_collocated_actor_and_rollout_is_refused_as_in_rlinf(node8):
+    with pytest.raises(PlacementError, match="separate inference group belongs to disaggregated"):
+        mp({"actor,rollout": "0-3", "inference": "4-7"}, node8)
