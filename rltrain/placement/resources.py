@@ -182,8 +182,12 @@ def make_placements(
             visible = tuple(names[i] for i in locals_) if iso else names
             accel_rank = locals_[0]
         else:
-            visible = () if iso else names
-            accel_rank = -1
+            # As in RLinf, a process placed on a node or on other hardware (a robot) sees its
+            # node's accelerators, isolated or not: a simulator renders on them. It reserves
+            # none of them (device_ids stays empty), so the plan, the Ray reservation and the
+            # residency ledger count it on no device.
+            visible = names
+            accel_rank = 0 if names else -1
             if k == NODE:
                 locals_ = ()
         p = new(Placement)

@@ -7,6 +7,7 @@ one); placement is resolved against it the same way in both cases.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,30 @@ GIB = 1024**3
 
 #: Labels the grammar reserves: ``cluster`` is every node, ``node`` addresses node ranks only.
 RESERVED_LABELS = ("cluster", "node")
+
+#: Sizes beyond any real cluster: a plan is refused at once rather than built for hours.
+MAX_NODES = 100_000
+MAX_DEVICES = 100_000
+#: 1 PiB per device: more is a typo, and the memory arithmetic would lose meaning.
+MAX_DEVICE_BYTES = 1024**5
+
+
+def _count(value: Any, key: str, minimum: int) -> int:
+    """A whole number of nodes or devices from config (``1e3`` from YAML is 1000).
+
+    Raises:
+        ConfigError: for a value that is not a whole number >= ``minimum``.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} is not a whole number: give an integer >= {minimum}")
+    try:
+        number = float(value)
+        whole = int(number) if math.isfinite(number) else None
+    except (TypeError, ValueError, OverflowError):
+        whole = None
+    if whole is None or whole != number or whole < minimum:
+        raise ConfigError(f"{key}={value!r} is not a whole number >= {minimum}: fix it")
+    return whole
 
 
 def parse_ranks(value: Any, key: str) -> tuple[int, ...]:
@@ -156,18 +181,46 @@ class ClusterSpec:
             ConfigError: for inconsistent sizes or node groups naming nodes that do not exist.
         """
         get = _getter(cluster)
-        num_nodes = int(get("num_nodes", 1))
+        num_nodes = _count(get("num_nodes", 1), "cluster.num_nodes", minimum=1)
+        if num_nodes > MAX_NODES:
+            raise ConfigError(
+                f"cluster.num_nodes={num_nodes:,} is beyond any real cluster (rltrain plans at "
+                f"most {MAX_NODES:,} nodes): lower cluster.num_nodes"
+            )
         per_node = get("devices_per_node", 0)
         if isinstance(per_node, Sequence) and not isinstance(per_node, str):
-            devices = [int(x) for x in per_node]
+            devices = [
+                _count(x, f"cluster.devices_per_node[{i}]", minimum=0)
+                for i, x in enumerate(per_node)
+            ]
             if len(devices) != num_nodes:
                 raise ConfigError(
                     f"cluster.devices_per_node has {len(devices)} entries but "
                     f"cluster.num_nodes={num_nodes}: give one entry per node"
                 )
+            total = sum(devices)
         else:
-            devices = [int(per_node)] * num_nodes
-        memory = int(float(get("device_memory_gib", 4.0)) * GIB)
+            per = _count(per_node, "cluster.devices_per_node", minimum=0)
+            total = per * num_nodes
+            if total <= MAX_DEVICES:
+                devices = [per] * num_nodes
+        if total > MAX_DEVICES:
+            raise ConfigError(
+                f"cluster.devices_per_node={per_node!r} on cluster.num_nodes={num_nodes:,} makes "
+                f"{total:,} devices, beyond any real cluster (rltrain plans at most "
+                f"{MAX_DEVICES:,}): lower cluster.devices_per_node or cluster.num_nodes"
+            )
+        gib = get("device_memory_gib", 4.0)
+        try:
+            gib = float(gib)
+        except (TypeError, ValueError):
+            gib = math.nan
+        if not math.isfinite(gib) or gib <= 0 or gib * GIB > MAX_DEVICE_BYTES:
+            raise ConfigError(
+                f"cluster.device_memory_gib={get('device_memory_gib', 4.0)!r} is not a device "
+                f"memory: give a positive number of GiB, e.g. 80"
+            )
+        memory = int(gib * GIB)
         accel = "sim" if get("simulate_devices", True) else "cuda"
         cpus = get("cpus_per_node", None)
         nodes = tuple(
@@ -215,13 +268,17 @@ class Placement:
         rank: the process's rank within its component (0..world_size-1).
         cluster_node_rank: the node's rank in the cluster.
         placement_node_rank: the node's index among the nodes this placement uses.
-        local_accelerator_rank: the first local device id the process uses (-1 for none).
+        local_accelerator_rank: the first local device id the process uses or, for a process
+            placed on a node or on other hardware, the node's first device (-1 for none).
         accelerator_type: ``cuda``, ``sim`` or ``none``.
         local_rank: the process's rank among this component's processes on its node.
         local_world_size: this component's processes on the node.
-        visible_accelerators: device ids (as strings) to expose, e.g. via CUDA_VISIBLE_DEVICES.
-        isolate_accelerator: whether the process sees only its own devices (then its devices are
-            renumbered from 0 inside the process).
+        visible_accelerators: device ids (as strings) to expose, e.g. via CUDA_VISIBLE_DEVICES:
+            its own devices when isolated, every device of its node when not, and every device
+            of its node for a process placed on a node or on other hardware (as in RLinf: seen,
+            not reserved).
+        isolate_accelerator: whether an accelerator process sees only its own devices (then its
+            devices are renumbered from 0 inside the process).
         local_hardware_ranks: the local hardware (device, robot, ...) ranks the process uses.
         node_group_label: the node group the resources were drawn from.
         hardware_type: the non-accelerator hardware (e.g. ``robot``) that
@@ -244,7 +301,8 @@ class Placement:
 
     @property
     def device_ids(self) -> tuple[int, ...]:
-        """Local accelerator ids the process uses (empty for node-only and hardware processes)."""
+        """Local accelerator ids the process reserves (empty for node-only and hardware
+        processes, which see their node's devices without reserving them)."""
         if self.hardware_type is not None or self.accelerator_type not in ("cuda", "sim"):
             return ()
         return self.local_hardware_ranks

@@ -170,9 +170,14 @@ class Reservation:
     def visible_devices(self, p: Placement) -> tuple[int, ...]:
         """Physical device ids to expose to the process (``CUDA_VISIBLE_DEVICES``).
 
-        Isolated processes see their own devices; others see every device the job reserved on
-        their node, in plan order.
+        Isolated processes see their own devices; other device processes see every device the
+        job reserved on their node, in plan order. A process placed on a node or on other
+        hardware (``node_group: node``, ``NodePlacementStrategy``, a robot group) sees every
+        device of its node, as in RLinf, and reserves none of them: its ``visible_accelerators``
+        are the node's device numbers as Ray numbers a node's GPUs (``0..n-1``).
         """
+        if not p.device_ids:
+            return tuple(int(v) for v in p.visible_accelerators)
         if p.isolate_accelerator:
             return tuple(self.physical[(p.cluster_node_rank, d)] for d in p.device_ids)
         return tuple(

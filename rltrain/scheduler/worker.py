@@ -40,7 +40,9 @@ class WorkerContext:
         world_size: processes in the group.
         placement: the plan's placement of the process (None outside the runtime).
         devices: device indices to use inside the process, i.e. positions in
-            ``CUDA_VISIBLE_DEVICES`` (``(0,)`` for an isolated one-device process).
+            ``CUDA_VISIBLE_DEVICES`` (``(0,)`` for an isolated one-device process). Empty for a
+            process placed on a node or on other hardware: it reserves no device, yet sees its
+            node's devices in ``CUDA_VISIBLE_DEVICES`` (RLinf's meaning).
         device_labels: the plan devices as trace lanes (``node0/dev1``).
         physical_devices: the devices Ray reserved for the process (ids on its node).
         env: the environment variables the runtime set.

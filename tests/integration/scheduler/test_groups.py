@@ -116,12 +116,14 @@ def test_not_isolated_sees_all_job_devices(cluster):
     assert [r["devices"] for r in reports] == [[0], [1]]
 
 
-def test_node_only_group_hides_devices(cluster):
+def test_node_only_group_sees_its_nodes_devices_without_holding_them(cluster):
     group = EnvWorker.create_group().launch(
         cluster, name="cpu", placement_strategy=NodePlacementStrategy([0, 0])
     )
     reports = group.report().wait(timeout=60)
-    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in reports] == ["", ""]
+    # RLinf's meaning: a node process sees the node's accelerators (the session's 2 simulated
+    # devices) and reserves none (no device index of its own).
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in reports] == ["0,1", "0,1"]
     assert [r["devices"] for r in reports] == [[], []]
     assert [r["env"]["LOCAL_RANK"] for r in reports] == ["0", "1"]
 

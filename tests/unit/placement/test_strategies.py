@@ -114,8 +114,10 @@ def test_node_strategy_places_without_devices(two_nodes):
         (0, 2, 4),
         (0, 3, 4),
     ]
-    assert all(p.device_ids == () and p.visible_accelerators == () for p in got)
-    assert all(p.local_accelerator_rank == -1 for p in got)
+    # As in RLinf, a node process sees its node's accelerators without reserving any.
+    assert all(p.device_ids == () for p in got)
+    assert all(p.visible_accelerators == tuple(map(str, range(8))) for p in got)
+    assert all(p.local_accelerator_rank == 0 for p in got)
     assert [
         p.cluster_node_rank for p in NodePlacementStrategy([1, 0]).get_placement(two_nodes)
     ] == [0, 1]
@@ -187,7 +189,16 @@ def test_hardware_groups_count_hardware_not_devices():
         (1, (0,), "robot"),
         (1, (1, 2), "robot"),
     ]
-    assert all(p.device_ids == () and p.local_accelerator_rank == -1 for p in got)
+    # A robot's process sees its node's two devices (a simulator may render there), reserves none.
+    assert all(p.device_ids == () and p.visible_accelerators == ("0", "1") for p in got)
+    assert all(p.local_accelerator_rank == 0 for p in got)
+
+
+def test_node_processes_on_a_node_without_devices_see_none():
+    cluster = make_cluster([2, 0])
+    (p,) = NodePlacementStrategy([1]).get_placement(cluster)
+    assert (p.cluster_node_rank, p.visible_accelerators, p.local_accelerator_rank) == (1, (), -1)
+    assert p.accelerator_type == "none"
 
 
 def test_reserved_node_label_counts_nodes(two_nodes):
