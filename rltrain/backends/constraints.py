@@ -1,12 +1,14 @@
 """Plan-time rules the GPU engines impose on a placement, with messages that name the fix.
 
-Pure (no torch, no Ray): the placement engine calls these while resolving a plan, so a layout
-the engines cannot run is refused before any process starts.
+Pure (no torch, no Ray): :func:`rltrain.placement.plan.build_plan` calls
+:func:`check_nccl_group_devices` (on CUDA devices) and :func:`check_weight_sync_layout` while
+resolving a plan, so ``mode=plan`` refuses a layout the engines cannot run, before any process
+starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from rltrain.errors import ConfigError, PlacementError
 
@@ -164,3 +166,81 @@ def choose_sync_path(
         f"weight sync needs them either collocated on every rollout GPU (CUDA IPC) or fully "
         f"disjoint (NCCL); change placement.component_placement"
     )
+
+
+#: Components whose ranks form one NCCL process group on GPUs (their data-parallel group).
+NCCL_GROUP_COMPONENTS = ("actor", "critic", "inference")
+
+Device = tuple[int, int]
+
+
+def check_nccl_group_devices(
+    component: str, rank_devices: Mapping[int, Sequence[Device]], where: str = ""
+) -> None:
+    """Refuse two ranks of one NCCL process group on one GPU.
+
+    NCCL builds one communicator per GPU: a second rank of the same group on that GPU makes
+    ``init_process_group`` fail ("Duplicate GPU detected"), so a layout that shares a GPU
+    between a component's own ranks cannot run on real GPUs.
+
+    Args:
+        component: the component whose ranks form the group (``actor``, ``critic``, ...).
+        rank_devices: rank -> the ``(node, device)`` pairs it uses.
+        where: the config key and value the layout came from, for the message.
+
+    Raises:
+        PlacementError: naming the ranks, the GPU and the fix.
+    """
+    seen: dict[Device, int] = {}
+    for rank in sorted(rank_devices):
+        for dev in rank_devices[rank]:
+            if dev in seen:
+                src = f"{where}: " if where else ""
+                raise PlacementError(
+                    f"{src}{component} ranks {seen[dev]} and {rank} share GPU {dev[1]} of node "
+                    f"{dev[0]}, but the {component}'s ranks form one NCCL process group, and "
+                    f"NCCL cannot run two ranks of a group on one GPU: give each {component} "
+                    f"rank its own GPU (one process per device, e.g. "
+                    f"placement.component_placement.{component}=0-3 rather than 0-1:0-3), or "
+                    f"plan on simulated devices (cluster.simulate_devices=true)"
+                )
+            seen[dev] = rank
+
+
+def check_weight_sync_layout(
+    transport: str,
+    actor_devices: Mapping[int, Sequence[Device]],
+    rollout_devices: Mapping[int, Sequence[Device]],
+) -> None:
+    """Refuse a ``weight_sync.transport`` the actor/rollout layout cannot serve.
+
+    ``ipc`` hands each rollout process CUDA IPC handles of the actor ranks on its own GPUs, so
+    every GPU of every rollout process must host an actor rank. ``host`` (the object store),
+    ``collective`` and ``auto`` (which picks one the layout allows) serve any layout.
+
+    Args:
+        transport: ``weight_sync.transport``.
+        actor_devices: actor rank -> its ``(node, device)`` pairs.
+        rollout_devices: rollout rank -> its ``(node, device)`` pairs.
+
+    Raises:
+        PlacementError: ``ipc`` with a rollout GPU that hosts no actor rank.
+    """
+    if transport != "ipc":
+        return
+    actor = {d for devs in actor_devices.values() for d in devs}
+    for rank in sorted(rollout_devices):
+        bare = [d for d in rollout_devices[rank] if d not in actor]
+        if bare:
+            node, dev = bare[0]
+            raise PlacementError(
+                f"weight_sync.transport=ipc needs an actor rank on every GPU of every rollout "
+                f"process, but rollout rank {rank} uses device {dev} of node {node}, where no "
+                f"actor rank runs (actor devices {_brief(sorted(actor))}): place the rollout on "
+                f"the actor's devices, or use weight_sync.transport=host, collective or auto"
+            )
+
+
+def _brief(devices: list[Device], limit: int = 6) -> str:
+    text = ", ".join(f"{n}:{d}" for n, d in devices[:limit])
+    return f"[{text}{', ...' if len(devices) > limit else ''}]"

@@ -84,6 +84,6 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "devices": devices,
         "memory_profiles": profile_list,
         "weight_sync": {str(a): list(r) for a, r in plan.weight_sync.items()},
-        "fits": not problems,
-        "problems": [p.message() for p in problems],
+        "fits": not problems and not plan.engine_problems,
+        "problems": [p.message() for p in problems] + list(plan.engine_problems),
     }

@@ -235,7 +235,7 @@ def activation_bytes(
 
 def kv_cache_bytes(batch: int, seq_len: int, d: ModelDims) -> int:
     """KV cache of the torch (HF generate) backend: ``2·b·s·L·kv_dim·bytes(dtype)``."""
-    return 2 * batch * seq_len * d.num_layers * d.kv_dim * dtype_bytes(d.dtype)
+    return batch * seq_len * kv_bytes_per_token(d)
 
 
 def vllm_reserved_bytes(utilization: float, capacity_bytes: int, num_devices: int = 1) -> int:
@@ -255,3 +255,46 @@ def context_bytes(accelerator_type: str) -> int:
 def rollout_batch_per_process(train_batch_size: int, n_samples: int, world_size: int) -> int:
     """Sequences one rollout process generates at once: ``ceil(prompts · samples / world)``."""
     return _div(train_batch_size * n_samples, max(world_size, 1))
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if obj is None:
+        return default
+    if hasattr(obj, "get") and not hasattr(obj, "__dataclass_fields__"):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def sequence_length(run: Any, d: ModelDims) -> int:
+    """Tokens per sequence the run feeds the model: a prompt plus its response.
+
+    ``task.max_prompt_length + rollout.max_new_tokens``, capped by the model's
+    ``max_position_embeddings`` (a checkpoint's context, 32,768 for Qwen2.5, is what the model
+    could take, not what the run sends it).
+
+    Args:
+        run: the run config (``task`` and ``rollout`` sections; absent keys count as 0).
+        d: the model's sizes.
+
+    Returns:
+        The sequence length, at least 1.
+    """
+    prompt = int(_get(_get(run, "task"), "max_prompt_length", 0) or 0)
+    new = int(_get(_get(run, "rollout"), "max_new_tokens", 0) or 0)
+    if prompt + new <= 0:
+        return d.max_position_embeddings
+    return max(1, min(prompt + new, d.max_position_embeddings))
+
+
+def vllm_max_model_len(run: Any, d: ModelDims) -> int:
+    """Tokens per sequence a vLLM engine must hold: ``rollout.max_model_len`` when set, else
+    :func:`sequence_length`; capped by ``max_position_embeddings`` either way."""
+    set_len = _get(_get(run, "rollout"), "max_model_len", None)
+    if set_len:
+        return max(1, min(int(set_len), d.max_position_embeddings))
+    return sequence_length(run, d)
+
+
+def kv_bytes_per_token(d: ModelDims, shards: int = 1) -> int:
+    """KV cache per token of one sequence: ``2·L·kv_dim·bytes(dtype) / shards`` (TP)."""
+    return _div(2 * d.num_layers * d.kv_dim * dtype_bytes(d.dtype), shards)

@@ -23,6 +23,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from rltrain.backends.constraints import (
+    NCCL_GROUP_COMPONENTS,
+    check_nccl_group_devices,
+    check_weight_sync_layout,
+)
 from rltrain.config.offload import OffloadPolicy, resolve_offload
 from rltrain.errors import PlacementError, ResourceError
 from rltrain.placement import memory as mem
@@ -190,6 +195,8 @@ class Plan:
         cluster: the cluster the plan was resolved against.
         by_component: component -> its processes in rank order.
         run: the run config the plan was built from (read for fix suggestions).
+        engine_problems: what an engine would refuse at start-up although the memory fits
+            (a vLLM engine without room for one sequence of ``max_model_len`` tokens).
     """
 
     mode: PlacementMode
@@ -203,6 +210,7 @@ class Plan:
     cluster: ClusterSpec
     by_component: Mapping[str, tuple[PlannedProcess, ...]] = dataclasses.field(repr=False)
     run: Any = dataclasses.field(default=None, repr=False, compare=False)
+    engine_problems: tuple[str, ...] = ()
 
     def world_size(self, component: str) -> int:
         """Processes of ``component``.
@@ -256,7 +264,7 @@ class Plan:
         return sorted(problems, key=lambda p: -p.shortfall_bytes)
 
     def check_fit(self) -> None:
-        """Refuse a plan that cannot fit.
+        """Refuse a plan that cannot fit, or whose engines could not start in their memory.
 
         Raises:
             ResourceError: naming the device, the stage, the shortfall and the fixes.
@@ -264,6 +272,8 @@ class Plan:
         problems = self.fit_problems()
         if problems:
             raise ResourceError(problems[0].message())
+        if self.engine_problems:
+            raise ResourceError(self.engine_problems[0])
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-serialisable data (memory records factored into profiles)."""
@@ -303,8 +313,10 @@ def build_plan(run: Any, cluster: ClusterSpec, check_fit: bool = True) -> Plan:
         The plan.
 
     Raises:
-        PlacementError: for a bad placement, or ``placement.mode`` contradicting the layout.
-        ResourceError: when ``check_fit`` and some device cannot hold a stage.
+        PlacementError: for a bad placement, ``placement.mode`` contradicting the layout, or a
+            layout the GPU engines cannot run (:func:`check_engine_rules`).
+        ResourceError: when ``check_fit`` and some device cannot hold a stage, or a vLLM
+            engine has no room for one sequence.
         ConfigError: for a bad offload policy or unreadable model sizes.
     """
     cp = choose_placement(run, cluster)
@@ -312,11 +324,13 @@ def build_plan(run: Any, cluster: ClusterSpec, check_fit: bool = True) -> Plan:
     _check_mode(run, cp, mode)
     names = tuple(cp.components)
     by_component = {n: _planned(n, cp.get_placements(n)) for n in names}
+    check_engine_rules(run, cluster, by_component)
     processes = tuple(p for n in names for p in by_component[n])
     sharing, signature = _device_loads(names, by_component)
     stages = STAGES.get(run.runner, STAGES["reasoning"])
     stages = tuple(s for s in stages if any(_on_devices(by_component.get(c, ())) for c in s[1]))
     memory = _predict(run, cluster, cp, stages, signature)
+    engine_problems = _vllm_problems(run, cluster, by_component.get("rollout", ()))
     weight_sync = cp.rollout_rank_map() if isinstance(cp, ModelParallelComponentPlacement) else {}
     plan = Plan(
         mode=mode,
@@ -330,10 +344,83 @@ def build_plan(run: Any, cluster: ClusterSpec, check_fit: bool = True) -> Plan:
         cluster=cluster,
         by_component=MappingProxyType(by_component),
         run=run,
+        engine_problems=tuple(engine_problems),
     )
     if check_fit:
         plan.check_fit()
     return plan
+
+
+def check_engine_rules(
+    run: Any, cluster: ClusterSpec, by_component: Mapping[str, tuple[PlannedProcess, ...]]
+) -> None:
+    """The placement rules the engines impose, checked while planning (so ``mode=plan``
+    refuses what the run would).
+
+    * On CUDA devices (``cluster.simulate_devices=false``, or GPUs discovered on
+      ``cluster=ray``), no two ranks of one NCCL process group (the actor's, the critic's, the
+      inference's data-parallel group) on one GPU. Simulated devices run gloo, which allows it.
+    * ``weight_sync.transport=ipc`` only where every GPU of every rollout process hosts an
+      actor rank; ``host``, ``collective`` and ``auto`` serve any layout.
+
+    Raises:
+        PlacementError: naming the ranks, the device and the fix.
+    """
+    cuda = {n.rank for n in cluster.nodes if n.accelerator_type == "cuda"}
+
+    def devices(name: str, only_cuda: bool = False) -> dict[int, list[tuple[int, int]]]:
+        return {
+            p.rank: [(p.node_rank, d) for d in p.devices]
+            for p in by_component.get(name, ())
+            if not only_cuda or p.node_rank in cuda
+        }
+
+    if cuda:
+        for name in NCCL_GROUP_COMPONENTS:
+            if name in by_component:
+                check_nccl_group_devices(
+                    name, devices(name, only_cuda=True), f"placement.component_placement {name}"
+                )
+    if "actor" in by_component and "rollout" in by_component:
+        sync = getattr(run, "weight_sync", None)
+        transport = str(getattr(sync, "transport", "auto") or "auto")
+        check_weight_sync_layout(transport, devices("actor"), devices("rollout"))
+
+
+def _vllm_problems(
+    run: Any, cluster: ClusterSpec, rollout: tuple[PlannedProcess, ...]
+) -> list[str]:
+    """vLLM engines whose KV cache cannot hold one sequence of ``max_model_len`` tokens (vLLM
+    refuses to start them)."""
+    if not rollout or run.rollout.backend != "vllm":
+        return []
+    dims = mem.model_dims(run.model)
+    need = mem.vllm_max_model_len(run, dims)
+    per_token = mem.kv_bytes_per_token(dims)
+    weights = mem.weight_bytes(mem.param_count(dims), dims.dtype)
+    nodes = {n.rank: n for n in cluster.nodes}
+    util = run.rollout.gpu_memory_utilization
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for p in rollout:
+        node = nodes[p.node_rank]
+        key = (len(p.devices), node.device_memory_bytes)
+        if not p.devices or key in seen:
+            continue
+        seen.add(key)
+        kv = mem.vllm_reserved_bytes(util, node.device_memory_bytes, len(p.devices)) - weights
+        tokens = max(kv, 0) // per_token
+        if tokens < need:
+            out.append(
+                f"rollout.backend=vllm: an engine on {len(p.devices)} device(s) of "
+                f"{_gib(node.device_memory_bytes)} at rollout.gpu_memory_utilization={util} "
+                f"keeps {_gib(max(kv, 0))} for its KV cache after the weights ({_gib(weights)}),"
+                f" room for {tokens:,} tokens, fewer than one sequence of {need:,} "
+                f"(rollout.max_model_len, or task.max_prompt_length + rollout.max_new_tokens): "
+                f"raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size, or "
+                f"lower rollout.max_model_len"
+            )
+    return out
 
 
 def _planned(name: str, placements: list[Placement]) -> tuple[PlannedProcess, ...]:
@@ -452,10 +539,37 @@ def _predict(
     return out
 
 
+def micro_batch(run: Any, micro: int, dp: int) -> int:
+    """Sequences one forward (and backward) holds: the component's micro-batch, but no more
+    rows than a rank gets per optimizer step in a reasoning run
+    (``ceil(train_batch_size · n_samples_per_prompt / dp) // num_minibatches``, as the runner's
+    batch sizes cut it).
+
+    Args:
+        run: the run config.
+        micro: the component's ``micro_batch_size``.
+        dp: the component's data-parallel size.
+
+    Returns:
+        The rows of one micro-batch, at least 1.
+    """
+    if run.runner != "reasoning":
+        return max(1, micro)
+    rows = mem.rollout_batch_per_process(
+        run.trainer.train_batch_size, run.rollout.n_samples_per_prompt, max(dp, 1)
+    )
+    per_step = rows // max(1, int(getattr(run.algorithm, "num_minibatches", 1) or 1))
+    return max(1, min(micro, max(per_step, 1)))
+
+
 def component_terms(
     run: Any, name: str, world: int, ndev: int, node: Any, dims: mem.ModelDims
 ) -> dict[str, int]:
     """Bytes one process of ``name`` holds over its ``ndev`` devices, per kind.
+
+    Sequences are as long as the run makes them (:func:`~rltrain.placement.memory.
+    sequence_length`: ``task.max_prompt_length + rollout.max_new_tokens``), a forward holds one
+    micro-batch (:func:`micro_batch`).
 
     Args:
         run: the run config.
@@ -470,7 +584,7 @@ def component_terms(
     """
     params = mem.value_param_count(dims) if name == "critic" else mem.param_count(dims)
     dt = dims.dtype
-    seq = dims.max_position_embeddings
+    seq = mem.sequence_length(run, dims)
     t: dict[str, int] = {}
     if name in ("actor", "critic"):
         sec = run.actor if name == "actor" else run.critic
@@ -478,26 +592,28 @@ def component_terms(
         if name == "critic":
             tp, pp = 1, 1
         zero = run.actor.zero_stage if name == "actor" else 0
-        z = mem.zero_divisors(zero, max(world // (tp * pp), 1))
+        dp = max(world // (tp * pp), 1)
+        z = mem.zero_divisors(zero, dp)
         t["weights"] = mem.weight_bytes(params, dt, tp * pp * z["weights"])
         t["grads"] = mem.grad_bytes(params, dt, tp * pp * z["grads"])
         t["optimizer"] = mem.optimizer_bytes(params, dt, tp * pp * z["optimizer"])
         ckpt = bool(getattr(run.actor, "gradient_checkpointing", False)) and name == "actor"
         out = 1 if name == "critic" else None  # a value per token, not vocabulary logits
-        t["activations"] = mem.activation_bytes(
-            sec.micro_batch_size, seq, dims, tp, True, ckpt, outputs_per_token=out
-        )
+        b = micro_batch(run, sec.micro_batch_size, dp)
+        t["activations"] = mem.activation_bytes(b, seq, dims, tp, True, ckpt, outputs_per_token=out)
     elif name in ("reference", "inference"):
         sec = getattr(run, name)
         tp = getattr(sec, "tensor_parallel_size", 1)
         mp = tp * getattr(sec, "pipeline_parallel_size", 1)
         t["weights"] = mem.weight_bytes(params, dt, mp)
-        t["activations"] = mem.activation_bytes(sec.micro_batch_size, seq, dims, tp, False)
+        b = micro_batch(run, sec.micro_batch_size, max(world // mp, 1))
+        t["activations"] = mem.activation_bytes(b, seq, dims, tp, False)
     elif name == "reward" and run.reward.kind == "model" and run.reward.model_path:
         rdims = mem.checkpoint_dims(run.reward.model_path, dt)
         t["weights"] = mem.weight_bytes(mem.param_count(rdims), dt)
+        micro = getattr(run.reward, "micro_batch_size", None) or run.actor.micro_batch_size
         t["activations"] = mem.activation_bytes(
-            run.actor.micro_batch_size, rdims.max_position_embeddings, rdims, 1, False
+            micro_batch(run, micro, world), mem.sequence_length(run, rdims), rdims, 1, False
         )
     elif name == "rollout":
         t["weights"] = mem.weight_bytes(params, dt)
@@ -566,7 +682,12 @@ def _stage_memory(
 
 
 def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
-    """Settings that would free room in a stage that does not fit, most effective first."""
+    """Settings that would free room in a stage that does not fit, most effective first.
+
+    A fix is only offered where it changes something: never a setting that is already on
+    (gradient checkpointing on, the optimizer already sharded, a micro-batch of 1, a state
+    kind the offload policy already moves).
+    """
     need = stage.required_bytes - capacity
     out: list[tuple[int, str]] = []
     pinned: dict[str, list[MemoryTerm]] = {}
@@ -574,19 +695,23 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
         if t.status == "pinned" and t.kind != "context":
             pinned.setdefault(t.component, []).append(t)
     for comp, ts in pinned.items():
-        kinds = sorted({t.kind for t in ts})
+        kinds = {t.kind for t in ts}
+        policy = _policy(run, comp) if run is not None else OffloadPolicy()
+        when = policy.when if policy.when != "never" else "after_stage"
+        states = sorted(kinds | (set(policy.states) if policy.when != "never" else set()))
         freed = sum(t.bytes for t in ts)
         out.append(
             (
                 freed,
                 f"offload {comp} while it is idle: placement.offload.{comp}="
-                f"{{when: after_stage, states: [{', '.join(kinds)}]}} (frees {_gib(freed)})",
+                f"{{when: {when}, states: [{', '.join(states)}]}} (frees {_gib(freed)})",
             )
         )
+    shorten = False
     for t in stage.terms:
-        if t.status == "offloaded":
+        if t.status == "offloaded" or run is None:
             continue
-        if t.component == "rollout" and t.kind == "kv_cache" and run is not None:
+        if t.component == "rollout" and t.kind == "kv_cache":
             if run.rollout.backend == "vllm":
                 util = run.rollout.gpu_memory_utilization
                 out.append(
@@ -596,29 +721,46 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
                         f"cache {_gib(t.bytes)})",
                     )
                 )
+            else:
+                shorten = True
         elif t.status != "active":
             continue
-        elif t.component == "actor" and t.kind == "optimizer" and run is not None:
-            if run.actor.zero_stage < 1:
-                out.append(
-                    (
-                        t.bytes // 2,
-                        "shard the optimizer: actor.backend=deepspeed "
-                        "actor.zero_stage=1 (or higher) over more data-parallel devices",
-                    )
-                )
-        elif t.kind == "activations" and t.component in ("actor", "critic"):
+        elif t.component == "actor" and t.kind == "optimizer" and run.actor.zero_stage < 1:
+            how = "" if run.actor.backend == "deepspeed" else "actor.backend=deepspeed "
             out.append(
                 (
                     t.bytes // 2,
-                    f"lower {t.component}.micro_batch_size or enable "
-                    f"actor.gradient_checkpointing (activations {_gib(t.bytes)})",
+                    f"shard the optimizer: {how}actor.zero_stage=1 (or higher) over more "
+                    f"data-parallel devices",
                 )
             )
+        elif t.kind == "activations":
+            shorten = True
+            sec = getattr(run, t.component, None)
+            micro = getattr(sec, "micro_batch_size", 1) if sec is not None else 1
+            ways = []
+            if micro > 1:
+                ways.append(f"lower {t.component}.micro_batch_size (now {micro})")
+            if t.component == "actor" and not run.actor.gradient_checkpointing:
+                ways.append("enable actor.gradient_checkpointing")
+            if ways:
+                out.append((t.bytes // 2, f"{' or '.join(ways)} (activations {_gib(t.bytes)})"))
+    if shorten and run is not None:
+        out.append(
+            (
+                0,
+                f"shorten the sequences: task.max_prompt_length (now "
+                f"{run.task.max_prompt_length}) or rollout.max_new_tokens (now "
+                f"{run.rollout.max_new_tokens})",
+            )
+        )
     out.sort(key=lambda x: -x[0])
     fixes = [text for _, text in out[:3]]
-    fixes.append(
-        f"give the components devices of their own (placement=disaggregated) or devices with "
-        f"more than {_gib(capacity + need)} (cluster.device_memory_gib)"
-    )
+    bigger = f"devices with more than {_gib(capacity + need)} (cluster.device_memory_gib)"
+    if len({t.component for t in stage.terms if t.on_device}) > 1:
+        fixes.append(
+            f"give the components devices of their own (placement=disaggregated) or {bigger}"
+        )
+    else:
+        fixes.append(bigger)
     return fixes

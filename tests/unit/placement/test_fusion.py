@@ -45,7 +45,9 @@ def test_layouts_with_separate_devices_do_not_fuse(placement):
 def test_each_obstacle_is_named_with_its_key(overrides, needle):
     # 0.038 GiB: the train stage needs 37.6 MB resident (the rollout's state evicted on
     # demand), but all of both components' state is 42.1 MB (plan.memory, by hand below)
-    run = compose("collocated", **overrides)
+    # vLLM runs on GPUs only: its case plans for a GPU cluster (cluster=ray).
+    gpu = overrides.get("rollout.backend") == "vllm"
+    run = compose("collocated", cluster="ray" if gpu else "local", **overrides)
     plan = plan_of(run)
     blockers = fusion_blockers(run, plan)
     assert any(needle in b for b in blockers), blockers

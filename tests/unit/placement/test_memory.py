@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rltrain.config.schema import ModelConfig
+from rltrain.config.schema import ModelConfig, RunConfig
 from rltrain.errors import ConfigError
 from rltrain.placement import memory as mem
 
@@ -94,3 +94,19 @@ def test_context_only_on_cuda():
 def test_unknown_dtype_names_the_key():
     with pytest.raises(ConfigError, match="model.dtype='int8'"):
         mem.dtype_bytes("int8")
+
+
+def test_sequence_length_is_prompt_plus_response_capped_by_the_model():
+    d = mem.model_dims(MID)  # 128 positions
+    run = RunConfig()
+    run.task.max_prompt_length, run.rollout.max_new_tokens = 20, 12
+    assert mem.sequence_length(run, d) == 32
+    run.task.max_prompt_length = 500
+    assert mem.sequence_length(run, d) == 128  # the model takes no more
+    run.rollout.max_model_len = 64
+    assert mem.vllm_max_model_len(run, d) == 64
+    run.rollout.max_model_len = 4096
+    assert mem.vllm_max_model_len(run, d) == 128
+    # 2 (k, v) * 8 layers * 1024 (kv_dim) * 2 bytes
+    assert mem.kv_bytes_per_token(d) == 32_768
+    assert mem.kv_bytes_per_token(d, shards=2) == 16_384

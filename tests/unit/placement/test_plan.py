@@ -200,11 +200,19 @@ def test_plan_refusing_to_fit_can_still_be_inspected():
 def test_processes_sharing_a_device_add_up():
     run = mid_run(actor=AFTER, rollout=ROLL_AFTER)
     run.rollout.backend = "torch"
-    run.placement.component_placement = {"actor": "0-1:0-3", "rollout": "0-1"}
+    # Two rollout processes per GPU (not an NCCL group: allowed on CUDA devices).
+    run.placement.component_placement = {"actor": "0-1", "rollout": "0-1:0-3"}
     plan = build_plan(run, ClusterSpec.from_config(run.cluster))
-    t = terms(plan.memory[(0, 0)].stage("train"))
-    assert t[("actor", "weights")][0] == 2 * W  # two actor processes on device 0
-    assert t[("actor", "context")][0] == 2 * CTX
+    t = terms(plan.memory[(0, 0)].stage("generate"))
+    assert t[("rollout", "weights")][0] == 2 * W  # two rollout processes on device 0
+    assert t[("rollout", "context")][0] == 2 * CTX
+    # The same sharing for the actor is refused on GPUs (one NCCL group), allowed simulated.
+    run.placement.component_placement = {"actor": "0-1:0-3", "rollout": "0-1"}
+    with pytest.raises(PlacementError, match="actor ranks 0 and 1 share GPU 0 of node 0"):
+        build_plan(run, ClusterSpec.from_config(run.cluster))
+    run.cluster.simulate_devices = True
+    t = terms(build_plan(run, ClusterSpec.from_config(run.cluster)).memory[(0, 0)].stage("train"))
+    assert t[("actor", "weights")][0] == 2 * W
 
 
 def test_to_dict_round_trips_through_json():

@@ -43,7 +43,10 @@ def test_plan_prints_writes_and_starts_nothing(tmp_path):
 
 
 def test_plan_for_a_cluster_far_larger_than_this_machine(tmp_path):
-    out = plan_cli(tmp_path, "cluster=ray", "cluster.num_nodes=128")
+    # 1,024 prompts per step: the batch divides over the 1,024 actor ranks
+    out = plan_cli(
+        tmp_path, "cluster=ray", "cluster.num_nodes=128", "trainer.train_batch_size=1024"
+    )
     assert out.returncode == 0, out.stderr
     assert "actor     │ 0-1023 │ 0-127" in out.stdout  # merged rows for alike processes
     assert "actor+rollout+reward fused, one process per actor rank" in out.stdout
