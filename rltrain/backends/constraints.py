@@ -138,7 +138,12 @@ def choose_sync_path(
     actor_devices: Mapping[int, tuple[int, int]],
     rollout_devices: Mapping[int, tuple[int, int]],
 ) -> str:
-    """Pick the weight sync path a placement allows.
+    """Pick the weight sync path a placement allows, without a configured transport.
+
+    This is the layout's own answer (IPC or NCCL only); ``weight_sync.transport`` adds the
+    object store and collectives that serve partial overlaps too
+    (:mod:`rltrain.backends.weight_sync.choice`), and planning checks the configured transport
+    with :func:`check_weight_sync_layout`.
 
     Args:
         accelerator_type: ``cuda``, ``sim`` or ``none``.

@@ -267,6 +267,10 @@ class HybridComponentPlacement(ComponentPlacement):
 class ModelParallelComponentPlacement(ComponentPlacement):
     """Actor and rollout (and inference) as model-parallel groups.
 
+    Its mode is RLinf's (:func:`detect_model_parallel_mode`): collocated when actor and rollout
+    share their devices, disaggregated when actor, rollout and inference are disjoint (and the
+    critic shares none of theirs), hybrid for a partial overlap (an rltrain extension).
+
     * actor and inference: one process per device; their world size must be a multiple of
       ``tensor_parallel_size * pipeline_parallel_size``. Actor rank ``a`` is in data-parallel
       replica ``a // (tp * pp)``.
