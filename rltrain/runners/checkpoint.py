@@ -5,26 +5,39 @@ Hugging Face format (safetensors), the optimizer, RNG states, the data cursor an
 written into a temporary directory first and renamed into place; then the ``latest`` pointer is
 replaced. A crash at any moment leaves the previous ``latest`` pointing at a complete checkpoint.
 
+Every checkpoint carries a manifest (``manifest.json``: each file's size, and its SHA-256 on
+local storage), written last, before the rename. :meth:`CheckpointManager.latest` verifies the
+newest checkpoint against it and falls back to the previous complete one when a file is missing,
+truncated or corrupted, saying which file is bad; a checkpoint directory that cannot be written is
+a :class:`~rltrain.errors.ResourceError` naming the path, with the previous checkpoint intact.
+
 Workers on other nodes cannot write into the driver's run directory: on a multi-node cluster
 point ``trainer.checkpoint_dir`` at shared storage (NFS, or an fsspec URI such as ``s3://``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import hashlib
 import json
+import logging
 import os
 import posixpath
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, ResourceError
 
 STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"
 LATEST = "latest"
+
+log = logging.getLogger("rltrain")
 
 
 @dataclass(frozen=True)
@@ -54,13 +67,19 @@ class CheckpointManager:
         self.keep = keep
 
     def begin(self, step: int) -> PendingCheckpoint:
-        """Create a fresh temporary directory for the checkpoint of ``step``."""
+        """Create a fresh temporary directory for the checkpoint of ``step``.
+
+        Raises:
+            ResourceError: the checkpoint directory cannot be written.
+        """
         tmp = posixpath.join(self.root, f".tmp-step-{step:06d}-{uuid.uuid4().hex[:8]}")
-        self.fs.makedirs(tmp, exist_ok=True)
+        with self._writing(f"create {tmp}"):
+            self.fs.makedirs(tmp, exist_ok=True)
         return PendingCheckpoint(self.root, step, tmp)
 
     def commit(self, pending: PendingCheckpoint, state: dict[str, Any]) -> str:
-        """Write the trainer state, move the directory into place and point ``latest`` at it.
+        """Write the trainer state and the manifest, move the directory into place and point
+        ``latest`` at it.
 
         Args:
             pending: the checkpoint whose files the workers have written.
@@ -68,31 +87,116 @@ class CheckpointManager:
 
         Returns:
             The published checkpoint's path.
+
+        Raises:
+            ResourceError: the checkpoint directory cannot be written (the previous checkpoint
+                and ``latest`` are left as they were).
         """
-        with self.fs.open(posixpath.join(pending.path, STATE_FILE), "w") as f:
-            json.dump({**state, "step": pending.step}, f, indent=1)
-        final = pending.final_path
-        if self.fs.exists(final):
-            self.fs.rm(final, recursive=True)
-        self.fs.mv(pending.path, final, recursive=True)
-        tmp_latest = posixpath.join(self.root, f".{LATEST}-{uuid.uuid4().hex[:8]}")
-        with self.fs.open(tmp_latest, "w") as f:
-            f.write(posixpath.basename(final))
-        self.fs.mv(tmp_latest, posixpath.join(self.root, LATEST))
+        with self._writing(f"write checkpoint {pending.final_path}"):
+            with self.fs.open(posixpath.join(pending.path, STATE_FILE), "w") as f:
+                json.dump({**state, "step": pending.step}, f, indent=1)
+            manifest = self._manifest(pending.path)
+            with self.fs.open(posixpath.join(pending.path, MANIFEST), "w") as f:
+                json.dump(manifest, f, indent=1)
+            final = pending.final_path
+            if self.fs.exists(final):
+                self.fs.rm(final, recursive=True)
+            self.fs.mv(pending.path, final, recursive=True)
+            tmp_latest = posixpath.join(self.root, f".{LATEST}-{uuid.uuid4().hex[:8]}")
+            with self.fs.open(tmp_latest, "w") as f:
+                f.write(posixpath.basename(final))
+            self.fs.mv(tmp_latest, posixpath.join(self.root, LATEST))
         self._prune()
         return self._url(final)
 
     def latest(self) -> str | None:
-        """Path of the newest complete checkpoint, or None when there is none."""
+        """Path of the newest complete, intact checkpoint, or None when there is none.
+
+        The one ``latest`` points at is verified against its manifest; when it is damaged the
+        newest intact older one is taken, and the bad file is named in the log.
+        """
         pointer = posixpath.join(self.root, LATEST)
         if not self.fs.exists(pointer):
             return None
         with self.fs.open(pointer) as f:
             name = f.read().decode().strip()
-        path = posixpath.join(self.root, name)
-        if not self.fs.exists(posixpath.join(path, STATE_FILE)):
+        candidates = [posixpath.join(self.root, name)]
+        candidates += [p for p in reversed(self.published()) if p != candidates[0]]
+        for path in candidates:
+            problem = self.verify(path)
+            if problem is None:
+                return self._url(path)
+            log.warning("checkpoint %s is unusable (%s); trying the previous one", path, problem)
+        return None
+
+    def verify(self, path: str) -> str | None:
+        """What is wrong with a published checkpoint, or None when it is intact.
+
+        Checks the trainer state parses and every file the manifest lists has its size (and,
+        on local storage, its SHA-256). Checkpoints written before manifests existed are only
+        checked for their state file.
+        """
+        fs, root = fsspec.core.url_to_fs(path) if "://" in path else (self.fs, path)
+        state_path = posixpath.join(root, STATE_FILE)
+        if not fs.exists(state_path):
+            return f"{STATE_FILE} is missing"
+        try:
+            with fs.open(state_path) as f:
+                json.load(f)
+        except (ValueError, OSError) as exc:
+            return f"{state_path} cannot be read ({exc})"
+        manifest_path = posixpath.join(root, MANIFEST)
+        if not fs.exists(manifest_path):
             return None
-        return self._url(path)
+        try:
+            with fs.open(manifest_path) as f:
+                manifest = json.load(f)
+        except (ValueError, OSError) as exc:
+            return f"{manifest_path} cannot be read ({exc})"
+        local = _is_local(fs)
+        for rel, want in manifest.items():
+            file = posixpath.join(root, rel)
+            if not fs.exists(file):
+                return f"{file} is missing"
+            size = fs.size(file)
+            if size != want["size"]:
+                return f"{file} has {size} bytes, the manifest says {want['size']} (truncated?)"
+            if local and "sha256" in want and _sha256(file) != want["sha256"]:
+                return f"{file} does not match its SHA-256 in the manifest (corrupted)"
+        return None
+
+    def _manifest(self, path: str) -> dict[str, dict[str, Any]]:
+        local = _is_local(self.fs)
+        out = {}
+        for file in sorted(self.fs.find(path)):
+            rel = posixpath.relpath(file, path)
+            entry: dict[str, Any] = {"size": self.fs.size(file)}
+            if local:
+                entry["sha256"] = _sha256(file)
+            out[rel] = entry
+        return out
+
+    def published(self) -> list[str]:
+        """Published checkpoint directories, oldest first."""
+        if not self.fs.exists(self.root):
+            return []
+        return sorted(
+            p
+            for p in self.fs.ls(self.root, detail=False)
+            if posixpath.basename(p).startswith("step-")
+        )
+
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """Turn a storage failure into an error that names the directory and the fix."""
+        try:
+            yield
+        except OSError as exc:
+            raise ResourceError(
+                f"cannot {what} ({exc.strerror or exc}): make the checkpoint directory "
+                f"{self.url!r} writable (trainer.checkpoint_dir), or point trainer.checkpoint_dir "
+                f"elsewhere; the previous checkpoint is intact"
+            ) from exc
 
     def resolve(self, resume: str | None) -> str | None:
         """Turn ``trainer.resume`` (null, ``auto`` or a path) into a checkpoint path or None.
@@ -114,22 +218,36 @@ class CheckpointManager:
                 f"trainer.resume={resume!r} holds no complete checkpoint ({STATE_FILE} missing): "
                 f"give a step-NNNNNN directory, its parent, or resume=auto"
             )
+        problem = self.verify(resume)
+        if problem is not None:
+            raise ConfigError(
+                f"trainer.resume={resume!r} is damaged: {problem}; give another checkpoint "
+                f"(its parent directory picks the newest intact one) or resume=auto"
+            )
         return resume
 
     def _prune(self) -> None:
         if self.keep <= 0:
             return
-        steps = sorted(
-            p
-            for p in self.fs.ls(self.root, detail=False)
-            if posixpath.basename(p).startswith("step-")
-        )
-        for old in steps[: -self.keep]:
+        for old in self.published()[: -self.keep]:
             self.fs.rm(old, recursive=True)
 
     def _url(self, path: str) -> str:
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         return path if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def _sha256(path: str, chunk: int = 8 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_state(checkpoint: str) -> dict[str, Any]:
@@ -263,7 +381,15 @@ def resolve_resume(run: Any, run_dir: str | None) -> Resume:
     )
     if own is not None:
         fs, root = fsspec.core.url_to_fs(own)
-        path = CheckpointManager(own).latest() if fs.exists(root) else None
+        manager = CheckpointManager(own)
+        path = manager.latest() if fs.exists(root) else None
+        if path is None and fs.exists(root) and manager.published():
+            raise ConfigError(
+                f"trainer.resume=auto: every checkpoint in {own} is damaged ("
+                + "; ".join(f"{p}: {manager.verify(p)}" for p in manager.published())
+                + "): restore one, give trainer.resume=<path> of a good one, or "
+                "trainer.resume=null to start fresh"
+            )
         if path is not None:
             _check_model(run, path, "trainer.resume=auto found")
             step = read_state(path).get("step")
