@@ -143,7 +143,7 @@ class ComponentPlacement:
         self.config = config
         mapping, self.key = _mapping_of(config)
         self.isolate_accelerator = bool(_get(config, "placement.isolate_accelerator", True))
-        self._entries = grammar.parse_component_placement(mapping)
+        self._entries = grammar.parse_component_placement(mapping, self.key)
         self._strategies: dict[str, PlacementStrategy] = {}
         self._resolved: dict[str, tuple[ResourceSpace, list[tuple[int, ...]]]] = {}
         self._entry: dict[str, grammar.Entry] = {}

@@ -40,6 +40,9 @@ _SPEC_HELP = "write 'a', 'a-b' (inclusive, a <= b) or 'all', e.g. '0-3:0-7,4'"
 _SPEC = re.compile(r"\s*(?:(?P<all>all)|(?P<a>[0-9]+)(?:\s*-\s*(?P<b>[0-9]+))?)\s*", re.IGNORECASE)
 _DIGITS = frozenset("0123456789")
 
+#: The config key placements are read from, for messages (RLinf's: cluster.component_placement).
+SECTION = "component_placement"
+
 
 @dataclass(frozen=True)
 class RankSpec:
@@ -90,6 +93,7 @@ class Entry:
             or None for the whole cluster.
         text: the placement string exactly as written.
         parts: the parsed parts.
+        section: the config key of the mapping it came from, for messages.
     """
 
     key: str
@@ -97,10 +101,11 @@ class Entry:
     node_groups: tuple[str, ...] | None
     text: str
     parts: tuple[Part, ...]
+    section: str = SECTION
 
 
-def _where(key: str, text: str) -> str:
-    return f"component_placement[{key!r}]={text!r}"
+def _where(key: str, text: str, section: str = SECTION) -> str:
+    return f"{section}[{key!r}]={text!r}"
 
 
 def _why_not_a_spec(token: str) -> str:
@@ -115,7 +120,9 @@ def _why_not_a_spec(token: str) -> str:
     return _SPEC_HELP
 
 
-def parse_rank_spec(token: str, key: str, text: str, allow_all: bool = True) -> RankSpec:
+def parse_rank_spec(
+    token: str, key: str, text: str, allow_all: bool = True, section: str = SECTION
+) -> RankSpec:
     """Parse ``a``, ``a-b`` or ``all``.
 
     Numbers are ASCII digits; whitespace around a number or the ``-`` is ignored (as RLinf
@@ -127,6 +134,7 @@ def parse_rank_spec(token: str, key: str, text: str, allow_all: bool = True) -> 
         key: the component key, for messages.
         text: the whole placement string as written, for messages.
         allow_all: whether ``all`` is accepted (not for process ranks).
+        section: the config key of the whole mapping, for messages.
 
     Returns:
         The spec.
@@ -137,26 +145,27 @@ def parse_rank_spec(token: str, key: str, text: str, allow_all: bool = True) -> 
     m = _SPEC.fullmatch(token)
     if m is None:
         raise PlacementError(
-            f"{_where(key, text)}: {token.strip()!r} is not a rank spec: {_why_not_a_spec(token)}"
+            f"{_where(key, text, section)}: {token.strip()!r} is not a rank spec: "
+            f"{_why_not_a_spec(token)}"
         )
     if m["all"] is not None:
         if not allow_all:
             raise PlacementError(
-                f"{_where(key, text)}: process ranks cannot be 'all'; omit ':<process ranks>' "
-                f"for one process per resource, or write them as 'a-b'"
+                f"{_where(key, text, section)}: process ranks cannot be 'all'; omit "
+                f"':<process ranks>' for one process per resource, or write them as 'a-b'"
             )
         return RankSpec(None, None)
     a = int(m["a"])
     b = int(m["b"]) if m["b"] is not None else a
     if b < a:
         raise PlacementError(
-            f"{_where(key, text)}: {token.strip()!r} is not a rank range (needs a <= b): "
+            f"{_where(key, text, section)}: {token.strip()!r} is not a rank range (needs a <= b): "
             f"write '{b}-{a}'; to reorder processes, list parts in the order you want"
         )
     return RankSpec(a, b)
 
 
-def parse_placement(text: Any, key: str = "?") -> tuple[Part, ...]:
+def parse_placement(text: Any, key: str = "?", section: str = SECTION) -> tuple[Part, ...]:
     """Parse a placement string such as ``"0-1:0-3,3-5,7-10:7-14"``.
 
     As in RLinf, whitespace around parts, ranks, ``:`` and ``-`` is ignored and empty parts
@@ -165,6 +174,7 @@ def parse_placement(text: Any, key: str = "?") -> tuple[Part, ...]:
     Args:
         text: the string (an int is accepted: YAML reads ``actor: 0`` as one).
         key: the component key it belongs to, for messages.
+        section: the config key of the whole mapping, for messages.
 
     Returns:
         Its parts, in order.
@@ -175,8 +185,8 @@ def parse_placement(text: Any, key: str = "?") -> tuple[Part, ...]:
     """
     if isinstance(text, bool) or not isinstance(text, (str, int)):
         raise PlacementError(
-            f"{_where(key, text)}: a placement is a string like '0-3' or 'all', or a mapping "
-            f"{{node_group: <label>, placement: '0-3'}}; got {type(text).__name__}"
+            f"{_where(key, text, section)}: a placement is a string like '0-3' or 'all', or a "
+            f"mapping {{node_group: <label>, placement: '0-3'}}; got {type(text).__name__}"
         )
     text = str(text)
     parts = []
@@ -187,22 +197,22 @@ def parse_placement(text: Any, key: str = "?") -> tuple[Part, ...]:
         res, sep, proc = chunk.partition(":")
         if sep and ":" in proc:
             raise PlacementError(
-                f"{_where(key, text)}: part {chunk!r} has more than one ':'; "
+                f"{_where(key, text, section)}: part {chunk!r} has more than one ':'; "
                 f"a part is resource_ranks[:process_ranks]"
             )
         if sep and not proc.strip():
             raise PlacementError(
-                f"{_where(key, text)}: part {chunk!r} has no process ranks after ':'"
+                f"{_where(key, text, section)}: part {chunk!r} has no process ranks after ':'"
             )
-        resources = parse_rank_spec(res, key, text)
-        processes = parse_rank_spec(proc, key, text, allow_all=False) if sep else None
+        resources = parse_rank_spec(res, key, text, section=section)
+        processes = parse_rank_spec(proc, key, text, False, section) if sep else None
         parts.append(Part(resources, processes, chunk))
     if not parts:
-        raise PlacementError(f"{_where(key, text)}: the placement is empty: {_SPEC_HELP}")
+        raise PlacementError(f"{_where(key, text, section)}: the placement is empty: {_SPEC_HELP}")
     return tuple(parts)
 
 
-def _labels(value: Any, key: str) -> tuple[str, ...] | None:
+def _labels(value: Any, key: str, section: str = SECTION) -> tuple[str, ...] | None:
     """A ``node_group`` value: one label, ``"a,b"`` or a YAML list, in the order given."""
     if value is None:
         return None
@@ -212,28 +222,29 @@ def _labels(value: Any, key: str) -> tuple[str, ...] | None:
         labels = [str(s).strip() for s in value]
     else:
         raise PlacementError(
-            f"component_placement[{key!r}].node_group={value!r}: give a label, 'a,b' or a list"
+            f"{section}[{key!r}].node_group={value!r}: give a label, 'a,b' or a list"
         )
     if not labels or any(not s for s in labels):
         raise PlacementError(
-            f"component_placement[{key!r}].node_group={value!r} has an empty label: "
+            f"{section}[{key!r}].node_group={value!r} has an empty label: "
             f"give labels defined in cluster.node_groups, or 'node' / 'cluster'"
         )
     if len(set(labels)) != len(labels):
         raise PlacementError(
-            f"component_placement[{key!r}].node_group={value!r} lists a group twice: "
+            f"{section}[{key!r}].node_group={value!r} lists a group twice: "
             f"list each node group once"
         )
     return tuple(labels)
 
 
-def parse_entry(key: Any, value: Any) -> Entry:
+def parse_entry(key: Any, value: Any, section: str = SECTION) -> Entry:
     """Parse one ``component_placement`` item.
 
     Args:
         key: ``"actor"`` or ``"actor,rollout"``.
         value: a placement string (or int), or a mapping with ``placement`` and optionally
             ``node_group``.
+        section: the config key of the whole mapping, for messages.
 
     Returns:
         The parsed entry.
@@ -245,7 +256,7 @@ def parse_entry(key: Any, value: Any) -> Entry:
     names = tuple(n.strip() for n in key.split(","))
     if any(not n for n in names) or len(set(names)) != len(names):
         raise PlacementError(
-            f"component_placement key {key!r}: list distinct component names separated by "
+            f"{section} key {key!r}: list distinct component names separated by "
             f"commas, e.g. 'actor,rollout'"
         )
     groups = None
@@ -253,20 +264,21 @@ def parse_entry(key: Any, value: Any) -> Entry:
         extra = sorted(str(k) for k in value.keys() if k not in ("node_group", "placement"))
         if extra or "placement" not in value:
             raise PlacementError(
-                f"component_placement[{key!r}]: a mapping takes 'placement' (required) and "
+                f"{section}[{key!r}]: a mapping takes 'placement' (required) and "
                 f"'node_group'; got keys {sorted(str(k) for k in value.keys())}"
             )
-        groups = _labels(value.get("node_group"), key)
+        groups = _labels(value.get("node_group"), key, section)
         value = value["placement"]
-    parts = parse_placement(value, key)
-    return Entry(key, names, groups, str(value), parts)
+    parts = parse_placement(value, key, section)
+    return Entry(key, names, groups, str(value), parts, section)
 
 
-def parse_component_placement(mapping: Any) -> tuple[Entry, ...]:
+def parse_component_placement(mapping: Any, section: str = SECTION) -> tuple[Entry, ...]:
     """Parse a whole ``component_placement`` mapping.
 
     Args:
         mapping: ``{key: placement}`` as a dict or DictConfig.
+        section: its config key (``placement.component_placement``), for messages.
 
     Returns:
         The entries in the order written.
@@ -276,10 +288,9 @@ def parse_component_placement(mapping: Any) -> tuple[Entry, ...]:
     """
     if mapping is None or not hasattr(mapping, "items") or len(mapping) == 0:
         raise PlacementError(
-            "component_placement is empty or not a mapping: place at least the actor, "
-            "e.g. {actor: all}"
+            f"{section} is empty or not a mapping: place at least the actor, e.g. {{actor: all}}"
         )
-    entries = [parse_entry(k, v) for k, v in mapping.items()]
+    entries = [parse_entry(k, v, section) for k, v in mapping.items()]
     seen: dict[str, str] = {}
     for e in entries:
         for name in e.components:
@@ -321,7 +332,7 @@ def resolve(
         PlacementError: for resource ranks beyond ``num_resources``, two parts naming one
             resource, uneven sharing, repeated or missing process ranks.
     """
-    where = _where(entry.key, entry.text)
+    where = _where(entry.key, entry.text, entry.section)
     if num_resources == 0:
         raise PlacementError(f"{where}: there are no resources to place on ({space})")
     spans: list[tuple[Part, range, range]] = []

@@ -378,13 +378,22 @@ def check_engine_rules(
     if cuda:
         for name in NCCL_GROUP_COMPONENTS:
             if name in by_component:
-                check_nccl_group_devices(
-                    name, devices(name, only_cuda=True), f"placement.component_placement {name}"
-                )
+                check_nccl_group_devices(name, devices(name, only_cuda=True), _placed_as(run, name))
     if "actor" in by_component and "rollout" in by_component:
         sync = getattr(run, "weight_sync", None)
         transport = str(getattr(sync, "transport", "auto") or "auto")
         check_weight_sync_layout(transport, devices("actor"), devices("rollout"))
+
+
+def _placed_as(run: Any, name: str) -> str:
+    """``placement.component_placement['actor,rollout']='0-1:0-3'``: where a component is
+    placed, for messages."""
+    mapping = run.placement.component_placement or {}
+    for key, value in mapping.items():
+        if name in (n.strip() for n in str(key).split(",")):
+            text = value.get("placement") if hasattr(value, "get") else value
+            return f"placement.component_placement[{str(key)!r}]={str(text)!r}"
+    return "placement.component_placement"
 
 
 def _vllm_problems(

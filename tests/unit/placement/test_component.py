@@ -128,8 +128,15 @@ def test_unknown_component_and_missing_config(node8):
 
 
 def test_grammar_errors_name_the_config_key(node8):
-    with pytest.raises(PlacementError, match=r"component_placement\['actor,rollout'\]='0-8'"):
+    with pytest.raises(
+        PlacementError, match=r"^cluster.component_placement\['actor,rollout'\]='0-8'"
+    ):
         ComponentPlacement(rlinf({"actor,rollout": "0-8"}), node8)
+    ours = {"placement": {"component_placement": {"actor": " 0-1 , 1-2 ,"}}}
+    with pytest.raises(
+        PlacementError, match=r"^placement.component_placement\['actor'\]=' 0-1 , 1-2 ,'"
+    ):
+        ComponentPlacement(ours, node8)
     with pytest.raises(PlacementError, match="node group 'h100' is not defined"):
         ComponentPlacement(rlinf({"actor": {"node_group": "h100", "placement": "0"}}), node8)
 

@@ -59,7 +59,9 @@ def test_nccl_groups_never_put_two_ranks_on_one_gpu():
     with pytest.raises(PlacementError) as err:
         plan_of(run_on(layout, cuda=True))
     msg = str(err.value)
-    assert "actor ranks 0 and 1 share GPU 0 of node 0" in msg
+    assert (
+        "placement.component_placement['actor']='0-1:0-3': actor ranks 0 and 1 share GPU 0" in msg
+    )
     assert "one NCCL process group" in msg and "cluster.simulate_devices=true" in msg
     # Simulated devices run gloo, which allows it; the critic is a group of its own too.
     assert plan_of(run_on(layout)).world_size("actor") == 4
