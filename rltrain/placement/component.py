@@ -312,15 +312,6 @@ class ModelParallelComponentPlacement(ComponentPlacement):
         for name in ("actor", "inference"):
             if name in self._strategies:
                 self._check_one_device_each(name)
-        collocated = self.placement_mode is PlacementMode.COLLOCATED
-        if collocated and "inference" in self._strategies and self.device_set("inference"):
-            entry = self._entry["inference"]
-            raise PlacementError(
-                f"{self.key}[{entry.key!r}]={entry.text!r}: actor and rollout share their "
-                f"devices (collocated), where the actor recomputes log-probs itself; a separate "
-                f"inference group belongs to disaggregated layouts (as in RLinf): remove "
-                f"inference, or give actor and rollout devices of their own"
-            )
         self._regroup_rollout()
 
     @property

@@ -258,6 +258,8 @@ def test_other_layouts_name_their_mode_from_every_components_devices(node8):
     assert cp.placement_mode is PlacementMode.HYBRID
 
 
-def test_inference_beside_a_collocated_actor_and_rollout_is_refused_as_in_rlinf(node8):
-    with pytest.raises(PlacementError, match="separate inference group belongs to disaggregated"):
-        mp({"actor,rollout": "0-3", "inference": "4-7"}, node8)
+def test_inference_beside_a_collocated_actor_and_rollout_is_planned(node8):
+    # RLinf asserts inference away in a collocated layout; rltrain plans what it is given.
+    cp = mp({"actor,rollout": "0-3", "inference": "4-7"}, node8)
+    assert cp.placement_mode is PlacementMode.COLLOCATED
+    assert cp.get_world_size("inference") == 4
