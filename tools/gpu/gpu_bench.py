@@ -2,7 +2,7 @@
 
 Run on a CUDA machine with torch (and the carried wheels, for DeepSpeed)::
 
-    python tools/gpu_bench.py --out bench.json [--sections mover,ds,ipc,zero3]
+    python tools/gpu/gpu_bench.py --out bench.json [--sections mover,ds,ipc,zero3]
 
 The model is a ~0.5B-parameter Qwen2 built from a config with random weights (hidden 896,
 24 layers, 14 heads, 2 KV heads, vocab 151936: Qwen2.5-0.5B's shape). Every figure is the
