@@ -1,0 +1,162 @@
+"""tools/gpu/collect.py: step breakdowns, memory per stage, the plan comparison and the targets,
+on hand-made run outputs with hand-computed expectations."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools" / "gpu"))
+import collect  # noqa: E402  (tools/gpu is not a package)
+
+RECORDS = [  # step 0 is the warm-up: slow, left out of the medians
+    {"time/generate_s": 10.0, "time/train_s": 5.0, "time/sync_s": 1.0, "time/step_s": 16.0,
+     "perf/samples_per_s": 8.0, "perf/tokens_per_s": 100.0, "response/length_mean": 4.0},
+    {"time/generate_s": 2.0, "time/train_s": 1.0, "time/sync_s": 0.1, "time/step_s": 3.1,
+     "perf/samples_per_s": 128 / 3.1, "perf/tokens_per_s": 1000.0, "response/length_mean": 4.0},
+    {"time/generate_s": 4.0, "time/train_s": 3.0, "time/sync_s": 0.3, "time/step_s": 7.3,
+     "perf/samples_per_s": 128 / 7.3, "perf/tokens_per_s": 500.0, "response/length_mean": 6.0},
+    {"time/generate_s": 3.0, "time/train_s": 2.0, "time/sync_s": 0.2, "time/step_s": 5.2,
+     "perf/samples_per_s": 128 / 5.2, "perf/tokens_per_s": 800.0, "response/length_mean": 8.0},
+]  # fmt: skip
+
+
+def test_stage_medians_leave_out_the_warmup_steps():
+    m = collect.stage_medians(RECORDS, warmup=1)
+    assert m["steps_measured"] == 3
+    assert m["stages_s"] == pytest.approx({"generate": 3.0, "train": 2.0, "sync": 0.2})
+    assert m["step_s"] == pytest.approx(5.2)
+    assert m["tokens_per_s"] == pytest.approx(800.0)
+    assert m["samples_per_step"] == 128
+    assert m["response_length_mean"] == pytest.approx(6.0)
+    # generate tokens/s per step: 4*128/2 = 256, 6*128/4 = 192, 8*128/3 = 341.3 -> median 256
+    assert m["generate_tokens_per_s"] == pytest.approx(256.0)
+    assert m["switch_s"] == pytest.approx(0.2)  # only sync moves state here
+    assert m["switch_share"] == pytest.approx(0.2 / 5.2)
+
+
+def test_switching_stages_are_the_ones_that_move_state():
+    assert [s for s in ("offload", "reload", "sync", "sleep", "wake_kv_cache", "generate",
+                        "train", "reward") if collect.is_switch(s)] == [
+        "offload", "reload", "sync", "sleep", "wake_kv_cache"]  # fmt: skip
+
+
+def test_memory_by_stage_is_the_peak_inside_each_stages_spans_above_the_base():
+    spans = [("generate", 10, 12), ("train", 12.5, 15), ("generate", 20, 22)]
+    samples = [(9, 100), (10.5, 500), (11, 700), (13, 900), (14, 800), (21, 750), (30, 100)]
+    assert collect.memory_by_stage(spans, samples, base=100) == {"generate": 650, "train": 800}
+
+
+def test_device_spans_skip_lanes_that_are_not_devices():
+    trace = {
+        "traceEvents": [
+            {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "device node0/dev0"}},
+            {"ph": "M", "name": "process_name", "pid": 5, "args": {"name": "driver"}},
+            {"ph": "X", "name": "train", "pid": 1, "ts": 2_000_000, "dur": 500_000},
+            {"ph": "X", "name": "generate", "pid": 5, "ts": 1_000_000, "dur": 100},
+        ]
+    }
+    assert collect.device_spans(trace) == [("train", 2.0, 2.5)]
+
+
+def test_plan_memory_reads_the_devices_profile():
+    plan = {
+        "devices": [{"node": 0, "device": 0, "memory_profile": 1}],
+        "memory_profiles": [
+            {"peak_bytes": 1, "stages": []},
+            {"peak_bytes": 900, "capacity_bytes": 1000,
+             "stages": [{"stage": "generate", "peak_bytes": 700},
+                        {"stage": "train", "peak_bytes": 900}]},
+        ],
+    }  # fmt: skip
+    assert collect.plan_memory(plan) == {
+        "peak_bytes": 900,
+        "capacity_bytes": 1000,
+        "stages": {"generate": 700, "train": 900},
+    }
+
+
+@pytest.mark.parametrize(
+    ("rc", "status"),
+    [("0\n", "ok"), ("124\n", "timeout"), ("1\n", "failed (rc 1)"), (None, "not run")],
+)
+def test_step_status(tmp_path, rc, status):
+    if rc is not None:
+        (tmp_path / "rc").write_text(rc)
+    assert collect.step_status(tmp_path) == status
+
+
+def test_targets_from_collected_results():
+    res = {
+        "plain": {"summary": {"tokens_per_s": 1000.0, "step_s": 5.0}},
+        "vllm_engine": {
+            "tokens_per_s": 1000.0,
+            "sleep_wake_summary": {
+                "level1_tags": {"weights_GBps_sleep": 40.0, "weights_GBps_wake": 25.0}
+            },
+        },
+        "runs": {
+            "a_fused": {"tokens_per_s": 950.0, "step_s": 5.5, "memory": {}},
+            "b_turns_ipc": {"stages_s": {"sync": 0.05}, "switch_share": 0.2,
+                            "memory": {"plan_over_measured_peak": 1.04}},
+            "c_vllm": {"generate_tokens_per_s": 900.0, "stages_s": {}, "switch_share": None,
+                       "memory": {"plan_over_measured_peak": 0.9}},
+        },
+    }  # fmt: skip
+    t = collect.targets(res)
+    assert t["vllm_rollout_vs_engine_tokens_per_s"]["value"] == pytest.approx(0.9)
+    assert t["vllm_rollout_vs_engine_tokens_per_s"]["met"] is True
+    assert t["vllm_sleep_and_wake_GBps"] == {
+        "value": 25.0, "goal": ">= 30 (slower of the two)", "met": False}  # fmt: skip
+    assert t["ipc_sync_s_b_turns_ipc"]["met"] is True
+    assert t["ipc_sync_s_c_vllm"]["met"] is None  # no sync stage recorded: not judged
+    assert t["switch_share_b_turns_ipc"]["met"] is False
+    assert t["switch_share_d_deepspeed"]["met"] is None  # run d did not run
+    assert t["fused_step_vs_plain_per_token"]["value"] == pytest.approx(1000 / 950)
+    assert t["fused_step_vs_plain_per_token"]["met"] is True
+    assert t["fused_step_vs_plain_raw"]["value"] == pytest.approx(1.1)
+    assert t["plan_peak_within_5pct_b_turns_ipc"]["met"] is True
+    assert t["plan_peak_within_5pct_c_vllm"]["met"] is False
+    assert t["plan_peak_within_5pct_a_fused"]["met"] is None
+
+
+def test_collect_reads_a_run_directory(tmp_path):
+    """One run as run.sh leaves it: rc, metrics, trace, memory samples and plan."""
+    run = tmp_path / "b_turns_ipc"
+    (run / "run").mkdir(parents=True)
+    (run / "plan").mkdir()
+    (run / "rc").write_text("0\n")
+    (run / "cmd.txt").write_text("python -m rltrain model=qwen2_0_5b\n")
+    (run / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    (run / "run" / "summary.json").write_text(json.dumps({"status": "completed", "steps": 4}))
+    trace = {
+        "traceEvents": [
+            {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "device node0/dev0"}},
+            {"ph": "X", "name": "generate", "pid": 1, "ts": 100_000_000, "dur": 2_000_000},
+            {"ph": "X", "name": "train", "pid": 1, "ts": 102_000_000, "dur": 1_000_000},
+        ]
+    }
+    (run / "run" / "trace.json").write_text(json.dumps(trace))
+    (run / "mem.tsv").write_text("99.0\t1000\n101.0\t5000\n102.5\t9000\n110.0\t1000\n")
+    plan = {
+        "devices": [{"memory_profile": 0}],
+        "memory_profiles": [
+            {"peak_bytes": 8200, "stages": [{"stage": "train", "peak_bytes": 8200}]}
+        ],
+    }
+    (run / "plan" / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "rc").write_text("124\n")
+    res = collect.collect(tmp_path, warmup=1)
+    assert res["steps"] == {"b_turns_ipc": "ok", "plain": "timeout"}
+    rec = res["runs"]["b_turns_ipc"]
+    assert rec["status"] == "ok" and rec["steps_recorded"] == 4
+    assert rec["memory"]["base_bytes"] == 1000
+    assert rec["memory"]["peak_bytes"] == 8000
+    assert rec["memory"]["by_stage_bytes"] == {"generate": 4000, "train": 8000}
+    assert rec["memory"]["plan_over_measured_peak"] == pytest.approx(8200 / 8000)
+    assert res["targets"]["plan_peak_within_5pct_b_turns_ipc"]["met"] is True
+    assert res["plain"] is None

@@ -1,0 +1,291 @@
+"""Gather what tools/gpu/run.sh left in its results directory into one JSON, with the targets.
+
+    python3 tools/gpu/collect.py RESULTS_DIR --out results.json
+
+RESULTS_DIR holds one directory per step of run.sh (``env``, ``plain``, ``vllm_engine``, and
+one per rltrain run: ``a_fused``, ``b_turns_ipc``, ``c_vllm``, ``d_deepspeed``), each with its
+``rc`` (exit status; 124 = timed out) and ``log.txt``. A run's directory also holds ``run/``
+(the rltrain run directory: ``metrics.jsonl``, ``summary.json``, ``trace.json``), ``plan/plan.json``
+(``mode=plan`` of the same overrides) and ``mem.tsv`` (tools/gpu/memwatch.py).
+
+For every run: the median seconds of each stage over the steps after the warm-up ones, tokens/s,
+the share of the step spent switching the GPU between training and generation (offload,
+reload, sleep, wake, weight sync), and the GPU memory the driver saw during each stage's spans
+against the plan's prediction for that stage. Then the issue's targets, each with its value,
+goal and whether it was met (``null`` when a needed step did not run). Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: The rltrain runs of run.sh, in order, with what each exercises.
+RUNS = {
+    "a_fused": "fused torch workers (placement.fuse=true)",
+    "b_turns_ipc": "separate actor and torch rollout taking turns, weights over ipc",
+    "c_vllm": "vLLM rollout, sleep/wake after every stage, weights over ipc",
+    "d_deepspeed": "DeepSpeed ZeRO-2 actor offloaded after every stage",
+}
+#: Stage names that move state rather than compute (rltrain's timeline kinds, plus vLLM's).
+SWITCH_WORDS = ("offload", "reload", "sleep", "wake", "sync")
+
+
+def step_status(step_dir: Path) -> str:
+    """``ok``, ``timeout``, ``failed (rc N)``, or ``not run`` from a step's ``rc`` file."""
+    rc_file = step_dir / "rc"
+    if not rc_file.is_file():
+        return "not run"
+    rc = rc_file.read_text().strip()
+    if rc == "0":
+        return "ok"
+    return "timeout" if rc in ("124", "137") else f"failed (rc {rc})"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def is_switch(stage: str) -> bool:
+    """Whether a stage moves state between training and generation (not compute)."""
+    return any(w in stage for w in SWITCH_WORDS)
+
+
+def stage_medians(records: Sequence[Mapping[str, Any]], warmup: int) -> dict[str, Any]:
+    """Median step breakdown over ``records[warmup:]`` (all records if that leaves none).
+
+    Returns:
+        ``stages_s`` (stage -> median seconds, from the ``time/<stage>_s`` keys), ``step_s``,
+        ``tokens_per_s``, ``samples_per_step``, ``generate_tokens_per_s`` (response tokens per
+        second of the generate stage), ``switch_s`` and ``switch_share`` (the switching stages'
+        medians over the median step), ``steps_measured``.
+    """
+    kept = list(records[warmup:]) or list(records)
+    stages = sorted(
+        {k[5:-2] for r in kept for k in r if k.startswith("time/") and k.endswith("_s")}
+    )
+    stages_s = {s: _median(r.get(f"time/{s}_s") for r in kept) for s in stages if s != "step"}
+    step_s = _median(r.get("time/step_s") for r in kept)
+    samples = _median(
+        r["perf/samples_per_s"] * r["time/step_s"]
+        for r in kept
+        if r.get("perf/samples_per_s") and r.get("time/step_s")
+    )
+    gen_tps = _median(
+        r["response/length_mean"] * samples / r["time/generate_s"]
+        for r in kept
+        if samples and r.get("response/length_mean") and r.get("time/generate_s")
+    )
+    switch_s = sum(v for s, v in stages_s.items() if is_switch(s) and v is not None)
+    return {
+        "steps_measured": len(kept),
+        "stages_s": stages_s,
+        "step_s": step_s,
+        "tokens_per_s": _median(r.get("perf/tokens_per_s") for r in kept),
+        "samples_per_step": round(samples) if samples else None,
+        "response_length_mean": _median(r.get("response/length_mean") for r in kept),
+        "generate_tokens_per_s": gen_tps,
+        "switch_s": switch_s,
+        "switch_share": switch_s / step_s if step_s else None,
+    }
+
+
+def read_samples(path: Path) -> list[tuple[float, int]]:
+    """``(unix seconds, used bytes)`` pairs of a memwatch file, in time order."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        parts = line.split("\t")
+        if len(parts) == 2:
+            out.append((float(parts[0]), int(parts[1])))
+    return sorted(out)
+
+
+def device_spans(trace: Mapping[str, Any]) -> list[tuple[str, float, float]]:
+    """``(stage, start s, end s)`` of every span on a device lane of a Chrome trace."""
+    lanes = {
+        e["pid"]: e["args"]["name"]
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    return [
+        (e["name"], e["ts"] / 1e6, (e["ts"] + e.get("dur", 0)) / 1e6)
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X" and str(lanes.get(e.get("pid"), "")).startswith("device")
+    ]
+
+
+def memory_by_stage(
+    spans: Sequence[tuple[str, float, float]], samples: Sequence[tuple[float, int]], base: int
+) -> dict[str, int]:
+    """The most memory in use (above ``base``) seen during each stage's spans.
+
+    Args:
+        spans: ``(stage, start s, end s)``.
+        samples: ``(s, used bytes)`` in time order.
+        base: bytes in use before the run (other processes, the idle driver).
+
+    Returns:
+        stage -> peak bytes above ``base``; stages without a sample inside a span are left out.
+    """
+    out: dict[str, int] = {}
+    for stage, lo, hi in spans:
+        inside = [used for t, used in samples if lo <= t <= hi]
+        if inside:
+            out[stage] = max(out.get(stage, 0), max(inside) - base)
+    return out
+
+
+def plan_memory(plan: Mapping[str, Any], device: int = 0) -> dict[str, Any]:
+    """The plan's predicted bytes for one device: ``peak_bytes`` and ``stages`` (stage -> peak)."""
+    profiles = plan.get("memory_profiles") or []
+    devices = plan.get("devices") or []
+    if not devices or not profiles:
+        return {}
+    profile = profiles[devices[device].get("memory_profile", 0)]
+    return {
+        "peak_bytes": profile.get("peak_bytes"),
+        "capacity_bytes": profile.get("capacity_bytes"),
+        "stages": {s["stage"]: s.get("peak_bytes") for s in profile.get("stages", [])},
+    }
+
+
+def _stage_alias(stage: str) -> str:
+    return {"weight_sync": "sync"}.get(stage, stage)
+
+
+def run_record(step_dir: Path, warmup: int) -> dict[str, Any]:
+    """Everything about one rltrain run of run.sh."""
+    rec: dict[str, Any] = {"status": step_status(step_dir)}
+    cmd = step_dir / "cmd.txt"
+    if cmd.is_file():
+        rec["command"] = cmd.read_text().strip()
+    run_dir = step_dir / "run"
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    rec["steps_recorded"] = len(records)
+    if records:
+        rec.update(stage_medians(records, warmup))
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        s = json.loads(summary.read_text())
+        rec["summary"] = {
+            k: s.get(k)
+            for k in ("status", "steps", "fused", "fuse_blockers", "wall_s", "tokens_per_s")
+            if k in s
+        }
+        rec["ledger_peak_bytes"] = s.get("peak_memory_bytes_per_device")
+    plan_file = step_dir / "plan" / "plan.json"
+    predicted = plan_memory(json.loads(plan_file.read_text())) if plan_file.is_file() else {}
+    rec["plan"] = predicted
+    samples = read_samples(step_dir / "mem.tsv")
+    trace_file = run_dir / "trace.json"
+    if samples:
+        base = samples[0][1]  # read before the run started any process on the GPU
+        peak = max(u for _, u in samples) - base
+        rec["memory"] = {"base_bytes": base, "peak_bytes": peak}
+        if trace_file.is_file():
+            spans = device_spans(json.loads(trace_file.read_text()))
+            rec["memory"]["by_stage_bytes"] = memory_by_stage(spans, samples, base)
+        if predicted.get("peak_bytes"):
+            rec["memory"]["plan_over_measured_peak"] = (
+                predicted["peak_bytes"] / peak if peak else None
+            )
+    return rec
+
+
+def _target(value: float | None, goal: str, ok: bool | None) -> dict[str, Any]:
+    return {"value": value, "goal": goal, "met": ok if value is not None else None}
+
+
+def targets(res: Mapping[str, Any]) -> dict[str, Any]:
+    """The issue's targets from the collected results (None where a step is missing)."""
+    runs, plain, engine = res.get("runs", {}), res.get("plain") or {}, res.get("vllm_engine") or {}
+    out: dict[str, Any] = {}
+    c = runs.get("c_vllm", {})
+    e_tps = engine.get("tokens_per_s")
+    c_tps = c.get("generate_tokens_per_s")
+    ratio = c_tps / e_tps if c_tps and e_tps else None
+    out["vllm_rollout_vs_engine_tokens_per_s"] = _target(ratio, ">= 0.9", ratio and ratio >= 0.9)
+    sw = (engine.get("sleep_wake_summary") or {}).get("level1_tags") or {}
+    gbps = min(sw.get("weights_GBps_sleep") or 0, sw.get("weights_GBps_wake") or 0) or None
+    out["vllm_sleep_and_wake_GBps"] = _target(
+        gbps, ">= 30 (slower of the two)", gbps and gbps >= 30
+    )
+    for name in ("b_turns_ipc", "c_vllm"):
+        sync = (runs.get(name, {}).get("stages_s") or {}).get("sync")
+        out[f"ipc_sync_s_{name}"] = _target(sync, "< 0.1", sync is not None and sync < 0.1)
+    for name in ("b_turns_ipc", "c_vllm", "d_deepspeed"):
+        share = runs.get(name, {}).get("switch_share")
+        out[f"switch_share_{name}"] = _target(share, "<= 0.15", share is not None and share <= 0.15)
+    a = runs.get("a_fused", {})
+    p = plain.get("summary") or {}
+    by_tokens = p["tokens_per_s"] / a["tokens_per_s"] if a.get("tokens_per_s") and p else None
+    out["fused_step_vs_plain_per_token"] = _target(
+        by_tokens, "<= 1.1", by_tokens and by_tokens <= 1.1
+    )
+    raw = a["step_s"] / p["step_s"] if a.get("step_s") and p.get("step_s") else None
+    out["fused_step_vs_plain_raw"] = _target(
+        raw, "<= 1.1 (responses end at EOS: see per_token)", None
+    )
+    for name, rec in runs.items():
+        ratio = (rec.get("memory") or {}).get("plan_over_measured_peak")
+        ok = ratio is not None and abs(ratio - 1) <= 0.05
+        out[f"plan_peak_within_5pct_{name}"] = _target(ratio, "0.95..1.05", ok)
+    return out
+
+
+def collect(results: Path, warmup: int = 2) -> dict[str, Any]:
+    """Read every step's output under ``results``."""
+    res: dict[str, Any] = {"steps": {}}
+    for d in sorted(p for p in results.iterdir() if p.is_dir()):
+        res["steps"][d.name] = step_status(d)
+    env = results / "env"
+    for name in ("machine.json", "deps.json"):
+        if (env / name).is_file():
+            res[name.split(".")[0]] = json.loads((env / name).read_text())
+    for name in ("plain", "vllm_engine"):
+        f = results / name / f"{name}.json"
+        res[name] = json.loads(f.read_text()) if f.is_file() else None
+        if res[name]:
+            res[name].pop("steps", None)  # per-step rows stay in the step's own JSON
+    res["runs"] = {
+        name: {"what": what, **run_record(results / name, warmup)}
+        for name, what in RUNS.items()
+        if (results / name).is_dir()
+    }
+    res["targets"] = targets(res)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of medians")
+    args = ap.parse_args(argv)
+    res = collect(args.results, args.warmup)
+    args.out.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    for step, status in res["steps"].items():
+        print(f"{step:14s} {status}")
+    for name, t in res["targets"].items():
+        v = t["value"]
+        shown = f"{v:.3f}" if isinstance(v, float) else str(v)
+        print(f"target {name}: {shown} (goal {t['goal']}) met={t['met']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
