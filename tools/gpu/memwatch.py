@@ -43,16 +43,21 @@ def smi_reader(device: int) -> Callable[[], int]:
     return read
 
 
+def reader(device: int) -> Callable[[], int]:
+    """NVML's reader, or ``nvidia-smi``'s where NVML cannot be loaded."""
+    try:
+        return nvml_reader(device)
+    except Exception:  # no pynvml, or NVML refused: the CLI still works
+        return smi_reader(device)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--interval-ms", type=float, default=50.0)
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args(argv)
-    try:
-        read = nvml_reader(args.device)
-    except Exception:  # no pynvml, or NVML refused: the CLI still works
-        read = smi_reader(args.device)
+    read = reader(args.device)
     stop = False
 
     def on_signal(signum, frame) -> None:

@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
 
-    from memwatch import nvml_reader
+    from memwatch import reader
     from vllm import LLM, SamplingParams
 
-    used = nvml_reader(0)
+    used = reader(0)
     result: dict = {"date": time.strftime("%Y-%m-%d"), "settings": vars(args) | {}}
     result["settings"]["model_yaml"] = str(args.model_yaml)
     out = Path(args.out)
@@ -122,9 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             temperature=1.0,
             top_p=1.0,
             max_tokens=args.max_new_tokens,
-            detokenize=False,  # ids outside the tokenizer's alphabet have no text
-            seed=args.seed,
-        )
+            detokenize=False,  # the rollout reads token ids; text is the reward's business
+        )  # no per-request seed: seeded requests take a slower sampling path (LLM(seed=) seeds)
         steps = []
         for s in range(args.steps):
             prompts = [{"prompt_token_ids": ids} for ids in prompts_of_step(s, args.batch)]
