@@ -246,6 +246,7 @@ def accumulate_step(
     micro_batch: int = 0,
     loss_agg: str = "token_mean",
     grad_clip: float = 0.0,
+    scheduler: Any = None,
 ) -> dict[str, float]:
     """One optimizer step on a minibatch, its gradient accumulated over micro-batches.
 
@@ -263,6 +264,8 @@ def accumulate_step(
         micro_batch: rows per forward/backward; ``<= 0``: the whole minibatch at once.
         loss_agg: how ``loss_fn`` aggregates (decides the weights).
         grad_clip: max global gradient norm; ``<= 0`` disables clipping.
+        scheduler: a learning-rate scheduler stepped after the optimizer step (the linear
+            warmup of ``optimizer.warmup_steps``), or None.
 
     Returns:
         The micro-batches' metrics combined with the same weights, plus ``grad_norm`` (the
@@ -282,6 +285,8 @@ def accumulate_step(
             sums[k] += w * v
     out = dict(sums)
     out["grad_norm"] = _clipped_step(module.parameters(), optimizer, grad_clip)
+    if scheduler is not None:
+        scheduler.step()
     return out
 
 
@@ -319,6 +324,7 @@ def ppo_update(
     critic_optimizer: torch.optim.Optimizer | None = None,
     generator: torch.Generator | None = None,
     micro_batch: int = 0,
+    scheduler: Any = None,
 ) -> dict[str, float]:
     """Train on one rollout batch: ``ppo_epochs`` passes of ``num_minibatches`` steps each.
 
@@ -332,6 +338,7 @@ def ppo_update(
         generator: shuffles the minibatches.
         micro_batch: rows per forward/backward (gradients accumulated, see
             :func:`accumulate_step`); ``<= 0``: each minibatch at once.
+        scheduler: stepped after every optimizer step of the policy (warmup), or None.
 
     Returns:
         Metrics averaged over the minibatch steps.
@@ -353,6 +360,7 @@ def ppo_update(
                 micro_batch=micro_batch,
                 loss_agg=s.loss_agg,
                 grad_clip=s.grad_clip,
+                scheduler=scheduler,
             )
             metrics["actor/grad_norm"] = metrics.pop("grad_norm")
             if critic is not None and critic_optimizer is not None:
@@ -373,6 +381,7 @@ def value_update(
     *,
     generator: torch.Generator | None = None,
     micro_batch: int = 0,
+    scheduler: Any = None,
 ) -> dict[str, float]:
     """Train the critic on one rollout batch: ``ppo_epochs`` x ``num_minibatches`` steps of the
     clipped value loss (:func:`critic_loss`), as :func:`ppo_update` does for the policy.
@@ -384,6 +393,7 @@ def value_update(
         s: the settings.
         generator: shuffles the minibatches.
         micro_batch: rows per forward/backward; ``<= 0``: each minibatch at once.
+        scheduler: stepped after every optimizer step (warmup), or None.
 
     Returns:
         Metrics averaged over the minibatch steps: ``critic/value_loss``, ``critic/grad_norm``.
@@ -409,6 +419,7 @@ def value_update(
                 micro_batch=micro_batch,
                 loss_agg="token_mean",
                 grad_clip=s.grad_clip,
+                scheduler=scheduler,
             )
             metrics["critic/grad_norm"] = metrics.pop("grad_norm")
             for k, v in metrics.items():

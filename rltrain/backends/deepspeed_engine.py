@@ -16,6 +16,13 @@ DeepSpeed's own limits are refused up front as :class:`~rltrain.errors.ConfigErr
 :func:`check_deepspeed_limits`, naming the config key and the fix. DeepSpeed is imported lazily
 (:func:`import_deepspeed`) so the rest of rltrain works without it.
 
+At ZeRO stage 0 (``actor.zero_stage=0``, the default) DeepSpeed keeps the plain optimizer
+(float32: torch's AdamW, or its own Adam) and has no ``offload_states``: there the kinds move
+through a :class:`~rltrain.backends.offload.StateMover` over the module and that optimizer, so
+the shipped collocated placement (whose actor offloads on demand) runs with DeepSpeed as typed.
+With bfloat16 at stage 0 DeepSpeed wraps the optimizer in its own mixed-precision one, whose
+fp32 master weights that mover cannot reach: that combination is refused when it offloads.
+
 On CPU (gloo, simulated devices) the engine runs ZeRO 1/2 with torch's AdamW; there
 ``offload_states`` is a host-to-host copy, useful to test the API and sequencing.
 """
@@ -82,6 +89,7 @@ class DeepSpeedSettings:
         grad_accum_steps: micro-batches per optimizer step.
         tensor_parallel_size / pipeline_parallel_size: ``actor.*``; this backend needs 1.
         policy: the actor's resolved offload policy.
+        warmup_steps: ``optimizer.warmup_steps`` (a linear warmup over the first steps).
     """
 
     zero_stage: int = 2
@@ -97,6 +105,7 @@ class DeepSpeedSettings:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     policy: OffloadPolicy = OffloadPolicy()
+    warmup_steps: int = 0
 
 
 def check_deepspeed_limits(s: DeepSpeedSettings, *, on_gpu: bool) -> None:
@@ -129,10 +138,13 @@ def check_deepspeed_limits(s: DeepSpeedSettings, *, on_gpu: bool) -> None:
             f"to 1 and raise actor.zero_stage instead"
         )
     moves = s.policy.enabled and bool(set(s.policy.states) & set(KIND_TO_DS))
-    if moves and s.zero_stage == 0:
+    if moves and s.zero_stage == 0 and s.dtype != "float32":
         problems.append(
-            "placement.offload.actor moves actor state, but DeepSpeed's offload_states needs a "
-            "ZeRO optimizer: set actor.zero_stage to 1, 2 or 3 (or drop the actor's offload policy)"
+            f"placement.offload.actor moves actor state, but with actor.zero_stage=0 and "
+            f"model.dtype={s.dtype!r} DeepSpeed keeps fp32 master weights in its own "
+            f"mixed-precision optimizer, which neither offload_states (ZeRO only) nor rltrain's "
+            f"mover can move: set actor.zero_stage to 1, 2 or 3, or model.dtype=float32 (or "
+            f"drop the actor's offload policy)"
         )
     if moves and s.zero_stage == 3 and s.optimizer != "deepspeed_adamw":
         problems.append(
@@ -284,11 +296,19 @@ class DeepSpeedActor:
                 weight_decay=settings.weight_decay,
             )
         model = model.to(_DTYPES[settings.dtype])
+        warmup = None
+        if settings.warmup_steps > 0:
+            from rltrain.backends.training import build_warmup
+
+            def warmup(optimizer: Any) -> Any:  # DeepSpeed steps it at every optimizer step
+                return build_warmup(optimizer, settings.warmup_steps)
+
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model,
             optimizer=client,
             model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=config,
+            lr_scheduler=warmup,
         )
         self._offloaded: frozenset[str] = frozenset()
         self._moved_bytes: dict[str, int] = {}
@@ -301,6 +321,18 @@ class DeepSpeedActor:
             inner = getattr(self.optimizer, "optimizer", None)
             if isinstance(inner, torch.optim.Optimizer):
                 self._optim_mover = StateMover(None, inner, device=self.engine.device)
+        # Stage 0 has no offload_states: the module and the plain optimizer move as torch state.
+        self._plain_mover: StateMover | None = None
+        if settings.zero_stage == 0:
+            opt = self.engine.optimizer
+            if isinstance(opt, torch.optim.Optimizer):
+                self._plain_mover = StateMover(self.engine.module, opt, device=self.engine.device)
+            elif settings.policy.enabled:
+                raise ConfigError(
+                    f"actor.zero_stage=0 with model.dtype={settings.dtype!r}: DeepSpeed wrapped "
+                    f"the optimizer ({type(opt).__name__}), so its state cannot be offloaded; "
+                    f"use model.dtype=float32 or actor.zero_stage 1-3"
+                )
 
     @property
     def module(self) -> torch.nn.Module:
@@ -380,6 +412,11 @@ class DeepSpeedActor:
         if not new:
             return self._offloaded
         before = self.resident_bytes()
+        if self._plain_mover is not None:
+            self._plain_mover.offload(new)
+            self._offloaded = self._offloaded | frozenset(new)
+            self._moved_bytes.update({k: before[k] for k in new})
+            return self._offloaded
         include = [OffloadStateTypeEnum(v) for k in new for v in KIND_TO_DS[k]]
         if self._optim_mover is not None:
             if "optimizer" in new:
@@ -400,6 +437,11 @@ class DeepSpeedActor:
     def reload_states(self) -> None:
         """Bring every offloaded kind back (DeepSpeed reloads all it offloaded)."""
         if not self._offloaded:
+            return
+        if self._plain_mover is not None:
+            self._plain_mover.reload()
+            self._offloaded = frozenset()
+            self._moved_bytes.clear()
             return
         opt = self.engine.optimizer
         kept = {a: getattr(opt, a) for a in _KEPT_PIN_BUFFERS if hasattr(opt, a)}
@@ -457,6 +499,8 @@ class DeepSpeedActor:
             optimizer += list(getattr(opt, attr, None) or [])
         if isinstance(inner, torch.optim.Optimizer):
             optimizer += [v for st in inner.state.values() for v in st.values()]
+        elif isinstance(opt, torch.optim.Optimizer):  # stage 0: the plain optimizer
+            optimizer += [v for st in opt.state.values() for v in st.values()]
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         out = dict.fromkeys(KIND_TO_DS, 0)
         seen: set[int] = set()

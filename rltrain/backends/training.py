@@ -16,6 +16,10 @@ residency calls; a :class:`TrainingEngine` owns the model, the optimizer and the
   :func:`~rltrain.algorithms.update.actor_loss`, with ``actor.micro_batch_size`` micro-batches
   accumulated by DeepSpeed.
 
+Both honour ``optimizer.warmup_steps`` (a linear learning-rate warmup over the first optimizer
+steps, :func:`build_warmup`) and ``actor.gradient_checkpointing`` (activations of each decoder
+layer recomputed in the backward pass, :func:`enable_gradient_checkpointing`).
+
 Both expose the state-mover surface (``offload`` / ``reload`` / ``resident_bytes`` /
 ``host_bytes`` / ``offloaded``) as ``engine.mover``, which the worker's residency methods drive.
 """
@@ -101,6 +105,64 @@ class TrainingEngine(Protocol):
         """Read this rank's optimizer state from ``directory`` (written by ``save_optimizer``)."""
 
 
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """The learning-rate multiplier of optimizer step ``step`` (0-based) under a linear warmup.
+
+    Args:
+        step: optimizer steps taken before this one.
+        warmup_steps: ``optimizer.warmup_steps``; ``<= 0`` means no warmup.
+
+    Returns:
+        ``(step + 1) / warmup_steps`` during the warmup, 1 after it.
+    """
+    if warmup_steps <= 0:
+        return 1.0
+    return min(1.0, (step + 1) / warmup_steps)
+
+
+def build_warmup(optimizer: Any, warmup_steps: int) -> Any:
+    """A ``LambdaLR`` applying :func:`warmup_factor` (stepped after every optimizer step), or
+    None without warmup. Building it sets the first step's learning rate at once."""
+    if warmup_steps <= 0:
+        return None
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_factor(step, warmup_steps)
+    )
+
+
+def optimizer_steps(optimizer: Any) -> int:
+    """Optimizer steps taken so far, read from the per-parameter ``step`` counters (AdamW's),
+    so a resumed warmup continues where the checkpoint left it."""
+    steps = [int(st["step"]) for st in getattr(optimizer, "state", {}).values() if "step" in st]
+    return max(steps, default=0)
+
+
+def resume_warmup(scheduler: Any, steps: int) -> None:
+    """Put a warmup scheduler at ``steps`` optimizer steps (after loading a checkpoint)."""
+    if scheduler is None:
+        return
+    scheduler.last_epoch = steps
+    for group, base, fn in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
+        group["lr"] = base * fn(steps)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward pass (``actor.
+    gradient_checkpointing``): only the layers' inputs are kept from the forward pass.
+
+    Non-reentrant checkpointing: gradients equal those without it, it needs no input that
+    requires grad, and it works under DDP and DeepSpeed ZeRO.
+    """
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers >= 5.20 (the old name warns)
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def build_adamw(
     model: torch.nn.Module, run: RunConfig, lr: float | None = None
 ) -> torch.optim.Optimizer:
@@ -137,7 +199,8 @@ def build_engine(
         ConfigError: for an unknown backend or settings DeepSpeed cannot run.
     """
     if run.actor.backend == "torch":
-        return TorchEngine(run, model.to(device), device, micro_batch)
+        ckpt = run.actor.gradient_checkpointing
+        return TorchEngine(run, model.to(device), device, micro_batch, checkpointing=ckpt)
     if run.actor.backend == "deepspeed":
         return DeepSpeedEngine(run, model, device, micro_batch, minibatch)
     raise ConfigError(
@@ -157,10 +220,14 @@ class TorchEngine:
             its micro-batches (all-reduced once, on the last), so the step equals the one-shot
             step on the whole minibatch. ``<= 0``: each minibatch at once.
         lr: overrides ``optimizer.lr``.
+        checkpointing: recompute activations in the backward pass (``actor.
+            gradient_checkpointing``).
     """
 
     sharded_optimizer = False
     walk_sees_offload = True
+    #: The metric the learning rate of an update's first optimizer step is logged under.
+    lr_metric = "actor/lr"
 
     def __init__(
         self,
@@ -169,13 +236,17 @@ class TorchEngine:
         device: torch.device,
         micro_batch: int = 0,
         lr: float | None = None,
+        checkpointing: bool = False,
     ) -> None:
         self.settings = UpdateSettings.from_config(run)
         self.cluster = run.cluster
         self.device = device
         self.model = model
         self.micro_batch = micro_batch
+        if checkpointing:
+            enable_gradient_checkpointing(model)
         self.optimizer = build_adamw(model, run, lr)
+        self.scheduler = build_warmup(self.optimizer, run.optimizer.warmup_steps)
         self.mover = StateMover(model, self.optimizer, device=device)
         self.ddp: torch.nn.Module | None = None
 
@@ -192,14 +263,18 @@ class TorchEngine:
     update_fn = staticmethod(ppo_update)
 
     def update(self, batch: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
-        return self.update_fn(
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        metrics = self.update_fn(
             self.ddp or self.model,
             self.optimizer,
             batch,
             self.settings,
             generator=generator,
             micro_batch=self.micro_batch,
+            scheduler=self.scheduler,
         )
+        metrics[self.lr_metric] = lr
+        return metrics
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         return list(self.model.named_parameters())
@@ -211,6 +286,7 @@ class TorchEngine:
     def load_optimizer(self, directory: str, rank: int, world_size: int) -> None:
         state = torch.load(os.path.join(directory, "optimizer.pt"), map_location=self.device)
         self.optimizer.load_state_dict(state)
+        resume_warmup(self.scheduler, optimizer_steps(self.optimizer))
 
 
 class TorchValueEngine(TorchEngine):
@@ -231,6 +307,7 @@ class TorchValueEngine(TorchEngine):
         super().__init__(run, model, device, micro_batch, lr=run.critic.lr)
 
     update_fn = staticmethod(value_update)
+    lr_metric = "critic/lr"
 
 
 # ------------------------------------------------------------------------------- deepspeed
@@ -260,6 +337,7 @@ def deepspeed_settings(run: RunConfig, micro_batch: int = 1, minibatch: int = 1)
         tensor_parallel_size=a.tensor_parallel_size,
         pipeline_parallel_size=a.pipeline_parallel_size,
         policy=resolve_offload(run.placement.offload.get("actor"), "placement.offload.actor"),
+        warmup_steps=o.warmup_steps,
     )
 
 
@@ -324,6 +402,8 @@ class DeepSpeedEngine:
         self.ds_settings = deepspeed_settings(run, micro_batch, minibatch)
         check_deepspeed_limits(self.ds_settings, on_gpu=device.type == "cuda")
         apply_extensions_dir(run)
+        if run.actor.gradient_checkpointing:
+            enable_gradient_checkpointing(model)  # DeepSpeed runs the module's own forward
         self.device = device
         self._model: torch.nn.Module | None = model
         self._actor: Any = None
@@ -388,12 +468,15 @@ class DeepSpeedEngine:
             batch = batch.replace(old_logprobs=old)
         sums: dict[str, float] = defaultdict(float)
         steps = 0
+        lr = float(actor.engine.get_lr()[0])
         for _ in range(s.ppo_epochs):
             for idx in minibatch_indices(batch.size, s.num_minibatches, generator):
                 for k, v in self._step(batch.select(idx)).items():
                     sums[k] += v
                 steps += 1
-        return {k: v / steps for k, v in sums.items()}
+        out = {k: v / steps for k, v in sums.items()}
+        out["actor/lr"] = lr
+        return out
 
     def _step(self, mb: RolloutBatch) -> dict[str, float]:
         """One optimizer step over the minibatch, split into the configured micro-batches."""
@@ -451,12 +534,14 @@ class DeepSpeedEngine:
         opt = self.actor.engine.optimizer
         if isinstance(opt, torch.optim.Optimizer):  # ZeRO-0 with torch's AdamW as is
             opt.load_state_dict(state)
-            return
-        # DeepSpeed's optimizers read the shard at their data-parallel rank from a list, and the
-        # fp32 master partition from the checkpoint too (no bf16 rounding).
-        slots: list[Any] = [None] * max(world_size, rank + 1)
-        slots[rank] = state
-        opt.load_state_dict(slots, load_optimizer_states=True, load_from_fp32_weights=True)
+        else:
+            # DeepSpeed's optimizers read the shard at their data-parallel rank from a list, and
+            # the fp32 master partition from the checkpoint too (no bf16 rounding).
+            slots: list[Any] = [None] * max(world_size, rank + 1)
+            slots[rank] = state
+            opt.load_state_dict(slots, load_optimizer_states=True, load_from_fp32_weights=True)
+        inner = getattr(opt, "optimizer", opt)
+        resume_warmup(self.actor.engine.lr_scheduler, optimizer_steps(inner))
 
     def _check_resident(self, what: str) -> None:
         if self.actor.offloaded:

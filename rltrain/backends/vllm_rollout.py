@@ -13,12 +13,17 @@ It is built with ``enable_sleep_mode`` and follows the hybrid-engine dance:
 4. :meth:`VllmRollout.generate`, then :meth:`VllmRollout.sleep` at the level the offload policy
    implies (:func:`sleep_level_for`).
 
+The rollout worker drives it through :class:`rltrain.backends.generation.VllmGeneration`.
 vLLM is imported lazily; without it (or without a GPU) construction fails with a
 :class:`~rltrain.errors.ConfigError` / :class:`~rltrain.errors.ResourceError` that says what
-to do. The code follows vLLM's documented Python API (``LLM``, ``SamplingParams``,
+to do. The code follows the Python API of vLLM 0.26 (``LLM``, ``SamplingParams``,
 ``LLM.sleep``, ``LLM.wake_up(tags=...)``, ``LLM.reset_prefix_cache``, ``LLM.collective_rpc``
-with a ``worker_extension_cls``); it has not yet run on a GPU in this project (see
-``docs/gpu.md``).
+with a ``worker_extension_cls``, ``logprobs_mode``); it has not yet run on a GPU in this project
+(see ``docs/gpu.md``).
+
+Behaviour log-probs come from vLLM's sampler: the engine is built with
+``logprobs_mode="processed_logprobs"``, so a sampled token's log-prob is taken after temperature
+and top-p, i.e. under the distribution it was drawn from (what the torch engine records).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rltrain.config.offload import OffloadPolicy
+from rltrain.config.offload import OffloadPolicy, resolve_offload
 from rltrain.errors import ConfigError, ResourceError
 
 #: Qualified name vLLM imports inside each of its workers to add our weight-loading methods.
@@ -103,6 +108,8 @@ class VllmSettings:
         enable_prefix_caching: share KV blocks across prompts of a group.
         max_model_len: the longest prompt + completion, or None for the model's.
         load_format: ``auto``, or ``dummy`` for random weights (synced from the actor later).
+        eos_token_id: stops a completion (the tokenizer is not loaded by vLLM: prompts arrive
+            as token ids, so stopping is by id).
     """
 
     model_path: str
@@ -114,6 +121,23 @@ class VllmSettings:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     load_format: str = "auto"
+    eos_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion as vLLM returned it.
+
+    Attributes:
+        token_ids: the generated tokens (the stopping EOS included when vLLM stopped on it).
+        logprobs: the sampled tokens' log-probs (processed: temperature and top-p applied),
+            or None when not asked for.
+        stopped: True when the completion ended on a stop token, False at ``max_tokens``.
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    stopped: bool
 
 
 class VllmRollout:
@@ -136,7 +160,11 @@ class VllmRollout:
         self._vllm = vllm
         self.llm = vllm.LLM(
             model=settings.model_path,
+            skip_tokenizer_init=True,  # prompts arrive as ids; rltrain decodes with its tokenizer
             tensor_parallel_size=settings.tensor_parallel_size,
+            # One engine per rollout process, which spans its TP devices: vLLM's own processes,
+            # not a Ray cluster of its own inside ours.
+            distributed_executor_backend="mp" if settings.tensor_parallel_size > 1 else None,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             dtype=settings.dtype,
             seed=settings.seed,
@@ -144,9 +172,11 @@ class VllmRollout:
             enable_prefix_caching=settings.enable_prefix_caching,
             max_model_len=settings.max_model_len,
             load_format=settings.load_format,
+            logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
         )
         self.asleep = False
+        self.weights_asleep = False
 
     # ------------------------------------------------------------------------------ sleep/wake
     def sleep(self) -> None:
@@ -154,15 +184,18 @@ class VllmRollout:
         if self.settings.sleep_level == 0 or self.asleep:
             return
         self.llm.sleep(level=self.settings.sleep_level)
-        self.asleep = True
+        self.asleep = self.weights_asleep = True
 
     def wake_weights(self) -> None:
         """Bring back the weights only (before writing new ones)."""
-        if self.asleep:
+        if self.weights_asleep:
             self.llm.wake_up(tags=["weights"])
+            self.weights_asleep = False
 
     def wake_kv_cache(self) -> None:
-        """Bring back the KV cache (after the new weights are in)."""
+        """Bring back the KV cache (after the new weights are in); wakes the weights first if
+        they still sleep, so the engine is whole."""
+        self.wake_weights()
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -171,6 +204,8 @@ class VllmRollout:
     def load_weights_ipc(self, payloads: Mapping[int, Any], rank_map: Mapping[int, int]) -> int:
         """Write new weights from CUDA IPC payloads, each TP worker reading its own GPU's.
 
+        Wakes the weights first (not the KV cache: see the module docstring).
+
         Args:
             payloads: actor rank -> :class:`~rltrain.backends.weight_sync.ipc.IpcPayload`.
             rank_map: this engine's worker rank -> actor rank (``collocated_rank_map``).
@@ -178,6 +213,7 @@ class VllmRollout:
         Returns:
             Tensors loaded, summed over the engine's workers.
         """
+        self.wake_weights()
         counts = self.llm.collective_rpc("rltrain_load_ipc", args=(dict(payloads), dict(rank_map)))
         self.llm.reset_prefix_cache()
         return int(sum(counts))
@@ -188,9 +224,32 @@ class VllmRollout:
         Returns:
             Tensors loaded, summed over the engine's workers.
         """
+        self.wake_weights()
         counts = self.llm.collective_rpc("rltrain_load_host", args=(packed,))
         self.llm.reset_prefix_cache()
         return int(sum(counts))
+
+    def join_sync(
+        self, backend: str, host: str, port: int, world_size: int, first_rank: int, timeout_s: float
+    ) -> None:
+        """Make every TP worker of the engine a member of a broadcast sync group.
+
+        Worker ``k`` takes group rank ``first_rank + k`` (the actor's source rank is 0).
+        """
+        self.llm.collective_rpc(
+            "rltrain_join_sync", args=(backend, host, port, world_size, first_rank, timeout_s)
+        )
+
+    def receive_versions(self, current: int, target: int) -> int:
+        """Take every broadcast version after ``current`` up to ``target`` into the weights.
+
+        Returns:
+            The version held afterwards.
+        """
+        self.wake_weights()
+        versions = self.llm.collective_rpc("rltrain_receive", args=(current, target))
+        self.llm.reset_prefix_cache()
+        return int(min(versions))
 
     # ------------------------------------------------------------------------------ generate
     def generate(
@@ -201,23 +260,116 @@ class VllmRollout:
         temperature: float,
         top_p: float,
         max_new_tokens: int,
-    ) -> list[list[list[int]]]:
-        """Sample ``n`` completions per prompt.
+        seed: int | None = None,
+        logprobs: bool = False,
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions per prompt (the KV cache is woken first).
 
         Args:
             prompt_token_ids: the prompts, as token ids.
             n: completions per prompt (``rollout.n_samples_per_prompt``).
-            temperature / top_p / max_new_tokens: sampling settings from ``rollout``.
+            temperature / top_p / max_new_tokens: sampling settings from ``rollout``;
+                ``temperature=0`` is greedy.
+            seed: the request's sampling seed (reproducible sampling per step and rank).
+            logprobs: also return each sampled token's log-prob.
 
         Returns:
-            For each prompt, ``n`` completions as token ids.
+            For each prompt, ``n`` completions.
         """
+        self.wake_kv_cache()
+        stop = [self.settings.eos_token_id] if self.settings.eos_token_id is not None else None
         params = self._vllm.SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_new_tokens,
+            seed=seed,
+            logprobs=0 if logprobs else None,  # 0: the sampled token's only
+            stop_token_ids=stop,
+            detokenize=False,
         )
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [[list(c.token_ids) for c in out.outputs] for out in outputs]
+        return [[_completion(c, logprobs) for c in out.outputs] for out in outputs]
+
+
+def _completion(c: Any, logprobs: bool) -> Completion:
+    ids = tuple(int(t) for t in c.token_ids)
+    lps = None
+    if logprobs:
+        # One {token id: Logprob} per generated token, holding at least the sampled token.
+        lps = tuple(float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True))
+    return Completion(ids, lps, getattr(c, "finish_reason", None) == "stop")
+
+
+def vllm_settings(run: Any, model_path: str, eos_token_id: int, rank: int = 0) -> VllmSettings:
+    """The engine settings of one rollout process of a run.
+
+    ``rollout.max_model_len`` (null: ``task.max_prompt_length + rollout.max_new_tokens``) is
+    passed to the engine; weights are dummy (the actor's arrive by weight sync before the first
+    generation); the rollout's offload policy decides whether the engine sleeps (level 1:
+    weights backed up in host memory, KV cache dropped; level 2 would drop the weights too, and
+    an evaluation or an eviction between two weight versions would then find none).
+
+    Args:
+        run: the run config.
+        model_path: a directory with the model's ``config.json``.
+        eos_token_id: the tokenizer's EOS id.
+        rank: the rollout rank (seeds the engine).
+    """
+    r = run.rollout
+    policy = resolve_offload(run.placement.offload.get("rollout"), "placement.offload.rollout")
+    return VllmSettings(
+        model_path=model_path,
+        tensor_parallel_size=r.tensor_parallel_size,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        dtype=run.model.dtype,
+        seed=run.seed * 1_000_003 + rank,
+        sleep_level=sleep_level_for(policy, weights_resynced_on_wake=False),
+        max_model_len=r.max_model_len or run.task.max_prompt_length + r.max_new_tokens,
+        load_format="dummy",
+        eos_token_id=eos_token_id,
+    )
+
+
+def check_vllm_memory(run: Any, plan: Any, weights_bytes: int) -> None:
+    """Check ``rollout.gpu_memory_utilization`` against the plan on every rollout device.
+
+    Args:
+        run: the run config.
+        plan: the resolved plan (device capacities; what other components keep resident on a
+            rollout device while it generates).
+        weights_bytes: the rollout model's weight bytes (all shards).
+
+    Raises:
+        ConfigError: a reservation that cannot hold the weights shard, or does not fit beside
+            the state other components keep there (see ``check_rollout_memory``).
+    """
+    from rltrain.backends.constraints import check_rollout_memory
+
+    if run.rollout.backend != "vllm":
+        return
+    tp = max(1, run.rollout.tensor_parallel_size)
+    devices = sorted(
+        {(p.node_rank, d) for p in plan.by_component.get("rollout", ()) for d in p.devices}
+    )
+    for dev in devices:
+        memory = plan.memory.get(dev)
+        if memory is None:
+            continue
+        stage = next((s for s in memory.stages if s.stage == "generate"), None)
+        others = 0
+        if stage is not None:
+            others = sum(
+                t.bytes for t in stage.terms if t.component != "rollout" and t.status == "pinned"
+            )
+        check_rollout_memory(
+            run.rollout.gpu_memory_utilization,
+            memory.capacity_bytes,
+            -(-weights_bytes // tp),
+            others,
+            device=f"node {dev[0]} device {dev[1]}",
+        )
 
 
 class WeightSyncExtension:
@@ -239,6 +391,25 @@ class WeightSyncExtension:
             return len(model.load_weights(weights=list(unpack_bucket(bucket, flat).items())))
 
         return receive_ipc(payload, loader=loader)
+
+    def rltrain_join_sync(
+        self, backend: str, host: str, port: int, world: int, first: int, timeout_s: float
+    ) -> None:
+        from rltrain.backends.weight_sync.collective import SyncGroup
+
+        rank = first + int(self.rank)  # type: ignore[attr-defined]
+        self._rltrain_sync = SyncGroup(backend, host, port, world, rank, timeout_s)
+
+    def rltrain_receive(self, current: int, target: int) -> int:
+        from rltrain.backends.weight_sync.buckets import unpack_bucket
+        from rltrain.backends.weight_sync.transport import receive_versions
+
+        model = self.model_runner.model  # type: ignore[attr-defined]
+
+        def loader(bucket: Any, flat: Any) -> int:
+            return len(model.load_weights(weights=list(unpack_bucket(bucket, flat).items())))
+
+        return receive_versions(self._rltrain_sync, loader, current, target)
 
     def rltrain_load_host(self, packed: Any) -> int:
         from rltrain.backends.weight_sync.buckets import unpack_bucket

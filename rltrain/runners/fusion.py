@@ -58,6 +58,10 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
             f"over the whole batch, and a fused rank sees only its own prompt groups "
             f"(group estimators {list(GROUP_ESTIMATORS)} fuse)"
         )
+    if run.reward.kind != "rule":
+        out.append(
+            f"reward.kind={run.reward.kind!r}: a fused rank scores with the task's rule only"
+        )
     for key, value in (
         ("actor.backend", run.actor.backend),
         ("rollout.backend", run.rollout.backend),

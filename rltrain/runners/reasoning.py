@@ -6,6 +6,7 @@ One step, as the algorithm reads:
     rollout  : generate n responses per prompt      (with the latest weights)
     reward   : score them                           (rule function)
     reference: log-probs for the KL                 (only when algorithm.kl_coef > 0)
+    inference: the batch's log-probs, current policy (only when an inference component is placed)
     critic   : values, then its own update          (PPO: algorithm.advantage_estimator=gae)
     actor    : advantages, clipped-surrogate update (data-parallel)
     actor    : export the new weights               (the rollout loads them next step)
@@ -13,7 +14,10 @@ One step, as the algorithm reads:
 
 Components that share a device take turns through the residency coordinator (``job.stage``).
 Bulk data (rollout batches, weights) moves between workers as Ray object references: the driver
-only passes references and receives small things (rewards for logging, metrics).
+only passes references and receives small things (rewards for logging, metrics). Weights reach
+the rollout (and the inference component) by the transport the plan chose
+(:func:`~rltrain.backends.weight_sync.choice.choose_transport`: object store, CUDA IPC, or a
+bucketed broadcast), written into ``summary.json``.
 
 Fused (``placement.fuse``, :mod:`rltrain.runners.fusion`), one process per device runs actor,
 rollout and rule reward: a step is one call per rank that generates, scores and trains on that
@@ -27,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rltrain.backends.weight_sync.choice import TransportChoice, choose_transport
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.runners.checkpoint import CheckpointManager, read_state
@@ -40,11 +45,15 @@ from rltrain.telemetry.metrics import MetricsLogger, plot_curves
 from rltrain.workers.actor import ActorWorker
 from rltrain.workers.critic import CriticWorker, derive_critic_sizes
 from rltrain.workers.hybrid import HybridWorker
+from rltrain.workers.inference import InferenceWorker
 from rltrain.workers.reference import ReferenceWorker, gather_round_robin
-from rltrain.workers.reward import RewardWorker
+from rltrain.workers.reward import RewardModelWorker, RewardWorker
 from rltrain.workers.rollout import RolloutWorker
 
 REQUIRED = ("actor", "rollout", "reward")
+
+#: Components that take the actor's weight versions.
+RECEIVERS = ("rollout", "inference")
 
 
 @dataclass
@@ -98,6 +107,38 @@ def check_components(run: RunConfig, components: set[str]) -> None:
     check_training_backend(run)  # actor.backend=deepspeed: DeepSpeed's limits, before Ray
 
 
+def check_engines(run: RunConfig, plan: Any) -> None:
+    """Refuse, before Ray starts, engine settings this plan cannot serve.
+
+    - a reward model placed on more than one process (one process scores the step);
+    - ``rollout.gpu_memory_utilization`` against the plan's devices (vLLM);
+    - an explicit ``weight_sync.transport`` the layout cannot serve, when the plan's devices
+      are what the run will get (on a local GPU machine with ``cluster.simulate_devices=true``
+      the devices are found when Ray starts, and the choice is checked then).
+
+    Raises:
+        ConfigError: naming the key, the value and the fix.
+    """
+    if run.reward.kind == "model" and plan.world_size("reward") > 1:
+        raise ConfigError(
+            f"reward.kind='model' is placed on {plan.world_size('reward')} processes, but one "
+            f"process scores a step: place the reward on one device or node "
+            f"(placement.component_placement.reward=0)"
+        )
+    if run.rollout.backend == "vllm":
+        from rltrain.backends.vllm_rollout import check_vllm_memory
+        from rltrain.placement import memory as mem
+
+        dims = mem.model_dims(run.model)
+        check_vllm_memory(run, plan, mem.weight_bytes(mem.param_count(dims), dims.dtype))
+    from rltrain.config.engine_checks import local_gpus_visible
+
+    simulated = any(n.accelerator_type == "sim" for n in plan.cluster.nodes)
+    if not (simulated and run.cluster.address is None and local_gpus_visible()):
+        for recv in RECEIVERS:
+            choose_transport(run, plan, recv)
+
+
 def check_staleness(run: RunConfig, plan: Any) -> None:
     """Refuse asynchronous rollout where rollout and actor share a device, before Ray starts.
 
@@ -130,10 +171,13 @@ def worker_builders(run: RunConfig, sizes: BatchSizes, fused: bool = False) -> d
     """
     if fused:
         return {"actor": lambda plan: HybridWorker.create_group(run, sizes)}
+    reward = RewardModelWorker if run.reward.kind == "model" else RewardWorker
     builders = {
         "actor": lambda plan: ActorWorker.create_group(run, sizes),
         "rollout": lambda plan: RolloutWorker.create_group(run),
-        "reward": lambda plan: RewardWorker.create_group(run),
+        "reward": lambda plan: reward.create_group(run),
+        # placed (disaggregated layouts): recomputes the step's log-probs on its own devices
+        "inference": lambda plan: InferenceWorker.create_group(run),
     }
     if run.algorithm.kl_coef > 0:
         builders["reference"] = lambda plan: ReferenceWorker.create_group(run)
@@ -160,8 +204,10 @@ class ReasoningRunner:
             self.run.trainer.checkpoint_dir or f"{job.run_dir}/checkpoints"
         )
         self.version = 0  # weights the rollout holds; bumped by every update
-        self.weights_ref: Any = None
         self.fused = "rollout" not in self.g  # placement.fuse: the actor ranks do every stage
+        # What each receiver is handed for the newest version (see _handed).
+        self.weights: dict[str, Any] = {}
+        self.transports = {} if self.fused else self._setup_weight_sync()
         self._queued: tuple[int, Any] | None = None  # fused: (step, call) submitted ahead
         self._stop = False
         k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
@@ -206,8 +252,119 @@ class ReasoningRunner:
             metrics.close()
             if self.pipeline is not None:
                 self.pipeline.reset(done_steps)  # an early stop drops generations ahead
+        self._finish_weight_sync()
         plot_curves(metrics.records, f"{self.job.run_dir}/reward_curve.png")
         return self._summary(metrics.records, done_steps - start, time.monotonic() - t0, status)
+
+    # ------------------------------------------------------------------------- weight sync
+    @property
+    def weights_ref(self) -> Any:
+        """What the rollout is handed for the newest weights (host buckets' object ref, IPC
+        payloads by actor rank, or a collective version marker)."""
+        return self.weights.get("rollout")
+
+    def _setup_weight_sync(self) -> dict[str, TransportChoice]:
+        """Choose each receiver's transport from the job's plan, tell both ends, and build the
+        broadcast groups of the collective transport."""
+        choices = {
+            r: choose_transport(self.run, self.job.plan, r) for r in RECEIVERS if r in self.g
+        }
+        self.g["actor"].call(ActorWorker.setup_weight_sync, choices).wait()
+        for recv, choice in choices.items():
+            members = self.g[recv].call(RolloutWorker.setup_weight_sync, choice).wait()
+            if choice.name == "collective":
+                self._join_broadcast_groups(recv, choice, members)
+        return choices
+
+    def _join_broadcast_groups(
+        self, recv: str, choice: TransportChoice, members: list[int]
+    ) -> None:
+        """One group per source actor rank: the source (rank 0) and the receivers it feeds
+        (a vLLM receiver brings one member per tensor-parallel worker)."""
+        timeout = self.run.cluster.collective_timeout_s
+        actor, receivers = self.g["actor"], self.g[recv]
+        self.job.cluster.link(actor.name, receivers.name)  # a failure tears down both ends
+        pending = []
+        for src in choice.sources:
+            ranks = choice.receivers_of(src)
+            world = 1 + sum(members[r] for r in ranks)
+            host, port = actor.execute_on(src).call(ActorWorker.open_weight_sync).wait()[0]
+            pending.append(
+                actor.execute_on(src).call(
+                    ActorWorker.join_weight_sync, recv, host, port, world, timeout
+                )
+            )
+            first = 1
+            for r in ranks:
+                pending.append(
+                    receivers.execute_on(r).call(
+                        RolloutWorker.join_weight_sync,
+                        choice.backend or "gloo",
+                        host,
+                        port,
+                        world,
+                        first,
+                        timeout,
+                    )
+                )
+                first += members[r]
+        for f in pending:
+            f.wait(timeout + 30)
+
+    def _submit_exports(self, version: int) -> dict[str, Any]:
+        """Queue the export of ``version`` for every receiver on its source actor ranks (behind
+        whatever those ranks run now); :meth:`_handed` turns the answers into what the
+        receivers are handed. Receivers on the object store share one export."""
+        out: dict[str, Any] = {}
+        host_future = None
+        for recv, choice in self.transports.items():
+            if choice.name == "host" and host_future is not None:
+                out[recv] = host_future
+                continue
+            fut = (
+                self.g["actor"]
+                .execute_on(*choice.sources)
+                .call(ActorWorker.export_weights, version, recv)
+            )
+            if choice.name == "host":
+                host_future = fut
+            out[recv] = fut
+        return out
+
+    def _handed(self, version: int, futures: dict[str, Any]) -> None:
+        """Wait for the exports and record what each receiver is handed for ``version``."""
+        from rltrain.backends.weight_sync.transport import CollectiveVersion
+
+        for recv, fut in futures.items():
+            choice = self.transports[recv]
+            results = fut.wait()
+            if choice.name == "host":
+                self.weights[recv] = fut.refs[0]  # resolved by Ray as a call argument
+            elif choice.name == "ipc":
+                self.weights[recv] = dict(zip(choice.sources, results, strict=True))
+            else:
+                self.weights[recv] = CollectiveVersion(version)
+
+    def _catch_up(self, recv: str) -> None:
+        """Collective transport: every receiver rank takes the versions broadcast so far (a
+        broadcast needs all of its group, so a call on some ranks only must come after)."""
+        from rltrain.backends.weight_sync.transport import CollectiveVersion
+
+        weights = self.weights.get(recv)
+        if isinstance(weights, CollectiveVersion):
+            with self.job.stage(recv):
+                self.g[recv].call(RolloutWorker.catch_up, weights).wait()
+
+    def _finish_weight_sync(self) -> None:
+        """Leave no version in flight: receivers take the last broadcast, IPC buckets go."""
+        timeout = self.run.cluster.collective_timeout_s
+        for recv, choice in self.transports.items():
+            sources = self.g["actor"].execute_on(*choice.sources)
+            if choice.name == "collective":
+                self._catch_up(recv)
+                sources.call(ActorWorker.flush_weight_sync, timeout).wait()
+            elif choice.name == "ipc":
+                sources.call(ActorWorker.release_weights, recv).wait()
 
     def train_step(self, step: int, queue_next: bool = False) -> dict[str, Any]:
         """One policy update; returns the step's metrics.
@@ -295,10 +452,8 @@ class ReasoningRunner:
 
     def _submit_generation(self, step: int, expect_version: int) -> Any:
         """Start the step's generation on every rollout rank with the newest exported weights."""
-        args = [
-            (prompts, step, self.weights_ref, expect_version)
-            for prompts in self._rank_prompts(step)
-        ]
+        weights = self.weights.get("rollout")
+        args = [(prompts, step, weights, expect_version) for prompts in self._rank_prompts(step)]
         # Off-policy, the actor's ratio is taken against the sampler; a KL in the reward needs
         # the sampler's log-probs too (recorded while sampling: no extra forward pass).
         alg = self.run.algorithm
@@ -314,12 +469,31 @@ class ReasoningRunner:
         per call (the scoring overlaps the actor's reload).
         """
         g = self.g
-        scored = g["reward"].execute_on(0).score(*shards)
+        if "reward" in self.job.resident_components:  # a reward model on devices: its turn
+            with timer("reward"), self.job.stage("reward"):
+                scored = g["reward"].execute_on(0).score(*shards)
+                scored.wait()
+        else:
+            scored = g["reward"].execute_on(0).score(*shards)
         ref_logprobs = None
         if "reference" in g:
             with timer("reference"), self.job.stage("reference"):
                 per_rank = g["reference"].call(ReferenceWorker.logprobs, shards).wait()
                 ref_logprobs = gather_round_robin(per_rank, len(shards))
+        old_logprobs = None
+        if "inference" in g:  # the actor's old_logprobs, computed on the inference devices
+            with timer("inference"), self.job.stage("inference"):
+                per_rank = (
+                    g["inference"]
+                    .call(
+                        InferenceWorker.logprobs,
+                        shards,
+                        weights=self.weights.get("inference"),
+                        expect_version=self.version,
+                    )
+                    .wait()
+                )
+                old_logprobs = gather_round_robin(per_rank, len(shards))
         critic_metrics: dict[str, Any] = {}
         if "critic" in g:  # PPO: the actor's GAE reads the values the critic attaches
             shards, critic_metrics = self._critic(step, shards, scored.refs[0], ref_logprobs, timer)
@@ -330,12 +504,13 @@ class ReasoningRunner:
                 rewards=scored.refs[0],
                 step=step,
                 ref_logprobs=ref_logprobs,
+                old_logprobs=old_logprobs,
             )
-            exported = g["actor"].execute_on(0).export_weights(step + 1)
+            exported = self._submit_exports(step + 1)
             results = trained.wait()
             with timer("sync"):
-                exported.wait()
-        self.weights_ref, self.version = exported.refs[0], step + 1
+                self._handed(step + 1, exported)
+        self.version = step + 1
         self._refresh_ledger("actor", results)
         with timer("reward"):
             scores = scored.wait()[0]  # answered before the update started
@@ -374,18 +549,18 @@ class ReasoningRunner:
         if self.fused:  # the rollout samples with the actor's own parameters
             self.version = version
             return
-        # Exported inside the actor's lease (it must be resident); the rollout loads the buckets
-        # from the object store at its next generate, when it holds its own lease.
+        # Exported inside the actor's lease (it must be resident); the receivers load the
+        # version at their next call, when they hold their own lease.
         with self.job.stage("actor"):
-            fut = self.g["actor"].execute_on(0).export_weights(version)
-            fut.wait()
-        self.weights_ref, self.version = fut.refs[0], version
+            self._handed(version, self._submit_exports(version))
+        self.version = version
 
     def evaluate(self) -> float:
         self._no_queued("evaluate")
         if self.fused:
             with self.job.stage("actor"):
                 return self.g["actor"].execute_on(0).evaluate().wait()[0]
+        self._catch_up("rollout")
         with self.job.stage("rollout"):
             return self.g["rollout"].execute_on(0).evaluate(self.weights_ref).wait()[0]
 
@@ -476,6 +651,18 @@ class ReasoningRunner:
         }
 
 
+def weight_sync_summary(runner: ReasoningRunner) -> dict[str, Any]:
+    """``summary.json``'s ``weight_sync``: each receiver's transport and why."""
+    if runner.fused:
+        return {
+            "rollout": {
+                "transport": "none",
+                "reason": "placement.fuse: the rollout samples with the actor's own parameters",
+            }
+        }
+    return {recv: choice.to_dict() for recv, choice in runner.transports.items()}
+
+
 def _mean(values: list[Any]) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
@@ -518,6 +705,7 @@ def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
     plan = build_plan(run, ClusterSpec.from_config(run.cluster))  # fails early, no Ray yet
     check_components(run, set(plan.components))
     check_staleness(run, plan)
+    check_engines(run, plan)
     sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
     if "critic" in plan.components:
         derive_critic_sizes(run, sizes.samples_per_step, plan.world_size("critic"))
@@ -525,9 +713,11 @@ def run_reasoning(run: RunConfig, run_dir: str) -> dict[str, Any]:
 
     builders = worker_builders(run, sizes, fused)
     with start_job(run, run_dir, builders, on_launch=data_parallel) as job:
-        summary = ReasoningRunner(job, sizes).fit()
+        runner = ReasoningRunner(job, sizes)
+        summary = runner.fit()
         job.verify_ledger()
         summary.update(job.write_timeline())
+    summary["weight_sync"] = weight_sync_summary(runner)
     summary["fused"] = fused
     if blockers:  # only placement.fuse=auto gets here with any: why it took turns instead
         summary["fuse_blockers"] = blockers

@@ -21,7 +21,8 @@ from rltrain.backends.training import (
     build_adamw,
     build_engine,
 )
-from rltrain.backends.weight_sync.host import HostBuckets, pack_to_host
+from rltrain.backends.weight_sync.host import pack_to_host
+from rltrain.backends.weight_sync.transport import WeightSender
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.runners.sizes import BatchSizes
@@ -68,6 +69,7 @@ class ActorWorker(Worker, ResidentState):
             micro_batch=sizes.micro_batch,
             minibatch=sizes.samples_per_minibatch,
         )
+        self._senders: dict[str, WeightSender] = {}
 
     # The engine owns model, optimizer and state; properties keep them out of the worker's own
     # attributes, so the ledger's independent walk reaches each tensor through the engine only.
@@ -97,6 +99,7 @@ class ActorWorker(Worker, ResidentState):
         rewards: list[Any],
         step: int,
         ref_logprobs: list[torch.Tensor] | None = None,
+        old_logprobs: list[torch.Tensor] | None = None,
     ) -> dict[str, float]:
         """One update on this rank's slice of the step's batch.
 
@@ -109,12 +112,14 @@ class ActorWorker(Worker, ResidentState):
                 object reference, so the driver need not wait for it).
             step: the policy-update index (seeds minibatch shuffling).
             ref_logprobs: ``[b, R]`` reference log-probs per shard (when the KL is on).
+            old_logprobs: ``[b, R]`` behaviour log-probs per shard from the inference
+                component (the actor then runs no forward pass of its own for them).
 
         Returns:
             Training metrics of this rank, plus ``state_bytes/<kind>`` for the ledger.
         """
         with trace.span("train", "actor", self.device_labels):
-            scored = with_scores(fetch(shards), rewards, ref_logprobs)
+            scored = with_scores(fetch(shards), rewards, ref_logprobs, old_logprobs)
             batch = add_advantages(
                 concat_batches(scored, self.tokenizer.pad_token_id), self.settings
             )
@@ -138,10 +143,55 @@ class ActorWorker(Worker, ResidentState):
         metrics.update({f"state_bytes/{k}": v for k, v in self.state_bytes().items()})
         return metrics
 
-    def export_weights(self, version: int) -> HostBuckets:
-        """Pack the current weights into host buckets for the rollout workers."""
+    # ------------------------------------------------------------------------- weight sync
+    def setup_weight_sync(self, choices: dict[str, Any]) -> None:
+        """Take the transports the plan chose, one per receiving component (``rollout``,
+        ``inference``): a ``TransportChoice`` each."""
+        self._senders = {recv: WeightSender(choice, self.rank) for recv, choice in choices.items()}
+
+    def open_weight_sync(self) -> tuple[str, int]:
+        """(collective source) The address and a free port for a sync group's store."""
+        import ray
+
+        from rltrain.scheduler.worker import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def join_weight_sync(
+        self, receiver: str, host: str, port: int, world: int, timeout_s: float
+    ) -> None:
+        """(collective source) Open ``receiver``'s sync group as its rank 0."""
+        self._senders[receiver].join(host, port, world, timeout_s)
+
+    def export_weights(self, version: int, receiver: str | None = None) -> Any:
+        """Start moving the current weights to ``receiver`` by its transport.
+
+        Args:
+            version: the weight version (the number of updates so far).
+            receiver: the receiving component; None (or one without a transport set up): pack
+                host buckets (the object-store path).
+
+        Returns:
+            What the driver hands the receivers: host buckets, this rank's IPC payload, or a
+            collective version marker; None on a rank the transport does not send from.
+        """
+        sender = self._senders.get(receiver) if receiver is not None else None
         with trace.span("sync", "actor", self.device_labels):
-            return pack_to_host(self.engine.named_weights(), version=version)
+            if sender is None:
+                return pack_to_host(self.engine.named_weights(), version=version)
+            if not sender.sends:
+                return None
+            return sender.export(self.engine.named_weights(), version)
+
+    def release_weights(self, receiver: str) -> None:
+        """(ipc) Free the device buckets published for ``receiver``."""
+        if receiver in self._senders:
+            self._senders[receiver].release()
+
+    def flush_weight_sync(self, timeout_s: float | None = None) -> None:
+        """(collective) Wait until every version queued for broadcast was taken."""
+        for sender in self._senders.values():
+            sender.flush(timeout_s)
 
     def memory_report(self) -> dict[str, Any]:
         """Ledger bytes vs the independent measure (see :class:`ResidentState`).

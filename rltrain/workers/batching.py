@@ -61,17 +61,22 @@ def with_scores(
     shards: Sequence[RolloutBatch],
     rewards: Sequence[Any],
     ref_logprobs: Sequence[torch.Tensor] | None = None,
+    old_logprobs: Sequence[torch.Tensor] | None = None,
 ) -> list[RolloutBatch]:
-    """The shards with their rewards (and reference log-probs) set, shard by shard.
+    """The shards with their rewards (and reference / behaviour log-probs) set, shard by shard.
 
     Args:
         shards: the step's rollout shards, shard order.
         rewards: one ``[b]`` reward tensor per shard, or the reward worker's ``Scores``.
         ref_logprobs: ``[b, R]`` reference log-probs per shard, or None.
+        old_logprobs: ``[b, R]`` behaviour log-probs per shard (the inference component's),
+            or None to keep what the shards carry.
     """
     out = [
         s.replace(rewards=getattr(r, "rewards", r)) for s, r in zip(shards, rewards, strict=True)
     ]
     if ref_logprobs is not None:
         out = [s.replace(ref_logprobs=r) for s, r in zip(out, ref_logprobs, strict=True)]
+    if old_logprobs is not None:
+        out = [s.replace(old_logprobs=r) for s, r in zip(out, old_logprobs, strict=True)]
     return out

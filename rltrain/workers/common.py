@@ -45,8 +45,9 @@ def seed_everything(seed: int) -> None:
 def sample_prompts(worker: Any, prompts: list[str], step: int, **kwargs: Any) -> Any:
     """Sample ``params.n`` responses per prompt as rollout rank ``worker.rank`` does at ``step``.
 
-    The random stream depends only on (run seed, step, rank), so a resumed run, and a fused
-    rank standing in for rollout rank ``rank``, sample exactly the same.
+    The random stream depends only on (run seed, step, rank)
+    (:func:`~rltrain.backends.generation.sampling_seed`), so a resumed run, and a fused rank
+    standing in for rollout rank ``rank``, sample exactly the same.
 
     Args:
         worker: a sampling worker: ``model``, ``tokenizer``, ``params`` (the
@@ -58,20 +59,11 @@ def sample_prompts(worker: Any, prompts: list[str], step: int, **kwargs: Any) ->
     Returns:
         The :class:`~rltrain.algorithms.batch.RolloutBatch`, on the worker's device.
     """
-    from rltrain.algorithms.sampling import encode_prompts, generate
+    from rltrain.backends.generation import sample_seeded, sampling_seed
 
-    device, tokenizer = worker.device, worker.tokenizer
-    seed = worker.run.seed * 1_000_003 + step * 1_009 + worker.rank
-    ids, mask = encode_prompts(tokenizer, prompts)
-    return generate(
-        worker.model,
-        ids.to(device),
-        mask.to(device),
-        worker.params,
-        tokenizer.eos_token_id,
-        tokenizer.pad_token_id,
-        torch.Generator(device=device).manual_seed(seed),
-        **kwargs,
+    seed = sampling_seed(worker.run, step, worker.rank)
+    return sample_seeded(
+        worker.model, worker.tokenizer, worker.params, worker.device, prompts, seed, **kwargs
     )
 
 
@@ -219,3 +211,64 @@ class fetched_dir(local_dir):
     def __exit__(self, *exc: object) -> None:
         if self.remote:
             self._tmp.cleanup()
+
+
+class WeightReceiver:
+    """Mix-in for workers that take the actor's weight versions (rollout, inference).
+
+    The worker keeps its model in ``self.engine`` (a generation engine or a
+    :class:`~rltrain.backends.generation.TorchReceiver`), holds ``self.version`` (``-1`` until
+    the first version arrives) and learns its transport from the runner
+    (:meth:`setup_weight_sync`); :meth:`_sync` then loads what the driver hands it.
+    """
+
+    engine: Any
+    version: int = -1
+    _feeders: tuple[int, ...] = (0,)
+
+    def setup_weight_sync(self, choice: Any) -> int:
+        """Learn the transport chosen for this component (a ``TransportChoice``).
+
+        Returns:
+            The processes this worker puts in a broadcast group (its engine's TP workers).
+        """
+        self._feeders = choice.feeder_ranks(self.rank) or (0,)
+        return int(self.engine.sync_members)
+
+    def join_weight_sync(
+        self, backend: str, host: str, port: int, world: int, first: int, timeout_s: float
+    ) -> None:
+        """(collective) Join the broadcast group of this worker's source actor rank."""
+        self.engine.join_sync(backend, host, port, world, first, timeout_s)
+
+    def catch_up(self, weights: Any) -> int:
+        """Take the weights handed over (all versions up to theirs, under ``collective``).
+
+        Returns:
+            The version held afterwards.
+        """
+        self._sync(weights, None)
+        return self.version
+
+    def _sync(self, weights: Any, expect: int | None) -> None:
+        from rltrain.backends.weight_sync.transport import (
+            CollectiveVersion,
+            payload_for,
+            weight_version,
+        )
+
+        if weights is not None:
+            target = weight_version(weights)
+            if isinstance(weights, CollectiveVersion):
+                if target > self.version:
+                    with trace.span("sync", self.group_name, self.device_labels):
+                        self.version = self.engine.receive(self.version, target)
+            elif target != self.version:
+                with trace.span("sync", self.group_name, self.device_labels):
+                    self.engine.load(payload_for(weights, self._feeders))
+                self.version = target
+        if expect is not None and self.version < expect:
+            raise WorkerError(
+                f"{self.group_name} rank {self.rank} holds weight version {self.version} but the "
+                f"step needs {expect}: the actor's weights were not sent"
+            )

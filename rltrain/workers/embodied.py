@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,7 +234,8 @@ class PPOSettings:
 
     gamma: float
     lam: float
-    clip: float
+    clip_low: float
+    clip_high: float
     value_clip: float
     value_coef: float
     entropy_coef: float
@@ -248,6 +250,7 @@ class PPOSettings:
             a.gamma,
             a.lam,
             a.clip_low,
+            a.clip_high,
             a.value_clip,
             a.value_coef,
             a.entropy_coef,
@@ -265,7 +268,9 @@ def ppo_loss(model: nn.Module, mb: Transitions, s: PPOSettings) -> tuple[Tensor,
     logp, ent, value = model(mb.obs, mb.actions)
     adv = (mb.advantages - mb.advantages.mean()) / (mb.advantages.std() + 1e-8)
     ones = torch.ones_like(logp)[:, None]
-    pol = policy_loss(logp[:, None], mb.logprobs[:, None], adv[:, None], ones, s.clip, s.clip)
+    pol = policy_loss(
+        logp[:, None], mb.logprobs[:, None], adv[:, None], ones, s.clip_low, s.clip_high
+    )
     v_loss = value_loss(value[:, None], mb.values[:, None], mb.returns[:, None], ones, s.value_clip)
     entropy = ent.mean()
     loss = pol.loss + s.value_coef * v_loss - s.entropy_coef * entropy
@@ -287,9 +292,13 @@ def ppo_epochs(
     generator: torch.Generator,
     rank: int = 0,
     world: int = 1,
+    before_step: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """``s.epochs`` passes of ``s.minibatches`` minibatches; this rank trains every
     ``world``-th row of each minibatch (the generator must be seeded alike on every rank).
+
+    Args:
+        before_step: called before every optimizer step (sets that step's learning rate).
 
     Returns:
         Mean of each loss part over the optimizer steps, and ``grad_norm``.
@@ -307,6 +316,8 @@ def ppo_epochs(
             loss.backward()
             params = [p for p in model.parameters() if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip or float("inf"))
+            if before_step is not None:
+                before_step()
             optimizer.step()
             parts["grad_norm"] = norm
             for key, v in parts.items():
@@ -455,9 +466,16 @@ class EmbodiedActorWorker(Worker, ResidentState):
         self.device = compute_device(self)
         self.model = build_policy(run, spec).to(self.device)
         o = run.optimizer
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps
+        # AdamW with the optimizer.* settings (weight_decay included; with weight_decay=0 it
+        # takes exactly Adam's steps).
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=o.lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
         )
+        self.optim_steps = 0  # optimizer steps taken: the warmup's clock
         self.mover = StateMover(self.model, self.optimizer, device=self.device)
         self.ddp: nn.Module | None = None
 
@@ -488,8 +506,13 @@ class EmbodiedActorWorker(Worker, ResidentState):
             rollouts = ray.get(list(rollout_refs))
             s = self.settings
             batch = build_transitions(self.model, rollouts, s.gamma, s.lam, self.device)
-            self._set_lr(iteration)
             gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + iteration)
+            first_lr = self.lr_at(iteration, self.optim_steps)
+
+            def before_step() -> None:
+                self._set_lr(self.lr_at(iteration, self.optim_steps))
+                self.optim_steps += 1
+
             metrics = ppo_epochs(
                 self.ddp or self.model,
                 self.optimizer,
@@ -498,16 +521,25 @@ class EmbodiedActorWorker(Worker, ResidentState):
                 gen,
                 self.rank,
                 self.world_size,
+                before_step,
             )
-            metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+            metrics["lr"] = first_lr
         metrics.update({f"state_bytes/{k}": v for k, v in self.state_bytes().items()})
         return metrics
 
-    def _set_lr(self, iteration: int) -> None:
-        """Linear decay to ``env.lr_final_fraction`` of ``optimizer.lr`` over the run."""
+    def lr_at(self, iteration: int, optim_step: int) -> float:
+        """The learning rate of an optimizer step: ``optimizer.lr`` decayed linearly to
+        ``env.lr_final_fraction`` of it over the run's iterations, times the linear warmup over
+        the first ``optimizer.warmup_steps`` optimizer steps."""
+        from rltrain.backends.training import warmup_factor
+
         frac = self.run.env.lr_final_fraction
         progress = min(iteration / max(self.run.trainer.total_steps, 1), 1.0)
-        lr = self.run.optimizer.lr * (1.0 - (1.0 - frac) * progress)
+        decay = 1.0 - (1.0 - frac) * progress
+        warm = warmup_factor(optim_step, self.run.optimizer.warmup_steps)
+        return self.run.optimizer.lr * decay * warm
+
+    def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
@@ -530,3 +562,6 @@ class EmbodiedActorWorker(Worker, ResidentState):
         self.model.load_state_dict(state)
         opt = torch.load(os.path.join(path, "optimizer.pt"), map_location=self.device)
         self.optimizer.load_state_dict(opt)
+        from rltrain.backends.training import optimizer_steps
+
+        self.optim_steps = optimizer_steps(self.optimizer)

@@ -6,13 +6,13 @@ from typing import Any
 
 import torch
 
-from rltrain.algorithms.logprobs import compute_logprobs
+from rltrain.algorithms.update import UpdateSettings, behaviour_logprobs
 from rltrain.backends.offload import StateMover
 from rltrain.config.schema import RunConfig
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_model
 from rltrain.telemetry import trace
-from rltrain.workers.common import ResidentState, compute_device
+from rltrain.workers.common import ResidentState, compute_device, fetch
 
 
 def shards_of_rank(num_shards: int, rank: int, world_size: int) -> list[int]:
@@ -39,24 +39,21 @@ class ReferenceWorker(Worker, ResidentState):
         self.model = build_model(run.model).to(self.device)
         self.model.requires_grad_(False)
         self.mover = StateMover(self.model, None, device=self.device)
+        self.settings = UpdateSettings.from_config(run)
 
     @torch.no_grad()
     def logprobs(self, shard_refs: list[Any]) -> list[torch.Tensor]:
-        """``[b, R]`` reference log-probs of this rank's shards (see :func:`shards_of_rank`)."""
-        import ray
-
+        """``[b, R]`` reference log-probs of this rank's shards (see :func:`shards_of_rank`),
+        ``reference.micro_batch_size`` rows per forward pass, at the sampling temperature."""
         mine = shards_of_rank(len(shard_refs), self.rank, self.world_size)
         out = []
         with trace.span("reference", "reference", self.device_labels):
-            for b in ray.get([shard_refs[i] for i in mine]):
-                b = b.to(self.device)
-                out.append(
-                    compute_logprobs(
-                        self.model,
-                        b.input_ids,
-                        b.attention_mask,
-                        b.response_mask,
-                        temperature=self.run.rollout.temperature,
-                    ).cpu()
+            for b in fetch([shard_refs[i] for i in mine]):
+                lp = behaviour_logprobs(
+                    self.model,
+                    b.to(self.device),
+                    self.settings,
+                    micro_batch=self.run.reference.micro_batch_size,
                 )
+                out.append(lp.cpu())
         return out

@@ -1,59 +1,86 @@
-"""The rollout: samples responses with the latest weights it was sent (torch backend)."""
+"""The rollout: samples responses with the latest weights it was sent.
+
+The generation engine (``rollout.backend``: the torch sampler, or one vLLM engine per process
+spanning its tensor-parallel devices) sits behind
+:class:`~rltrain.backends.generation.GenerationEngine`; this worker owns the calls (prompts,
+step, weight version), the weight loads and the residency calls.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import torch
 
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.algorithms.sampling import (
-    GenerationStopped,
-    SamplingParams,
-    greedy_accuracy,
-)
-from rltrain.backends.offload import StateMover
-from rltrain.backends.weight_sync.host import HostBuckets, load_from_host
+from rltrain.algorithms.sampling import GenerationStopped
+from rltrain.backends.generation import GenerationEngine, build_generation, sampling_seed
 from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
 from rltrain.scheduler import Worker
-from rltrain.tasks import build_model, build_task, build_tokenizer
+from rltrain.tasks import build_task
 from rltrain.telemetry import trace
-from rltrain.workers.common import ResidentState, compute_device, sample_prompts
+from rltrain.workers.common import (
+    LEDGER_TOLERANCE_BYTES,
+    ResidentState,
+    WeightReceiver,
+    compute_device,
+    reachable_device_bytes,
+)
 
 
-class RolloutWorker(Worker, ResidentState):
+class RolloutWorker(Worker, WeightReceiver, ResidentState):
     """One generation process; holds a copy of the policy and no optimizer.
 
     Args:
         run: the checked run config.
+
+    Raises:
+        ConfigError: ``rollout.backend=vllm`` without vLLM.
+        ResourceError: ``rollout.backend=vllm`` without the GPUs its TP size needs.
     """
 
     def __init__(self, run: RunConfig) -> None:
         self.run = run
         self.device = compute_device(self)
-        self.tokenizer = build_tokenizer(run.model)
-        self.model = build_model(run.model).to(self.device)
-        self.model.requires_grad_(False)
-        self.mover = StateMover(self.model, None, device=self.device)
-        self.params = SamplingParams.from_rollout(run.rollout)
-        self.version = 0
-        self._task = None
+        self.engine: GenerationEngine = build_generation(run, self.device, self.rank)
+        self.version = -1  # no weights received yet: the first export is the starting version
+        self._task: Any = None
 
-    def _sync(self, weights: HostBuckets | None, expect: int | None) -> None:
-        if weights is not None and weights.version != self.version:
-            with trace.span("sync", "rollout", self.device_labels):
-                load_from_host(weights, dict(self.model.named_parameters()))
-            self.version = weights.version
-        if expect is not None and self.version < expect:
-            raise WorkerError(
-                f"rollout rank {self.rank} holds weight version {self.version} but the step "
-                f"needs {expect}: the actor's weights were not sent"
-            )
+    # The engine owns the model and its memory; properties keep them out of the worker's own
+    # attributes, so the ledger's walk reaches each tensor once.
+    @property
+    def model(self) -> torch.nn.Module:
+        """The torch engine's model (the vLLM engine has none in this process)."""
+        return self.engine.model  # type: ignore[attr-defined]
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer  # type: ignore[attr-defined]
+
+    @property
+    def mover(self) -> Any:  # type: ignore[override]
+        """The engine's residency surface (a state mover, or vLLM's sleep/wake)."""
+        return self.engine.mover
+
+    def offload(self, kinds: list[str]) -> int:
+        """Move state kinds off the device (``kv_cache`` only where the engine holds one)."""
+        known = set(self.mover.resident_bytes())
+        with trace.span("offload", self.group_name, self.device_labels):
+            return self.mover.offload([k for k in kinds if k in known])
+
+    def reload(self, kinds: list[str]) -> int:
+        """Bring state kinds back (vLLM: the weights; its KV cache wakes at the next generate)."""
+        known = set(self.mover.resident_bytes())
+        with trace.span("reload", self.group_name, self.device_labels):
+            return self.mover.reload([k for k in kinds if k in known])
 
     def generate(
         self,
         prompts: list[str],
         step: int,
-        weights: HostBuckets | None = None,
+        weights: Any = None,
         expect_version: int | None = None,
         behaviour_logprobs: bool = False,
     ) -> RolloutBatch | None:
@@ -62,7 +89,8 @@ class RolloutWorker(Worker, ResidentState):
         Args:
             prompts: this rank's prompts.
             step: the policy-update index (seeds sampling, so a resumed run samples the same).
-            weights: new weights to load first (skipped when already at that version).
+            weights: the newest weights handed over (host buckets, IPC payloads by actor rank,
+                or a collective version marker); loaded first unless already held.
             expect_version: refuse to sample with an older weight version than this.
             behaviour_logprobs: also record the sampling policy's per-token log-probs as
                 ``old_logprobs`` (asynchronous training: the actor's clipped ratio must be
@@ -79,24 +107,52 @@ class RolloutWorker(Worker, ResidentState):
         self._sync(weights, expect_version)
         with trace.span("generate", "rollout", self.device_labels):
             try:
-                batch = sample_prompts(
-                    self, prompts, step, with_logprobs=behaviour_logprobs, should_stop=_cancelled
+                batch = self.engine.generate(
+                    prompts,
+                    sampling_seed(self.run, step, self.rank),
+                    behaviour_logprobs,
+                    _cancelled,
                 )
                 if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
                     _sleep_unless_cancelled(self.run.rollout.latency_ms / 1000)
             except GenerationStopped:
                 return None  # nobody reads a cancelled call's result
-            return batch.to("cpu")
+            return batch
 
-    def evaluate(self, weights: HostBuckets | None = None) -> float:
+    def evaluate(self, weights: Any = None) -> float:
         """Greedy accuracy on the task's evaluation prompts, with the given weights."""
         self._sync(weights, None)
         if self._task is None:
             self._task = build_task(self.run.task, self.tokenizer)
         with trace.span("evaluate", "rollout", self.device_labels):
-            return greedy_accuracy(
-                self.model, self.tokenizer, self._task, self.run.rollout.max_new_tokens
+            return self.engine.evaluate(self._task)
+
+    def memory_report(self) -> dict[str, Any]:
+        """Ledger bytes vs the independent measure (see :class:`ResidentState`).
+
+        vLLM's memory lives in its own allocator (and processes), where no walk of this
+        worker's tensors can see it: there the engine's bytes are its own ledger's, and the
+        walk checks what the worker holds outside the engine.
+
+        Raises:
+            WorkerError: the worker holds device bytes its ledger does not declare.
+        """
+        if self.engine.walk_sees_state:
+            return super().memory_report()
+        declared = sum(self.mover.resident_bytes().values())
+        others = {k: v for k, v in vars(self).items() if v is not self.engine}
+        outside = reachable_device_bytes(others, self.device)
+        if outside > LEDGER_TOLERANCE_BYTES:
+            raise WorkerError(
+                f"rollout rank {self.rank} holds {outside} bytes on its device outside its "
+                f"generation engine that its memory ledger does not declare"
             )
+        return {
+            "declared": declared,
+            "measured": declared + outside,
+            "offloaded": sorted(self.mover.offloaded),
+            "engine_bytes": "declared (vLLM's allocator)",
+        }
 
 
 def _cancelled() -> bool:

@@ -51,7 +51,11 @@ def test_limits_are_config_errors_naming_the_keys() -> None:
     text = str(err.value)
     assert "model.dtype='float16'" in text and "optimizer.name='sgd'" in text
     assert "actor.zero_stage=3 needs DeepSpeed's own fused Adam" in text
-    with pytest.raises(ConfigError, match="offload_states needs a ZeRO optimizer"):
+    # ZeRO-0 offloads the plain float32 optimizer; bfloat16 wraps it where nothing can move it
+    check_deepspeed_limits(
+        DeepSpeedSettings(zero_stage=0, dtype="float32", policy=ALL), on_gpu=False
+    )
+    with pytest.raises(ConfigError, match="actor.zero_stage=0 and model.dtype='bfloat16'"):
         check_deepspeed_limits(DeepSpeedSettings(zero_stage=0, policy=ALL), on_gpu=True)
     with pytest.raises(ConfigError, match="needs CUDA"):
         check_deepspeed_limits(
@@ -78,7 +82,7 @@ def test_ds_config() -> None:
 
 
 # ------------------------------------------------------------------------------- on DeepSpeed
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [0, 1, 2])
 def test_offload_round_trips_do_not_change_training(stage: int, deepspeed_world) -> None:
     plain = _actor(stage, OffloadPolicy())
     moved = _actor(stage)
@@ -162,3 +166,51 @@ def test_micro_batches_weigh_their_token_share_like_the_one_shot_step(deepspeed_
         norms.append(engine.update(batch, torch.Generator().manual_seed(0))["actor/grad_norm"])
     assert norms[0] > 0
     assert norms[1] == pytest.approx(norms[0], rel=1e-4)
+
+
+def test_stage_zero_moves_the_plain_optimizer_and_module(deepspeed_world) -> None:
+    actor = _actor(0)
+    actor.train_step([_batch(0)], _loss)
+    # 676 fp32 parameters = 2704 B in 4 tensors; AdamW's two moments and a 4-byte step
+    # counter per tensor (no flat partition at stage 0)
+    assert actor.resident_bytes() == {"weights": 2704, "grads": 0, "optimizer": 2 * 2704 + 16}
+    assert actor.offload(["weights", "optimizer"]) == 2704 + 2 * 2704 + 16
+    assert actor.resident_bytes() == {"weights": 0, "grads": 0, "optimizer": 0}
+    assert all(p.numel() == 0 for p in actor.module.parameters())  # the storage is gone
+    actor.reload(None)
+    assert actor.resident_bytes()["weights"] == 2704
+    assert actor.train_step([_batch(1)], _loss) > 0
+
+
+def test_deepspeed_engine_warmup_and_gradient_checkpointing(deepspeed_world) -> None:
+    from rltrain.algorithms.batch import RolloutBatch
+    from rltrain.algorithms.update import UpdateSettings, add_advantages
+    from rltrain.backends.training import DeepSpeedEngine
+    from rltrain.config.schema import ModelConfig, RunConfig
+    from rltrain.tasks import build_model
+
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.arange(4)[None, :] < torch.tensor([1, 2, 3, 4] * 2)[:, None]).float()
+    batch = RolloutBatch(
+        prompt_ids=torch.randint(3, 20, (8, 3), generator=g),
+        prompt_mask=torch.ones(8, 3, dtype=torch.long),
+        response_ids=torch.randint(3, 20, (8, 4), generator=g) * mask.long(),
+        response_mask=mask,
+        group_size=4,
+        rewards=torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]),
+    )
+    norms, lrs = {}, {}
+    for ckpt in (False, True):
+        run = RunConfig()
+        run.actor.backend, run.actor.zero_stage = "deepspeed", 1
+        run.actor.gradient_checkpointing = ckpt
+        run.optimizer.lr, run.optimizer.warmup_steps = 0.01, 2
+        run.model = ModelConfig(hidden_size=32, intermediate_size=64, init_seed=3)
+        b = add_advantages(batch, UpdateSettings.from_config(run))
+        engine = DeepSpeedEngine(run, build_model(run.model), torch.device("cpu"), 8, 8)
+        engine.setup(1)
+        out = [engine.update(b, torch.Generator().manual_seed(0)) for _ in range(3)]
+        norms[ckpt] = [o["actor/grad_norm"] for o in out]
+        lrs[ckpt] = [o["actor/lr"] for o in out]
+    assert lrs[False] == pytest.approx([0.005, 0.01, 0.01])  # one optimizer step per update
+    assert norms[True] == pytest.approx(norms[False], rel=1e-5)  # checkpointing: same gradients

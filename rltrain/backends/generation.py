@@ -1,0 +1,512 @@
+"""Generation engines: what samples the rollout's responses, behind one small protocol.
+
+The rollout worker owns the calls (which prompts, which step, which weight version) and the
+residency interface; a :class:`GenerationEngine` owns the model copy and its device memory:
+
+- :class:`TorchGeneration` (``rollout.backend=torch``): a Hugging Face model on the process's
+  device, sampled by :func:`~rltrain.algorithms.sampling.generate`; CPU and GPU.
+- :class:`VllmGeneration` (``rollout.backend=vllm``): one vLLM engine per rollout process,
+  tensor-parallel over the process's devices, sleeping between rollouts; GPU only, imported
+  lazily.
+
+Both load weights through the transport the plan chose (host buckets, CUDA IPC payloads, or a
+bucketed broadcast) and return :class:`~rltrain.algorithms.batch.RolloutBatch` rows in the same
+layout: ``n`` samples per prompt adjacent, prompts left-padded, responses right-padded after the
+EOS (which is part of the response), ``old_logprobs`` of the sampled distribution on request.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from rltrain.algorithms.batch import RolloutBatch
+from rltrain.backends.offload import StateMover
+from rltrain.backends.weight_sync.buckets import Bucket, load_bucket
+from rltrain.backends.weight_sync.collective import SyncGroup
+from rltrain.backends.weight_sync.host import HostBuckets, load_from_host
+from rltrain.backends.weight_sync.transport import CollectiveVersion, receive_versions
+from rltrain.config.schema import RunConfig
+from rltrain.errors import WorkerError
+
+
+def sampling_seed(run: RunConfig, step: int, rank: int) -> int:
+    """The seed of rollout rank ``rank``'s sampling at ``step``: a resumed run, and a fused
+    rank standing in for rollout rank ``rank``, sample exactly the same."""
+    return run.seed * 1_000_003 + step * 1_009 + rank
+
+
+def sample_seeded(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    params: Any,
+    device: torch.device,
+    prompts: Sequence[str],
+    seed: int,
+    **kwargs: Any,
+) -> RolloutBatch:
+    """Sample ``params.n`` responses per prompt with the torch sampler, from ``seed``.
+
+    Args:
+        model: the policy.
+        tokenizer: its tokenizer.
+        params: the :class:`~rltrain.algorithms.sampling.SamplingParams`.
+        device: where the model is.
+        prompts: the prompts.
+        seed: the random stream's seed (:func:`sampling_seed`).
+        kwargs: passed on to :func:`~rltrain.algorithms.sampling.generate`.
+
+    Returns:
+        The batch, on ``device``.
+    """
+    from rltrain.algorithms.sampling import encode_prompts, generate
+
+    ids, mask = encode_prompts(tokenizer, prompts)
+    return generate(
+        model,
+        ids.to(device),
+        mask.to(device),
+        params,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        torch.Generator(device=device).manual_seed(seed),
+        **kwargs,
+    )
+
+
+class GenerationEngine(Protocol):
+    """What the rollout worker uses of a generation engine.
+
+    Attributes:
+        device: the (first) device the engine computes on.
+        mover: the state surface the residency coordinator drives (``offload`` / ``reload`` /
+            ``resident_bytes`` / ``host_bytes`` / ``offloaded``); ``kv_cache`` is a kind the
+            engine may hold.
+        walk_sees_state: True when walking the worker's tensors finds the engine's state (the
+            torch engine); False when it lives where the walk cannot see (vLLM's allocator).
+        sync_members: processes this engine puts in a broadcast sync group.
+    """
+
+    device: torch.device
+    mover: Any
+    walk_sees_state: bool
+    sync_members: int
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        seed: int,
+        with_logprobs: bool,
+        should_stop: Callable[[], bool] | None,
+    ) -> RolloutBatch:
+        """``n`` samples per prompt, on CPU."""
+
+    def evaluate(self, task: Any) -> float:
+        """Greedy accuracy on the task's evaluation prompts."""
+
+    def load(self, weights: Any) -> int:
+        """Write handed-over weights (host buckets, or IPC payloads in device order)."""
+
+    def join_sync(
+        self, backend: str, host: str, port: int, world: int, first: int, timeout_s: float
+    ) -> None:
+        """Join a broadcast sync group as ranks ``first ..``."""
+
+    def receive(self, current: int, target: int) -> int:
+        """Take broadcast versions after ``current`` up to ``target``; returns the version."""
+
+
+def greedy_accuracy_of(engine: Any, tokenizer: Any, task: Any, batch_size: int = 256) -> float:
+    """Share of the task's evaluation prompts whose greedy response earns the full reward.
+
+    Args:
+        engine: anything with ``greedy_batch(prompts) -> RolloutBatch`` (the vLLM engine).
+        tokenizer: the policy's tokenizer.
+        task: the task (``eval`` examples and ``reward``).
+        batch_size: prompts per call.
+    """
+    from rltrain.algorithms.sampling import decode_responses
+
+    items = list(task.eval)
+    if not items:
+        return 0.0
+    correct = 0
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        batch = engine.greedy_batch([ex.prompt for ex in chunk])
+        texts = decode_responses(tokenizer, batch, tokenizer.eos_token_id)
+        correct += sum(task.reward(ex.prompt, t) >= 1.0 for ex, t in zip(chunk, texts, strict=True))
+    return correct / len(items)
+
+
+# ----------------------------------------------------------------------------------- torch
+class TorchReceiver:
+    """A frozen Hugging Face model copy on one device that takes weight versions from the actor
+    (the torch rollout's and the inference component's model).
+
+    Args:
+        run: the checked run config.
+        device: the compute device.
+    """
+
+    walk_sees_state = True
+    sync_members = 1
+
+    def __init__(self, run: RunConfig, device: torch.device) -> None:
+        from rltrain.tasks import build_model, build_tokenizer
+
+        self.run = run
+        self.device = device
+        self.tokenizer = build_tokenizer(run.model)
+        self.model = build_model(run.model).to(device)
+        self.model.requires_grad_(False)
+        self.mover = StateMover(self.model, None, device=device)
+        self._group: SyncGroup | None = None
+
+    def _loader(self) -> Callable[[Bucket, torch.Tensor], int]:
+        params = dict(self.model.named_parameters())
+
+        def loader(bucket: Bucket, flat: torch.Tensor) -> int:
+            return load_bucket(bucket, flat, params)
+
+        return loader
+
+    def load(self, weights: Any) -> int:
+        """Write host buckets, or the IPC payload of the actor rank on this device."""
+        if isinstance(weights, HostBuckets):
+            return load_from_host(weights, dict(self.model.named_parameters()))
+        from rltrain.backends.weight_sync.ipc import receive_ipc
+
+        (payload,) = weights  # one device: the actor rank on it
+        return receive_ipc(payload, dict(self.model.named_parameters()))
+
+    def join_sync(
+        self, backend: str, host: str, port: int, world: int, first: int, timeout_s: float
+    ) -> None:
+        """Join a broadcast sync group as rank ``first``."""
+        self._group = SyncGroup(backend, host, port, world, first, timeout_s)
+
+    def receive(self, current: int, target: int) -> int:
+        """Take broadcast versions after ``current`` up to ``target``; returns the version.
+
+        Raises:
+            WorkerError: the group was not joined.
+        """
+        if self._group is None:
+            raise WorkerError("weight sync: the collective group was not joined before receive")
+        return receive_versions(self._group, self._loader(), current, target)
+
+
+class TorchGeneration(TorchReceiver):
+    """A Hugging Face model sampled by rltrain's sampler (the CPU default).
+
+    Args:
+        run: the checked run config.
+        device: the compute device.
+    """
+
+    def __init__(self, run: RunConfig, device: torch.device) -> None:
+        from rltrain.algorithms.sampling import SamplingParams
+
+        super().__init__(run, device)
+        self.params = SamplingParams.from_rollout(run.rollout)
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        seed: int,
+        with_logprobs: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> RolloutBatch:
+        batch = sample_seeded(
+            self.model,
+            self.tokenizer,
+            self.params,
+            self.device,
+            prompts,
+            seed,
+            with_logprobs=with_logprobs,
+            should_stop=should_stop,
+        )
+        return batch.to("cpu")
+
+    def evaluate(self, task: Any) -> float:
+        from rltrain.algorithms.sampling import greedy_accuracy
+
+        return greedy_accuracy(self.model, self.tokenizer, task, self.run.rollout.max_new_tokens)
+
+
+# ------------------------------------------------------------------------------------ vLLM
+def model_dir_for_vllm(run: RunConfig, tokenizer: Any) -> str:
+    """A directory vLLM can build the policy's architecture from.
+
+    With ``model.path`` that checkpoint; for the built model (``model.path=null``) its config
+    is written to a fresh local directory (vLLM starts from dummy weights; the actor's arrive by
+    weight sync before the first generation).
+    """
+    if run.model.path:
+        return run.model.path
+    from rltrain.tasks.model import tiny_model_config
+
+    config = tiny_model_config(run.model, tokenizer)
+    config.architectures = [
+        {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[run.model.family]
+    ]
+    config.torch_dtype = run.model.dtype
+    path = tempfile.mkdtemp(prefix="rltrain-vllm-model-")
+    config.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def model_weight_bytes(model_path: str, dtype: str) -> int:
+    """Bytes of the model's weights in ``dtype``, counted on the meta device (no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rltrain.tasks.model import resolve_dtype
+
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    size = torch.empty(0, dtype=resolve_dtype(dtype)).element_size()
+    return sum(p.numel() for p in model.parameters()) * size
+
+
+def batch_from_completions(
+    prompt_ids: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[Any]],
+    eos_token_id: int,
+    pad_token_id: int,
+    with_logprobs: bool = False,
+) -> RolloutBatch:
+    """Lay vLLM's completions out as a rollout batch, as the torch sampler does.
+
+    Args:
+        prompt_ids: the prompts' token ids (unpadded).
+        completions: per prompt, its ``n`` :class:`~rltrain.backends.vllm_rollout.Completion`.
+        eos_token_id: ends a response (kept in it, mask 1); appended when vLLM stopped on it
+            without returning it.
+        pad_token_id: pads prompts on the left and responses on the right.
+        with_logprobs: fill ``old_logprobs`` from the completions (an appended EOS, which
+            vLLM did not report, gets log-prob 0).
+
+    Returns:
+        ``B = prompts x n`` rows, ``group_size = n``; ``P`` the longest prompt, ``R`` the
+        longest response.
+
+    Raises:
+        WorkerError: prompts with different numbers of completions, or none at all.
+    """
+    counts = {len(c) for c in completions}
+    if len(counts) != 1 or 0 in counts:
+        raise WorkerError(f"vLLM returned {sorted(counts)} completions per prompt; expected n")
+    n = counts.pop()
+    p_len = max(len(p) for p in prompt_ids)
+    rows: list[tuple[list[int], list[int], list[float]]] = []
+    for prompt, outs in zip(prompt_ids, completions, strict=True):
+        for c in outs:
+            ids = list(c.token_ids)
+            lps = list(c.logprobs) if with_logprobs and c.logprobs is not None else [0.0] * len(ids)
+            if c.stopped and (not ids or ids[-1] != eos_token_id):
+                ids.append(eos_token_id)
+                lps.append(0.0)
+            rows.append((list(prompt), ids, lps))
+    r_len = max(1, max(len(ids) for _, ids, _ in rows))
+    b = len(rows)
+    prompt_t = torch.full((b, p_len), pad_token_id, dtype=torch.long)
+    prompt_m = torch.zeros((b, p_len), dtype=torch.long)
+    resp_t = torch.full((b, r_len), pad_token_id, dtype=torch.long)
+    resp_m = torch.zeros((b, r_len), dtype=torch.float32)
+    logp = torch.zeros((b, r_len), dtype=torch.float32)
+    for i, (prompt, ids, lps) in enumerate(rows):
+        if prompt:
+            prompt_t[i, p_len - len(prompt) :] = torch.tensor(prompt)
+            prompt_m[i, p_len - len(prompt) :] = 1
+        if ids:
+            resp_t[i, : len(ids)] = torch.tensor(ids)
+            resp_m[i, : len(ids)] = 1.0
+            logp[i, : len(ids)] = torch.tensor(lps, dtype=torch.float32)
+    return RolloutBatch(
+        prompt_ids=prompt_t,
+        prompt_mask=prompt_m,
+        response_ids=resp_t,
+        response_mask=resp_m,
+        group_size=n,
+        old_logprobs=logp if with_logprobs else None,
+    )
+
+
+class VllmState:
+    """The residency surface of a vLLM engine: offload = ``sleep``, reload = wake the weights.
+
+    The KV cache wakes only when the next generation starts (after any new weights are written),
+    so old weights, new weights and the cache never sit on the device together. vLLM has no
+    level that frees the KV cache alone: any offload sleeps the engine (weights to host memory
+    at level 1, KV cache dropped).
+
+    Args:
+        engine: the :class:`~rltrain.backends.vllm_rollout.VllmRollout`.
+        weights_bytes: the engine's weight bytes per device.
+        kv_bytes: the KV cache it reserves per device.
+    """
+
+    def __init__(self, engine: Any, weights_bytes: int, kv_bytes: int) -> None:
+        self.engine = engine
+        self.weights_bytes = weights_bytes
+        self.kv_bytes = kv_bytes
+
+    @property
+    def offloaded(self) -> frozenset[str]:
+        out = set()
+        if self.engine.weights_asleep:
+            out.add("weights")
+        if self.engine.asleep:
+            out.add("kv_cache")
+        return frozenset(out)
+
+    def offload(self, kinds: Iterable[str]) -> int:
+        before = sum(self.resident_bytes().values())
+        if {"weights", "kv_cache"} & set(kinds):
+            self.engine.sleep()
+        return before - sum(self.resident_bytes().values())
+
+    def reload(self, kinds: Iterable[str] | None = None) -> int:
+        before = sum(self.resident_bytes().values())
+        self.engine.wake_weights()
+        return sum(self.resident_bytes().values()) - before
+
+    def resident_bytes(self) -> dict[str, int]:
+        off = self.offloaded
+        return {
+            "weights": 0 if "weights" in off else self.weights_bytes,
+            "kv_cache": 0 if "kv_cache" in off else self.kv_bytes,
+        }
+
+    def host_bytes(self) -> dict[str, int]:
+        return {"weights": self.weights_bytes if "weights" in self.offloaded else 0}
+
+
+class VllmGeneration:
+    """One vLLM engine for this rollout process (its TP devices), driven by the worker.
+
+    Args:
+        run: the checked run config.
+        device: the process's first device.
+        rank: the rollout rank (seeds the engine).
+
+    Raises:
+        ConfigError: vLLM is not installed.
+        ResourceError: fewer CUDA GPUs than ``rollout.tensor_parallel_size``.
+    """
+
+    walk_sees_state = False
+
+    def __init__(self, run: RunConfig, device: torch.device, rank: int) -> None:
+        from rltrain.backends.vllm_rollout import (
+            VllmRollout,
+            import_vllm,
+            require_gpus,
+            vllm_settings,
+        )
+        from rltrain.tasks import build_tokenizer
+
+        import_vllm()
+        require_gpus(run.rollout.tensor_parallel_size)
+        self.run = run
+        self.device = device
+        self.sync_members = run.rollout.tensor_parallel_size
+        self.tokenizer = build_tokenizer(run.model)
+        path = model_dir_for_vllm(run, self.tokenizer)
+        settings = vllm_settings(run, path, self.tokenizer.eos_token_id, rank)
+        tp = max(1, settings.tensor_parallel_size)
+        weights = -(-model_weight_bytes(path, run.model.dtype) // tp)
+        total = torch.cuda.get_device_properties(device).total_memory
+        self.engine = VllmRollout(settings)
+        kv = max(int(settings.gpu_memory_utilization * total) - weights, 0)
+        self.mover = VllmState(self.engine, weights, kv)
+
+    def _prompt_ids(self, prompts: Sequence[str]) -> list[list[int]]:
+        from rltrain.algorithms.sampling import prompt_token_ids
+
+        return prompt_token_ids(self.tokenizer, prompts)  # as the torch sampler encodes them
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        seed: int,
+        with_logprobs: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> RolloutBatch:
+        from rltrain.algorithms.sampling import GenerationStopped
+
+        if should_stop is not None and should_stop():
+            raise GenerationStopped  # vLLM's call runs to its end once started
+        r = self.run.rollout
+        ids = self._prompt_ids(prompts)
+        outs = self.engine.generate(
+            ids,
+            n=r.n_samples_per_prompt,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            max_new_tokens=r.max_new_tokens,
+            seed=seed,
+            logprobs=with_logprobs,
+        )
+        tok = self.tokenizer
+        return batch_from_completions(ids, outs, tok.eos_token_id, tok.pad_token_id, with_logprobs)
+
+    def greedy_batch(self, prompts: Sequence[str]) -> RolloutBatch:
+        ids = self._prompt_ids(prompts)
+        outs = self.engine.generate(
+            ids, n=1, temperature=0.0, top_p=1.0, max_new_tokens=self.run.rollout.max_new_tokens
+        )
+        tok = self.tokenizer
+        return batch_from_completions(ids, outs, tok.eos_token_id, tok.pad_token_id)
+
+    def evaluate(self, task: Any) -> float:
+        return greedy_accuracy_of(self, self.tokenizer, task)
+
+    def load(self, weights: Any) -> int:
+        if isinstance(weights, HostBuckets):
+            return self.engine.load_weights_host(weights)
+        payloads = dict(enumerate(weights))  # device k of the process <- the actor rank there
+        return self.engine.load_weights_ipc(payloads, {k: k for k in payloads})
+
+    def join_sync(
+        self, backend: str, host: str, port: int, world: int, first: int, timeout_s: float
+    ) -> None:
+        self.engine.join_sync(backend, host, port, world, first, timeout_s)
+
+    def receive(self, current: int, target: int) -> int:
+        return self.engine.receive_versions(current, target)
+
+
+def build_generation(run: RunConfig, device: torch.device, rank: int) -> GenerationEngine:
+    """The engine ``rollout.backend`` names."""
+    if run.rollout.backend == "vllm":
+        return VllmGeneration(run, device, rank)
+    return TorchGeneration(run, device)
+
+
+def is_collective(weights: Any) -> bool:
+    """Whether handed-over weights are a collective marker (the bytes come by broadcast)."""
+    return isinstance(weights, CollectiveVersion)
+
+
+__all__ = [
+    "GenerationEngine",
+    "TorchGeneration",
+    "TorchReceiver",
+    "VllmGeneration",
+    "VllmState",
+    "batch_from_completions",
+    "build_generation",
+    "greedy_accuracy_of",
+    "is_collective",
+    "model_dir_for_vllm",
+    "sample_seeded",
+    "sampling_seed",
+]

@@ -1,0 +1,81 @@
+"""Generation engines on CPU: vLLM's completions laid out as the torch sampler's batch, the
+vLLM residency surface over a stand-in engine, and the torch engine's weight loads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rltrain.backends.generation import TorchGeneration, VllmState, batch_from_completions
+from rltrain.backends.vllm_rollout import Completion
+from rltrain.backends.weight_sync.host import pack_to_host
+from rltrain.config.schema import RunConfig
+from rltrain.errors import WorkerError
+
+EOS, PAD = 1, 0
+
+
+def test_completions_become_a_left_padded_prompt_right_padded_response_batch():
+    prompts = [[5, 6, 7], [8]]
+    completions = [
+        [
+            Completion((3, EOS), (-0.5, -0.25), True),
+            Completion((4, 4, 4), (-1.0, -2.0, -3.0), False),
+        ],
+        # stopped on EOS without vLLM returning it: the EOS is appended with log-prob 0
+        [Completion((9,), (-0.125,), True), Completion((EOS,), (-0.75,), True)],
+    ]
+    b = batch_from_completions(prompts, completions, EOS, PAD, with_logprobs=True)
+    assert b.group_size == 2 and b.size == 4
+    assert b.prompt_ids.tolist() == [[5, 6, 7], [5, 6, 7], [PAD, PAD, 8], [PAD, PAD, 8]]
+    assert b.prompt_mask.tolist() == [[1, 1, 1], [1, 1, 1], [0, 0, 1], [0, 0, 1]]
+    assert b.response_ids.tolist() == [[3, EOS, PAD], [4, 4, 4], [9, EOS, PAD], [EOS, PAD, PAD]]
+    assert b.response_mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0]]
+    assert b.old_logprobs.tolist() == [
+        [-0.5, -0.25, 0.0],
+        [-1.0, -2.0, -3.0],
+        [-0.125, 0.0, 0.0],
+        [-0.75, 0.0, 0.0],
+    ]
+    plain = batch_from_completions(prompts, completions, EOS, PAD)
+    assert plain.old_logprobs is None
+    with pytest.raises(WorkerError, match="completions per prompt"):
+        batch_from_completions(prompts, [completions[0], completions[1][:1]], EOS, PAD)
+
+
+class _Engine:
+    """Stands in for VllmRollout's sleep/wake bookkeeping (the real one needs a GPU)."""
+
+    def __init__(self):
+        self.asleep = self.weights_asleep = False
+        self.calls: list[str] = []
+
+    def sleep(self):
+        self.calls.append("sleep")
+        self.asleep = self.weights_asleep = True
+
+    def wake_weights(self):
+        if self.weights_asleep:
+            self.calls.append("wake weights")
+            self.weights_asleep = False
+
+
+def test_vllm_residency_sleeps_and_wakes_the_weights_before_the_cache():
+    engine = _Engine()
+    state = VllmState(engine, weights_bytes=100, kv_bytes=300)
+    assert state.resident_bytes() == {"weights": 100, "kv_cache": 300}
+    assert state.offload(["kv_cache"]) == 400  # no KV-only level: the engine sleeps whole
+    assert state.offloaded == {"weights", "kv_cache"} and state.host_bytes() == {"weights": 100}
+    assert state.reload(["weights", "kv_cache"]) == 100  # the cache waits for the next generate
+    assert state.offloaded == {"kv_cache"}
+    assert engine.calls == ["sleep", "wake weights"]
+
+
+def test_torch_engine_loads_host_buckets_by_name():
+    run = RunConfig()
+    run.model.num_layers = 1
+    engine = TorchGeneration(run, torch.device("cpu"))
+    other = {n: torch.randn_like(p) for n, p in engine.model.named_parameters()}
+    assert engine.load(pack_to_host(list(other.items()), version=3)) == len(other)
+    for n, p in engine.model.named_parameters():
+        assert torch.equal(p, other[n])
