@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from rltrain.config import load_config
 from rltrain.config.schema import RunConfig
-from rltrain.errors import ConfigError, RltrainError
+from rltrain.errors import ConfigError, RltrainError, WorkerError
 
 log = logging.getLogger("rltrain")
 
@@ -31,24 +31,76 @@ def run_dir() -> str:
 def train(run_cfg: RunConfig, out_dir: str) -> dict:
     """Run the training job the config describes and write its ``summary.json``.
 
+    When a worker fails (it raised, its process died, its node left) and
+    ``trainer.max_restarts`` allows, the job is torn down and started again from its latest
+    checkpoint (the steps since it are redone and their records replaced); each restart is
+    logged and listed in the summary under ``restarts``.
+
     Returns:
         The job summary.
+
+    Raises:
+        WorkerError: a worker failed and no restart is left.
     """
     from rltrain.telemetry.metrics import check_trackers
     from rltrain.telemetry.summary import write_job_summary
 
     check_trackers(run_cfg.logging)
-    if run_cfg.runner == "embodied":
-        from rltrain.runners.embodied import run_embodied
-
-        summary = run_embodied(run_cfg, out_dir)
-    else:
-        from rltrain.runners.reasoning import run_reasoning
-
-        summary = run_reasoning(run_cfg, out_dir)
+    restarts: list[dict] = []
+    attempt = run_cfg
+    while True:
+        try:
+            summary = _train_once(attempt, out_dir)
+            break
+        except WorkerError as exc:
+            if len(restarts) >= run_cfg.trainer.max_restarts:
+                raise
+            restarts.append(_restart_point(run_cfg, out_dir, exc, len(restarts) + 1))
+            trainer = dataclasses.replace(run_cfg.trainer, resume=restarts[-1]["checkpoint"])
+            attempt = dataclasses.replace(run_cfg, trainer=trainer)
+    if restarts:
+        summary["restarts"] = restarts
     write_job_summary(out_dir, summary)
     print_summary(summary, out_dir)
     return summary
+
+
+def _train_once(run_cfg: RunConfig, out_dir: str) -> dict:
+    if run_cfg.runner == "embodied":
+        from rltrain.runners.embodied import run_embodied
+
+        return run_embodied(run_cfg, out_dir)
+    from rltrain.runners.reasoning import run_reasoning
+
+    return run_reasoning(run_cfg, out_dir)
+
+
+def _restart_point(run_cfg: RunConfig, out_dir: str, exc: WorkerError, count: int) -> dict:
+    """Where restart ``count`` resumes: this run's latest checkpoint, else where it started."""
+    import time
+
+    from rltrain.runners.checkpoint import CheckpointManager, read_state
+    from rltrain.telemetry.metrics import drop_records_from
+
+    root = run_cfg.trainer.checkpoint_dir or os.path.join(out_dir, "checkpoints")
+    checkpoint = CheckpointManager(root).latest() or run_cfg.trainer.resume
+    step = int(read_state(checkpoint)["step"]) if checkpoint else 0
+    drop_records_from(os.path.join(out_dir, "metrics.jsonl"), step)
+    cause = str(exc).strip().splitlines()[0]
+    log.warning(
+        "restart %d of %d (trainer.max_restarts) after a worker failure: %s; resuming from %s",
+        count,
+        run_cfg.trainer.max_restarts,
+        cause,
+        f"step {step} ({checkpoint})" if checkpoint else "step 0 (no checkpoint yet)",
+    )
+    return {
+        "count": count,
+        "cause": cause,
+        "resumed_from_step": step,
+        "checkpoint": checkpoint,
+        "time": time.time(),
+    }
 
 
 def print_summary(summary: dict, out_dir: str) -> None:

@@ -154,6 +154,28 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def drop_records_from(path: str, step: int) -> int:
+    """Remove the records of steps ``>= step`` from a ``metrics.jsonl`` (a restart redoes them).
+
+    Args:
+        path: the file; a missing file is left missing.
+        step: the first step the resumed run records again.
+
+    Returns:
+        How many records were removed.
+    """
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    keep = [line for line in lines if json.loads(line).get("step", -1) < step]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+    os.replace(tmp, path)
+    return len(lines) - len(keep)
+
+
 def without_timings(record: dict[str, Any]) -> dict[str, Any]:
     """A record minus its timing fields, for comparing two runs step by step."""
     return {k: v for k, v in record.items() if not k.startswith(TIMING_PREFIXES)}

@@ -1,0 +1,119 @@
+"""``trainer.max_restarts``: faults injected for real into a running job.
+
+A rollout worker and, later in the same run, an actor worker are killed with SIGKILL. With
+``trainer.max_restarts=2`` the driver tears the job down, starts it again from its latest
+checkpoint and finishes; every step's record then equals the uninterrupted run's (exact
+resume), and the summary lists both restarts with their cause and the step resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from rltrain.telemetry.metrics import read_metrics, without_timings
+
+pytestmark = pytest.mark.timeout(900)
+
+COMMON = [
+    "placement.fuse=false",  # actor and rollout as separate processes, so each can be killed
+    "trainer.train_batch_size=4",
+    "trainer.total_steps=8",
+    "trainer.save_every=2",
+    "trainer.eval_every=0",
+    "logging.progress=false",
+    "logging.trace=false",
+]
+
+
+def rltrain(run_dir: pathlib.Path, *overrides: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "rltrain", f"hydra.run.dir={run_dir}", *COMMON, *overrides]
+    return subprocess.Popen(
+        cmd,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def latest(run_dir: pathlib.Path) -> str | None:
+    try:
+        return (run_dir / "checkpoints" / "latest").read_text().strip()
+    except OSError:
+        return None
+
+
+def worker(driver: subprocess.Popen, cls: str) -> psutil.Process | None:
+    """A live Ray worker process of ``cls`` under this driver (Ray titles them ``ray::<cls>``)."""
+    for child in psutil.Process(driver.pid).children(recursive=True):
+        try:
+            if " ".join(child.cmdline()).startswith(f"ray::{cls}"):
+                return child
+        except psutil.Error:
+            continue
+    return None
+
+
+def kill_when(driver: subprocess.Popen, run_dir: pathlib.Path, checkpoint: str, cls: str) -> int:
+    """SIGKILL a ``cls`` worker once ``checkpoint`` is published; returns the killed pid."""
+    deadline = time.monotonic() + 400
+    while True:
+        assert driver.poll() is None, "the run ended before the fault could be injected"
+        assert time.monotonic() < deadline, f"no {checkpoint} with a live {cls} in time"
+        if latest(run_dir) == checkpoint and (proc := worker(driver, cls)) is not None:
+            proc.send_signal(signal.SIGKILL)
+            return proc.pid
+        time.sleep(0.05)
+
+
+def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_path):
+    steady = rltrain(tmp_path / "steady")
+    assert steady.wait(timeout=600) == 0, steady.stdout.read()[-3000:]
+
+    faulty_dir = tmp_path / "faulty"
+    faulty = rltrain(faulty_dir, "trainer.max_restarts=2")
+    try:
+        kill_when(faulty, faulty_dir, "step-000002", "RolloutWorker")
+        kill_when(faulty, faulty_dir, "step-000004", "ActorWorker")
+        assert faulty.wait(timeout=600) == 0, faulty.stdout.read()[-3000:]
+    finally:
+        if faulty.poll() is None:
+            os.killpg(faulty.pid, signal.SIGKILL)
+    log = faulty.stdout.read()
+    assert "restart 1 of 2" in log and "restart 2 of 2" in log
+
+    summary = json.loads((faulty_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    restarts = summary["restarts"]
+    assert [r["count"] for r in restarts] == [1, 2]
+    assert "RolloutWorker" in restarts[0]["cause"] or "rollout" in restarts[0]["cause"]
+    assert "ActorWorker" in restarts[1]["cause"] or "actor" in restarts[1]["cause"]
+    assert restarts[0]["resumed_from_step"] >= 2 and restarts[1]["resumed_from_step"] >= 4
+
+    expected = read_metrics(str(tmp_path / "steady" / "metrics.jsonl"))
+    got = read_metrics(str(faulty_dir / "metrics.jsonl"))
+    assert [r["step"] for r in got] == list(range(8))
+    assert [without_timings(r) for r in got] == [without_timings(r) for r in expected]
+
+
+def test_without_restarts_a_killed_worker_fails_the_run_naming_it(tmp_path):
+    driver = rltrain(tmp_path, "trainer.total_steps=60")
+    try:
+        kill_when(driver, tmp_path, "step-000002", "RolloutWorker")
+        assert driver.wait(timeout=300) != 0
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    out = driver.stdout.read()
+    assert "group 'rollout'" in out and "died" in out
+    assert latest(tmp_path) is not None  # the last checkpoint stays usable
