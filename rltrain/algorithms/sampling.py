@@ -2,7 +2,10 @@
 
 One loop with a KV cache serves rollouts (temperature, top-p, ``n`` samples per prompt) and greedy
 evaluation. It stops per row on EOS and for the batch when every row has stopped or
-``max_new_tokens`` is reached. Works with any Hugging Face causal LM and left-padded prompts.
+``max_new_tokens`` is reached; rows that stopped leave the decoding batch and the KV cache
+(:data:`COMPACT_SHARE`), so long responses do not pay for decoding padding. Dropping rows never
+changes what is sampled (see :func:`_pick`). Works with any Hugging Face causal LM and left-padded
+prompts.
 """
 
 from __future__ import annotations
@@ -61,19 +64,53 @@ class SamplingParams:
             raise ConfigError(problems)
 
 
-def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
-    """Tokenise prompts, padded on the left.
+def prompt_token_ids(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
+    """Each prompt's token ids exactly as :func:`encode_prompts` feeds them, unpadded.
+
+    The tokenizer's special tokens (a BOS) are added, except to a prompt that already starts
+    with the BOS text: a chat template that writes ``<|begin_of_text|>`` itself would otherwise
+    get a second one. The choice is per prompt, so a prompt encodes the same in any batch.
 
     Args:
         tokenizer: a Hugging Face tokenizer.
         prompts: the prompt texts.
 
     Returns:
+        One id list per prompt (its length is the prompt's length in tokens).
+    """
+    prompts = list(prompts)
+    bos = getattr(tokenizer, "bos_token", None)
+    has_bos = [bool(bos) and p.startswith(bos) for p in prompts]
+    out: list[list[int]] = [[] for _ in prompts]
+    for flag in (False, True):
+        idx = [i for i, h in enumerate(has_bos) if h == flag]
+        if idx:
+            enc = tokenizer([prompts[i] for i in idx], add_special_tokens=not flag)["input_ids"]
+            for i, ids in zip(idx, enc, strict=True):
+                out[i] = list(ids)
+    return out
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
+    """Tokenise prompts (see :func:`prompt_token_ids`), padded on the left.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (its ``pad_token_id`` fills the padding).
+        prompts: the prompt texts.
+
+    Returns:
         ``(ids [B, P], mask [B, P])`` long tensors.
     """
     tokenizer.padding_side = "left"
-    enc = tokenizer(list(prompts), padding=True, return_tensors="pt")
-    return enc["input_ids"], enc["attention_mask"]
+    rows = prompt_token_ids(tokenizer, prompts)
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
+    return ids, mask
 
 
 def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
@@ -211,6 +248,54 @@ def generate(
         model.train(was_training)
 
 
+#: Finished rows are dropped from the decoding batch (and its KV cache) once they are at least
+#: this share of the rows still decoded: each drop copies the cache, so a few rows are let run
+#: on as padding rather than copying the cache at every step.
+COMPACT_SHARE = 0.25
+
+
+def _pick(
+    logits: Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    batch: int,
+    rows: Tensor,
+) -> Tensor:
+    """Next tokens of the rows still decoded, drawn as if every row of the batch were.
+
+    ``torch.multinomial`` with one sample is an exponential race: ``argmax(p / q)`` with
+    ``q ~ Exp(1)`` drawn for the whole ``[batch, V]`` matrix. Drawing ``q`` for all ``batch``
+    rows and using the ones of ``rows`` keeps every row's draw what it would be without
+    compaction, so dropping finished rows never changes what is sampled.
+
+    Args:
+        logits: ``[b, V]`` last-position logits of the rows held.
+        params: sampling parameters.
+        generator: the random source (None: torch's global one).
+        batch: the full batch size ``B``.
+        rows: ``[b]`` full-batch index of each row held.
+
+    Returns:
+        ``[b]`` long token ids.
+    """
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(sampling_logits(logits, params), -1)
+    race = torch.empty((batch, probs.shape[-1]), dtype=probs.dtype, device=probs.device)
+    race.exponential_(1, generator=generator)
+    return (probs / race[rows]).argmax(dim=-1)
+
+
+def _select_rows(past: Any, keep: Tensor) -> Any:
+    """The KV cache restricted to batch rows ``keep``; None when the cache type cannot."""
+    if hasattr(past, "batch_select_indices"):  # transformers' Cache classes: in place
+        past.batch_select_indices(keep)
+        return past
+    if isinstance(past, tuple) and all(isinstance(layer, tuple) for layer in past):
+        return tuple(tuple(t.index_select(0, keep) for t in layer) for layer in past)
+    return None
+
+
 def _generate(
     model: torch.nn.Module,
     prompt_ids: Tensor,
@@ -224,7 +309,9 @@ def _generate(
     eos_token_id, pad_token_id = eos_pad
     ids = prompt_ids.repeat_interleave(params.n, dim=0)
     mask = prompt_mask.repeat_interleave(params.n, dim=0)
-    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    batch, device = ids.shape[0], ids.device
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    rows = torch.arange(batch, device=device)  # full-batch index of each row still decoded
     tokens: list[Tensor] = []
     live: list[Tensor] = []
     logps: list[Tensor] = []
@@ -241,17 +328,30 @@ def _generate(
         )
         past = out.past_key_values
         logits = out.logits[:, -1, :]
-        tok = next_tokens(logits, params, generator)
+        held_done = done[rows]
+        held = _pick(logits, params, generator, batch, rows)
         if with_logprobs:  # from the very logits sampled from: exact, no second forward pass
-            logps.append(torch.where(done, 0.0, sampled_logprobs(logits, tok, params)))
-        tok = torch.where(done, torch.full_like(tok, pad_token_id), tok)
+            lp = torch.zeros(batch, dtype=torch.float32, device=device)
+            lp[rows] = torch.where(held_done, 0.0, sampled_logprobs(logits, held, params))
+            logps.append(lp)
+        held = torch.where(held_done, torch.full_like(held, pad_token_id), held)
+        tok = torch.full((batch,), pad_token_id, dtype=held.dtype, device=device)
+        tok[rows] = held
         live.append(~done)
         tokens.append(tok)
         done = done | (tok == eos_token_id)
         if bool(done.all()):
             break
-        attn = torch.cat([attn, (~done).long()[:, None]], dim=1)
-        step_ids, pos = tok[:, None], pos[:, -1:] + 1
+        finished = done[rows]
+        n_finished = int(finished.sum())
+        if n_finished and n_finished >= COMPACT_SHARE * rows.numel():
+            keep = (~finished).nonzero().squeeze(-1)
+            selected = _select_rows(past, keep)
+            if selected is not None:  # a cache we cannot slice: finished rows decode padding
+                past, rows, attn, pos = selected, rows[keep], attn[keep], pos[keep]
+                held, finished = held[keep], finished[keep]
+        attn = torch.cat([attn, (~finished).long()[:, None]], dim=1)
+        step_ids, pos = held[:, None], pos[:, -1:] + 1
     return RolloutBatch(
         prompt_ids=ids,
         prompt_mask=mask,

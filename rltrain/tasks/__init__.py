@@ -1,9 +1,11 @@
-"""Built-in tasks, the tokenizer and the tiny model (no download needed).
+"""Built-in tasks, dataset files, the tokenizer and the tiny model (no download needed).
 
-``build_task(task_cfg, tokenizer)`` gives a :class:`Task`: training and evaluation prompts, a
-deterministic ``sample_batch(step, batch_size)`` and ``reward(prompt, response)``.
-``build_tokenizer(model_cfg)`` and ``build_model(model_cfg, dtype)`` give Hugging Face objects,
-built from config fields or loaded from ``model.path``.
+``build_task(task_cfg, tokenizer)`` gives a :class:`Task`: training and evaluation prompts
+(rendered with the tokenizer's chat template when it has one), a deterministic
+``sample_batch(step, batch_size)`` and ``reward(prompt, response)``. ``check_task(run)`` finds
+every problem of a run's task before Ray starts. ``build_tokenizer(model_cfg)`` and
+``build_model(model_cfg, dtype)`` give Hugging Face objects, built from config fields or loaded
+from ``model.path``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,24 @@ from typing import Any
 from rltrain.errors import ConfigError
 from rltrain.tasks.arithmetic import arithmetic_examples, build_arithmetic_task
 from rltrain.tasks.base import Example, RewardFn, Task, exact_match, import_reward_fn
+from rltrain.tasks.build import REASONING_TASKS, assemble
+from rltrain.tasks.chat import has_chat_template, render_prompts, use_chat_template
+from rltrain.tasks.checks import GENERATORS, check_task, prepare_task
+from rltrain.tasks.dataset import SUPPORTED, read_rows
 from rltrain.tasks.file_task import build_file_task, read_examples
 from rltrain.tasks.model import build_model, resolve_dtype
-from rltrain.tasks.tokenizer import DEFAULT_CHARS, build_char_tokenizer, build_tokenizer
+from rltrain.tasks.tokenizer import (
+    DEFAULT_CHARS,
+    build_char_tokenizer,
+    build_tokenizer,
+    tokenizer_source,
+)
 
 __all__ = [
     "DEFAULT_CHARS",
+    "GENERATORS",
+    "REASONING_TASKS",
+    "SUPPORTED",
     "Example",
     "RewardFn",
     "Task",
@@ -29,60 +43,42 @@ __all__ = [
     "build_model",
     "build_task",
     "build_tokenizer",
+    "check_task",
     "exact_match",
+    "has_chat_template",
     "import_reward_fn",
+    "prepare_task",
     "read_examples",
+    "read_rows",
+    "render_prompts",
     "resolve_dtype",
+    "tokenizer_source",
+    "use_chat_template",
 ]
 
 
-def build_task(task_cfg: Any, tokenizer: Any | None = None) -> Task:
+def build_task(task_cfg: Any, tokenizer: Any | None = None, tokenizer_key: str = "") -> Task:
     """Build the reasoning task a config names.
 
     Args:
         task_cfg: a :class:`rltrain.config.schema.TaskConfig`.
-        tokenizer: when given, every answer must encode without unknown tokens, so the model
-            can produce it at all.
+        tokenizer: the model's tokenizer. With it, prompts go through its chat template
+            (``task.chat_template``), must fit ``task.max_prompt_length`` tokens, and every
+            answer must encode without unknown tokens (so the model can produce it at all).
+            Without it prompts stay plain text and are not measured.
+        tokenizer_key: where the tokenizer came from, for messages
+            (:func:`tokenizer_source`).
 
     Returns:
         The task.
 
     Raises:
-        ConfigError: an unknown task name, an unreadable file, a reward function that cannot be
-            imported, or answers the tokenizer cannot spell.
+        ConfigError: every problem found (:func:`check_task` lists the same ones): an unknown
+            task name, unreadable files or rows, a reward function that cannot be imported,
+            prompts too long, answers the tokenizer cannot spell.
     """
-    reward_fn = import_reward_fn(task_cfg.reward_fn) if task_cfg.reward_fn else exact_match
-    common = {
-        "num_eval": task_cfg.num_eval,
-        "num_train": task_cfg.num_train,
-        "reward_fn": reward_fn,
-    }
-    if task_cfg.name == "arithmetic":
-        task = build_arithmetic_task(task_cfg.seed, task_cfg.max_operand, **common)
-    elif task_cfg.name == "jsonl":
-        if not task_cfg.path:
-            raise ConfigError("task.name='jsonl' needs task.path: a local .jsonl or .parquet")
-        task = build_file_task(
-            task_cfg.path, task_cfg.seed, task_cfg.prompt_key, task_cfg.answer_key, **common
-        )
-    else:
-        raise ConfigError(
-            f"task.name={task_cfg.name!r} is not a reasoning task: choose 'arithmetic' or "
-            f"'jsonl' (gym tasks run with runner=embodied)"
-        )
-    if tokenizer is not None:
-        _check_spellable(task, tokenizer)
+    problems: list[str] = []
+    task = assemble(task_cfg, tokenizer, problems, tokenizer_key)
+    if problems or task is None:
+        raise ConfigError(problems or [f"task.name={task_cfg.name!r}: no task could be built"])
     return task
-
-
-def _check_spellable(task: Task, tokenizer: Any) -> None:
-    unk = getattr(tokenizer, "unk_token_id", None)
-    if unk is None:
-        return
-    for ex in (*task.train, *task.eval)[:10_000]:
-        if unk in tokenizer(ex.answer, add_special_tokens=False)["input_ids"]:
-            raise ConfigError(
-                f"task {task.name!r}: answer {ex.answer!r} (prompt {ex.prompt!r}) has characters "
-                f"the tokenizer does not know, so no response can earn its reward: add them to "
-                f"model.vocab_chars or use a checkpoint's tokenizer (model.tokenizer_path)"
-            )

@@ -90,6 +90,9 @@ class Task:
         eval_is_train: True when ``eval`` is the training set itself (nothing held out).
         seed: seeds the data order.
         reward_fn: scores one response; see :data:`RewardFn`.
+        aliases: other spellings of prompts -> the prompt: a prompt decoded from its token ids
+            without special tokens (what the reward worker reads back) differs from the
+            rendered chat-template text the task holds.
     """
 
     name: str
@@ -98,6 +101,7 @@ class Task:
     eval_is_train: bool
     seed: int
     reward_fn: RewardFn = exact_match
+    aliases: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     _answers: dict[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -130,28 +134,39 @@ class Task:
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
-    def answer(self, prompt: str) -> str:
-        """The reference answer of a prompt of this task.
+    def canonical(self, prompt: str) -> str:
+        """The task's own spelling of a prompt given as held or as an alias.
 
         Raises:
             KeyError: the prompt is not one of the task's prompts.
         """
-        return self._answers[prompt]
+        if prompt in self._answers:
+            return prompt
+        return self.aliases[prompt]
+
+    def answer(self, prompt: str) -> str:
+        """The reference answer of a prompt of this task (held or alias spelling).
+
+        Raises:
+            KeyError: the prompt is not one of the task's prompts.
+        """
+        return self._answers[self.canonical(prompt)]
 
     def reward(self, prompt: str, response: str) -> float:
         """Score a response to one of this task's prompts.
 
         Args:
-            prompt: a prompt from ``train`` or ``eval``.
+            prompt: a prompt from ``train`` or ``eval``, or one of its :attr:`aliases`.
             response: the generated text after the prompt, without the end-of-sequence token.
 
         Returns:
-            The reward, as a float.
+            The reward, as a float (``reward_fn`` gets the prompt as the task holds it).
 
         Raises:
             KeyError: the prompt is not one of the task's prompts.
         """
-        return float(self.reward_fn(prompt, response, self.answer(prompt)))
+        held = self.canonical(prompt)
+        return float(self.reward_fn(held, response, self._answers[held]))
 
 
 def split_eval(

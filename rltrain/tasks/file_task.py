@@ -1,60 +1,23 @@
-"""A task read from a local JSONL or Parquet file of prompt/answer records."""
+"""A task read from local dataset files (``task.name=jsonl``): JSONL, JSON, Parquet or a
+``datasets.save_to_disk`` directory, through :mod:`rltrain.tasks.dataset`."""
 
 from __future__ import annotations
 
-import json
-import os
-from typing import Any
+from types import SimpleNamespace
 
 from rltrain.errors import ConfigError
-from rltrain.tasks.base import Example, RewardFn, Task, exact_match, split_eval
-
-
-def _check_record(record: Any, where: str, prompt_key: str, answer_key: str) -> Example:
-    if not isinstance(record, dict):
-        raise ConfigError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    for key, cfg_key in ((prompt_key, "task.prompt_key"), (answer_key, "task.answer_key")):
-        if key not in record or record[key] is None:
-            raise ConfigError(
-                f"{where}: missing field {key!r} ({cfg_key}={key!r}); present fields: "
-                f"{sorted(record)}. Add the field or set {cfg_key} to the field that holds it"
-            )
-    return Example(str(record[prompt_key]), str(record[answer_key]))
-
-
-def _read_jsonl(path: str) -> list[tuple[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"task.path={path!r} line {lineno}"
-            try:
-                rows.append((where, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{where}: not valid JSON ({exc.msg})") from None
-    return rows
-
-
-def _read_parquet(path: str) -> list[tuple[str, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ConfigError(
-            f"task.path={path!r} is a Parquet file but pyarrow is not installed: "
-            f"pip install pyarrow, or convert the file to JSONL"
-        ) from None
-    records = pq.read_table(path).to_pylist()
-    return [(f"task.path={path!r} row {i}", r) for i, r in enumerate(records)]
+from rltrain.tasks.base import Example, RewardFn, Task, exact_match
+from rltrain.tasks.chat import render_prompts
+from rltrain.tasks.dataset import read_rows
 
 
 def read_examples(
     path: str, prompt_key: str = "prompt", answer_key: str = "answer"
 ) -> list[Example]:
-    """Read prompt/answer pairs from a ``.jsonl`` or ``.parquet`` file.
+    """Read string prompt/answer pairs from a local dataset file.
 
     Args:
-        path: the local file.
+        path: a ``.jsonl`` / ``.json`` / ``.parquet`` file or a ``save_to_disk`` directory.
         prompt_key: the field holding the prompt.
         answer_key: the field holding the reference answer.
 
@@ -62,21 +25,12 @@ def read_examples(
         The examples in file order.
 
     Raises:
-        ConfigError: the file is missing, has an unknown suffix, a record is not valid JSON, or a
-            record misses a field (the message names the line and the field).
+        ConfigError: see :func:`rltrain.tasks.dataset.read_rows`; also message-list prompts
+            (they need a tokenizer's chat template: use :func:`rltrain.tasks.build_task`).
     """
-    if not os.path.isfile(path):
-        raise ConfigError(f"task.path={path!r} does not exist: give a local .jsonl or .parquet")
-    if path.endswith(".parquet"):
-        rows = _read_parquet(path)
-    elif path.endswith((".jsonl", ".json")):
-        rows = _read_jsonl(path)
-    else:
-        raise ConfigError(f"task.path={path!r}: unknown file type; use .jsonl or .parquet")
-    examples = [_check_record(r, where, prompt_key, answer_key) for where, r in rows]
-    if not examples:
-        raise ConfigError(f"task.path={path!r} holds no records")
-    return examples
+    rows = read_rows(path, prompt_key, answer_key)
+    prompts = render_prompts(rows.prompts, None, chat=False, where=rows.where)
+    return [Example(p, a) for p, a in zip(prompts, rows.answers, strict=True)]
 
 
 def build_file_task(
@@ -88,10 +42,10 @@ def build_file_task(
     num_train: int = 0,
     reward_fn: RewardFn = exact_match,
 ) -> Task:
-    """Build a task from a local file; see :func:`read_examples` for the format.
+    """Build a task from one local file, prompts as plain text (no tokenizer, no template).
 
     Args:
-        path: the ``.jsonl`` or ``.parquet`` file.
+        path: the dataset file or directory.
         seed: seeds the held-out split and the data order.
         prompt_key: the field holding the prompt.
         answer_key: the field holding the reference answer.
@@ -103,15 +57,26 @@ def build_file_task(
         The task.
 
     Raises:
-        ConfigError: see :func:`read_examples`; also a prompt given twice with different answers.
+        ConfigError: every problem of the file (see :func:`rltrain.tasks.build_task`).
     """
-    examples = read_examples(path, prompt_key, answer_key)
-    seen: dict[str, str] = {}
-    for ex in examples:
-        if seen.setdefault(ex.prompt, ex.answer) != ex.answer:
-            raise ConfigError(
-                f"task.path={path!r}: prompt {ex.prompt!r} appears with answers "
-                f"{seen[ex.prompt]!r} and {ex.answer!r}; a prompt must have one answer"
-            )
-    train, evals, same = split_eval(examples, num_eval, num_train, seed)
-    return Task("jsonl", train, evals, same, seed, reward_fn)
+    from rltrain.tasks.build import assemble
+
+    cfg = SimpleNamespace(
+        name="jsonl",
+        path=path,
+        eval_path=None,
+        prompt_key=prompt_key,
+        answer_key=answer_key,
+        num_eval=num_eval,
+        num_train=num_train,
+        seed=seed,
+        reward_fn=None,
+        chat_template=False,
+        system_prompt=None,
+        max_prompt_length=0,
+    )
+    problems: list[str] = []
+    task = assemble(cfg, None, problems)
+    if problems or task is None:
+        raise ConfigError(problems or [f"task.path={path!r}: no task could be built"])
+    return Task(task.name, task.train, task.eval, task.eval_is_train, seed, reward_fn)

@@ -90,6 +90,15 @@ def load_tokenizer(path: str, key: str = "model.tokenizer_path") -> Any:
     return tok
 
 
+def tokenizer_source(model_cfg: Any) -> str:
+    """Where :func:`build_tokenizer` takes the tokenizer from, as messages name it."""
+    if model_cfg.tokenizer_path:
+        return f"model.tokenizer_path={model_cfg.tokenizer_path!r}"
+    if model_cfg.path:
+        return f"model.path={model_cfg.path!r}"
+    return "the built-in character tokenizer, model.vocab_chars"
+
+
 def build_tokenizer(model_cfg: Any) -> Any:
     """The tokenizer of a model config.
 

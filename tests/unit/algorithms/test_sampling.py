@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -138,3 +139,96 @@ def test_greedy_accuracy_scores_the_eval_prompts(tokenizer):
     lm = ScriptedLM([[seven, 1]] * 25, vocab=len(tokenizer))
     # only 3+4 and 4+3 of the 25 prompts have the answer 7
     assert greedy_accuracy(lm, tokenizer, task, max_new_tokens=4) == pytest.approx(2 / 25)
+
+
+def test_the_exponential_race_draws_what_multinomial_draws():
+    from rltrain.algorithms.sampling import _pick
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    probs = torch.softmax(top_p_filter(logits / 0.8, 0.9), -1)
+    want = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(5)).squeeze(-1)
+    every = torch.arange(6)
+    assert torch.equal(_pick(logits, params, torch.Generator().manual_seed(5), 6, every), want)
+    # rows 1 and 4 alone (the others finished): each still draws what it drew in the full batch
+    some = torch.tensor([1, 4])
+    got = _pick(logits[some], params, torch.Generator().manual_seed(5), 6, some)
+    assert torch.equal(got, want[some])
+
+
+class RowCache:
+    """A KV-cache stand-in that knows which original rows it holds (batch_select_indices)."""
+
+    def __init__(self, rows: list[int], length: int) -> None:
+        self.rows, self.length = rows, length
+
+    def batch_select_indices(self, keep: torch.Tensor) -> None:
+        self.rows = [self.rows[i] for i in keep.tolist()]
+
+
+class RowScriptedLM(ScriptedLM):
+    """ScriptedLM that follows its rows through the cache and records each call's batch size."""
+
+    def __init__(self, script: list[list[int]], vocab: int = 8) -> None:
+        super().__init__(script, vocab)
+        self.batch_sizes: list[int] = []
+
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values, use_cache):
+        cache = past_key_values or RowCache(list(range(input_ids.shape[0])), 0)
+        assert input_ids.shape[0] == len(cache.rows) == attention_mask.shape[0]
+        assert attention_mask.shape[1] == cache.length + input_ids.shape[1]
+        self.batch_sizes.append(input_ids.shape[0])
+        logits = torch.zeros(input_ids.shape[0], input_ids.shape[1], self.vocab)
+        for i, row in enumerate(cache.rows):
+            seq = self.script[row]
+            logits[i, -1, seq[min(self.calls, len(seq) - 1)]] = 10.0
+        self.calls += 1
+        cache.length = attention_mask.shape[1]
+        return SimpleNamespace(logits=logits, past_key_values=cache)
+
+
+def test_finished_rows_leave_the_decoding_batch(monkeypatch):
+    eos, pad = 1, 0
+    script = [[1], [5, 1], [5, 6, 1], [5, 6, 7, 1]]  # row r ends at step r
+    ids, mask = T([[3]] * 4), T([[1]] * 4)
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    lm = RowScriptedLM(script)
+    b = generate(lm, ids, mask, params, eos, pad)
+    # each step one of the rows left finishes: 1 of 4, 1 of 3, 1 of 2 are >= COMPACT_SHARE
+    assert lm.batch_sizes == [4, 3, 2, 1]
+    assert b.response_ids.tolist() == [[1, 0, 0, 0], [5, 1, 0, 0], [5, 6, 1, 0], [5, 6, 7, 1]]
+    assert b.response_mask.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    monkeypatch.setattr("rltrain.algorithms.sampling.COMPACT_SHARE", 2.0)  # never compact
+    lm = RowScriptedLM(script)
+    again = generate(lm, ids, mask, params, eos, pad)
+    assert lm.batch_sizes == [4, 4, 4, 4] and torch.equal(again.response_ids, b.response_ids)
+
+
+def test_compaction_never_changes_what_is_sampled(model, tokenizer, monkeypatch):
+    ids, mask = encode_prompts(tokenizer, ["1+2=", "13+4=", "4="])
+    params = SamplingParams(max_new_tokens=10, temperature=1.5, n=6)
+    eos = tokenizer.convert_tokens_to_ids("3")  # a common digit: rows end at many lengths
+
+    def run(share: float) -> tuple[Any, list[int]]:
+        sizes: list[int] = []
+        real = model.forward
+
+        def counting(*args, **kwargs):
+            sizes.append(kwargs["input_ids"].shape[0])
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr("rltrain.algorithms.sampling.COMPACT_SHARE", share)
+        monkeypatch.setattr(model, "forward", counting)
+        g = torch.Generator().manual_seed(3)
+        out = generate(model, ids, mask, params, eos, 0, g, with_logprobs=True)
+        monkeypatch.undo()
+        return out, sizes
+
+    dropped, shrinking = run(0.25)
+    kept, constant = run(2.0)
+    assert set(constant) == {18} and shrinking[0] == 18 and shrinking[-1] < 18
+    lengths = dropped.response_mask.sum(1)
+    assert lengths.min() < lengths.max()  # rows did end at different steps
+    assert torch.equal(dropped.response_ids, kept.response_ids)
+    assert torch.equal(dropped.response_mask, kept.response_mask)
+    assert torch.allclose(dropped.old_logprobs, kept.old_logprobs, atol=1e-6)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import pathlib
 import pickle
-import sys
 import textwrap
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from rltrain.config.schema import ModelConfig, TaskConfig
@@ -85,20 +86,10 @@ def test_jsonl_bad_json_conflicts_and_missing_file(tmp_path: pathlib.Path):
 
 
 def test_parquet_task(tmp_path: pathlib.Path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
-    path = tmp_path / "d.parquet"
-    pq.write_table(pa.table({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]}), str(path))
-    assert len(build_task(TaskConfig(name="jsonl", path=str(path))).train) == 2
-
-
-def test_parquet_without_pyarrow_says_how_to_fix(tmp_path: pathlib.Path, monkeypatch):
-    path = tmp_path / "d.parquet"
-    path.write_bytes(b"PAR1")
-    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if it were not installed
-    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    with pytest.raises(ConfigError, match="pip install pyarrow"):
-        build_task(TaskConfig(name="jsonl", path=str(path)))
+    table = pa.table({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]})
+    pq.write_table(table, str(tmp_path / "d.parquet"))
+    task = build_task(TaskConfig(name="jsonl", path=str(tmp_path / "d.parquet")))
+    assert task.train == (Example("1+1=", "2"), Example("2+2=", "4"))
 
 
 def test_reward_fn_is_imported_from_a_dotted_path(tmp_path, monkeypatch):

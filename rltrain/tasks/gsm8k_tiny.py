@@ -1,0 +1,305 @@
+"""``task.generate=gsm8k_tiny``: a synthetic GSM8K-style data set and a chat tokenizer for it.
+
+``experiment=gsm8k_tiny`` runs the whole real-workload path on a CPU in minutes: a Parquet
+data set with GSM8K's columns (``question``; ``answer`` = a worked solution ending in
+``#### <number>``), a byte-level BPE tokenizer trained on it with the ``tokenizers`` library and
+saved in Hugging Face format with a ChatML chat template, read back exactly as a real
+checkpoint's tokenizer and a real data file would be.
+
+The problems are templated one-step word problems (adding or taking away small numbers, with
+varying names, objects and phrasing), so a tiny model trained from scratch by RL can learn
+the format and some of the arithmetic. They are written once to the configured paths and kept
+(a stamp records what was generated; other settings regenerate them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from rltrain.errors import ConfigError
+
+#: Bumped when the problems or the tokenizer recipe change, so old caches are rewritten.
+VERSION = 1
+STAMP = "generated_by_rltrain.json"
+
+#: Special tokens: padding, and ChatML's turn markers (``<|im_end|>`` ends a response).
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+
+#: ChatML, as Qwen-style chat checkpoints use it (written for rltrain, not copied).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+NAMES = ("Ava", "Ben", "Cleo", "Dan", "Eli", "Fay", "Gus", "Ivy", "Jon", "Kim")
+ITEMS = ("apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles")
+
+#: (operation, question, solution): ``{n}`` name, ``{x}`` objects, ``{a}`` ``{b}`` operands.
+TEMPLATES = (
+    (
+        "+",
+        "{n} has {a} {x}. {n} buys {b} more {x}. How many {x} does {n} have now?",
+        "{n} has {a} {x} and buys {b} more, so {a} + {b} = {c}.",
+    ),
+    (
+        "+",
+        "{n} finds {a} {x} in the morning and {b} {x} in the afternoon. "
+        "How many {x} does {n} find in all?",
+        "In all {n} finds {a} + {b} = {c} {x}.",
+    ),
+    (
+        "+",
+        "A box holds {a} {x}. {n} puts {b} more {x} in the box. How many {x} are in the box?",
+        "The box holds {a} + {b} = {c} {x}.",
+    ),
+    (
+        "-",
+        "{n} has {a} {x} and gives {b} of them away. How many {x} does {n} have left?",
+        "{n} has {a} - {b} = {c} {x} left.",
+    ),
+    (
+        "-",
+        "There are {a} {x} on a table. {n} takes {b} of them. How many {x} are on the table?",
+        "{a} - {b} = {c} {x} are still on the table.",
+    ),
+    (
+        "-",
+        "{n} had {a} {x} and lost {b}. How many {x} does {n} have?",
+        "{n} has {a} - {b} = {c} {x}.",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Gsm8kTinySpec:
+    """What ``task.generate=gsm8k_tiny`` writes (``task.params`` keys of the same names).
+
+    Attributes:
+        num_train: training problems.
+        num_eval: evaluation problems (no question of the training set).
+        max_number: operands range over ``0..max_number`` (differences are never negative).
+        vocab_size: BPE vocabulary size, the 256 byte symbols and special tokens included.
+        seed: which problems, in which order (``task.seed``).
+    """
+
+    num_train: int = 4000
+    num_eval: int = 200
+    max_number: int = 9
+    vocab_size: int = 512
+    seed: int = 0
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], seed: int) -> Gsm8kTinySpec:
+        """Read the spec from ``task.params`` (other keys there are not the generator's).
+
+        Raises:
+            ConfigError: a value of the wrong type or out of range.
+        """
+        values: dict[str, Any] = {"seed": seed}
+        problems = []
+        for f in fields(cls):
+            if f.name == "seed" or f.name not in params:
+                continue
+            v = params[f.name]
+            if not isinstance(v, int) or isinstance(v, bool):
+                problems.append(f"task.params.{f.name}={v!r} must be an integer")
+            else:
+                values[f.name] = v
+        spec = cls(**values) if not problems else cls()
+        if not problems:
+            problems = spec.problems()
+        if problems:
+            raise ConfigError(problems)
+        return spec
+
+    def problems(self) -> list[str]:
+        """What is out of range, as messages naming ``task.params.*``."""
+        out = []
+        if self.num_train < 1:
+            out.append(f"task.params.num_train={self.num_train} must be >= 1")
+        if self.num_eval < 1:
+            out.append(f"task.params.num_eval={self.num_eval} must be >= 1")
+        if not 1 <= self.max_number <= 999:
+            out.append(f"task.params.max_number={self.max_number} must be in 1..999")
+        if self.vocab_size < 300:
+            out.append(
+                f"task.params.vocab_size={self.vocab_size} must be >= 300 (256 byte symbols, "
+                f"special tokens, and merges)"
+            )
+        if not out and self.num_train + self.num_eval > self.capacity():
+            out.append(
+                f"task.params.num_train + num_eval = {self.num_train + self.num_eval} but "
+                f"max_number={self.max_number} gives only {self.capacity()} distinct problems: "
+                f"ask for fewer or raise task.params.max_number"
+            )
+        return out
+
+    def capacity(self) -> int:
+        """How many distinct problems the templates give."""
+        m = self.max_number + 1
+        per_op = {"+": m * m, "-": m * (m + 1) // 2}
+        return sum(per_op[op] for op, _, _ in TEMPLATES) * len(NAMES) * len(ITEMS)
+
+
+def word_problems(spec: Gsm8kTinySpec) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The training and evaluation problems, disjoint, deterministic in the spec.
+
+    Args:
+        spec: sizes and seed.
+
+    Returns:
+        ``(train, eval)`` lists of ``{"question", "answer"}`` rows; ``answer`` is a one-line
+        solution, a newline, and ``#### <number>``.
+    """
+    rng = random.Random(spec.seed * 7919 + VERSION)
+    r = range(spec.max_number + 1)
+    combos = [
+        (t, n, x, a, b)
+        for t, (op, _, _) in enumerate(TEMPLATES)
+        for n in range(len(NAMES))
+        for x in range(len(ITEMS))
+        for a in r
+        for b in r
+        if op == "+" or b <= a
+    ]
+    picked = rng.sample(combos, spec.num_train + spec.num_eval)
+    rows = []
+    for t, n, x, a, b in picked:
+        op, question, solution = TEMPLATES[t]
+        c = a + b if op == "+" else a - b
+        words = {"n": NAMES[n], "x": ITEMS[x], "a": a, "b": b, "c": c}
+        rows.append(
+            {
+                "question": question.format(**words),
+                "answer": f"{solution.format(**words)}\n#### {c}",
+            }
+        )
+    return rows[: spec.num_train], rows[spec.num_train :]
+
+
+def build_bpe_tokenizer(corpus: Sequence[str], vocab_size: int) -> Any:
+    """Train a byte-level BPE tokenizer with a ChatML chat template on ``corpus``.
+
+    Byte-level: every byte is a base symbol, so any text encodes and nothing is unknown.
+
+    Args:
+        corpus: training texts.
+        vocab_size: the vocabulary size, byte symbols and special tokens included.
+
+    Returns:
+        A ``transformers.PreTrainedTokenizerFast``: ``<|im_end|>`` is its EOS (it ends an
+        assistant turn), ``<|endoftext|>`` its padding, padding on the left.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(corpus, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=IM_END,
+        pad_token=PAD,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """An exclusive lock on ``path`` (jobs of one sweep may prepare the same data at once)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _stamp(spec: Gsm8kTinySpec, train_path: str, eval_path: str) -> dict[str, Any]:
+    return {
+        "generator": "gsm8k_tiny",
+        "version": VERSION,
+        "spec": asdict(spec),
+        "train_path": os.path.abspath(train_path),
+        "eval_path": os.path.abspath(eval_path),
+    }
+
+
+def _current(stamp: dict[str, Any], tokenizer_dir: str) -> bool:
+    try:
+        with open(os.path.join(tokenizer_dir, STAMP)) as f:
+            held = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return held == stamp and all(os.path.isfile(stamp[k]) for k in ("train_path", "eval_path"))
+
+
+def _write_parquet(rows: list[dict[str, str]], path: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".parquet", dir=directory)
+    os.close(fd)
+    table = pa.table({k: [r[k] for r in rows] for k in ("question", "answer")})
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+def ensure_gsm8k_tiny(
+    train_path: str, eval_path: str, tokenizer_dir: str, spec: Gsm8kTinySpec
+) -> bool:
+    """Write the data set and tokenizer unless the same ones are already there.
+
+    Args:
+        train_path: the training Parquet file (``task.path``).
+        eval_path: the evaluation Parquet file (``task.eval_path``).
+        tokenizer_dir: the tokenizer directory (``model.tokenizer_path``).
+        spec: what to generate.
+
+    Returns:
+        True when something was written, False when the cache was current.
+    """
+    stamp = _stamp(spec, train_path, eval_path)
+    if _current(stamp, tokenizer_dir):
+        return False
+    with _locked(os.path.abspath(tokenizer_dir).rstrip("/") + ".lock"):
+        if _current(stamp, tokenizer_dir):  # another job wrote it while we waited
+            return False
+        train, evals = word_problems(spec)
+        _write_parquet(train, train_path)
+        _write_parquet(evals, eval_path)
+        corpus = [text for r in train for text in (r["question"], r["answer"])]
+        tok = build_bpe_tokenizer(corpus, spec.vocab_size)
+        parent = os.path.dirname(os.path.abspath(tokenizer_dir))
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=parent)
+        tok.save_pretrained(tmp)
+        with open(os.path.join(tmp, STAMP), "w") as f:
+            json.dump(stamp, f, indent=1)
+        shutil.rmtree(tokenizer_dir, ignore_errors=True)
+        os.replace(tmp, tokenizer_dir)
+    return True

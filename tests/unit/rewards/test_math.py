@@ -1,0 +1,134 @@
+"""Math rule rewards: final-answer extraction, numeric normalisation, hand-written cases."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from rltrain.rewards import math as m
+from rltrain.rewards.math import (
+    FORMAT_SCORE,
+    answers_equal,
+    boxed,
+    boxed_with_format,
+    extract_boxed,
+    extract_hash_answer,
+    gsm8k,
+    gsm8k_with_format,
+    math_reward,
+    parse_number,
+)
+from rltrain.tasks import import_reward_fn
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("She has 3 + 4 = 7 apples.\n#### 7", "7"),
+        ("####42", "42"),
+        ("#### $1,200.", "$1,200"),
+        ("#### -5 degrees", "-5"),
+        ("#### The answer is 18 apples", "18"),  # the first number on the marker's line
+        ("#### 3\nthinking again\n#### 5", "5"),  # the last marker wins
+        ("#### 5\n####", "5"),  # a trailing marker without a number is not an answer
+        ("#### 3/4", "3/4"),
+        ("no marker, just 42", None),
+        ("#### \n42", None),  # the number must be on the marker's line
+        ("", None),
+    ],
+)
+def test_hash_answer_extraction(text, want):
+    assert extract_hash_answer(text) == want
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        (r"so \boxed{42}.", "42"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),  # nested braces
+        (r"\boxed{1} then \boxed{2} and finally \boxed{ 3 }", "3"),  # several: the last
+        (r"$\boxed 7$", "7"),
+        (r"\fbox{x+1}", "x+1"),
+        (r"\boxed{2} then \boxed{3", None),  # the last box is cut off: no final answer
+        (r"\boxed{}", None),
+        (r"\boxed", None),
+        ("no box", None),
+    ],
+)
+def test_boxed_extraction(text, want):
+    assert extract_boxed(text) == want
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("42", Fraction(42)),
+        ("42.0", Fraction(42)),
+        ("42.", Fraction(42)),
+        ("1,234", Fraction(1234)),
+        ("$1,234.50", Fraction(246900, 200)),
+        ("-7", Fraction(-7)),
+        ("\u22127", Fraction(-7)),  # Unicode minus
+        ("3/4", Fraction(3, 4)),
+        (r"\frac{3}{4}", Fraction(3, 4)),
+        (r"-\dfrac{1}{8}", Fraction(-1, 8)),
+        ("50%", Fraction(50)),
+        (r"\text{12}", Fraction(12)),
+        ("123456789012345678901234567890", Fraction(123456789012345678901234567890)),
+        ("1,2", None),  # not thousands grouping
+        ("x+1", None),
+        ("1/0", None),
+        (r"\frac{1}{0}", None),
+        ("9" * 5000, None),  # over Python's int digit limit: not a number, no crash
+        ("", None),
+    ],
+)
+def test_parse_number(text, want):
+    assert parse_number(text) == want
+
+
+def test_gsm8k_reward_cases():
+    assert gsm8k("", "3 + 4 = 7\n#### 7", "7") == 1.0
+    assert gsm8k("", "#### 7.00", "She has 7 now.\n#### 7") == 1.0  # reference is a solution
+    assert gsm8k("", "#### 1200", "#### 1,200") == 1.0
+    assert gsm8k("", "#### $1,200", "1200") == 1.0
+    assert gsm8k("", "#### -3", "-3") == 1.0 and gsm8k("", "#### 3", "-3") == 0.0
+    assert gsm8k("", "#### 0.5", "1/2") == 1.0
+    assert gsm8k("", "7", "7") == 0.0  # no marker: no final answer
+    assert gsm8k("", "#### 7 #### 8", "7") == 0.0  # the last marker counts
+    huge = "98765432109876543210987654321"
+    assert gsm8k("", f"#### {huge}", huge) == 1.0
+    # floats would call these equal (both round to 1e29); exact fractions do not
+    assert gsm8k("", f"#### {huge[:-1]}2", huge) == 0.0
+
+
+def test_format_reward_is_paid_only_for_a_wrong_but_well_formed_answer():
+    assert gsm8k_with_format("", "#### 8", "7") == FORMAT_SCORE
+    assert gsm8k_with_format("", "#### 7", "7") == 1.0
+    assert gsm8k_with_format("", "the answer is 7", "7") == 0.0
+    assert boxed_with_format("", r"\boxed{8}", "7") == FORMAT_SCORE
+    assert boxed_with_format("", r"\boxed{7}", "7") == 1.0
+    assert boxed_with_format("", r"\boxed{7", "7") == 0.0
+
+
+def test_boxed_reward_cases():
+    assert boxed("", r"so \boxed{\frac{1}{2}}", "0.5") == 1.0
+    assert boxed("", r"\boxed{\dfrac{1}{2}}", r"\frac{1}{2}") == 1.0
+    assert boxed("", r"\boxed{x + 1}", "x+1") == 1.0  # text answers compare normalised
+    assert boxed("", r"\boxed{\left( 1, 2 \right)}", "(1,2)") == 1.0
+    assert boxed("", r"\boxed{3}", r"The answer is $\boxed{3}$.") == 1.0  # MATH solution
+    assert boxed("", r"\boxed{1} \boxed{2}", "1") == 0.0  # hedging: only the last box counts
+    assert boxed("", "3", "3") == 0.0
+
+
+def test_answers_equal_and_unknown_style():
+    assert answers_equal("18.0", "18") and not answers_equal("18", "81")
+    assert answers_equal(r"10^\circ", "10")
+    with pytest.raises(ValueError, match="style='latex'"):
+        math_reward("x", "y", "latex")
+
+
+def test_rewards_are_importable_by_their_config_names():
+    assert import_reward_fn("rltrain.rewards.math:gsm8k") is m.gsm8k
+    assert import_reward_fn("rltrain.rewards.math:boxed_with_format") is m.boxed_with_format

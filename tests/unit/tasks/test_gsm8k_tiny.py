@@ -1,0 +1,117 @@
+"""task.generate=gsm8k_tiny: the synthetic word problems, the BPE chat tokenizer, the cache."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+import pyarrow.parquet as pq
+import pytest
+
+from rltrain.config.schema import RunConfig
+from rltrain.errors import ConfigError
+from rltrain.rewards.math import extract_hash_answer
+from rltrain.tasks import build_task, build_tokenizer, check_task
+from rltrain.tasks.gsm8k_tiny import TEMPLATES, Gsm8kTinySpec, ensure_gsm8k_tiny, word_problems
+
+
+def _operation(question: str) -> tuple[str, int, int]:
+    """The operation and operands of a problem, read back through its template's shape."""
+    for op, template, _ in TEMPLATES:
+        pattern = re.escape(template)
+        for field, group in (
+            ("{n}", r"\w+"),
+            ("{x}", r"\w+"),
+            ("{a}", r"(\d+)"),
+            ("{b}", r"(\d+)"),
+        ):
+            pattern = pattern.replace(re.escape(field), group)
+        found = re.fullmatch(pattern, question)
+        if found:
+            return op, int(found.group(1)), int(found.group(2))
+    raise AssertionError(f"no template makes {question!r}")
+
+
+def test_problems_are_correct_disjoint_and_seeded():
+    spec = Gsm8kTinySpec(num_train=300, num_eval=50, max_number=5, seed=3)
+    train, evals = word_problems(spec)
+    assert len(train) == 300 and len(evals) == 50
+    assert not {r["question"] for r in train} & {r["question"] for r in evals}
+    assert word_problems(spec) == (train, evals)
+    assert word_problems(Gsm8kTinySpec(num_train=300, num_eval=50, max_number=5, seed=4)) != (
+        train,
+        evals,
+    )
+    ops = set()
+    for row in train + evals:
+        op, a, b = _operation(row["question"])
+        want = a + b if op == "+" else a - b
+        assert want >= 0 and a <= 5 and b <= 5
+        assert extract_hash_answer(row["answer"]) == str(want)
+        assert f"{a} {op} {b} = {want}" in row["answer"]
+        ops.add(op)
+    assert ops == {"+", "-"}
+
+
+def test_spec_from_params_names_the_bad_keys():
+    assert Gsm8kTinySpec.from_params(
+        {"num_train": 10, "other": "kept for others"}, 5
+    ) == Gsm8kTinySpec(num_train=10, seed=5)
+    with pytest.raises(ConfigError, match="task.params.num_eval='3' must be an integer"):
+        Gsm8kTinySpec.from_params({"num_eval": "3"}, 0)
+    # operands 0..1: 4 sums and 3 differences per template, 3 templates each, 10 names, 8 objects
+    with pytest.raises(ConfigError, match="gives only 1680 distinct problems"):
+        Gsm8kTinySpec.from_params({"max_number": 1, "num_train": 2000}, 0)
+    with pytest.raises(ConfigError, match="task.params.vocab_size=100 must be >= 300"):
+        Gsm8kTinySpec.from_params({"vocab_size": 100}, 0)
+
+
+def test_written_once_then_reused_and_rewritten_when_the_spec_changes(tmp_path: pathlib.Path):
+    spec = Gsm8kTinySpec(num_train=200, num_eval=20, vocab_size=320)
+    paths = (
+        str(tmp_path / "d/train.parquet"),
+        str(tmp_path / "d/eval.parquet"),
+        str(tmp_path / "tok"),
+    )
+    assert ensure_gsm8k_tiny(*paths, spec) is True
+    assert pq.read_table(paths[0]).column_names == ["question", "answer"]
+    assert pq.read_table(paths[1]).num_rows == 20
+    mtime = os.path.getmtime(paths[0])
+    assert ensure_gsm8k_tiny(*paths, spec) is False and os.path.getmtime(paths[0]) == mtime
+    assert ensure_gsm8k_tiny(*paths, Gsm8kTinySpec(num_train=100, num_eval=20, vocab_size=320))
+    assert pq.read_table(paths[0]).num_rows == 100
+    os.remove(paths[1])  # a missing file is rewritten
+    assert ensure_gsm8k_tiny(*paths, Gsm8kTinySpec(num_train=100, num_eval=20, vocab_size=320))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "tok", "tok.lock"]
+
+
+def test_check_task_generates_then_the_task_builds_with_the_chat_template(tmp_path: pathlib.Path):
+    run = RunConfig()
+    data = tmp_path / "cache"
+    for k, v in {
+        "name": "jsonl",
+        "generate": "gsm8k_tiny",
+        "path": str(data / "train.parquet"),
+        "eval_path": str(data / "eval.parquet"),
+        "prompt_key": "question",
+        "reward_fn": "rltrain.rewards.math:gsm8k",
+        "system_prompt": "End with ####.",
+        "params": {"num_train": 200, "num_eval": 10, "vocab_size": 320},
+    }.items():
+        setattr(run.task, k, v)
+    run.model.tokenizer_path = str(data / "tokenizer")
+    assert check_task(run) == []
+    tok = build_tokenizer(run.model)
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert tok.convert_ids_to_tokens(tok("#### 7")["input_ids"]) == ["####", "Ġ7"]
+    task = build_task(run.task, tok)
+    assert len(task.train) == 200 and len(task.eval) == 10 and not task.eval_is_train
+    ex = task.train[0]
+    assert ex.prompt.startswith("<|im_start|>system\nEnd with ####.<|im_end|>\n<|im_start|>user\n")
+    want = extract_hash_answer(ex.answer)
+    assert task.reward(ex.prompt, f"so it is #### {want}") == 1.0
+    run.model.path = str(tmp_path)  # a checkpoint's vocabulary cannot take a new tokenizer
+    assert any(
+        "model.path=" in p and "drop model.path or task.generate" in p for p in check_task(run)
+    )
