@@ -31,6 +31,9 @@ deadline=${DEADLINE_S:-570}
 steps=${STEPS:-20}
 new_tokens=${NEW_TOKENS:-256}
 tf_fallback=${TF_FALLBACK:-auto}
+# The prompts are "a+b=" (4 tokens); the plan sizes activations and KV cache, and the rollout
+# its engine's max_model_len, from task.max_prompt_length + rollout.max_new_tokens.
+prompt_len=8
 mkdir -p "$res" "$out" "$home/state"
 
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -117,7 +120,7 @@ EOF
 common=(model=qwen2_0_5b placement=collocated cluster.simulate_devices=false
   cluster.devices_per_node=1 rollout.max_new_tokens="$new_tokens"
   trainer.total_steps="$steps" trainer.eval_every=0 logging.progress=false
-  task.max_prompt_length=8) # the prompts are "a+b=": the plan sizes memory from it
+  task.max_prompt_length="$prompt_len")
 declare -A extra=(
   [a]="placement.fuse=true"
   [b]="weight_sync.transport=ipc placement.fuse=false"
@@ -154,13 +157,15 @@ do_vllm_engine() {
   local dir=$res/vllm_engine rc
   if [[ $tf_fallback != 1 ]]; then
     python3 "$here/vllm_engine.py" --out "$dir/vllm_engine.json" --steps "$steps" \
-      --max-new-tokens "$new_tokens" && { echo machine >"$home/state/transformers"; return 0; }
+      --max-new-tokens "$new_tokens" --max-model-len $((prompt_len + new_tokens)) &&
+      { echo machine >"$home/state/transformers"; return 0; }
     rc=$?
     [[ $tf_fallback == 0 || ! -d $home/fallback ]] && return $rc
     echo "== vLLM failed with the machine's transformers (rc=$rc): again with the bundle's"
   fi
   PYTHONPATH=$root:$home/fallback:$home/site python3 "$here/vllm_engine.py" \
-    --out "$dir/vllm_engine.json" --steps "$steps" --max-new-tokens "$new_tokens" &&
+    --out "$dir/vllm_engine.json" --steps "$steps" --max-new-tokens "$new_tokens" \
+    --max-model-len $((prompt_len + new_tokens)) &&
     echo fallback >"$home/state/transformers"
 }
 
@@ -170,7 +175,7 @@ do_gputests() {
 
 # export what the step commands (run by `timeout` in a child shell) need
 export -f do_env do_run do_vllm_engine do_gputests gpu_gib
-export here root home res steps new_tokens tf_fallback base_path
+export here root home res steps new_tokens tf_fallback base_path prompt_len
 
 run_step() { # NAME: the step's command, time-boxed
   case $1 in

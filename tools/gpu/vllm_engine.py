@@ -81,7 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    ap.add_argument("--max-model-len", type=int, default=0, help="0: longest prompt + new tokens")
+    ap.add_argument(
+        "--max-model-len",
+        type=int,
+        default=0,
+        help="0: longest prompt + new tokens (the runs "
+        "pass task.max_prompt_length + rollout.max_new_tokens, as the rollout sizes it)",
+    )
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--cycles", type=int, default=3, help="sleep/wake cycles per kind")
     ap.add_argument("--seed", type=int, default=1)
@@ -89,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from memwatch import reader
     from vllm import LLM, SamplingParams
+
+    from rltrain.bench.plain_grpo import EOS
 
     used = reader(0)
     result: dict = {"date": time.strftime("%Y-%m-%d"), "settings": vars(args) | {}}
@@ -104,26 +112,35 @@ def main(argv: list[str] | None = None) -> int:
         max_len = args.max_model_len or longest + args.max_new_tokens
         used_before = used()
         t0 = time.perf_counter()
+        # The engine settings rltrain's rollout uses (rltrain/backends/vllm_rollout.py), minus
+        # its worker extension: prompts as ids, prefix caching for the 16 samples of a prompt.
         llm = LLM(
             model=model_dir,
+            skip_tokenizer_init=True,
             load_format="dummy",
             dtype="bfloat16",
             enable_sleep_mode=True,
+            enable_prefix_caching=True,
             gpu_memory_utilization=args.gpu_memory_utilization,
             max_model_len=max_len,
             seed=args.seed,
             enforce_eager=args.enforce_eager,
+            logprobs_mode="processed_logprobs",
         )
         result["engine_init_s"] = time.perf_counter() - t0
         result["used_bytes_before_engine"] = used_before
         result["used_bytes_engine_awake"] = used()
+        # What a GRPO rollout asks for: n samples, the sampled tokens' log-probs, stop at EOS
+        # by id. No per-request seed (the engine's seed decides): what a plain user would run.
         params = SamplingParams(
             n=args.samples,
             temperature=1.0,
             top_p=1.0,
             max_tokens=args.max_new_tokens,
-            detokenize=False,  # the rollout reads token ids; text is the reward's business
-        )  # no per-request seed: seeded requests take a slower sampling path (LLM(seed=) seeds)
+            logprobs=0,
+            stop_token_ids=[EOS],
+            detokenize=False,
+        )
         steps = []
         for s in range(args.steps):
             prompts = [{"prompt_token_ids": ids} for ids in prompts_of_step(s, args.batch)]
