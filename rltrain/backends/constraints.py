@@ -229,7 +229,9 @@ def check_weight_sync_layout(
         rollout_devices: rollout rank -> its ``(node, device)`` pairs.
 
     Raises:
-        PlacementError: ``ipc`` with a rollout GPU that hosts no actor rank.
+        ConfigError: ``ipc`` with a rollout GPU that hosts no actor rank (a config key at odds
+            with the placement, as :func:`rltrain.backends.weight_sync.choice.choose_transport`
+            reports it).
     """
     if transport != "ipc":
         return
@@ -238,7 +240,7 @@ def check_weight_sync_layout(
         bare = [d for d in rollout_devices[rank] if d not in actor]
         if bare:
             node, dev = bare[0]
-            raise PlacementError(
+            raise ConfigError(
                 f"weight_sync.transport=ipc needs an actor rank on every GPU of every rollout "
                 f"process, but rollout rank {rank} uses device {dev} of node {node}, where no "
                 f"actor rank runs (actor devices {_brief(sorted(actor))}): place the rollout on "

@@ -315,9 +315,10 @@ def build_plan(run: Any, cluster: ClusterSpec, check_fit: bool = True) -> Plan:
     Raises:
         PlacementError: for a bad placement, ``placement.mode`` contradicting the layout, or a
             layout the GPU engines cannot run (:func:`check_engine_rules`).
+        ConfigError: ``weight_sync.transport`` the layout cannot serve; a bad offload policy or
+            unreadable model sizes.
         ResourceError: when ``check_fit`` and some device cannot hold a stage, or a vLLM
             engine has no room for one sequence.
-        ConfigError: for a bad offload policy or unreadable model sizes.
     """
     cp = choose_placement(run, cluster)
     mode = cp.placement_mode
@@ -364,7 +365,8 @@ def check_engine_rules(
       actor rank; ``host``, ``collective`` and ``auto`` serve any layout.
 
     Raises:
-        PlacementError: naming the ranks, the device and the fix.
+        PlacementError: two ranks of an NCCL group on one GPU, naming them and the fix.
+        ConfigError: ``weight_sync.transport=ipc`` the layout cannot serve.
     """
     cuda = {n.rank for n in cluster.nodes if n.accelerator_type == "cuda"}
 

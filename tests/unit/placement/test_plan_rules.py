@@ -81,7 +81,7 @@ def test_plan_on_cluster_ray_refuses_what_the_gpus_would():
 def test_weight_sync_ipc_needs_an_actor_rank_on_every_rollout_gpu():
     partial = run_on({"actor": "0-1", "rollout": "1-2"}, cuda=True)
     partial.weight_sync.transport = "ipc"
-    with pytest.raises(PlacementError) as err:
+    with pytest.raises(ConfigError) as err:
         plan_of(partial)
     msg = str(err.value)
     assert "weight_sync.transport=ipc" in msg and "rollout rank 1 uses device 2 of node 0" in msg
