@@ -141,7 +141,7 @@ def noisy_strings(draw):
     return text
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(clusters, st.one_of(st.text(alphabet=ALPHABET, max_size=14), noisy_strings()))
 def test_random_strings_are_refused_or_mean_exactly_what_they_say(cluster, text):
     try:
@@ -161,7 +161,7 @@ def test_random_strings_are_refused_or_mean_exactly_what_they_say(cluster, text)
     ]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(mixed_clusters, st.data())
 def test_node_processes_see_their_node_and_reserve_nothing(cluster, data):
     ranks = data.draw(st.lists(st.integers(0, cluster.num_nodes - 1), min_size=1, max_size=6))
