@@ -58,6 +58,11 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
             f"over the whole batch, and a fused rank sees only its own prompt groups "
             f"(group estimators {list(GROUP_ESTIMATORS)} fuse)"
         )
+    if run.weight_sync.transport != "auto":
+        out.append(
+            f"weight_sync.transport={run.weight_sync.transport!r} asks for weight sync between "
+            f"separate actor and rollout processes (a fused rank has none)"
+        )
     if run.reward.kind != "rule":
         out.append(
             f"reward.kind={run.reward.kind!r}: a fused rank scores with the task's rule only"

@@ -483,17 +483,7 @@ class ReasoningRunner:
         old_logprobs = None
         if "inference" in g:  # the actor's old_logprobs, computed on the inference devices
             with timer("inference"), self.job.stage("inference"):
-                per_rank = (
-                    g["inference"]
-                    .call(
-                        InferenceWorker.logprobs,
-                        shards,
-                        weights=self.weights.get("inference"),
-                        expect_version=self.version,
-                    )
-                    .wait()
-                )
-                old_logprobs = gather_round_robin(per_rank, len(shards))
+                old_logprobs = self._inference_logprobs(shards)
         critic_metrics: dict[str, Any] = {}
         if "critic" in g:  # PPO: the actor's GAE reads the values the critic attaches
             shards, critic_metrics = self._critic(step, shards, scored.refs[0], ref_logprobs, timer)
@@ -515,6 +505,18 @@ class ReasoningRunner:
         with timer("reward"):
             scores = scored.wait()[0]  # answered before the update started
         return {**self._step_metrics(scores, results, timer.times), **critic_metrics}
+
+    def _inference_logprobs(self, shards: list[Any]) -> list[Any]:
+        """``[b, R]`` log-probs of every shard under the policy that sampled them (the version
+        the rollout held), from the inference ranks, shard order."""
+        inference = self.g["inference"]
+        per_rank = inference.call(
+            InferenceWorker.logprobs,
+            shards,
+            weights=self.weights.get("inference"),
+            expect_version=self.version,
+        ).wait()
+        return gather_round_robin(per_rank, len(shards))
 
     def _critic(
         self, step: int, shards: list[Any], rewards: Any, ref_logprobs: Any, timer: StepTimer

@@ -57,8 +57,9 @@ def test_deepspeed_limits_are_refused_before_ray(tmp_path, monkeypatch) -> None:
         raise AssertionError("Ray must not start for a config DeepSpeed cannot run")
 
     monkeypatch.setattr(reasoning, "start_job", no_ray)
-    # The collocated placement offloads the actor: DeepSpeed needs a ZeRO optimizer for that.
-    run = compose_run("actor.backend=deepspeed", "actor.zero_stage=0")
+    # The collocated placement offloads the actor: at ZeRO-0 only a plain float32 optimizer
+    # can move (bfloat16 wraps it in DeepSpeed's mixed-precision optimizer).
+    run = compose_run("actor.backend=deepspeed", "actor.zero_stage=0", "model.dtype=bfloat16")
     with pytest.raises(ConfigError, match="set actor.zero_stage to 1, 2 or 3"):
         reasoning.run_reasoning(run, str(tmp_path))
     run = compose_run("actor.backend=deepspeed", "actor.zero_stage=3", "model.dtype=float16")
@@ -66,6 +67,29 @@ def test_deepspeed_limits_are_refused_before_ray(tmp_path, monkeypatch) -> None:
         reasoning.run_reasoning(run, str(tmp_path))
     assert "model.dtype='float16'" in str(err.value)
     assert "optimizer.name=deepspeed_adamw" in str(err.value)  # ZeRO-3 offload's fused Adam
+
+
+@pytest.mark.timeout(600)
+def test_deepspeed_runs_as_typed_on_the_shipped_placement(ray_session, tmp_path) -> None:
+    """``actor.backend=deepspeed`` alone: the collocated placement (its actor offloads on
+    demand) with the default actor.zero_stage=0, which offloads through a state mover."""
+    pytest.importorskip("deepspeed")
+    ray_session.ensure()
+    run = compose_run(
+        "actor.backend=deepspeed",
+        "trainer.total_steps=2",
+        "trainer.eval_every=2",
+        "trainer.train_batch_size=4",
+        "logging.progress=false",
+        f"+cluster.runtime_env.env_vars.{EXTENSIONS_ENV}='{EXTENSIONS}'",
+    )
+    assert run.placement.mode == "collocated" and run.actor.zero_stage == 0
+    summary = reasoning.run_reasoning(run, str(tmp_path))
+    assert summary["status"] == "completed" and summary["steps"] == 2
+    assert summary["fused"] is False  # DeepSpeed trains in processes of its own
+    assert any("actor.backend='deepspeed'" in b for b in summary["fuse_blockers"])
+    records = read_metrics(str(tmp_path / "metrics.jsonl"))
+    assert all(r["actor/lr"] == run.optimizer.lr for r in records)
 
 
 def test_workers_take_the_extensions_dir_from_the_runtime_env(monkeypatch) -> None:

@@ -1,0 +1,248 @@
+"""The engines the config names, in real runs on the session's local Ray (simulated devices):
+the collective weight-sync transport (gloo) against the object store, a reward model, and the
+inference component."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from rltrain.config import load_config
+from rltrain.config.store import register_configs
+from rltrain.runners import reasoning
+from rltrain.telemetry.metrics import read_metrics
+from rltrain.workers.rollout import RolloutWorker
+
+CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
+SHORT = (
+    "trainer.total_steps=3",
+    "trainer.eval_every=3",
+    "trainer.train_batch_size=4",
+    "rollout.n_samples_per_prompt=4",
+    "logging.progress=false",
+)
+
+
+def compose_run(*overrides: str):
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return load_config(compose(config_name="config", overrides=list(overrides)))
+
+
+class WeightsRollout(RolloutWorker):
+    """The rollout, plus a look at the weights it holds."""
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+
+def _steps_with_rollout_weights(run, run_dir: str, steps: int):
+    """Train ``steps`` steps; after each, the rollout takes the new version and shows it."""
+    from rltrain.placement.plan import build_plan
+    from rltrain.placement.types import ClusterSpec
+    from rltrain.runners.job import start_job
+    from rltrain.runners.sizes import derive_sizes
+
+    plan = build_plan(run, ClusterSpec.from_config(run.cluster))
+    sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
+    builders = reasoning.worker_builders(run, sizes)
+    builders["rollout"] = lambda plan: WeightsRollout.create_group(run)
+    records, weights = [], []
+    with start_job(run, run_dir, builders, on_launch=reasoning.data_parallel) as job:
+        runner = reasoning.ReasoningRunner(job, sizes)
+        runner._export_weights(0)
+        for step in range(steps):
+            records.append(runner.train_step(step))
+            with job.stage("rollout"):
+                job.groups["rollout"].call(RolloutWorker.catch_up, runner.weights_ref).wait()
+                weights.append(job.groups["rollout"].call(WeightsRollout.weights).wait()[0])
+        runner._finish_weight_sync()
+        job.verify_ledger()
+        summary = reasoning.weight_sync_summary(runner)
+    return records, weights, summary
+
+
+@pytest.mark.timeout(600)
+def test_collective_transport_delivers_the_host_transports_weights(ray_session, tmp_path):
+    """Disaggregated (actor on device 0, rollout on device 1), 3 steps each way: after every
+    update the rollout holds bit for bit the same weights by gloo broadcast as by the object
+    store, so both runs learn the same."""
+    ray_session.ensure()
+    base = ("placement=disaggregated", "algorithm.entropy_coef=0.05", *SHORT)
+    host = _steps_with_rollout_weights(
+        compose_run(*base, "weight_sync.transport=host"), str(tmp_path / "host"), 3
+    )
+    coll = _steps_with_rollout_weights(
+        compose_run(*base, "weight_sync.transport=collective"), str(tmp_path / "coll"), 3
+    )
+    assert host[2]["rollout"]["transport"] == "host"
+    assert coll[2]["rollout"] == {
+        "transport": "collective",
+        "reason": coll[2]["rollout"]["reason"],
+        "backend": "gloo",
+        "groups": {"0": [0]},
+    }
+    for step, (a, b) in enumerate(zip(host[1], coll[1], strict=True)):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert torch.equal(a[name], b[name]), (step, name)
+    # the weights moved at every step (the comparison is not between two initial models)
+    first, last = host[1][0], host[1][-1]
+    assert any(not torch.equal(first[n], last[n]) for n in first)
+    for ra, rb in zip(host[0], coll[0], strict=True):
+        for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+            assert ra[key] == rb[key], key
+
+
+def _tiny_reward_model(path: pathlib.Path, seed: int = 7) -> None:
+    """A random Llama sequence classifier with one output, over the policy's tokenizer."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from rltrain.config.schema import ModelConfig
+    from rltrain.tasks import build_tokenizer
+
+    tok = build_tokenizer(ModelConfig())
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id,
+        num_labels=1,
+    )
+    torch.manual_seed(seed)
+    LlamaForSequenceClassification(config).save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+
+
+def _model_scores(path: pathlib.Path, texts: list[str]) -> torch.Tensor:
+    """The reward model's own scores, one text at a time (no padding at all)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForSequenceClassification.from_pretrained(str(path)).eval()
+    with torch.no_grad():
+        return torch.cat([model(**tok([t], return_tensors="pt")).logits[:, 0] for t in texts])
+
+
+@pytest.mark.timeout(600)
+def test_reward_model_scores_what_the_run_logs(ray_session, tmp_path, monkeypatch):
+    from rltrain.algorithms.sampling import decode_responses
+    from rltrain.tasks import build_tokenizer
+
+    ray_session.ensure()
+    rm = tmp_path / "reward_model"
+    _tiny_reward_model(rm)
+    seen: list = []
+    real_learn = reasoning.ReasoningRunner._learn
+    real_metrics = reasoning.ReasoningRunner._step_metrics
+
+    def learn(self, step, shards, timer):
+        import ray
+
+        seen.append({"shards": ray.get(list(shards))})
+        return real_learn(self, step, shards, timer)
+
+    def step_metrics(self, scores, results, times):
+        seen[-1]["scores"] = torch.cat([sc.rewards for sc in scores])
+        return real_metrics(self, scores, results, times)
+
+    real_fit = reasoning.ReasoningRunner.fit
+
+    def fit(self):
+        out = real_fit(self)
+        seen.append({"counts": self.job.residency.counts()})
+        return out
+
+    monkeypatch.setattr(reasoning.ReasoningRunner, "_learn", learn)
+    monkeypatch.setattr(reasoning.ReasoningRunner, "_step_metrics", step_metrics)
+    monkeypatch.setattr(reasoning.ReasoningRunner, "fit", fit)
+    run = compose_run(
+        "placement=collocated",
+        "reward.kind=model",
+        f"reward.model_path={rm}",
+        "reward.micro_batch_size=3",  # 8 rows per shard: micro-batches of 3, 3 and 2
+        "placement.component_placement.reward=0",  # on device 0, beside actor and rollout
+        "+placement.offload.reward={when: after_stage, states: [weights]}",
+        *SHORT,
+    )
+    summary = reasoning.run_reasoning(run, str(tmp_path / "run"))
+    assert summary["status"] == "completed" and summary["fused"] is False
+    assert any("reward.kind='model'" in b for b in summary["fuse_blockers"])
+    records = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
+    counts = seen.pop()["counts"]
+    # resident state on device 0: its policy sends the weights away after every scoring
+    assert counts[("reward", "offload")] >= 3 and counts[("reward", "reload")] >= 3
+    assert len(seen) == len(records) == 3
+    tok = build_tokenizer(run.model)
+    for step, record in zip(seen, records, strict=True):
+        texts = []
+        for b in step["shards"]:
+            prompts = tok.batch_decode(b.prompt_ids.tolist(), skip_special_tokens=True)
+            responses = decode_responses(tok, b, tok.eos_token_id)
+            texts += [p + r for p, r in zip(prompts, responses, strict=True)]
+        want = _model_scores(rm, texts)
+        torch.testing.assert_close(step["scores"], want, rtol=1e-5, atol=1e-5)
+        assert record["reward/mean"] == pytest.approx(float(want.mean()), abs=1e-5)
+    assert len({float(s["scores"].std()) for s in seen}) > 1  # real, varying scores
+
+
+@pytest.mark.timeout(600)
+def test_inference_component_computes_the_actors_old_logprobs(ray_session, tmp_path, monkeypatch):
+    from rltrain.algorithms.logprobs import compute_logprobs
+    from rltrain.tasks import build_model
+
+    ray_session.ensure()
+    seen: list = []
+    real = reasoning.ReasoningRunner._inference_logprobs
+
+    def inference_logprobs(self, shards):
+        import ray
+
+        from rltrain.backends.weight_sync.host import load_from_host
+
+        out = real(self, shards)
+        # the actor's policy as it is before this step's update (the version it exported)
+        model = build_model(self.run.model)
+        packed = ray.get(self.weights_ref)
+        load_from_host(packed, dict(model.named_parameters()))
+        seen.append((ray.get(list(shards)), out, model))
+        return out
+
+    monkeypatch.setattr(reasoning.ReasoningRunner, "_inference_logprobs", inference_logprobs)
+    run = compose_run(
+        "placement=disaggregated",
+        "placement.mode=null",
+        "+placement.component_placement.inference=1",  # beside the rollout, off the actor
+        "algorithm.entropy_coef=0.05",
+        *SHORT,
+    )
+    summary = reasoning.run_reasoning(run, str(tmp_path))
+    assert summary["weight_sync"]["inference"]["transport"] == "host"
+    assert len(seen) == 3
+    for shards, old, model in seen:
+        for b, lp in zip(shards, old, strict=True):
+            want = compute_logprobs(
+                model, b.input_ids, b.attention_mask, b.response_mask, temperature=1.0
+            )
+            torch.testing.assert_close(lp, want, rtol=0, atol=1e-6)
+    # the actor's own forward pass agrees: its ratio against these old_logprobs starts at 1
+    records = read_metrics(str(tmp_path / "metrics.jsonl"))
+    assert all(abs(r["actor/approx_kl"]) < 1e-6 and r["actor/clip_frac"] == 0 for r in records)
+    assert all(r["time/inference_s"] > 0 for r in records)
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    lanes = {
+        e["args"].get("process")
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X" and e.get("name") == "inference"
+    }
+    assert lanes == {"inference[0]"}
