@@ -85,3 +85,12 @@ def test_handed_weights_and_their_versions():
     payloads = {0: P(3), 1: P(3)}
     assert weight_version(payloads) == 3
     assert [p.version for p in payload_for(payloads, (1, 0))] == [3, 3]
+
+
+def test_a_missing_ipc_payload_names_the_actor_rank():
+    import pytest
+
+    from rltrain.errors import WorkerError
+
+    with pytest.raises(WorkerError, match=r"actor ranks \[2\]"):
+        payload_for({0: object(), 1: object()}, (2,))
