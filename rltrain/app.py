@@ -141,6 +141,14 @@ def run(cfg: DictConfig) -> float | None:
     _refuse_private_preset()
     run_cfg = load_config(cfg)
     out_dir = run_dir()
+    if run_cfg.placement.mode == "auto":  # rltrain chooses: profile, predict, rank
+        from rltrain.autoplace import choose
+
+        choice = choose(run_cfg, out_dir)
+        print(choice.text)
+        if run_cfg.mode == "plan":
+            return None
+        run_cfg = choice.run  # the winner, a concrete layout; checked and run as any other
     if run_cfg.mode == "plan":
         from rltrain.placement.command import plan_command
 

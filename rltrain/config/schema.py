@@ -84,10 +84,32 @@ class OffloadPolicyConfig:
 
 
 @dataclass
+class AutoPlacementConfig:
+    """placement=auto (rltrain.autoplace): profile short runs, predict every candidate layout's
+    seconds per step, rank them, run the winner (mode=plan: print the ranking only)."""
+
+    profile_steps: int = 3  # steps per profiling run; the first is warm-up and is not timed (>= 2)
+    time_limit_s: float = 300.0  # profiling wall-clock budget over all its runs (> 0)
+    # where profiles are cached by (model, task, cluster); null: ~/.cache/rltrain/profiles
+    cache_dir: Optional[str] = None
+    reprofile: bool = False  # ignore a cached profile and measure again
+    # layout families to enumerate: any of collocated, disaggregated, hybrid
+    candidates: List[str] = field(
+        default_factory=lambda: ["collocated", "disaggregated", "hybrid"]
+    )
+    # trainer.max_staleness values tried where rollout and actor hold separate devices (0 and/or 1)
+    staleness: List[int] = field(default_factory=lambda: [0, 1])
+    # embodied: env.pipeline_stage_num values tried; empty: 1, 2, 4, 8 where env.num_envs divides
+    pipeline_stages: List[int] = field(default_factory=list)
+    max_checked: int = 32  # candidates checked with the plan and preflight, fastest predicted first
+
+
+@dataclass
 class PlacementConfig:
     """Which devices each component uses, and how components sharing a device take turns."""
 
-    mode: Optional[str] = None  # collocated | disaggregated | hybrid; checked against the layout
+    # collocated | disaggregated | hybrid: checked against the layout; auto: rltrain chooses
+    mode: Optional[str] = None
     component_placement: Dict[str, Any] = MISSING  # RLinf grammar, e.g. {"actor,rollout": "all"}
     # component -> OffloadPolicyConfig. Typed Any so that one override adds a component's policy
     # (+placement.offload.reference={when: after_stage}; OmegaConf cannot add a mapping to a
@@ -97,6 +119,7 @@ class PlacementConfig:
     # auto | true | false: run actor, rollout and the rule reward in one process per device
     # when they share the devices and nothing has to move (rltrain.runners.fusion)
     fuse: str = "false"
+    auto: AutoPlacementConfig = field(default_factory=AutoPlacementConfig)  # used by mode=auto
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -113,6 +136,10 @@ class ModelConfig:
     num_heads: int = 4
     num_kv_heads: int = 4
     max_position_embeddings: int = 64
+    # embedding rows; null: the tokenizer's size (a larger value pads the embedding, as real
+    # checkpoints do; a smaller one is refused)
+    vocab_size: Optional[int] = None
+    tie_word_embeddings: bool = False  # the LM head shares the input embedding's weights
     dtype: str = "float32"  # float32 | bfloat16 | float16
     init_seed: int = 0  # seed of the random initialisation
     vocab_chars: Optional[str] = None  # built-in tokenizer alphabet; null: digits, "+-*/=(). "
@@ -162,7 +189,15 @@ class TaskConfig:
     num_train: int = 0  # prompts generated for training; 0: every prompt the task defines
     num_eval: int = 0  # held-out prompts for greedy evaluation; 0: the task's default
     max_operand: int = 4  # arithmetic: operands are 0..max_operand
-    path: Optional[str] = None  # jsonl/parquet file of prompt/answer pairs
+    # prompt/answer rows: a .jsonl, .json or .parquet file, or a datasets.save_to_disk directory
+    path: Optional[str] = None
+    eval_path: Optional[str] = None  # held-out eval rows, same formats; then num_eval must be 0
+    # render prompts with the tokenizer's chat template; null: when the tokenizer has one
+    chat_template: Optional[bool] = None
+    system_prompt: Optional[str] = None  # a system message before every prompt (chat template)
+    # write a built-in synthetic data set first (gsm8k_tiny): its train/eval parquet files to
+    # task.path / task.eval_path and its BPE tokenizer to model.tokenizer_path, when missing
+    generate: Optional[str] = None
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     reward_fn: Optional[str] = None  # dotted path "pkg.module:function"; null: the task's own

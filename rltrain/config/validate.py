@@ -206,7 +206,13 @@ def _cluster(cfg: RunConfig) -> Iterator[str]:
 def _placement(cfg: RunConfig) -> Iterator[str]:
     p = cfg.placement
     if p.mode is not None:
-        yield from _one_of("placement.mode", p.mode, ("collocated", "disaggregated", "hybrid"))
+        yield from _one_of(
+            "placement.mode", p.mode, ("collocated", "disaggregated", "hybrid", "auto")
+        )
+    if p.mode == "auto":
+        from rltrain.autoplace import check_auto
+
+        yield from check_auto(cfg)
     if not p.component_placement:
         yield "placement.component_placement is empty: place at least the actor, e.g. actor: all"
     for key in p.component_placement:
@@ -243,7 +249,10 @@ def _model(cfg: RunConfig) -> Iterator[str]:
                 f"model.path={m.path!r} has no config.json, so it is not a Hugging Face "
                 f"checkpoint: point it at the directory that holds config.json"
             )
-    if m.tokenizer_path is not None and not os.path.isdir(m.tokenizer_path):
+    if m.vocab_size is not None:
+        yield from _positive("model.vocab_size", m.vocab_size)
+    generated = cfg.task.generate is not None  # the generator writes the tokenizer first
+    if m.tokenizer_path is not None and not generated and not os.path.isdir(m.tokenizer_path):
         yield f"model.tokenizer_path={m.tokenizer_path!r} is not a directory"
     if m.path is None:
         for key in (
@@ -404,9 +413,15 @@ def _task(cfg: RunConfig) -> Iterator[str]:
     yield from _one_of("task.name", t.name, ("arithmetic", "jsonl", "gym"))
     if t.name == "jsonl":
         if not t.path:
-            yield "task.name='jsonl' needs task.path: a local .jsonl or .parquet file"
-        elif not os.path.isfile(t.path):
-            yield f"task.path={t.path!r} does not exist: give a local .jsonl or .parquet file"
+            yield (
+                "task.name='jsonl' needs task.path: a local .jsonl, .json or .parquet file or a "
+                "datasets.save_to_disk directory"
+            )
+        elif t.generate is None and not os.path.exists(t.path):
+            yield (
+                f"task.path={t.path!r} does not exist: give a local .jsonl, .json or .parquet "
+                f"file or a datasets.save_to_disk directory"
+            )
     yield from _positive("task.max_prompt_length", t.max_prompt_length)
     yield from _positive("task.num_train", t.num_train, zero_ok=True)
     yield from _positive("task.num_eval", t.num_eval, zero_ok=True)
