@@ -1,0 +1,147 @@
+"""``placement=auto``: profile, enumerate, predict, rank, check, and hand back the winner."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rltrain.autoplace.candidates import (
+    Candidate,
+    apply,
+    embodied_candidates,
+    reasoning_candidates,
+    stage_counts,
+)
+from rltrain.autoplace.cost import costs_to_dict
+from rltrain.autoplace.profile import Profile, get_profile
+from rltrain.autoplace.search import Row, ordered, pick, rank, render, verify
+from rltrain.autoplace.settings import DEFAULT_STAGES, AutoSettings
+from rltrain.errors import ConfigError
+
+#: What :func:`choose` writes into the run directory.
+RANKING_FILE = "auto_placement.json"
+TEXT_FILE = "auto_placement.txt"
+#: Where the profiling runs write, inside the run directory.
+PROFILE_DIR = "auto_profile"
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What :func:`choose` decided.
+
+    Attributes:
+        run: the winner's run config (``placement.mode`` null: the plan classifies it).
+        ranking: one dict per candidate, the winner first (see ``Row.to_dict``).
+        text: the ranking as a printable table.
+        profile: the profile the predictions came from.
+        winner: the winner's row.
+        search_s: seconds spent enumerating, predicting and ranking (after profiling).
+        verify_s: seconds spent checking candidates with the plan and preflight.
+    """
+
+    run: Any
+    ranking: list[dict[str, Any]]
+    text: str
+    profile: Profile
+    winner: Row
+    search_s: float = 0.0
+    verify_s: float = 0.0
+
+
+def devices(run: Any) -> int:
+    """The cluster's devices as the config describes it."""
+    from rltrain.placement.types import ClusterSpec
+
+    return ClusterSpec.from_config(run.cluster).num_devices
+
+
+def enumerate_for(run: Any, settings: AutoSettings, total: int) -> list[Candidate]:
+    """The candidates of a run on ``total`` devices (pure)."""
+    if run.runner == "embodied":
+        stages = stage_counts(run.env.num_envs, settings.pipeline_stages, DEFAULT_STAGES)
+        return embodied_candidates(total, stages, settings.candidates)
+    return reasoning_candidates(total, settings.candidates, settings.staleness)
+
+
+def search(run: Any, profile: Profile, settings: AutoSettings) -> list[Row]:
+    """Enumerate and rank (pure; fast on any cluster size)."""
+    return rank(enumerate_for(run, settings, devices(run)), profile.costs)
+
+
+def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> AutoChoice:
+    """Choose the placement of a run: profile it (or read its cached profile), enumerate the
+    candidate layouts, predict and rank them, check them in that order with the plan's memory
+    model and preflight, and return the fastest valid one.
+
+    Writes ``auto_placement.json`` (ranking, profile, cost terms) and ``auto_placement.txt``
+    (the table) into ``run_dir``; profiling runs write under ``run_dir/auto_profile``.
+
+    Args:
+        run: the checked run config (``placement.mode=auto``; its layout is only a base: the
+            components it places beyond actor, rollout and env, and its offload policies).
+        run_dir: the run's output directory.
+        settings: ``placement.auto.*``; None reads them from ``run``.
+
+    Returns:
+        The choice; ``choice.run`` is what to train (``mode`` unchanged).
+
+    Raises:
+        ConfigError: bad ``placement.auto.*`` values, or no candidate passes its checks (every
+            candidate's reason listed).
+        ResourceError: profiling could not run within the time limit.
+    """
+    settings = settings or AutoSettings.from_run(run)
+    profile = get_profile(run, settings, os.path.join(run_dir, PROFILE_DIR))
+    t0 = time.perf_counter()
+    rows = search(run, profile, settings)
+    t1 = time.perf_counter()
+    rows = verify(run, rows, settings.max_checked)
+    t2 = time.perf_counter()
+    winner = pick(rows)
+    if winner is None:
+        reasons = [f"{r.candidate.name}: {r.reason}" for r in rows if r.reason]
+        raise ConfigError(
+            [
+                "placement=auto: no candidate layout passes the checks training makes; each one's "
+                "reason follows (give more devices, or lower the memory the run needs)"
+            ]
+            + reasons
+        )
+    origin = (
+        f"profile {profile.key}: cached {profile.created} ({profile.path})"
+        if profile.source == "cache"
+        else f"profile {profile.key}: measured in {profile.seconds:.1f} s "
+        f"({len(profile.runs)} runs), cached at {profile.path}"
+    )
+    text = render(rows, winner, header=f"placement=auto: {len(rows)} candidates; {origin}")
+    ranking = [r.to_dict() for r in ordered(rows, winner)]
+    _write(run_dir, ranking, profile, text, t1 - t0, t2 - t1)
+    return AutoChoice(
+        apply(run, winner.candidate), ranking, text, profile, winner, t1 - t0, t2 - t1
+    )
+
+
+def _write(
+    run_dir: str,
+    ranking: list[dict[str, Any]],
+    profile: Profile,
+    text: str,
+    search_s: float,
+    verify_s: float,
+) -> None:
+    os.makedirs(run_dir, exist_ok=True)
+    doc = {
+        "winner": ranking[0]["candidate"],
+        "search_s": search_s,
+        "verify_s": verify_s,
+        "profile": {**profile.to_dict(), "source": profile.source, "path": profile.path},
+        "costs": costs_to_dict(profile.costs),
+        "ranking": ranking,
+    }
+    with open(os.path.join(run_dir, RANKING_FILE), "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(os.path.join(run_dir, TEXT_FILE), "w") as f:
+        f.write(text + "\n")

@@ -1,0 +1,342 @@
+"""Profiling: short real runs of a few layouts, read back and fitted, cached.
+
+The runs go through the runners' own entry points (:func:`rltrain.runners.reasoning.
+run_reasoning`, :func:`rltrain.runners.embodied.run_embodied`) on the configured cluster: real
+workers on the real (or simulated) devices. Each is bounded by ``placement.auto.profile_steps``
+steps and what is left of ``placement.auto.time_limit_s`` (``trainer.time_budget_s``); a run
+that would start after the limit is skipped and the fit uses the runs made. All runs share one
+Ray: a local one is started once (and stopped after), an existing one is joined.
+
+Profiles are cached under ``placement.auto.cache_dir`` by :func:`profile_key`: the model, the
+task, the cluster, and every setting that changes how long a stage takes (batch sizes, lengths,
+engines, latency knobs); not the placement, which is what the profile serves to choose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rltrain.autoplace.candidates import Candidate, apply
+from rltrain.autoplace.cost import EmbodiedCosts, ReasoningCosts, costs_from_dict, costs_to_dict
+from rltrain.autoplace.fit import fit_embodied, fit_reasoning, profile_candidates
+from rltrain.autoplace.readings import RunReading, read_run
+from rltrain.autoplace.settings import AutoSettings
+from rltrain.errors import ResourceError
+
+log = logging.getLogger("rltrain")
+
+#: Bumped when the profile's content changes meaning (older cache files are then ignored).
+PROFILE_VERSION = 1
+#: Steps left out of each profiling run's timing (first calls, first allocations).
+WARMUP_STEPS = 1
+#: Config sections whose values change how long a stage takes (the cache key).
+TIMING_SECTIONS = (
+    "model",
+    "task",
+    "cluster",
+    "actor",
+    "rollout",
+    "reward",
+    "reference",
+    "critic",
+    "inference",
+    "algorithm",
+    "env",
+    "weight_sync",
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A run's measured costs.
+
+    Attributes:
+        key: the cache key (:func:`profile_key`).
+        runner: ``reasoning`` or ``embodied``.
+        costs: the fitted cost terms.
+        runs: each profiling run: its layout name, devices, stage count and reading.
+        source: ``measured`` (this call profiled) or ``cache`` (read from ``path``).
+        seconds: wall-clock seconds the profiling took when it was measured.
+        created: when it was measured (ISO date and time).
+        path: the cache file.
+        skipped: profiling layouts not run because the time limit was reached.
+    """
+
+    key: str
+    runner: str
+    costs: ReasoningCosts | EmbodiedCosts
+    runs: tuple[Mapping[str, Any], ...]
+    source: str = "measured"
+    seconds: float = 0.0
+    created: str = ""
+    path: str = ""
+    skipped: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PROFILE_VERSION,
+            "key": self.key,
+            "runner": self.runner,
+            "costs": costs_to_dict(self.costs),
+            "runs": [dict(r) for r in self.runs],
+            "seconds": self.seconds,
+            "created": self.created,
+            "skipped": list(self.skipped),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "") -> Profile:
+        return cls(
+            key=str(d["key"]),
+            runner=str(d["runner"]),
+            costs=costs_from_dict(d["costs"]),
+            runs=tuple(d.get("runs", ())),
+            source="cache",
+            seconds=float(d.get("seconds", 0.0)),
+            created=str(d.get("created", "")),
+            path=path,
+            skipped=tuple(d.get("skipped", ())),
+        )
+
+
+# -------------------------------------------------------------------------------- the cache
+def _section(run: Any, name: str) -> Any:
+    value = getattr(run, name, None)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+def profile_key(run: Any) -> str:
+    """The cache key: a readable prefix (runner, model, task, cluster) and a hash of every
+    setting that changes stage times.
+
+    Args:
+        run: the run config.
+
+    Returns:
+        A file-name-safe key.
+    """
+    m, c = run.model, run.cluster
+    model = os.path.basename(str(m.path).rstrip("/")) if m.path else f"{m.family}-h{m.hidden_size}"
+    task = run.task.name if run.task.name != "gym" else run.task.env_id
+    extra = sorted(
+        n.strip()
+        for k in run.placement.component_placement
+        for n in str(k).split(",")
+        if n.strip() not in ("actor", "rollout", "env")
+    )
+    data = {s: _section(run, s) for s in TIMING_SECTIONS}
+    data.update(
+        runner=run.runner,
+        train_batch_size=run.trainer.train_batch_size,
+        components=extra,
+        version=PROFILE_VERSION,
+    )
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+    devices = c.devices_per_node if isinstance(c.devices_per_node, int) else "mixed"
+    prefix = f"{run.runner}-{model}-{task}-{c.num_nodes}x{devices}"
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in prefix)
+    return f"{safe}-{digest[:16]}"
+
+
+def cache_file(settings: AutoSettings, key: str) -> str:
+    return os.path.join(settings.cache_path, f"{key}.json")
+
+
+def load_cached(settings: AutoSettings, key: str) -> Profile | None:
+    """The cached profile of ``key``, or None (absent, unreadable or of another version)."""
+    path = cache_file(settings, key)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("version") != PROFILE_VERSION or data.get("key") != key:
+            return None
+        return Profile.from_dict(data, path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_cached(settings: AutoSettings, profile: Profile) -> str:
+    """Write a profile into the cache (atomically: side-by-side jobs may share the cache).
+
+    Returns:
+        The file written.
+    """
+    path = cache_file(settings, profile.key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(profile.to_dict(), f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+# -------------------------------------------------------------------------------- the runs
+def profile_run_config(run: Any, cand: Candidate, steps: int, budget_s: float, out_dir: str) -> Any:
+    """The config of one profiling run: the candidate's layout, ``steps`` steps, stopping after
+    ``budget_s`` seconds of training, timeline on, trackers and progress off, no target, no
+    resume, checkpoints inside ``out_dir``. A fused layout is asked for with
+    ``placement.fuse=auto``: a run that cannot fuse takes turns (its reading says which)."""
+    r = apply(run, cand)
+    if cand.fused:
+        r = dataclasses.replace(r, placement=dataclasses.replace(r.placement, fuse="auto"))
+    trainer = dataclasses.replace(
+        r.trainer,
+        total_steps=steps,
+        eval_every=0,
+        save_every=0,
+        target_accuracy=None,
+        resume=None,
+        max_restarts=0,
+        checkpoint_dir=os.path.join(out_dir, "checkpoints"),
+        time_budget_s=max(budget_s, 1.0),
+    )
+    logging_cfg = dataclasses.replace(
+        r.logging,
+        jsonl=True,
+        trace=True,
+        progress=False,
+        tensorboard=False,
+        wandb=False,
+        mlflow=False,
+    )
+    changes: dict[str, Any] = {"trainer": trainer, "logging": logging_cfg, "mode": "train"}
+    if r.runner == "embodied":  # the final greedy evaluation is not what is measured
+        changes["env"] = dataclasses.replace(r.env, target_return=None, eval_episodes=1)
+    return dataclasses.replace(r, **changes)
+
+
+def _entry(runner: str) -> Callable[[Any, str], dict]:
+    if runner == "embodied":
+        from rltrain.runners.embodied import run_embodied
+
+        return run_embodied
+    from rltrain.runners.reasoning import run_reasoning
+
+    return run_reasoning
+
+
+def node_devices(run: Any) -> int:
+    """Devices of node 0 as the config describes the cluster."""
+    per = run.cluster.devices_per_node
+    if isinstance(per, int):
+        return per
+    return int(list(per)[0])
+
+
+def measure(
+    run: Any,
+    settings: AutoSettings,
+    out_dir: str,
+    clock: Callable[[], float] = time.monotonic,
+    entry: Callable[[Any, str], dict] | None = None,
+) -> Profile:
+    """Profile a run: make the profiling runs, read them, fit the costs.
+
+    Args:
+        run: the base run config.
+        settings: ``placement.auto.*``.
+        out_dir: where the profiling runs write (one directory per run).
+        clock: the clock the time limit is kept with.
+        entry: the runner's entry point (default: the run's runner).
+
+    Returns:
+        The measured profile (not yet cached).
+
+    Raises:
+        ResourceError: no profiling run recorded a timed step within the limit.
+        ConfigError / PlacementError / WorkerError: a profiling run failed (its message).
+    """
+    from rltrain.scheduler import Cluster
+
+    entry = entry or _entry(run.runner)
+    specs = profile_candidates(
+        run.runner, node_devices(run), run.env.pipeline_stage_num, run.env.num_envs
+    )
+    start = clock()
+    made: list[tuple[Candidate, RunReading]] = []
+    skipped: list[str] = []
+    cluster = Cluster.start(run.cluster)  # one Ray for every profiling run
+    try:
+        for cand in specs:
+            left = settings.time_limit_s - (clock() - start)
+            if left <= 0:
+                skipped.append(cand.name)
+                continue
+            d = os.path.join(out_dir, _dir_name(cand))
+            prun = profile_run_config(run, cand, settings.profile_steps, left, d)
+            log.info("placement=auto: profiling %s (%d steps)", cand.name, settings.profile_steps)
+            entry(prun, d)
+            made.append((cand, read_run(d, WARMUP_STEPS)))
+    finally:
+        cluster.shutdown()
+    if not made:
+        raise ResourceError(
+            f"placement.auto.time_limit_s={settings.time_limit_s}: no profiling run fitted in "
+            f"the limit; raise it"
+        )
+    costs = _fit(run, made)
+    runs = tuple(
+        {
+            "layout": c.name,
+            "devices": c.actor_devices,
+            "stages": c.stages,
+            "reading": r.to_dict(),
+        }
+        for c, r in made
+    )
+    return Profile(
+        key=profile_key(run),
+        runner=run.runner,
+        costs=costs,
+        runs=runs,
+        source="measured",
+        seconds=clock() - start,
+        created=datetime.datetime.now().isoformat(timespec="seconds"),
+        skipped=tuple(skipped),
+    )
+
+
+def _fit(run: Any, made: Sequence[tuple[Candidate, RunReading]]) -> ReasoningCosts | EmbodiedCosts:
+    if run.runner == "embodied":
+        return fit_embodied(made, run.env.num_envs, run.env.rollout_steps)
+    return fit_reasoning([(c.actor_devices, r) for c, r in made])
+
+
+def _dir_name(cand: Candidate) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-=" else "_" for ch in cand.name)
+
+
+def get_profile(run: Any, settings: AutoSettings, out_dir: str) -> Profile:
+    """The run's profile: from the cache when there is one (and ``reprofile`` is off), else
+    measured and cached.
+
+    Args:
+        run: the base run config.
+        settings: ``placement.auto.*``.
+        out_dir: where profiling runs write when it measures.
+
+    Returns:
+        The profile (``source`` says which).
+
+    Raises:
+        See :func:`measure`.
+    """
+    key = profile_key(run)
+    if not settings.reprofile:
+        cached = load_cached(settings, key)
+        if cached is not None:
+            return cached
+    profile = measure(run, settings, out_dir)
+    path = save_cached(settings, profile)
+    return dataclasses.replace(profile, path=path)

@@ -1,0 +1,138 @@
+"""``placement.auto.*``: what the automatic placement search may do, read and checked once.
+
+The keys live in the run config's ``placement.auto`` section. They are read with defaults here,
+so a config composed without that section (an older schema, a test's own config) still works;
+:func:`check_auto` names every bad value before anything starts. No Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rltrain.errors import ConfigError
+
+#: Layout families the search knows.
+FAMILIES = ("collocated", "disaggregated", "hybrid")
+#: Where profiles are cached when ``placement.auto.cache_dir`` is null.
+DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "rltrain", "profiles")
+#: Pipeline stage counts tried for embodied runs when ``placement.auto.pipeline_stages`` is empty.
+DEFAULT_STAGES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """The search's settings (``placement.auto.*``).
+
+    Attributes:
+        profile_steps: training steps per profiling run; the first is warm-up and not timed.
+        time_limit_s: wall-clock budget of all profiling runs together; a run that would start
+            after it is skipped and the fit uses the runs made.
+        cache_dir: where profiles are cached (``~`` expanded).
+        reprofile: ignore a cached profile and measure again.
+        candidates: the layout families enumerated.
+        staleness: ``trainer.max_staleness`` values tried where actor and rollout are apart.
+        pipeline_stages: ``env.pipeline_stage_num`` values tried by embodied runs (empty: the
+            defaults that divide ``env.num_envs``).
+        max_checked: candidates checked with the plan and preflight, fastest predicted first.
+    """
+
+    profile_steps: int = 5
+    time_limit_s: float = 300.0
+    cache_dir: str = DEFAULT_CACHE_DIR
+    reprofile: bool = False
+    candidates: tuple[str, ...] = FAMILIES
+    staleness: tuple[int, ...] = (0, 1)
+    pipeline_stages: tuple[int, ...] = ()
+    max_checked: int = 32
+
+    @property
+    def cache_path(self) -> str:
+        """The cache directory with ``~`` and variables expanded."""
+        return os.path.expandvars(os.path.expanduser(self.cache_dir))
+
+    @classmethod
+    def from_run(cls, run: Any) -> AutoSettings:
+        """The settings of ``run.placement.auto`` (defaults for missing keys).
+
+        Args:
+            run: the run config.
+
+        Returns:
+            The settings.
+
+        Raises:
+            ConfigError: every bad value (see :func:`check_auto`).
+        """
+        problems = check_auto(run)
+        if problems:
+            raise ConfigError(problems)
+        return cls._read(getattr(getattr(run, "placement", None), "auto", None))
+
+    @classmethod
+    def _read(cls, section: Any) -> AutoSettings:
+        d = cls()
+
+        def get(name: str, default: Any) -> Any:
+            value = getattr(section, name, None) if section is not None else None
+            if value is None and isinstance(section, dict):
+                value = section.get(name)
+            return default if value is None else value
+
+        return cls(
+            profile_steps=int(get("profile_steps", d.profile_steps)),
+            time_limit_s=float(get("time_limit_s", d.time_limit_s)),
+            cache_dir=str(get("cache_dir", d.cache_dir)),
+            reprofile=bool(get("reprofile", d.reprofile)),
+            candidates=tuple(str(x) for x in get("candidates", d.candidates)),
+            staleness=tuple(int(x) for x in get("staleness", d.staleness)),
+            pipeline_stages=tuple(int(x) for x in get("pipeline_stages", d.pipeline_stages)),
+            max_checked=int(get("max_checked", d.max_checked)),
+        )
+
+
+def check_auto(run: Any) -> list[str]:
+    """Every problem of ``placement.auto.*``, each naming the key, the value and the fix.
+
+    Args:
+        run: the run config (its ``placement.auto`` section may be absent).
+
+    Returns:
+        The problems; empty when the settings are usable.
+    """
+    section = getattr(getattr(run, "placement", None), "auto", None)
+    try:
+        s = AutoSettings._read(section)
+    except (TypeError, ValueError) as exc:
+        return [
+            f"placement.auto has a value of the wrong type ({exc}): see conf/placement/auto.yaml"
+        ]
+    out = []
+    if s.profile_steps < 2:
+        out.append(
+            f"placement.auto.profile_steps={s.profile_steps}: profiling needs >= 2 steps (the "
+            f"first is warm-up and not timed); use 4"
+        )
+    if not s.time_limit_s > 0:
+        out.append(f"placement.auto.time_limit_s={s.time_limit_s} must be > 0 seconds, e.g. 300")
+    unknown = [c for c in s.candidates if c not in FAMILIES]
+    if unknown or not s.candidates:
+        out.append(
+            f"placement.auto.candidates={list(s.candidates)}: give a non-empty subset of "
+            f"{list(FAMILIES)}"
+        )
+    bad = [k for k in s.staleness if k not in (0, 1)]
+    if bad or not s.staleness:
+        out.append(
+            f"placement.auto.staleness={list(s.staleness)}: give a non-empty subset of [0, 1] "
+            f"(trainer.max_staleness values to try)"
+        )
+    if any(n < 1 for n in s.pipeline_stages):
+        out.append(
+            f"placement.auto.pipeline_stages={list(s.pipeline_stages)}: stage counts are >= 1; "
+            f"leave it empty for {list(DEFAULT_STAGES)}"
+        )
+    if s.max_checked < 1:
+        out.append(f"placement.auto.max_checked={s.max_checked} must be >= 1, e.g. 32")
+    return out

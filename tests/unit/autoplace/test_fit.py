@@ -1,0 +1,113 @@
+"""Profiling layouts and the cost terms fitted to hand-made readings."""
+
+from __future__ import annotations
+
+import pytest
+
+from rltrain.autoplace.candidates import Candidate
+from rltrain.autoplace.fit import device_counts, fit_embodied, fit_reasoning, profile_candidates
+from rltrain.autoplace.readings import RunReading
+
+
+def test_device_counts_one_then_the_whole_node():
+    assert device_counts(1) == [1]
+    assert device_counts(2) == [1, 2]
+    assert device_counts(8) == [1, 8, 2, 4]
+    assert device_counts(6) == [1, 6, 2, 4]
+
+
+def test_profile_candidates():
+    assert [c.name for c in profile_candidates("reasoning", 2)] == [
+        "collocated 0 turns",
+        "collocated 0-1 fused",
+    ]
+    emb = profile_candidates("embodied", 2, stages=2, num_envs=16)
+    assert [c.name for c in emb] == ["collocated 0-1 S=2", "collocated 0 S=1"]
+    assert [c.name for c in profile_candidates("embodied", 1, stages=1, num_envs=16)] == [
+        "collocated 0 S=1",
+        "collocated 0 S=2",
+    ]
+    # 3 environments: no second stage count divides them, one device: one run
+    assert len(profile_candidates("embodied", 1, stages=1, num_envs=3)) == 1
+
+
+def _reading(stages, step_s, period_s, moves=None):
+    return RunReading(3, stages, step_s, period_s, moves or {})
+
+
+def test_fit_reasoning_takes_moves_out_of_the_stages():
+    two = _reading(
+        {"generate": 1.2, "train": 0.7, "reward": 0.01, "sync": 0.03},
+        step_s=1.94,
+        period_s=2.0,
+        moves={"rollout/reload": 0.2, "actor/offload": 0.0, "actor/reload": 0.1},
+    )
+    one = _reading(
+        {"generate": 1.5, "train": 1.0, "reward": 0.01, "sync": 0.05},
+        step_s=2.56,
+        period_s=2.6,
+    )
+    c = fit_reasoning([(2, two), (1, one)])
+    # generate: (2, 1.0), (1, 1.5) -> 0.5 + 1.0/k; train: (2, 0.6), (1, 1.0) -> 0.2 + 0.8/k
+    assert c.generate.fixed == pytest.approx(0.5) and c.generate.parallel == pytest.approx(1.0)
+    assert c.train.fixed == pytest.approx(0.2) and c.train.parallel == pytest.approx(0.8)
+    assert c.sync == pytest.approx(0.04) and c.reward == pytest.approx(0.01)
+    assert c.overhead == pytest.approx((0.06 + 0.04) / 2)
+    assert c.fused_overhead == c.overhead  # no fused run: the same
+    # moves (2, 0.3), (1, 0.0): more devices, more moves is not a scaling: the mean
+    assert c.moves.fixed == pytest.approx(0.15) and c.moves.parallel == 0.0
+
+
+def test_fit_reasoning_with_a_fused_run():
+    turns = _reading(
+        {"generate": 1.5, "train": 1.0, "reward": 0.0, "sync": 0.05}, step_s=2.55, period_s=2.6
+    )
+    # fused ranks time their own stages; the driver times the whole call ("step")
+    fused = _reading(
+        {"generate": 1.0, "train": 0.6, "reward": 0.0, "step": 1.62}, step_s=1.62, period_s=1.65
+    )
+    c = fit_reasoning([(1, turns), (2, fused)])
+    assert c.generate.at(2) == pytest.approx(1.0) and c.train.at(1) == pytest.approx(1.0)
+    assert c.sync == pytest.approx(0.05)  # from the turn-taking run only
+    assert c.overhead == pytest.approx(0.05)
+    assert c.fused_overhead == pytest.approx(1.65 - 1.6)
+    assert c.moves.at(1) == 0.0
+
+
+def test_fit_embodied_items_from_the_epoch_totals():
+    # 16 envs, 4 steps. Run A: 2 stages on 2 rollout ranks: m = 8, q = 1; env stepped 8 items
+    # in 1.28 s -> 0.16 each; the busiest rank inferred 4 items in 0.4 s -> 0.1 each.
+    a = _reading(
+        {"env_step": 1.28, "infer": 0.4, "generate": 1.5, "train": 0.3, "sync": 0.01},
+        step_s=1.81,
+        period_s=1.85,
+        moves={"actor/offload": 0.05},
+    )
+    # Run B: 1 stage on 1 rank: m = 16: 4 items, 0.32 s each; 4 inferences, 0.18 s each.
+    b = _reading(
+        {"env_step": 1.28, "infer": 0.72, "generate": 2.1, "train": 0.5, "sync": 0.01},
+        step_s=2.61,
+        period_s=2.61,
+    )
+    runs = [
+        (Candidate("collocated", (0, 2), (0, 2), stages=2), a),
+        (Candidate("collocated", (0, 1), (0, 1), stages=1), b),
+    ]
+    c = fit_embodied(runs, num_envs=16, rollout_steps=4)
+    assert c.env_item.per_item == pytest.approx(0.0) and c.env_item.per_env == pytest.approx(0.02)
+    # (8, 0.1), (16, 0.18): 0.02 + 0.01 m
+    assert c.infer_item.per_item == pytest.approx(0.02)
+    assert c.infer_item.per_env == pytest.approx(0.01)
+    # train (2, 0.3), (1, 0.5) -> 0.1 + 0.4/k
+    assert c.train.fixed == pytest.approx(0.1) and c.train.parallel == pytest.approx(0.4)
+    # epoch overhead: A: formula 0.26 + 7 x 0.16 = 1.38; epoch 1.5 - 0.05 moves = 1.45 -> 0.07
+    # B: sequential 4 x 0.5 = 2.0; epoch 2.1 -> 0.1
+    assert c.epoch_overhead == pytest.approx((0.07 + 0.1) / 2)
+    assert c.overhead == pytest.approx((0.04 + 0.0) / 2)
+
+
+def test_fits_need_a_run():
+    with pytest.raises(ValueError):
+        fit_reasoning([])
+    with pytest.raises(ValueError):
+        fit_embodied([], 16, 4)
