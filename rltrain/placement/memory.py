@@ -107,7 +107,7 @@ def model_dims(model: Any) -> ModelDims:
             vocab_size=int(get("vocab_size", None) or DEFAULT_VOCAB_SIZE),
             max_position_embeddings=int(get("max_position_embeddings")),
             dtype=dtype,
-            tie_word_embeddings=False,
+            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
             qkv_bias=get("family", "llama") == "qwen2",
         )
     return checkpoint_dims(str(path), dtype)

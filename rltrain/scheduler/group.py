@@ -329,11 +329,11 @@ class WorkerGroup(Generic[W]):
     def _fail(self, rank: int, method: str, exc: BaseException) -> WorkerError:
         info = self._state.infos[rank] if rank < len(self._state.infos) else None
         who = info.describe() if info else f"group {self.name!r} rank {rank}"
-        if isinstance(exc, ray.exceptions.ActorDiedError | ray.exceptions.ActorUnavailableError):
-            what = f"the worker process died while running {method!r}"
-        else:
-            what = f"{method!r} raised"
+        died = isinstance(exc, ray.exceptions.ActorDiedError | ray.exceptions.ActorUnavailableError)
+        what = f"the worker process died while running {method!r}" if died else f"{method!r} raised"
         message = f"{who}: {what}:\n{exc}"
+        if died and info is not None:
+            message += "\n" + self._node_neighbours(info)
         self._state.failed = f"rank {rank} {method!r}"
         self._state.cluster._on_group_failure(self.name)
         err = WorkerError(
@@ -341,6 +341,21 @@ class WorkerGroup(Generic[W]):
         )
         err.worker = info  # type: ignore[attr-defined]
         return err
+
+    def _node_neighbours(self, info: WorkerInfo) -> str:
+        """The job's processes on the dead worker's node: what a lost node takes with it."""
+        on_node = [
+            f"{g.name} rank {i.rank}"
+            for g in self._state.cluster.groups
+            for i in g._state.infos
+            if i.node_id == info.node_id
+        ]
+        return (
+            f"This job's processes on node {info.node_rank} ({info.ip}, id {info.node_id[:12]}): "
+            f"{', '.join(on_node) or 'none other'}. If the node left the cluster, all of them "
+            f"are gone: trainer.max_restarts restarts the job from its latest checkpoint when its "
+            f"plan fits the devices that remain."
+        )
 
     def _kill(self) -> None:
         for actor in self._state.actors:
