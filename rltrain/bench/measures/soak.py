@@ -3,10 +3,10 @@
 Two phases, each a real job on the embedded default (simulated devices): the fused collocated
 default (``python -m rltrain``) for 2,000 steps, and the asynchronous disaggregated schedule
 (``placement=disaggregated trainer.max_staleness=1``) for 500 steps. ``SAMPLES`` times per
-phase, evenly spaced, the resident memory (RSS) of the driver and of every process under it (Ray's raylet and
-GCS, the workers) and the object store's usage are sampled. Growth is measured from the end of
-the warm-up (the first 10 % of the steps: allocator pools, CUDA-free caches and Ray's first
-leases settle there) to the end. Targets: every process grows by less than 5 % after warm-up,
+phase, evenly spaced, the resident memory (RSS) of the driver and of every process under it
+(Ray's raylet and GCS, the workers) and the object store's usage are sampled. Growth is measured
+from the end of the warm-up (the first 10 % of the steps: allocator pools and Ray's first leases
+settle there) to the end. Targets: every process grows by less than 5 % after warm-up,
 and no object is left in the store once the loop has drained.
 
 The object store is read through Ray's ``memory_summary`` (an internal API; the figures are
