@@ -38,6 +38,7 @@ class AutoChoice:
         text: the ranking as a printable table.
         profile: the profile the predictions came from.
         winner: the winner's row.
+        rows: every row (candidate, prediction, check), the winner first.
         search_s: seconds spent enumerating, predicting and ranking (after profiling).
         verify_s: seconds spent checking candidates with the plan and preflight.
     """
@@ -47,6 +48,7 @@ class AutoChoice:
     text: str
     profile: Profile
     winner: Row
+    rows: tuple[Row, ...] = ()
     search_s: float = 0.0
     verify_s: float = 0.0
 
@@ -117,10 +119,18 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
         f"({len(profile.runs)} runs), cached at {profile.path}"
     )
     text = render(rows, winner, header=f"placement=auto: {len(rows)} candidates; {origin}")
-    ranking = [r.to_dict() for r in ordered(rows, winner)]
+    shown = ordered(rows, winner)
+    ranking = [r.to_dict() for r in shown]
     _write(run_dir, ranking, profile, text, t1 - t0, t2 - t1)
     return AutoChoice(
-        apply(run, winner.candidate), ranking, text, profile, winner, t1 - t0, t2 - t1
+        run=apply(run, winner.candidate),
+        ranking=ranking,
+        text=text,
+        profile=profile,
+        winner=winner,
+        rows=tuple(shown),
+        search_s=t1 - t0,
+        verify_s=t2 - t1,
     )
 
 

@@ -50,6 +50,7 @@ def test_choose_runs_the_fastest_valid_layout(tmp_path):
     choice = choose(run, str(tmp_path), _cache(run, tmp_path, GEN_HEAVY))
     assert choice.profile.source == "cache"
     assert choice.winner.candidate.name == "disaggregated actor 0 rollout 1 async1"
+    assert choice.rows[0] is choice.winner and len(choice.rows) == 5
     w = choice.run
     assert w.placement.mode is None and w.trainer.max_staleness == 1
     assert w.placement.component_placement["actor"] == "0"
