@@ -416,14 +416,15 @@ class VllmGeneration:
         import_vllm()
         require_gpus(run.rollout.tensor_parallel_size)
         self.run = run
-        self.device = device
+        # A worker built outside the runtime (a test) has no devices: vLLM takes GPU 0.
+        self.device = device if device.type == "cuda" else torch.device("cuda", 0)
         self.sync_members = run.rollout.tensor_parallel_size
         self.tokenizer = build_tokenizer(run.model)
         path = model_dir_for_vllm(run, self.tokenizer)
         settings = vllm_settings(run, path, self.tokenizer.eos_token_id, rank)
         tp = max(1, settings.tensor_parallel_size)
         weights = -(-model_weight_bytes(path, run.model.dtype) // tp)
-        total = torch.cuda.get_device_properties(device).total_memory
+        total = torch.cuda.get_device_properties(self.device).total_memory
         self.engine = VllmRollout(settings)
         kv = max(int(settings.gpu_memory_utilization * total) - weights, 0)
         self.mover = VllmState(self.engine, weights, kv)

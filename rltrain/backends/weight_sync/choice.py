@@ -220,8 +220,9 @@ def choose_transport(run: Any, plan: Any, receiver: str = "rollout") -> Transpor
     where = "simulated devices" if _simulated(plan) else "CPU"
     return TransportChoice(
         "host",
-        f"{key}=auto on {where}: the object store (measured faster than a gloo broadcast on one "
-        f"host, docs/benchmarks.md); weight_sync.transport=collective runs gloo instead",
+        f"{key}=auto on {where}: the object store (on one host it synced a 47M-parameter "
+        f"policy 1.2-1.8x faster than a gloo broadcast, docs/benchmarks.md weight_sync_step); "
+        f"weight_sync.transport=collective runs gloo instead",
         receiver,
         feeders=tuple((r, (0,)) for r in sorted(feeders)),
     )

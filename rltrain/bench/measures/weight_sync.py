@@ -255,3 +255,171 @@ def _cases(sender: Any, view: Any, k: int, nbytes: int) -> list[Case]:
         Case(f"{backend} broadcast_weights, {k} receiver{'s' * (k > 1)}", collective),
         Case(f"object store, {k} receiver{'s' * (k > 1)}", object_store),
     ]
+
+
+# ------------------------------------------------------------------ per step, with real models
+#: ``model.*`` of the ~50M-parameter policy: 12 layers of hidden 512 / MLP 2048 (47.2M params,
+#: 188.9 MB in float32) over the built-in tokenizer.
+MODEL_50M = {"hidden_size": 512, "intermediate_size": 2048, "num_layers": 12, "num_heads": 8}
+
+
+class ModelSyncWorker(Worker):
+    """Holds a policy model and moves it as the trainer does: the actor's end of a transport
+    (``sender``) or a receiver's (:class:`~rltrain.backends.generation.TorchReceiver`)."""
+
+    def __init__(self, model: dict[str, Any], sender: bool) -> None:
+        import torch
+
+        from rltrain.backends.generation import TorchReceiver
+        from rltrain.backends.weight_sync.choice import TransportChoice
+        from rltrain.backends.weight_sync.transport import WeightSender
+        from rltrain.config.schema import ModelConfig, RunConfig
+
+        run = RunConfig()
+        run.model = ModelConfig(**model, init_seed=0 if sender else 1)
+        self.engine = TorchReceiver(run, torch.device("cpu"))
+        self.version = 0
+        one = ((0, (0,)),)
+        self.host = WeightSender(TransportChoice("host", "bench", feeders=one), 0)
+        self.coll = WeightSender(TransportChoice("collective", "bench", None, "gloo", one), 0)
+        flat = sum(p.numel() * p.element_size() for p in self.engine.model.parameters())
+        self.flat = torch.empty(flat, dtype=torch.uint8).random_(0, 255)
+        self.flat_dst = torch.zeros_like(self.flat)
+        self.is_sender = sender
+
+    def nbytes(self) -> int:
+        return int(self.flat.numel())
+
+    def free_port(self) -> tuple[str, int]:
+        import ray
+
+        from rltrain.scheduler.worker import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def join(self, host: str, port: int) -> None:
+        if self.is_sender:
+            self.coll.join(host, port, 2, 120.0)
+        else:
+            self.engine.join_sync("gloo", host, port, 2, 1, 120.0)
+
+    def memcpy(self) -> None:
+        """The baseline: one copy of the weights' byte count in this process."""
+        self.flat_dst.copy_(self.flat)
+
+    def export_host(self) -> Any:
+        self.version += 1
+        return self.host.export(list(self.engine.model.named_parameters()), self.version)
+
+    def load_host(self, packed: Any) -> int:
+        return self.engine.load(packed)
+
+    def send_collective(self, version: int) -> int:
+        self.coll.export(list(self.engine.model.named_parameters()), version)
+        self.coll.flush(120.0)
+        return version
+
+    def receive_collective(self, target: int) -> int:
+        self.version = self.engine.receive(self.version, target)
+        return self.version
+
+    def checksum(self) -> float:
+        return float(sum(p.double().sum() for p in self.engine.model.parameters()))
+
+
+def _step_cases(
+    cluster: Any, groups: list[Any], model: dict[str, Any], label: str, first: int
+) -> list[Case]:
+    """Host vs collective weight sync of one model, actor on device ``first``, rollout on the
+    next device."""
+    from rltrain.placement.strategies import PackedPlacementStrategy
+
+    tag = label.split()[0]
+    actor = ModelSyncWorker.create_group(model, True).launch(
+        cluster,
+        name=f"bench_step_actor_{tag}",
+        placement_strategy=PackedPlacementStrategy(first, first),
+    )
+    groups.append(actor)
+    rollout = ModelSyncWorker.create_group(model, False).launch(
+        cluster,
+        name=f"bench_step_rollout_{tag}",
+        placement_strategy=PackedPlacementStrategy(first + 1, first + 1),
+    )
+    groups.append(rollout)
+    host, port = actor.free_port().wait(timeout=60)[0]
+    for f in [actor.join(host, port), rollout.join(host, port)]:
+        f.wait(timeout=180)
+    mb = actor.nbytes().wait(timeout=60)[0] / 1e6
+    versions = {"sent": 0}
+
+    def host_step() -> None:
+        packed = actor.export_host().refs[0]
+        rollout.call(ModelSyncWorker.load_host, packed).wait(timeout=600)
+
+    def collective_step() -> None:
+        versions["sent"] += 1
+        pending = [
+            actor.call(ModelSyncWorker.send_collective, versions["sent"]),
+            rollout.call(ModelSyncWorker.receive_collective, versions["sent"]),
+        ]
+        for f in pending:
+            f.wait(timeout=600)
+
+    for what, step in (("host", host_step), ("collective", collective_step)):
+        step()
+        a, b = actor.checksum().wait()[0], rollout.checksum().wait()[0]
+        if a != b:
+            raise RuntimeError(f"weight_sync_step: after a {what} step the rollout differs")
+    return [
+        Case(
+            f"{label} ({mb:.1f} MB): memcpy in sender",
+            lambda: actor.memcpy().wait(120),
+            work=mb,
+            work_unit="MB",
+        ),
+        Case(f"{label} ({mb:.1f} MB): host", host_step, work=mb, work_unit="MB"),
+        Case(f"{label} ({mb:.1f} MB): collective", collective_step, work=mb, work_unit="MB"),
+    ]
+
+
+@measure(
+    "weight_sync_step",
+    "one step's weight sync, host vs collective: the default policy and a ~50M-parameter one",
+)
+def weight_sync_step(quick: bool) -> Suite:
+    models: tuple[tuple[dict[str, Any], str], ...] = (({}, "default policy"),)
+    if not quick:  # CI (quick) times the default policy only
+        models += ((MODEL_50M, "47M policy"),)
+    cluster = _cluster(3)  # a pair of devices per model
+    groups: list[Any] = []
+
+    def teardown() -> None:
+        for g in groups:
+            g.shutdown()
+        cluster.shutdown()
+
+    try:
+        cases = [
+            c
+            for i, (model, label) in enumerate(models)
+            for c in _step_cases(cluster, groups, model, label, 2 * i)
+        ]
+    except BaseException:
+        teardown()
+        raise
+    return Suite(
+        cases=tuple(cases),
+        baseline=cases[0].name,
+        warmup=1,
+        repeats=2 if quick else 5,
+        note=(
+            "float32 weights; per model an actor (sender) on one simulated device and one "
+            "rollout process on the next, as in placement=disaggregated; a case is one step's "
+            "sync as the trainer runs it (host: the export packs CPU buckets, the object store "
+            "carries them, the receiver loads them; collective: the export snapshots buckets, "
+            "the gloo broadcast is waited for, the receiver loads them), driver round trips "
+            "included."
+        ),
+        teardown=teardown,
+    )
