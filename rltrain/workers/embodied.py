@@ -234,14 +234,14 @@ class PPOSettings:
 
     gamma: float
     lam: float
-    clip_low: float
-    clip_high: float
+    clip: float  # algorithm.clip_low: the ratio is clipped below at 1 - clip
     value_clip: float
     value_coef: float
     entropy_coef: float
     epochs: int
     minibatches: int
     grad_clip: float
+    clip_high: float | None = None  # algorithm.clip_high (above at 1 + clip_high); None: clip
 
     @classmethod
     def from_config(cls, run: RunConfig) -> PPOSettings:
@@ -250,13 +250,13 @@ class PPOSettings:
             a.gamma,
             a.lam,
             a.clip_low,
-            a.clip_high,
             a.value_clip,
             a.value_coef,
             a.entropy_coef,
             a.ppo_epochs,
             a.num_minibatches,
             run.optimizer.grad_clip,
+            a.clip_high,
         )
 
 
@@ -268,9 +268,8 @@ def ppo_loss(model: nn.Module, mb: Transitions, s: PPOSettings) -> tuple[Tensor,
     logp, ent, value = model(mb.obs, mb.actions)
     adv = (mb.advantages - mb.advantages.mean()) / (mb.advantages.std() + 1e-8)
     ones = torch.ones_like(logp)[:, None]
-    pol = policy_loss(
-        logp[:, None], mb.logprobs[:, None], adv[:, None], ones, s.clip_low, s.clip_high
-    )
+    high = s.clip if s.clip_high is None else s.clip_high
+    pol = policy_loss(logp[:, None], mb.logprobs[:, None], adv[:, None], ones, s.clip, high)
     v_loss = value_loss(value[:, None], mb.values[:, None], mb.returns[:, None], ones, s.value_clip)
     entropy = ent.mean()
     loss = pol.loss + s.value_coef * v_loss - s.entropy_coef * entropy
