@@ -3,7 +3,8 @@
 Two answer conventions:
 
 - **GSM8K** (``gsm8k``): the final answer follows ``####`` (``... so she has 18 apples.
-  #### 18``). The *last* ``####`` that is followed by a number counts.
+  #### 18``). The number right after the *last* ``####`` followed by one counts (only
+  spaces, a sign or ``$`` in between).
 - **boxed** (``boxed``, MATH-style): the final answer is the argument of the *last*
   ``\\boxed{...}`` (nested braces allowed: ``\\boxed{\\frac{1}{2}}``); ``\\boxed 5`` and
   ``\\fbox{...}`` are read too.
@@ -31,10 +32,12 @@ from fractions import Fraction
 #: What ``*_with_format`` pays for a well-formed but wrong final answer.
 FORMAT_SCORE = 0.1
 
-# A number as written in a solution: optional sign and dollar, digits with thousands commas,
-# decimals, an optional "/d" denominator. Linear-time (no nested quantifiers).
-_NUMBER = re.compile(r"[-+]?\s*\$?\s*[-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+)?")
-_HASH = re.compile(r"####")
+# "####" then, optionally, a number as written in a solution, on the marker's line: sign and
+# dollar (spaces between), digits with thousands commas, decimals, an optional "/d"
+# denominator. Linear-time (no nested quantifiers).
+_HASH_NUMBER = re.compile(
+    r"####[ \t]*([-+]?[ \t]*\$?[ \t]*[-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:[ \t]*/[ \t]*\d+)?)?"
+)
 _FRAC = re.compile(r"^([-+]?)\\frac\{([^{}]*)\}\{([^{}]*)\}$")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
@@ -42,20 +45,21 @@ _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 def extract_hash_answer(text: str) -> str | None:
-    """The final answer of a GSM8K-style solution: the number after the last ``####``.
+    """The final answer of a GSM8K-style solution: the number right after the last ``####``
+    that has one.
+
+    Spaces, a sign and a ``$`` may come between the marker and the digits (``#### -$5``); any
+    other text may not (``#### the answer is 5`` holds no answer), as in GSM8K's own solutions.
 
     Args:
         text: a response or a reference solution.
 
     Returns:
-        The number as written (``"1,200"``), or None when no ``####`` is followed by a number
-        on its line.
+        The number as written (``"1,200"``), or None when no ``####`` is followed by a number.
     """
-    for marker in reversed(list(_HASH.finditer(text))):
-        line = text[marker.end() :].split("\n", 1)[0]
-        found = _NUMBER.search(line)
-        if found is not None:
-            return found.group(0).strip()
+    for found in reversed(list(_HASH_NUMBER.finditer(text))):
+        if found.group(1) is not None:
+            return found.group(1).strip()
     return None
 
 

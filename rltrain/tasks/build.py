@@ -71,7 +71,7 @@ def read_sources(cfg: Any, problems: list[str]) -> tuple[Source | None, Source |
         ``(train, eval)``; either is None when it could not be read (or, for eval, is not
         configured).
     """
-    eval_path = getattr(cfg, "eval_path", None)
+    eval_path = cfg.eval_path
     if cfg.name == "arithmetic":
         if eval_path:
             problems.append(
@@ -117,10 +117,10 @@ def _render(
     sources: Sequence[Source], cfg: Any, tokenizer: Any, tokenizer_key: str, problems: list[str]
 ) -> bool:
     """Render every source's prompts in place; False when that was impossible."""
-    system_prompt = getattr(cfg, "system_prompt", None)
+    system_prompt = cfg.system_prompt
     chat = collect(
         problems,
-        lambda: use_chat_template(getattr(cfg, "chat_template", None), tokenizer, tokenizer_key),
+        lambda: use_chat_template(cfg.chat_template, tokenizer, tokenizer_key),
     )
     if chat is None:
         return False

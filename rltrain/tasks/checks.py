@@ -37,7 +37,7 @@ def prepare_task(run: Any) -> bool:
         ConfigError: an unknown generator, a path it needs left unset, bad ``task.params``.
     """
     t = run.task
-    generate = getattr(t, "generate", None)
+    generate = t.generate
     if not generate:
         return False
     if generate not in GENERATORS:
@@ -49,7 +49,7 @@ def prepare_task(run: Any) -> bool:
         key
         for key, value in (
             ("task.path", t.path),
-            ("task.eval_path", getattr(t, "eval_path", None)),
+            ("task.eval_path", t.eval_path),
             ("model.tokenizer_path", run.model.tokenizer_path),
         )
         if not value

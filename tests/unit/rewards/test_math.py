@@ -29,7 +29,8 @@ from rltrain.tasks import import_reward_fn
         ("####42", "42"),
         ("#### $1,200.", "$1,200"),
         ("#### -5 degrees", "-5"),
-        ("#### The answer is 18 apples", "18"),  # the first number on the marker's line
+        ("#### The answer is 18", None),  # the number must follow the marker
+        ("#### - $ 5", "- $ 5"),  # spaces, sign and dollar may come between
         ("#### 3\nthinking again\n#### 5", "5"),  # the last marker wins
         ("#### 5\n####", "5"),  # a trailing marker without a number is not an answer
         ("#### 3/4", "3/4"),

@@ -27,10 +27,7 @@ def chat_tok(tmp_path_factory):
 
 
 def _cfg(**kw) -> TaskConfig:
-    cfg = TaskConfig()
-    for k, v in kw.items():
-        setattr(cfg, k, v)
-    return cfg
+    return TaskConfig(**kw)
 
 
 def _jsonl(path: pathlib.Path, rows: list[dict]) -> str:
