@@ -37,9 +37,10 @@ from typing import Any
 from rltrain.autoplace.candidates import Candidate
 
 
-def _nonneg_line(points: Sequence[tuple[float, float]]) -> tuple[float | None, float]:
-    """Least-squares ``y = a + b x`` with ``a, b >= 0`` (a negative coefficient is pinned to 0
-    and the other refitted): a stage never gets faster with less work or fewer devices.
+def _line(points: Sequence[tuple[float, float]], rising_only: bool) -> tuple[float | None, float]:
+    """Least-squares ``y = a + b x`` with ``a >= 0`` (pinned to 0 and ``b`` refitted through
+    the origin when it comes out negative); with ``rising_only`` also ``b >= 0`` (pinned to 0,
+    ``a`` the mean).
 
     Returns:
         ``(a, b)``; ``(None, mean y)`` when the points have one distinct ``x`` (no slope).
@@ -54,7 +55,7 @@ def _nonneg_line(points: Sequence[tuple[float, float]]) -> tuple[float | None, f
         return None, my
     b = sum((x - mx) * (y - my) for x, y in points) / sxx
     a = my - b * mx
-    if b < 0:
+    if rising_only and b < 0:
         return max(my, 0.0), 0.0
     if a < 0:
         sx2 = sum(x * x for x, _ in points)
@@ -66,8 +67,12 @@ def _nonneg_line(points: Sequence[tuple[float, float]]) -> tuple[float | None, f
 class Scaling:
     """Seconds of a stage on ``k`` devices: ``fixed + parallel / k``.
 
+    ``parallel`` is negative for a stage measured slower on more devices (data-parallel
+    communication outweighing the split work, as a tiny model's update on two CPU processes):
+    the time then rises towards ``fixed``.
+
     Attributes:
-        fixed: seconds more devices do not shorten.
+        fixed: seconds more devices do not shorten (>= 0).
         parallel: seconds on one device that data parallelism divides.
     """
 
@@ -76,7 +81,7 @@ class Scaling:
 
     def at(self, k: int) -> float:
         """The stage's seconds on ``k`` devices."""
-        return self.fixed + self.parallel / max(k, 1)
+        return max(self.fixed + self.parallel / max(k, 1), 0.0)
 
     @classmethod
     def fit(cls, points: Sequence[tuple[int, float]]) -> Scaling:
@@ -92,7 +97,7 @@ class Scaling:
             The fit (``Scaling(0)`` without points).
         """
         pts = [(1.0 / max(k, 1), max(t, 0.0)) for k, t in points]
-        a, b = _nonneg_line(pts)
+        a, b = _line(pts, rising_only=False)
         if a is None:  # one device count
             return cls(fixed=b, parallel=0.0)
         return cls(fixed=a, parallel=b)
@@ -119,13 +124,14 @@ class Linear:
         """Fit to measured ``(environments per item, seconds per item)`` points.
 
         With one item size only, time is taken as proportional to the environments (the
-        simulator and the policy work per environment).
+        simulator and the policy work per environment). An item never takes less time for
+        holding more environments (``per_env >= 0``).
 
         Returns:
             The fit (``Linear(0)`` without points).
         """
         pts = [(float(m), max(t, 0.0)) for m, t in points]
-        a, b = _nonneg_line(pts)
+        a, b = _line(pts, rising_only=True)
         if a is None:
             m = pts[0][0]
             return cls(per_item=0.0, per_env=b / m if m else 0.0)

@@ -1,18 +1,21 @@
 """Which profiling runs to make, and the cost model's terms fitted to what they recorded.
 
-Profiling runs are ordinary short runs of candidate layouts that expose each stage on its own:
+Profiling runs are ordinary short runs of candidate layouts, on node 0's ``n`` devices, chosen
+so that each stage is measured in the conditions the candidates run it in:
 
-- reasoning: first actor and rollout on one device as separate processes taking turns (every
-  stage is timed by itself, the weight sync and the memory moves included), then fused on
-  ``k`` devices for ``k`` = the devices of node 0, then 2, 4, ... below it (one process per
-  device: the cheapest run to start; a run that cannot fuse takes turns instead). Each run gives
-  generation and training at ``k`` devices, the reward and the driver's time between steps;
-  :class:`~rltrain.autoplace.cost.Scaling` fits ``t(k)`` across them.
-- embodied: collocated on node 0's devices with the configured stage count ``S``, then on one
-  device with another stage count. Each run gives one simulator step and one inference per
-  pipeline item (of ``num_envs / S`` environments), the update at ``k`` devices, the sync, the
-  moves and the driver's time; :class:`~rltrain.autoplace.cost.Linear` fits item time against
-  item size.
+1. collocated on all ``n`` devices, fused when the run can fuse (one process per device: the
+   cheapest run to start), else taking turns (then the memory moves are measured too): the
+   stages at ``n`` devices, the fused (or turn-taking) overhead;
+2. a split with actor and rollout on separate devices, synchronous and as balanced as the
+   checks allow (disaggregated ``n/2 + n/2`` first, then other splits, then hybrid layouts):
+   generation and training at fewer devices, each with the node's cores shared as in a split,
+   the weight sync, the reward and the driver's time between steps;
+3. with ``n >= 4``, a second split (rollout on ``n/4``) for a third point of the scaling.
+
+Embodied runs profile (1) with the configured stage count ``S`` and (2) with another one, so
+the item time is seen at two item sizes (:class:`~rltrain.autoplace.cost.Linear`).
+:class:`~rltrain.autoplace.cost.Scaling` fits ``t(k)`` to the points. A time limit keeps the
+first runs; a layout the checks refuse is replaced by the next one of its slot.
 
 Pure: no Ray, no torch.
 """
@@ -34,44 +37,52 @@ from rltrain.autoplace.cost import (
 from rltrain.autoplace.readings import RunReading
 
 
-def device_counts(node_devices: int) -> list[int]:
-    """Reasoning profiling device counts: one (taking turns), then all of node 0's devices,
-    then 2, 4, ... below it (they refine the scaling)."""
-    out = [1]
-    if node_devices > 1:
-        out.append(node_devices)
-    k = 2
-    while k < node_devices:
-        out.append(k)
-        k *= 2
-    return out
+def _splits(devices: int, rollout_share: float) -> list[int]:
+    """Rollout device counts of the splits, the one nearest ``rollout_share`` first."""
+    target = devices * rollout_share
+    return sorted(range(1, devices), key=lambda k: (abs(k - target), k))
 
 
 def profile_candidates(
     runner: str, node_devices: int, stages: int = 1, num_envs: int = 1
-) -> list[Candidate]:
-    """The layouts profiled, most informative first (a time limit keeps a prefix).
+) -> list[list[Candidate]]:
+    """The layouts profiled: slots of alternatives, most informative slot first.
+
+    The caller runs the first alternative of each slot that passes the checks (and stops at
+    its time limit).
 
     Args:
         runner: ``reasoning`` or ``embodied``.
-        node_devices: devices of node 0 (profiling stays on one node).
+        node_devices: devices of node 0 (``n``; profiling stays on one node).
         stages: embodied: the configured ``env.pipeline_stage_num``.
         num_envs: embodied: ``env.num_envs`` (the second stage count must divide it).
 
     Returns:
-        The profiling layouts.
+        The slots.
     """
-    if runner == "embodied":
-        every = (0, node_devices)
-        out = [Candidate("collocated", every, every, stages=stages)]
-        other = 1 if stages != 1 else 2
-        if num_envs % other == 0 and (node_devices > 1 or other != stages):
-            out.append(Candidate("collocated", (0, 1), (0, 1), stages=other))
-        return out
-    return [
-        Candidate("collocated", (0, k), (0, k), fused=i > 0)
-        for i, k in enumerate(device_counts(node_devices))
-    ]
+    n = node_devices
+    every = (0, n)
+    embodied = runner == "embodied"
+    first_stages = stages if embodied else None
+    other = (1 if stages != 1 else 2) if embodied else None
+    if embodied and num_envs % other:
+        other = stages
+    slots = [[Candidate("collocated", every, every, fused=not embodied, stages=first_stages)]]
+    shares = [0.5, 0.25] if n >= 4 else [0.5]
+    for share in shares:
+        slot = [
+            Candidate("disaggregated", (0, n - k), (n - k, n), stages=other)
+            for k in _splits(n, share)
+        ]
+        if share == 0.5:  # hybrid layouts only as the fall-back of the first split
+            slot += [
+                Candidate("hybrid", every, (n - k, n), stages=other) for k in _splits(n, share)
+            ]
+        if slot:
+            slots.append(slot)
+    if n == 1 and embodied and other != stages:
+        slots.append([Candidate("collocated", every, every, stages=other)])
+    return slots
 
 
 def _overhead(reading: RunReading) -> float:
@@ -86,18 +97,19 @@ def fused(reading: RunReading) -> bool:
     return "step" in reading.stages
 
 
-def fit_reasoning(runs: Sequence[tuple[int, RunReading]]) -> ReasoningCosts:
-    """The reasoning cost terms from collocated runs (taking turns or fused).
+def fit_reasoning(runs: Sequence[tuple[Candidate, RunReading]]) -> ReasoningCosts:
+    """The reasoning cost terms from the profiling runs.
 
-    Memory moves inside a stage's timer are taken out of it (a rollout's reload and the actor's
+    Generation is a point at the run's rollout devices, training at its actor devices. Memory
+    moves inside a stage's timer are taken out of it (a rollout's reload and the actor's
     offload happen in the generation's turn, the opposite ones in training's), so that the
-    stage times hold for layouts that move nothing; ``moves`` keeps them for layouts that
-    share devices. The sync, the moves and the turn-taking driver's overhead come from the runs
-    taking turns; a fused run's overhead is its period beyond its ranks' own stage times (the
-    one call per step included).
+    stage times hold for layouts that move nothing; ``moves`` keeps them, per shared device
+    count, from the runs whose actor and rollout share devices. The sync and the driver's time
+    between steps come from the runs with separate processes; a fused run's overhead is its
+    period beyond its ranks' own stage times (the one call per step included).
 
     Args:
-        runs: ``(devices, reading)`` of each profiling run.
+        runs: ``(profiled layout, reading)`` of each profiling run.
 
     Returns:
         The fitted costs.
@@ -108,20 +120,21 @@ def fit_reasoning(runs: Sequence[tuple[int, RunReading]]) -> ReasoningCosts:
     if not runs:
         raise ValueError("fit_reasoning needs at least one profiling run")
     gen, train, moves, syncs, turns_o, fused_o = [], [], [], [], [], []
-    for k, r in runs:
+    for cand, r in runs:
         g_moves = r.move_s("rollout/reload", "actor/offload")
         t_moves = r.move_s("actor/reload", "rollout/offload")
         g = max(r.stages.get("generate", 0.0) - g_moves, 0.0)
         t = max(r.stages.get("train", 0.0) - t_moves, 0.0)
-        gen.append((k, g))
-        train.append((k, t))
+        gen.append((cand.rollout_devices, g))
+        train.append((cand.actor_devices, t))
         if fused(r):
             own = g + t + r.stages.get("reward", 0.0)
             fused_o.append(max((r.period_s or r.stages["step"]) - own, 0.0))
-        else:
-            moves.append((k, g_moves + t_moves))
-            syncs.append(r.stages.get("sync", 0.0))
-            turns_o.append(_overhead(r))
+            continue
+        if cand.shares:
+            moves.append((cand.rollout_devices, g_moves + t_moves))
+        syncs.append(r.stages.get("sync", 0.0))
+        turns_o.append(_overhead(r))
     readings = [r for _, r in runs]
     overhead = statistics.fmean(turns_o) if turns_o else statistics.fmean(fused_o)
     return ReasoningCosts(
@@ -172,7 +185,8 @@ def fit_embodied(
         infer_pts.append((m, i))
         t_moves = r.move_s("actor/reload", "rollout/offload", "env/offload")
         train.append((cand.actor_devices, max(r.stages.get("train", 0.0) - t_moves, 0.0)))
-        moves.append((cand.actor_devices, r.move_s()))
+        if cand.shares or cand.env is not None:
+            moves.append((cand.actor_devices, r.move_s()))
         epoch = pipeline_seconds(e, i, s, rollout_steps, env_world, cand.rollout_devices)[0]
         in_epoch = r.stages.get("generate", 0.0) - r.move_s() + t_moves
         extra.append(max(in_epoch - epoch, 0.0))

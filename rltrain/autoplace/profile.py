@@ -30,7 +30,7 @@ from rltrain.autoplace.cost import EmbodiedCosts, ReasoningCosts, costs_from_dic
 from rltrain.autoplace.fit import fit_embodied, fit_reasoning, profile_candidates
 from rltrain.autoplace.readings import RunReading, read_run
 from rltrain.autoplace.settings import AutoSettings
-from rltrain.errors import ResourceError
+from rltrain.errors import ConfigError, ResourceError
 
 log = logging.getLogger("rltrain")
 
@@ -254,18 +254,27 @@ def measure(
         The measured profile (not yet cached).
 
     Raises:
+        ConfigError: no profiling layout passes the checks.
         ResourceError: no profiling run recorded a timed step within the limit.
         ConfigError / PlacementError / WorkerError: a profiling run failed (its message).
     """
     from rltrain.scheduler import Cluster
 
     entry = entry or _entry(run.runner)
-    specs = profile_candidates(
+    slots = profile_candidates(
         run.runner, node_devices(run), run.env.pipeline_stage_num, run.env.num_envs
     )
     start = clock()
     made: list[tuple[Candidate, RunReading]] = []
     skipped: list[str] = []
+    specs = [c for c in (_first_valid(run, slot) for slot in slots) if c is not None]
+    if not specs:
+        raise ConfigError(
+            "placement=auto: no layout to profile passes the checks training makes (every "
+            "layout of node 0's devices is refused): lower the memory the run needs or give "
+            "the cluster more devices; python -m rltrain mode=plan placement=collocated shows "
+            "why"
+        )
     cluster = Cluster.start(run.cluster)  # one Ray for every profiling run
     try:
         for cand in specs:
@@ -289,7 +298,8 @@ def measure(
     runs = tuple(
         {
             "layout": c.name,
-            "devices": c.actor_devices,
+            "actor_devices": c.actor_devices,
+            "rollout_devices": c.rollout_devices,
             "stages": c.stages,
             "reading": r.to_dict(),
         }
@@ -307,10 +317,25 @@ def measure(
     )
 
 
+def _first_valid(run: Any, slot: Sequence[Candidate]) -> Candidate | None:
+    """The first layout of a slot that passes the checks training makes."""
+    from rltrain.autoplace.search import check_candidate
+
+    for cand in slot:
+        if not check_candidate(run, _profiled_as(cand))[0]:
+            return cand
+    return None
+
+
+def _profiled_as(cand: Candidate) -> Candidate:
+    """A fused profiling layout is checked as taking turns (``fuse=auto`` falls back to it)."""
+    return dataclasses.replace(cand, fused=False) if cand.fused else cand
+
+
 def _fit(run: Any, made: Sequence[tuple[Candidate, RunReading]]) -> ReasoningCosts | EmbodiedCosts:
     if run.runner == "embodied":
         return fit_embodied(made, run.env.num_envs, run.env.rollout_steps)
-    return fit_reasoning([(c.actor_devices, r) for c, r in made])
+    return fit_reasoning(made)
 
 
 def _dir_name(cand: Candidate) -> str:

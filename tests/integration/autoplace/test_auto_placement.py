@@ -38,14 +38,15 @@ def test_auto_profiles_chooses_and_trains_the_winner(ray_session, tmp_path):
 
     choice = choose(run, str(tmp_path / "first"), settings)
 
-    # Profiled for real: one device taking turns, then both devices fused.
+    # Profiled for real: both devices fused, then the balanced split.
     p = choice.profile
     assert p.source == "measured" and [r["layout"] for r in p.runs] == [
-        "collocated 0 turns",
         "collocated 0-1 fused",
+        "disaggregated actor 0 rollout 1",
     ]
     assert p.costs.generate.at(1) >= 1.0 and p.costs.train.at(1) >= 0.5  # the knobs' sleeps
-    assert (tmp_path / "first" / "auto_profile" / "collocated_0_turns" / "trace.json").exists()
+    split = tmp_path / "first" / "auto_profile" / "disaggregated_actor_0_rollout_1"
+    assert (split / "trace.json").exists()
     # Every candidate was checked and ranked; the asynchronous split wins.
     assert len(choice.ranking) == 5 and all(r["status"] == "ok" for r in choice.ranking)
     assert choice.winner.candidate.name == "disaggregated actor 0 rollout 1 async1"

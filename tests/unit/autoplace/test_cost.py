@@ -33,13 +33,19 @@ def test_scaling_fit_one_device_count_assumes_no_speedup():
     assert s.at(8) == pytest.approx(1.0)
 
 
-def test_scaling_fit_never_gets_faster_with_fewer_devices():
-    # More devices measured slower (noise): no negative parallel part; the mean is kept.
+def test_scaling_fit_keeps_a_stage_that_is_slower_on_more_devices():
+    # t(1) = 1.0, t(2) = 1.2: fixed + parallel = 1.0, fixed + parallel / 2 = 1.2 -> 1.4 - 0.4/k
     s = Scaling.fit([(1, 1.0), (2, 1.2)])
-    assert s.parallel == 0.0 and s.fixed == pytest.approx(1.1)
+    assert s.fixed == pytest.approx(1.4) and s.parallel == pytest.approx(-0.4)
+    assert s.at(4) == pytest.approx(1.3)
     # A fit through the origin when the intercept would be negative: t = 4/k exactly.
     s = Scaling.fit([(1, 4.0), (2, 1.0)])  # free fit: -2 + 6/k; pinned: b = sum(xy)/sum(x^2)
     assert s.fixed == 0.0 and s.parallel == pytest.approx((4.0 + 0.5) / (1 + 0.25))
+
+
+def test_linear_fit_never_gets_faster_with_more_environments():
+    f = Linear.fit([(8, 0.2), (16, 0.1)])  # noise: the mean, no negative slope
+    assert f.per_env == 0.0 and f.per_item == pytest.approx(0.15)
 
 
 def test_linear_fit_and_proportional_single_point():

@@ -5,30 +5,41 @@ from __future__ import annotations
 import pytest
 
 from rltrain.autoplace.candidates import Candidate
-from rltrain.autoplace.fit import device_counts, fit_embodied, fit_reasoning, profile_candidates
+from rltrain.autoplace.fit import fit_embodied, fit_reasoning, profile_candidates
 from rltrain.autoplace.readings import RunReading
 
 
-def test_device_counts_one_then_the_whole_node():
-    assert device_counts(1) == [1]
-    assert device_counts(2) == [1, 2]
-    assert device_counts(8) == [1, 8, 2, 4]
-    assert device_counts(6) == [1, 6, 2, 4]
+def _names(slots):
+    return [[c.name for c in slot] for slot in slots]
 
 
-def test_profile_candidates():
-    assert [c.name for c in profile_candidates("reasoning", 2)] == [
-        "collocated 0 turns",
-        "collocated 0-1 fused",
+def test_profile_layouts_reasoning():
+    assert _names(profile_candidates("reasoning", 1)) == [["collocated 0 fused"]]
+    assert _names(profile_candidates("reasoning", 2)) == [
+        ["collocated 0-1 fused"],
+        ["disaggregated actor 0 rollout 1", "hybrid actor 0-1 rollout 1"],
     ]
-    emb = profile_candidates("embodied", 2, stages=2, num_envs=16)
-    assert [c.name for c in emb] == ["collocated 0-1 S=2", "collocated 0 S=1"]
-    assert [c.name for c in profile_candidates("embodied", 1, stages=1, num_envs=16)] == [
-        "collocated 0 S=1",
-        "collocated 0 S=2",
+    four = _names(profile_candidates("reasoning", 4))
+    assert four[0] == ["collocated 0-3 fused"]
+    # balanced first, then the nearest other splits, then hybrid fall-backs
+    assert four[1][:3] == [
+        "disaggregated actor 0-1 rollout 2-3",
+        "disaggregated actor 0-2 rollout 3",
+        "disaggregated actor 0 rollout 1-3",
     ]
-    # 3 environments: no second stage count divides them, one device: one run
-    assert len(profile_candidates("embodied", 1, stages=1, num_envs=3)) == 1
+    assert four[1][3] == "hybrid actor 0-3 rollout 2-3"
+    assert four[2][0] == "disaggregated actor 0-2 rollout 3"  # rollout on n/4
+
+
+def test_profile_layouts_embodied():
+    assert _names(profile_candidates("embodied", 2, stages=2, num_envs=16)) == [
+        ["collocated 0-1 S=2"],
+        ["disaggregated actor 0 rollout 1 S=1", "hybrid actor 0-1 rollout 1 S=1"],
+    ]
+    one = _names(profile_candidates("embodied", 1, stages=1, num_envs=16))
+    assert one == [["collocated 0 S=1"], ["collocated 0 S=2"]]
+    # 3 environments: no other stage count divides them, one device: one run
+    assert _names(profile_candidates("embodied", 1, stages=1, num_envs=3)) == [["collocated 0 S=1"]]
 
 
 def _reading(stages, step_s, period_s, moves=None):
@@ -47,15 +58,20 @@ def test_fit_reasoning_takes_moves_out_of_the_stages():
         step_s=2.56,
         period_s=2.6,
     )
-    c = fit_reasoning([(2, two), (1, one)])
+    c = fit_reasoning(
+        [
+            (Candidate("collocated", (0, 2), (0, 2)), two),
+            (Candidate("disaggregated", (0, 1), (1, 2)), one),
+        ]
+    )
     # generate: (2, 1.0), (1, 1.5) -> 0.5 + 1.0/k; train: (2, 0.6), (1, 1.0) -> 0.2 + 0.8/k
     assert c.generate.fixed == pytest.approx(0.5) and c.generate.parallel == pytest.approx(1.0)
     assert c.train.fixed == pytest.approx(0.2) and c.train.parallel == pytest.approx(0.8)
     assert c.sync == pytest.approx(0.04) and c.reward == pytest.approx(0.01)
     assert c.overhead == pytest.approx((0.06 + 0.04) / 2)
     assert c.fused_overhead == c.overhead  # no fused run: the same
-    # moves (2, 0.3), (1, 0.0): more devices, more moves is not a scaling: the mean
-    assert c.moves.fixed == pytest.approx(0.15) and c.moves.parallel == 0.0
+    # moves only from the layout that shares devices: 0.3 at 2 devices, assumed for all
+    assert c.moves.at(1) == pytest.approx(0.3) and c.moves.at(2) == pytest.approx(0.3)
 
 
 def test_fit_reasoning_with_a_fused_run():
@@ -66,7 +82,12 @@ def test_fit_reasoning_with_a_fused_run():
     fused = _reading(
         {"generate": 1.0, "train": 0.6, "reward": 0.0, "step": 1.62}, step_s=1.62, period_s=1.65
     )
-    c = fit_reasoning([(1, turns), (2, fused)])
+    c = fit_reasoning(
+        [
+            (Candidate("disaggregated", (0, 1), (1, 2)), turns),
+            (Candidate("collocated", (0, 2), (0, 2), fused=True), fused),
+        ]
+    )
     assert c.generate.at(2) == pytest.approx(1.0) and c.train.at(1) == pytest.approx(1.0)
     assert c.sync == pytest.approx(0.05)  # from the turn-taking run only
     assert c.overhead == pytest.approx(0.05)
@@ -103,6 +124,7 @@ def test_fit_embodied_items_from_the_epoch_totals():
     # epoch overhead: A: formula 0.26 + 7 x 0.16 = 1.38; epoch 1.5 - 0.05 moves = 1.45 -> 0.07
     # B: sequential 4 x 0.5 = 2.0; epoch 2.1 -> 0.1
     assert c.epoch_overhead == pytest.approx((0.07 + 0.1) / 2)
+    assert c.moves.at(2) == pytest.approx(0.05) and c.moves.at(1) == pytest.approx(0.0)
     assert c.overhead == pytest.approx((0.04 + 0.0) / 2)
 
 
