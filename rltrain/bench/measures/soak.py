@@ -45,13 +45,17 @@ class SoakRecord:
         return {p: end[p] / start[p] - 1 for p in end if start.get(p)}
 
     def table(self) -> str:
-        """Each process: RSS after warm-up, at the end, growth (largest growth first)."""
+        """Each process: RSS after warm-up, half-way and at the end, growth (largest first)."""
         if len(self.rss) < 3:
             return "(too few samples)"
-        start, end = self.rss[max(1, int(len(self.rss) * WARMUP_SHARE))], self.rss[-1]
+        first = max(1, int(len(self.rss) * WARMUP_SHARE))
+        start, middle, end = self.rss[first], self.rss[(first + len(self.rss)) // 2], self.rss[-1]
         rows = sorted(self.growth().items(), key=lambda kv: -kv[1])
+        # The second half's growth tells a plateau (a pool that filled) from a leak (linear).
         return "\n".join(
-            f"  {p:<48} {start[p] / 2**20:8.1f} MiB -> {end[p] / 2**20:8.1f} MiB  {100 * g:+6.2f} %"
+            f"  {p:<40} {start[p] / 2**20:7.1f} -> {middle.get(p, 0) / 2**20:7.1f} -> "
+            f"{end[p] / 2**20:7.1f} MiB  {100 * g:+6.2f} % (second half "
+            f"{100 * (end[p] / middle[p] - 1) if middle.get(p) else 0.0:+5.2f} %)"
             for p, g in rows
         )
 
