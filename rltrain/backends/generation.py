@@ -255,7 +255,7 @@ def model_dir_for_vllm(run: RunConfig, tokenizer: Any) -> str:
     config.architectures = [
         {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[run.model.family]
     ]
-    config.torch_dtype = run.model.dtype
+    config.dtype = run.model.dtype  # transformers 5 (``torch_dtype`` is its deprecated alias)
     path = tempfile.mkdtemp(prefix="rltrain-vllm-model-")
     config.save_pretrained(path)
     tokenizer.save_pretrained(path)

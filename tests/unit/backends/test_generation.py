@@ -79,3 +79,20 @@ def test_torch_engine_loads_host_buckets_by_name():
     assert engine.load(pack_to_host(list(other.items()), version=3)) == len(other)
     for n, p in engine.model.named_parameters():
         assert torch.equal(p, other[n])
+
+
+def test_a_built_model_gets_a_directory_vllm_can_build_it_from():
+    import json
+    import os
+
+    from rltrain.backends.generation import model_dir_for_vllm, model_weight_bytes
+    from rltrain.tasks import build_model, build_tokenizer
+
+    run = RunConfig()
+    run.model.dtype = "bfloat16"
+    path = model_dir_for_vllm(run, build_tokenizer(run.model))
+    config = json.loads(open(os.path.join(path, "config.json")).read())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["dtype"] == "bfloat16"
+    assert os.path.isfile(os.path.join(path, "tokenizer.json"))
+    params = sum(p.numel() for p in build_model(run.model).parameters())
+    assert model_weight_bytes(path, "bfloat16") == 2 * params
