@@ -265,7 +265,6 @@ def measure(
         run.runner, node_devices(run), run.env.pipeline_stage_num, run.env.num_envs
     )
     start = clock()
-    made: list[tuple[Candidate, RunReading]] = []
     skipped: list[str] = []
     specs = [c for c in (_first_valid(run, slot) for slot in slots) if c is not None]
     if not specs:
@@ -275,20 +274,31 @@ def measure(
             "the cluster more devices; python -m rltrain mode=plan placement=collocated shows "
             "why"
         )
+    # Later passes run the layouts in reverse order; each layout keeps its fastest reading, so
+    # load that comes and goes on a shared machine does not decide the profile.
+    order = [specs if i % 2 == 0 else specs[::-1] for i in range(max(settings.profile_passes, 1))]
+    best: dict[str, tuple[Candidate, RunReading]] = {}
     cluster = Cluster.start(run.cluster)  # one Ray for every profiling run
     try:
-        for cand in specs:
-            left = settings.time_limit_s - (clock() - start)
-            if left <= 0:
-                skipped.append(cand.name)
-                continue
-            d = os.path.join(out_dir, _dir_name(cand))
-            prun = profile_run_config(run, cand, settings.profile_steps, left, d)
-            log.info("placement=auto: profiling %s (%d steps)", cand.name, settings.profile_steps)
-            entry(prun, d)
-            made.append((cand, read_run(d, WARMUP_STEPS)))
+        for i, batch in enumerate(order):
+            for cand in batch:
+                left = settings.time_limit_s - (clock() - start)
+                if left <= 0:
+                    skipped.append(cand.name if i == 0 else f"{cand.name} (pass {i + 1})")
+                    continue
+                d = os.path.join(out_dir, _dir_name(cand) + (f"-pass{i + 1}" if i else ""))
+                prun = profile_run_config(run, cand, settings.profile_steps, left, d)
+                log.info(
+                    "placement=auto: profiling %s (%d steps)", cand.name, settings.profile_steps
+                )
+                entry(prun, d)
+                reading = read_run(d, WARMUP_STEPS)
+                kept = best.get(cand.name)
+                if kept is None or reading.seconds_per_step < kept[1].seconds_per_step:
+                    best[cand.name] = (cand, reading)
     finally:
         cluster.shutdown()
+    made = [best[c.name] for c in specs if c.name in best]
     if not made:
         raise ResourceError(
             f"placement.auto.time_limit_s={settings.time_limit_s}: no profiling run fitted in "

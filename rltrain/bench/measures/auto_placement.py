@@ -4,7 +4,8 @@ Per scenario, on simulated devices (latency knobs model device time: ``rollout.l
 generate call, ``actor.latency_ms`` per update, ``env.*_latency_ms`` per environment):
 
 1. :func:`rltrain.autoplace.choose` profiles the scenario from scratch (its own cache
-   directory, so nothing is reused between scenarios or runs) and ranks the candidates;
+   directory, so nothing is reused between scenarios or runs; two passes, each layout keeping
+   its faster reading) and ranks the candidates;
 2. every candidate that passes the checks is run for real (``run_reasoning`` /
    ``run_embodied``, a few steps) and its step period read back from its timeline
    (:func:`rltrain.autoplace.readings.read_run`), twice (the second pass in reverse order; the
@@ -178,6 +179,7 @@ def run_scenario(scenario: Scenario, quick: bool, work: str) -> Outcome:
         reprofile=True,
         profile_steps=3 if quick else 5,
         time_limit_s=900.0,
+        profile_passes=1 if quick else 2,
     )
     t0 = time.monotonic()
     choice = choose(run, base_dir, settings)
