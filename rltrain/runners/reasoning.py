@@ -113,8 +113,8 @@ def check_engines(run: RunConfig, plan: Any) -> None:
     - a reward model placed on more than one process (one process scores the step);
     - ``rollout.gpu_memory_utilization`` against the plan's devices (vLLM);
     - an explicit ``weight_sync.transport`` the layout cannot serve, when the plan's devices
-      are what the run will get (on a local GPU machine with ``cluster.simulate_devices=true``
-      the devices are found when Ray starts, and the choice is checked then).
+      are what the run will get (a joined cluster's devices, and a local GPU machine's, are
+      found when Ray starts, and the choice is checked then).
 
     Raises:
         ConfigError: naming the key, the value and the fix.
@@ -134,7 +134,9 @@ def check_engines(run: RunConfig, plan: Any) -> None:
     from rltrain.config.engine_checks import local_gpus_visible
 
     simulated = any(n.accelerator_type == "sim" for n in plan.cluster.nodes)
-    if not (simulated and run.cluster.address is None and local_gpus_visible()):
+    # Simulated devices in the config-made plan are what the run gets only on a local Ray of a
+    # machine without GPUs; a joined cluster, or local GPUs, is discovered when Ray starts.
+    if not simulated or (run.cluster.address is None and not local_gpus_visible()):
         for recv in RECEIVERS:
             choose_transport(run, plan, recv)
 
