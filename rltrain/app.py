@@ -28,13 +28,19 @@ def run_dir() -> str:
     return os.getcwd()
 
 
-def train(run_cfg: RunConfig, out_dir: str) -> dict:
+def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
     """Run the training job the config describes and write its ``summary.json``.
 
     When a worker fails (it raised, its process died, its node left) and
     ``trainer.max_restarts`` allows, the job is torn down and started again from its latest
     checkpoint (the steps since it are redone and their records replaced); each restart is
     logged and listed in the summary under ``restarts``.
+
+    Args:
+        run_cfg: the checked run config.
+        out_dir: the run directory.
+        layout: the layout :func:`~rltrain.runners.layout.preflight` checked (None: checked
+            here).
 
     Returns:
         The job summary.
@@ -50,7 +56,7 @@ def train(run_cfg: RunConfig, out_dir: str) -> dict:
     attempt = run_cfg
     while True:
         try:
-            summary = _train_once(attempt, out_dir)
+            summary = _train_once(attempt, out_dir, layout)
             break
         except WorkerError as exc:
             if len(restarts) >= run_cfg.trainer.max_restarts:
@@ -65,14 +71,14 @@ def train(run_cfg: RunConfig, out_dir: str) -> dict:
     return summary
 
 
-def _train_once(run_cfg: RunConfig, out_dir: str) -> dict:
+def _train_once(run_cfg: RunConfig, out_dir: str, layout) -> dict:
     if run_cfg.runner == "embodied":
         from rltrain.runners.embodied import run_embodied
 
-        return run_embodied(run_cfg, out_dir)
+        return run_embodied(run_cfg, out_dir, layout)
     from rltrain.runners.reasoning import run_reasoning
 
-    return run_reasoning(run_cfg, out_dir)
+    return run_reasoning(run_cfg, out_dir, layout)
 
 
 def _restart_point(run_cfg: RunConfig, out_dir: str, exc: WorkerError, count: int) -> dict:
@@ -163,7 +169,7 @@ def run(cfg: DictConfig) -> float | None:
     if run_cfg.trainer.resume == "auto":  # the runners resume from the checkpoint found here
         trainer = dataclasses.replace(run_cfg.trainer, resume=layout.resume)
         run_cfg = dataclasses.replace(run_cfg, trainer=trainer)
-    return objective(train(run_cfg, out_dir))
+    return objective(train(run_cfg, out_dir, layout))
 
 
 def _refuse_private_preset() -> None:

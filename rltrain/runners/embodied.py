@@ -18,8 +18,6 @@ transitions go from their object store to the actor, never through the driver.
 from __future__ import annotations
 
 import contextlib
-import signal
-import time
 import uuid
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -27,13 +25,13 @@ from typing import Any
 
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
+from rltrain.runners import loop
 from rltrain.runners.checkpoint import CheckpointManager, read_state
 from rltrain.runners.job import Job, start_job
-from rltrain.runners.reasoning import StepTimer
+from rltrain.runners.loop import StepTimer
 from rltrain.telemetry import trace
-from rltrain.telemetry.metrics import MetricsLogger, plot_curves
 from rltrain.workers.embodied import EmbodiedActorWorker, EmbodiedRolloutWorker
-from rltrain.workers.env import EnvWorker, SpaceSpec, probe_spaces, stage_to_rollout
+from rltrain.workers.env import EnvWorker, SpaceSpec, stage_to_rollout
 
 REQUIRED = ("actor", "rollout", "env")
 #: Seed offset of evaluation environments, away from the training environments' seeds.
@@ -136,17 +134,48 @@ def check_components(run: RunConfig, components: set[str]) -> None:
         raise ConfigError(problems)
 
 
+class EnvPipelineSchedule:
+    """The embodied step: env and rollout exchange observations and actions through channels
+    in pipeline stages for a rollout epoch, then the actor trains (PPO + GAE) and exports.
+
+    Args:
+        runner: the run whose groups take the step.
+    """
+
+    queues_ahead = False
+
+    def __init__(self, runner: EmbodiedRunner) -> None:
+        self.runner = runner
+
+    def begin(self, start: int, horizon: int | None) -> None:
+        self.runner.export_weights(start)  # the rollout starts from the actor's weights
+
+    def step(self, step: int, queue_next: bool) -> dict[str, Any]:
+        return self.runner.train_step(step)
+
+    def has_queued(self) -> bool:
+        return False
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        return {f"eval/{k}": v for k, v in self.runner.evaluate(step).items()}
+
+    def end(self, done_steps: int, clean: bool) -> None:
+        """Nothing runs ahead of the loop."""
+
+
 class EmbodiedRunner:
     """Runs the loop above on a started :class:`Job`."""
 
-    def __init__(self, job: Job, sizes: EmbodiedSizes, spec: SpaceSpec) -> None:
-        self.job, self.run, self.sizes, self.spec = job, job.run, sizes, spec
+    def __init__(self, job: Job) -> None:
+        self.job, self.run = job, job.run
+        self.sizes: EmbodiedSizes = job.layout.sizes
+        self.spec: SpaceSpec = job.layout.spec
         self.g = job.groups
         from rltrain.scheduler import Channel
 
         tag = uuid.uuid4().hex[:8]
         # Each rollout key holds at most one item per stage it serves; each action key one.
-        most = max(n // sizes.steps for n in sizes.items_per_rollout)
+        most = max(n // self.sizes.steps for n in self.sizes.items_per_rollout)
         self.obs = Channel.create(f"embodied-obs-{tag}", max(most, 1), job.cluster)
         self.act = Channel.create(f"embodied-act-{tag}", 1, job.cluster)
         self.ckpt = CheckpointManager(
@@ -154,44 +183,21 @@ class EmbodiedRunner:
         )
         self.version = 0
         self.weights_ref: Any = None
-        self._stop = False
+        self.schedule = EnvPipelineSchedule(self)
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.total_steps``, the target return, the time budget or SIGTERM."""
-        t = self.run.trainer
-        start = self._resume()
-        metrics = MetricsLogger(self.job.run_dir, self.run.logging, resume=start > 0)
-        self._export_weights(start)
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        status, done_steps, t0, evaluated = "completed", start, time.monotonic(), None
-        try:
-            for step in range(start, t.total_steps):
-                record = self.train_step(step)
-                last = step + 1 == t.total_steps
-                if self._eval_due(step, record) or last:
-                    evaluated = self.evaluate(step)
-                    record.update({f"eval/{k}": v for k, v in evaluated.items()})
-                metrics.progress(step + 1, t.total_steps, metrics.log(step, record))
-                done_steps = step + 1
-                target = self.run.env.target_return
-                done = (
-                    target is not None
-                    and evaluated is not None
-                    and (evaluated["return_mean"] >= target)
-                )
-                budget = t.time_budget_s is not None and time.monotonic() - t0 > t.time_budget_s
-                stop = done or budget or self._stop
-                if (t.save_every and (step + 1) % t.save_every == 0) or last or stop:
-                    self.save(step + 1)
-                if stop:
-                    status = "stopped" if self._stop else "completed"
-                    break
-                evaluated = None
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            metrics.close()
-        plot_curves(metrics.records, f"{self.job.run_dir}/reward_curve.png")
-        return self._summary(metrics.records, done_steps - start, time.monotonic() - t0, status)
+        return loop.fit(self, self.schedule, self.run.trainer, self.run.logging, self.job.run_dir)
+
+    # ------------------------------------------------------------------------- the loop's hooks
+    def evaluation_due(self, step: int, record: dict[str, Any]) -> bool:
+        return self._eval_due(step, record)
+
+    def target_reached(self, evaluated: dict[str, Any] | None) -> bool:
+        target = self.run.env.target_return
+        return (
+            target is not None and evaluated is not None and evaluated["eval/return_mean"] >= target
+        )
 
     def _eval_due(self, step: int, record: dict[str, Any]) -> bool:
         """Every ``trainer.eval_every`` updates; with a positive target return, only once the
@@ -223,10 +229,9 @@ class EmbodiedRunner:
             refs = [r.rollout[0] for r in results]
             trained = g["actor"].call(EmbodiedActorWorker.train, refs, step).wait()
             for rank, r in enumerate(trained):
-                sizes = {k[12:]: v for k, v in r.items() if k.startswith("state_bytes/")}
-                self.job.refresh_ledger("actor", sizes, rank)
+                self.job.refresh_ledger("actor", r.state_bytes, rank)
             with timer("sync"):
-                self._export_weights(step + 1, lease=False)
+                self.export_weights(step + 1, lease=False)
         return self._step_metrics(results, served, trained, timer.times)
 
     @contextmanager
@@ -237,7 +242,8 @@ class EmbodiedRunner:
                 stack.enter_context(self.job.stage(c))
             yield
 
-    def _export_weights(self, version: int, lease: bool = True) -> None:
+    def export_weights(self, version: int, lease: bool = True) -> None:
+        """Hand the rollout the actor's weights as ``version``."""
         with self.job.stage("actor") if lease else contextlib.nullcontext():
             fut = self.g["actor"].execute_on(0).call(EmbodiedActorWorker.export_weights, version)
             fut.wait()
@@ -260,12 +266,14 @@ class EmbodiedRunner:
 
     # ------------------------------------------------------------------------- checkpoints
     def save(self, step: int) -> str:
+        """Write a checkpoint of the state after ``step`` updates."""
         with self.job.stage("actor"):
             pending = self.ckpt.begin(step)
             self.g["actor"].execute_on(0).call(EmbodiedActorWorker.save, pending.path).wait()
         return self.ckpt.commit(pending, {"model": _fingerprint(self.run, self.spec)})
 
-    def _resume(self) -> int:
+    def resume(self) -> int:
+        """Load ``trainer.resume``'s checkpoint; returns the update to start from."""
         path = self.ckpt.resolve(self.run.trainer.resume)
         if path is None:
             return 0
@@ -279,9 +287,6 @@ class EmbodiedRunner:
             self.g["actor"].call(EmbodiedActorWorker.load, path).wait()
         return int(state["step"])
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self._stop = True  # finish the step, write a checkpoint, exit
-
     # ---------------------------------------------------------------------------- metrics
     def _step_metrics(self, results, served, trained, times) -> dict[str, Any]:
         returns = [x for r in results for x in r.episode_returns]
@@ -293,9 +298,9 @@ class EmbodiedRunner:
             "time/env_step_s": max(r.step_s for r in results),
             "time/infer_s": max(x["infer_s"] for x in served),
         }
-        keys = {k for res in trained for k in res if not k.startswith("state_bytes/")}
+        keys = {k for res in trained for k in res.metrics}
         for k in sorted(keys):
-            out[k] = sum(res[k] for res in trained) / len(trained)
+            out[k] = sum(res.metrics[k] for res in trained) / len(trained)
         out.update({f"time/{k}_s": v for k, v in times.items()})
         total = sum(times.values())
         out["time/step_s"] = total
@@ -306,7 +311,7 @@ class EmbodiedRunner:
         out["reward/mean"] = out["env/return_mean"]
         return out
 
-    def _summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
+    def summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
         stage_keys = {"generate", "train", "sync"}
         per_stage = {
             k: sum(r.get(f"time/{k}_s", 0) for r in records) / max(len(records), 1)
@@ -409,33 +414,30 @@ def _fingerprint(run: RunConfig, spec: SpaceSpec) -> str:
     return f"mlp-{spec.env_id}-h{m.hidden_size}-l{m.num_layers}"
 
 
-def run_embodied(run: RunConfig, run_dir: str) -> dict[str, Any]:
-    """Plan, start, train and tear down an embodied run.
+def run_embodied(run: RunConfig, run_dir: str, layout: Any = None) -> dict[str, Any]:
+    """Start, train and tear down an embodied run.
 
     Args:
         run: the checked run config.
         run_dir: the run's output directory.
+        layout: the layout checked before Ray started
+            (:func:`~rltrain.runners.layout.preflight`); None checks it here.
 
     Returns:
         The job summary (``env_steps_per_s`` and ``final_return`` among the fields).
 
     Raises:
-        ConfigError / PlacementError / ResourceError: before Ray starts, for bad input.
+        ConfigError / PlacementError / ResourceError: before Ray starts, for bad input; the
+            launched job's layout differing from the checked one.
     """
-    from rltrain.placement.plan import build_plan
-    from rltrain.placement.types import ClusterSpec
+    from rltrain.runners.layout import preflight
 
-    plan = build_plan(run, ClusterSpec.from_config(run.cluster))  # fails early, no Ray yet
-    check_components(run, set(plan.components))
-    sizes = derive_sizes(
-        run, plan.world_size("env"), plan.world_size("rollout"), plan.world_size("actor")
-    )
-    spec = probe_spaces(run.task.env_id)
+    layout = layout if layout is not None else preflight(run)
     builders = {
-        "actor": lambda plan: EmbodiedActorWorker.create_group(run, spec),
-        "rollout": lambda plan: EmbodiedRolloutWorker.create_group(run, spec),
-        "env": lambda plan: EnvWorker.create_group(
-            run, spec, sizes.envs_per_stage, sizes.rollout_world
+        "actor": lambda lay: EmbodiedActorWorker.create_group(run, lay.spec),
+        "rollout": lambda lay: EmbodiedRolloutWorker.create_group(run, lay.spec),
+        "env": lambda lay: EnvWorker.create_group(
+            run, lay.spec, lay.sizes.envs_per_stage, lay.sizes.rollout_world
         ),
     }
 
@@ -444,8 +446,8 @@ def run_embodied(run: RunConfig, run_dir: str) -> dict[str, Any]:
             groups["actor"].init_process_group()
         groups["actor"].call(EmbodiedActorWorker.setup_data_parallel).wait()
 
-    with start_job(run, run_dir, builders, on_launch=data_parallel) as job:
-        summary = EmbodiedRunner(job, sizes, spec).fit()
+    with start_job(run, run_dir, builders, layout, on_launch=data_parallel) as job:
+        summary = EmbodiedRunner(job).fit()
         job.verify_ledger()
         summary.update(job.write_timeline())
     return summary

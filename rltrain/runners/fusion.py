@@ -6,7 +6,7 @@ of the weights per device, a weight export and load per step, and four Ray hops 
 (generate, score, train, export). ``placement.fuse`` runs them in one process per device
 instead (verl's fused workers, OpenRLHF's hybrid engine): the rollout samples with the actor's
 own parameters, the task's rule reward scores in the same process, and one call per rank does
-the whole step (:class:`rltrain.workers.hybrid.HybridWorker`).
+the whole step (:class:`rltrain.workers.fused.FusedWorker`).
 
 ``placement.fuse`` is ``false`` (separate processes), ``true`` (fuse, or refuse the run naming
 what stands in the way) or ``auto`` (fuse when nothing stands in the way, else take turns and
@@ -81,9 +81,7 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
     for comp in ("actor", "rollout"):
         key = f"placement.offload.{comp}"
         if resolve_offload(run.placement.offload.get(comp), key).when == "after_stage":
-            out.append(
-                f"placement.offload.{comp}.when=after_stage moves state between the stages"
-            )
+            out.append(f"placement.offload.{comp}.when=after_stage moves state between the stages")
     for device, memory in sorted(plan.memory.items()):
         total = max((sum(t.bytes for t in s.terms) for s in memory.stages), default=0)
         if total > memory.capacity_bytes:

@@ -20,9 +20,11 @@ from rltrain.config import resolve_offload
 from rltrain.config.schema import RunConfig
 from rltrain.placement.plan import Plan, build_plan
 from rltrain.placement.types import GIB, ClusterSpec
+from rltrain.runners.layout import RunLayout, check_launched, layout_for
 from rltrain.scheduler import Cluster, WorkerGroup
 from rltrain.scheduler.residency import ResidencyCoordinator, Resident
 from rltrain.telemetry import trace
+from rltrain.workers.common import ResidentState
 
 #: Kinds of predicted memory that exist only while the component's stage runs.
 TRANSIENT_KINDS = ("activations", "kv_cache")
@@ -36,10 +38,10 @@ class GroupHandle:
     rank: int
 
     def offload(self, kinds: list[str]) -> Any:
-        return self.group.execute_on(self.rank).offload(kinds)
+        return self.group.execute_on(self.rank).call(ResidentState.offload, kinds)
 
     def reload(self, kinds: list[str]) -> Any:
-        return self.group.execute_on(self.rank).reload(kinds)
+        return self.group.execute_on(self.rank).call(ResidentState.reload, kinds)
 
 
 @dataclass
@@ -47,12 +49,17 @@ class Job:
     """A running job: its plan, cluster, worker groups and residency coordinator."""
 
     run: RunConfig
-    plan: Plan
+    layout: RunLayout
     cluster: Cluster
     groups: dict[str, WorkerGroup[Any]]
     residency: ResidencyCoordinator
     run_dir: str
     resident_components: tuple[str, ...] = field(default=())
+
+    @property
+    def plan(self) -> Plan:
+        """The launched job's plan (the devices Ray reported)."""
+        return self.layout.plan
 
     def stage(self, component: str):
         """The residency lease for a stage of ``component`` (a no-op for node-only ones)."""
@@ -90,7 +97,10 @@ class Job:
             WorkerError: a worker holds device memory its ledger does not declare.
         """
         self.residency.flush()  # moves still in flight would make the walk disagree
-        return {c: self.groups[c].memory_report().wait() for c in self.resident_components}
+        return {
+            c: self.groups[c].call(ResidentState.memory_report).wait()
+            for c in self.resident_components
+        }
 
 
 def _simulated_memory(spec: ClusterSpec, run: RunConfig) -> ClusterSpec:
@@ -121,22 +131,32 @@ def _stage_extra(plan: Plan, component: str, device: tuple[int, int]) -> int:
 def start_job(
     run: RunConfig,
     run_dir: str,
-    workers: Mapping[str, Callable[[Plan], Any]],
+    workers: Mapping[str, Callable[[RunLayout], Any]],
+    layout: RunLayout | None = None,
     on_launch: Callable[[Mapping[str, WorkerGroup[Any]]], None] | None = None,
 ) -> Iterator[Job]:
     """Start Ray (or join it), reserve the plan's devices, launch the workers; clean up after.
 
+    The run is laid out again on the cluster Ray reports (:func:`layout_for`) and checked
+    against ``layout``, the one checked before Ray started; the workers are built from the
+    launched layout.
+
     Args:
         run: the checked run config.
         run_dir: where the run writes its outputs.
-        workers: component -> a function of the plan returning the worker class's
+        workers: component -> a function of the launched layout returning the worker class's
             ``create_group(...)`` builder, for every component the runner uses.
+        layout: the layout checked before Ray started (:func:`preflight`); None skips the
+            comparison (benchmarks and tests that start jobs directly).
         on_launch: called with the groups once all are up, before any state leaves its
             device (process groups and data-parallel wrappers need the full state).
 
     Yields:
         The running job. On exit (normal, exception or Ctrl-C) every actor and placement group
         the job created is removed and a Ray it started is stopped.
+
+    Raises:
+        ResourceError: the launched layout differs from ``layout``.
     """
     os.makedirs(run_dir, exist_ok=True)
     if run.cluster.address is None:
@@ -147,11 +167,17 @@ def start_job(
     trace.configure(process="driver", enabled=run.logging.trace)
     with Cluster.start(run.cluster) as cluster:
         plan = build_plan(run, _simulated_memory(cluster.spec, run))  # the discovered cluster
+        launched = layout_for(run, plan)
+        if layout is not None:
+            check_launched(layout, launched)
+            launched = dataclasses.replace(
+                launched, resume=layout.resume, resume_note=layout.resume_note
+            )
         reservation = cluster.reserve(plan, name=f"rltrain-{os.getpid()}", overlap=overlap(run))
 
         def launch(comp: str) -> WorkerGroup[Any]:
             with trace.span("launch", comp):
-                return workers[comp](plan).launch(
+                return workers[comp](launched).launch(
                     cluster,
                     name=comp,
                     placement_strategy=plan.placements(comp),
@@ -168,7 +194,7 @@ def start_job(
         if on_launch is not None:
             on_launch(groups)
         residency, resident = _residency(run, plan, groups)
-        job = Job(run, plan, cluster, groups, residency, run_dir, resident)
+        job = Job(run, launched, cluster, groups, residency, run_dir, resident)
         yield job
 
 
@@ -193,9 +219,9 @@ def _residency(
     resident = []
     for comp, group in groups.items():
         procs = plan.by_component[comp]
-        if not any(p.devices for p in procs) or not hasattr(group, "state_bytes"):
+        if not any(p.devices for p in procs) or not issubclass(group.worker_class, ResidentState):
             continue
-        sizes = group.state_bytes().wait()
+        sizes = group.call(ResidentState.state_bytes).wait()
         policy = resolve_offload(run.placement.offload.get(comp), f"placement.offload.{comp}")
         for p, total in zip(procs, sizes, strict=True):
             devices = tuple((p.node_rank, d) for d in p.devices)

@@ -23,24 +23,67 @@ REASONING_COMPONENTS = ("actor", "rollout", "reward")
 
 @dataclass(frozen=True)
 class RunLayout:
-    """A run's layout, computed before Ray starts.
+    """A run's layout: everything decided from the config and a plan, once.
+
+    Computed before Ray starts on the configured cluster (:func:`preflight`), and again on the
+    plan of the launched job (the devices Ray reports); :func:`check_launched` refuses a job
+    whose two layouts disagree. Workers and runners receive it; nothing re-derives it.
 
     Attributes:
-        plan: the placement plan on the configured cluster.
+        plan: the placement plan.
         sizes: the batch sizes (:class:`~rltrain.runners.sizes.BatchSizes` for reasoning runs,
             the embodied runner's sizes for embodied runs).
+        critic_sizes: the critic's share of a step (PPO), else None.
         fused: whether actor, rollout and reward run as one process per device.
         fuse_blockers: why an ``auto`` run takes turns instead (empty when fused or not asked).
+        spec: the environment's spaces (embodied runs), else None.
         resume: the checkpoint the run resumes from (``trainer.resume`` resolved), or None.
         resume_note: one line on what ``trainer.resume`` resolved to and why.
     """
 
     plan: Any
     sizes: Any
+    critic_sizes: Any = None
     fused: bool = False
     fuse_blockers: tuple[str, ...] = ()
+    spec: Any = None
     resume: str | None = None
     resume_note: str = ""
+
+    def world_sizes(self) -> dict[str, int]:
+        """Processes per component."""
+        return {c: self.plan.world_size(c) for c in self.plan.components}
+
+    def signature(self) -> dict[str, Any]:
+        """What a launched job must share with the layout checked before Ray started."""
+        return {
+            "world sizes": self.world_sizes(),
+            "batch sizes": self.sizes,
+            "critic sizes": self.critic_sizes,
+            "fused": self.fused,
+        }
+
+
+def check_launched(expected: RunLayout, launched: RunLayout) -> None:
+    """Refuse a launched job whose layout differs from the one checked before Ray started.
+
+    The configured cluster (``cluster.num_nodes``, ``cluster.devices_per_node``) is what the
+    early checks plan on; a joined cluster reports its own devices.
+
+    Raises:
+        ResourceError: naming every difference and the fix.
+    """
+    from rltrain.errors import ResourceError
+
+    want, got = expected.signature(), launched.signature()
+    diffs = [f"{k}: configured {want[k]}, launched {got[k]}" for k in want if want[k] != got[k]]
+    if diffs:
+        raise ResourceError(
+            "the cluster Ray reports does not match the configured one, so the job would not run "
+            "as planned (" + "; ".join(diffs) + "): set cluster.num_nodes and "
+            "cluster.devices_per_node to the cluster's real sizes (python -m rltrain mode=plan "
+            "shows the configured plan)"
+        )
 
 
 Problems = list  # of str (a ConfigError's problem) or RltrainError (another kind, kept whole)
@@ -96,8 +139,7 @@ def plan_problems(run: RunConfig, plan: Any) -> tuple[Problems, dict[str, Any]]:
         plan: its plan (built with or without the fit check).
 
     Returns:
-        ``(problems, parts)`` with ``parts`` holding ``sizes``, ``fused`` and ``fuse_blockers``
-        where they could be derived.
+        ``(problems, parts)`` with the :class:`RunLayout` fields that could be derived.
     """
     problems: Problems = []
     parts: dict[str, Any] = {}
@@ -117,25 +159,24 @@ def plan_problems(run: RunConfig, plan: Any) -> tuple[Problems, dict[str, Any]]:
                 run, plan.world_size("env"), plan.world_size("rollout"), plan.world_size("actor")
             ),
         )
-        _collect(problems, lambda: probe_spaces(run.task.env_id))
+        parts["spec"] = _collect(problems, lambda: probe_spaces(run.task.env_id))
         return problems, parts
     from rltrain.runners.fusion import decide_fusion
-    from rltrain.runners.sizes import derive_sizes
+    from rltrain.runners.sizes import derive_critic_sizes, derive_sizes
 
     before = len(problems)
     _collect(problems, lambda: check_components(run, components))
     if len(problems) > before:
         return problems, parts  # sizes and fusion need the components the runner uses
     _collect(problems, lambda: check_staleness(run, plan))
+    _collect(problems, lambda: check_engines(run, plan))
     sizes = _collect(
         problems,
         lambda: derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout")),
     )
     parts["sizes"] = sizes
     if sizes is not None and "critic" in components:
-        from rltrain.workers.critic import derive_critic_sizes
-
-        _collect(
+        parts["critic_sizes"] = _collect(
             problems,
             lambda: derive_critic_sizes(run, sizes.samples_per_step, plan.world_size("critic")),
         )
@@ -143,6 +184,17 @@ def plan_problems(run: RunConfig, plan: Any) -> tuple[Problems, dict[str, Any]]:
     if decision is not None:
         parts["fused"], parts["fuse_blockers"] = decision[0], tuple(decision[1])
     return problems, parts
+
+
+def layout_for(run: RunConfig, plan: Any) -> RunLayout:
+    """The run's layout on ``plan``, every plan-dependent check made (problems together).
+
+    Raises:
+        ConfigError: every problem found (or the one error of another kind).
+    """
+    problems, parts = plan_problems(run, plan)
+    _raise(problems)
+    return RunLayout(plan=plan, **parts)
 
 
 def check_components(run: RunConfig, components: set[str]) -> None:
@@ -206,6 +258,45 @@ def check_staleness(run: RunConfig, plan: Any) -> None:
         )
 
 
+#: Components that take the actor's weight versions.
+RECEIVERS = ("rollout", "inference")
+
+
+def check_engines(run: RunConfig, plan: Any) -> None:
+    """Refuse, before Ray starts, engine settings this plan cannot serve.
+
+    - a reward model placed on more than one process (one process scores the step);
+    - ``rollout.gpu_memory_utilization`` against the plan's devices (vLLM);
+    - an explicit ``weight_sync.transport`` the layout cannot serve, when the plan's devices
+      are what the run will get (a joined cluster's devices, and a local GPU machine's, are
+      found when Ray starts, and the choice is checked then).
+
+    Raises:
+        ConfigError: naming the key, the value and the fix.
+    """
+    if run.reward.kind == "model" and plan.world_size("reward") > 1:
+        raise ConfigError(
+            f"reward.kind='model' is placed on {plan.world_size('reward')} processes, but one "
+            f"process scores a step: place the reward on one device or node "
+            f"(placement.component_placement.reward=0)"
+        )
+    if run.rollout.backend == "vllm":
+        from rltrain.backends.vllm_rollout import check_vllm_memory
+        from rltrain.placement import memory as mem
+
+        dims = mem.model_dims(run.model)
+        check_vllm_memory(run, plan, mem.weight_bytes(mem.param_count(dims), dims.dtype))
+    from rltrain.backends.weight_sync.choice import choose_transport
+    from rltrain.config.engine_checks import local_gpus_visible
+
+    simulated = any(n.accelerator_type == "sim" for n in plan.cluster.nodes)
+    # Simulated devices in the config-made plan are what the run gets only on a local Ray of a
+    # machine without GPUs; a joined cluster, or local GPUs, is discovered when Ray starts.
+    if not simulated or (run.cluster.address is None and not local_gpus_visible()):
+        for recv in RECEIVERS:
+            choose_transport(run, plan, recv)
+
+
 def preflight(run: RunConfig, run_dir: str | None = None, plan: Any = None) -> RunLayout:
     """Check everything that can be checked before Ray starts, and lay the run out.
 
@@ -238,9 +329,7 @@ def preflight(run: RunConfig, run_dir: str | None = None, plan: Any = None) -> R
     _raise(problems + more)
     return RunLayout(
         plan=plan,
-        sizes=parts.get("sizes"),
-        fused=bool(parts.get("fused", False)),
-        fuse_blockers=tuple(parts.get("fuse_blockers", ())),
         resume=resume.path if resume is not None else None,
         resume_note=resume.note if resume is not None else "",
+        **parts,
     )

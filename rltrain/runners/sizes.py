@@ -93,3 +93,58 @@ def derive_sizes(run: RunConfig, actor_world: int, rollout_world: int) -> BatchS
 
 def _next_multiple(x: int, k: int) -> int:
     return (x + k - 1) // k * k
+
+
+@dataclass(frozen=True)
+class CriticSizes:
+    """Rows of one step as the critic group splits them.
+
+    Attributes:
+        dp: critic processes (data-parallel size).
+        samples_per_rank: rows each critic process trains on per step.
+        samples_per_minibatch: rows per optimizer step on one process.
+        micro_batch: rows per forward/backward (``critic.micro_batch_size``, at most a minibatch).
+    """
+
+    dp: int
+    samples_per_rank: int
+    samples_per_minibatch: int
+    micro_batch: int
+
+
+def derive_critic_sizes(run: RunConfig, samples_per_step: int, critic_world: int) -> CriticSizes:
+    """Split a step's samples over the critic's processes and minibatches.
+
+    Args:
+        run: the checked run config.
+        samples_per_step: ``trainer.train_batch_size x rollout.n_samples_per_prompt``.
+        critic_world: critic processes in the plan.
+
+    Returns:
+        The frozen sizes.
+
+    Raises:
+        ConfigError: the samples do not divide by processes x minibatches, or
+            ``critic.micro_batch_size`` is not positive.
+    """
+    dp, mb = max(critic_world, 1), run.algorithm.num_minibatches
+    if run.critic.micro_batch_size <= 0:
+        raise ConfigError(
+            f"critic.micro_batch_size={run.critic.micro_batch_size} must be positive (rows per "
+            f"forward/backward of the critic)"
+        )
+    if samples_per_step % (dp * mb):
+        raise ConfigError(
+            f"trainer.train_batch_size x rollout.n_samples_per_prompt = {samples_per_step} "
+            f"samples do not divide by the critic's data-parallel size {dp} (its processes in "
+            f"placement.component_placement.critic) x algorithm.num_minibatches {mb}: use a "
+            f"train_batch_size that makes samples a multiple of {dp * mb}, or place the critic "
+            f"on fewer devices"
+        )
+    per_rank = samples_per_step // dp
+    return CriticSizes(
+        dp=dp,
+        samples_per_rank=per_rank,
+        samples_per_minibatch=per_rank // mb,
+        micro_batch=min(run.critic.micro_batch_size, per_rank // mb),
+    )

@@ -203,6 +203,11 @@ class WorkerGroup(Generic[W]):
         return self._ranks
 
     @property
+    def worker_class(self) -> type:
+        """The :class:`~rltrain.scheduler.Worker` subclass every rank runs."""
+        return self._state.cls
+
+    @property
     def placements(self) -> list[Placement]:
         return list(self._state.placements)
 

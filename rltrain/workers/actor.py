@@ -33,6 +33,7 @@ from rltrain.workers.batching import concat_batches, with_scores
 from rltrain.workers.common import (
     LEDGER_TOLERANCE_BYTES,
     ResidentState,
+    TrainResult,
     compute_device,
     fetch,
     fetched_dir,
@@ -100,7 +101,7 @@ class ActorWorker(Worker, ResidentState):
         step: int,
         ref_logprobs: list[torch.Tensor] | None = None,
         old_logprobs: list[torch.Tensor] | None = None,
-    ) -> dict[str, float]:
+    ) -> TrainResult:
         """One update on this rank's slice of the step's batch.
 
         Args:
@@ -116,7 +117,7 @@ class ActorWorker(Worker, ResidentState):
                 component (the actor then runs no forward pass of its own for them).
 
         Returns:
-            Training metrics of this rank, plus ``state_bytes/<kind>`` for the ledger.
+            This rank's metrics and state sizes.
         """
         with trace.span("train", "actor", self.device_labels):
             scored = with_scores(fetch(shards), rewards, ref_logprobs, old_logprobs)
@@ -126,7 +127,7 @@ class ActorWorker(Worker, ResidentState):
             n = self.sizes.samples_per_actor_rank
             return self.update(batch.select(torch.arange(self.rank * n, (self.rank + 1) * n)), step)
 
-    def update(self, mine: RolloutBatch, step: int) -> dict[str, float]:
+    def update(self, mine: RolloutBatch, step: int) -> TrainResult:
         """One update on this rank's rows (advantages set), on any device.
 
         Args:
@@ -134,14 +135,13 @@ class ActorWorker(Worker, ResidentState):
             step: the policy-update index (seeds minibatch shuffling).
 
         Returns:
-            Training metrics of this rank, plus ``state_bytes/<kind>`` for the ledger.
+            This rank's metrics and state sizes.
         """
         gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + step)
         metrics = self.engine.update(mine.to(self.device), gen)
         if self.run.actor.latency_ms:  # models a slower device (benchmarks, sweeps)
             time.sleep(self.run.actor.latency_ms / 1000)
-        metrics.update({f"state_bytes/{k}": v for k, v in self.state_bytes().items()})
-        return metrics
+        return TrainResult(metrics, self.state_bytes())
 
     # ------------------------------------------------------------------------- weight sync
     def setup_weight_sync(self, choices: dict[str, Any]) -> None:

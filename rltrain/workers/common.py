@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -107,6 +108,20 @@ def reachable_device_bytes(obj: Any, device: torch.device) -> int:
     out: dict[int, int] = {}
     _walk(obj, set(), out, device)
     return sum(out.values())
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """A rank's answer to an update.
+
+    Attributes:
+        metrics: the update's metrics (``actor/pg_loss``, ``critic/value_loss``, ...).
+        state_bytes: the rank's full state per kind, for the memory ledger (an optimizer's
+            state appears at its first step).
+    """
+
+    metrics: dict[str, float]
+    state_bytes: dict[str, int]
 
 
 class ResidentState:

@@ -17,7 +17,6 @@ Per step the driver calls, on every critic rank:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,12 +26,14 @@ from rltrain.algorithms.update import UpdateSettings, add_advantages, micro_slic
 from rltrain.backends.training import StateSurface, TorchValueEngine
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
+from rltrain.runners.sizes import CriticSizes
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_model, build_tokenizer
 from rltrain.telemetry import trace
 from rltrain.workers.batching import concat_batches, with_scores
 from rltrain.workers.common import (
     ResidentState,
+    TrainResult,
     compute_device,
     fetch,
     fetched_dir,
@@ -43,61 +44,6 @@ from rltrain.workers.reference import shards_of_rank
 
 #: Where a checkpoint keeps the critic (beside the actor's ``model/`` and optimizer).
 CHECKPOINT_SUBDIR = "critic"
-
-
-@dataclass(frozen=True)
-class CriticSizes:
-    """Rows of one step as the critic group splits them.
-
-    Attributes:
-        dp: critic processes (data-parallel size).
-        samples_per_rank: rows each critic process trains on per step.
-        samples_per_minibatch: rows per optimizer step on one process.
-        micro_batch: rows per forward/backward (``critic.micro_batch_size``, at most a minibatch).
-    """
-
-    dp: int
-    samples_per_rank: int
-    samples_per_minibatch: int
-    micro_batch: int
-
-
-def derive_critic_sizes(run: RunConfig, samples_per_step: int, critic_world: int) -> CriticSizes:
-    """Split a step's samples over the critic's processes and minibatches.
-
-    Args:
-        run: the checked run config.
-        samples_per_step: ``trainer.train_batch_size x rollout.n_samples_per_prompt``.
-        critic_world: critic processes in the plan.
-
-    Returns:
-        The frozen sizes.
-
-    Raises:
-        ConfigError: the samples do not divide by processes x minibatches, or
-            ``critic.micro_batch_size`` is not positive.
-    """
-    dp, mb = max(critic_world, 1), run.algorithm.num_minibatches
-    if run.critic.micro_batch_size <= 0:
-        raise ConfigError(
-            f"critic.micro_batch_size={run.critic.micro_batch_size} must be positive (rows per "
-            f"forward/backward of the critic)"
-        )
-    if samples_per_step % (dp * mb):
-        raise ConfigError(
-            f"trainer.train_batch_size x rollout.n_samples_per_prompt = {samples_per_step} "
-            f"samples do not divide by the critic's data-parallel size {dp} (its processes in "
-            f"placement.component_placement.critic) x algorithm.num_minibatches {mb}: use a "
-            f"train_batch_size that makes samples a multiple of {dp * mb}, or place the critic "
-            f"on fewer devices"
-        )
-    per_rank = samples_per_step // dp
-    return CriticSizes(
-        dp=dp,
-        samples_per_rank=per_rank,
-        samples_per_minibatch=per_rank // mb,
-        micro_batch=min(run.critic.micro_batch_size, per_rank // mb),
-    )
 
 
 def build_value_model(run: RunConfig) -> ValueModel:
@@ -111,16 +57,13 @@ class CriticWorker(Worker, ResidentState):
 
     Args:
         run: the checked run config.
-        samples_per_step: rows of one step (``BatchSizes.samples_per_step``).
-
-    Raises:
-        ConfigError: when the step's rows do not split over the critic's ranks and minibatches.
+        sizes: the critic's share of a step (the run layout's ``critic_sizes``).
     """
 
-    def __init__(self, run: RunConfig, samples_per_step: int) -> None:
+    def __init__(self, run: RunConfig, sizes: CriticSizes) -> None:
         seed_everything(run.seed)
         self.run = run
-        self.sizes = derive_critic_sizes(run, samples_per_step, self.world_size)
+        self.sizes = sizes
         self.settings = UpdateSettings.from_config(run)
         self.device = compute_device(self)
         self.pad_token_id = build_tokenizer(run.model).pad_token_id
@@ -198,7 +141,7 @@ class CriticWorker(Worker, ResidentState):
         rewards: list[Any],
         step: int,
         ref_logprobs: list[torch.Tensor] | None = None,
-    ) -> dict[str, float]:
+    ) -> TrainResult:
         """One value update on this rank's rows of the step's batch.
 
         Args:
@@ -210,8 +153,8 @@ class CriticWorker(Worker, ResidentState):
             ref_logprobs: ``[b, R]`` reference log-probs per shard (KL in the reward).
 
         Returns:
-            ``critic/value_loss``, ``critic/grad_norm``, ``critic/values_mean``,
-            ``critic/returns_mean``, plus ``state_bytes/<kind>`` for the ledger.
+            This rank's metrics (``critic/value_loss``, ``critic/grad_norm``,
+            ``critic/values_mean``, ``critic/returns_mean``) and state sizes.
 
         Raises:
             ConfigError: the shards carry no values, or ``algorithm.advantage_estimator`` is
@@ -238,8 +181,7 @@ class CriticWorker(Worker, ResidentState):
             tokens = mask.sum().clamp(min=1.0)
             metrics["critic/values_mean"] = float((mine.values * mask).sum() / tokens)
             metrics["critic/returns_mean"] = float((mine.returns * mask).sum() / tokens)
-        metrics.update({f"state_bytes/{k}": v for k, v in self.state_bytes().items()})
-        return metrics
+        return TrainResult(metrics, self.state_bytes())
 
     # ---------------------------------------------------------------------------- checkpoints
     def save(self, path: str) -> None:

@@ -32,7 +32,12 @@ from rltrain.backends.weight_sync.host import HostBuckets, load_from_host, pack_
 from rltrain.config.schema import RunConfig
 from rltrain.scheduler import Worker
 from rltrain.telemetry import trace
-from rltrain.workers.common import ResidentState, compute_device, seed_everything
+from rltrain.workers.common import (
+    ResidentState,
+    TrainResult,
+    compute_device,
+    seed_everything,
+)
 from rltrain.workers.env import (
     ActionMessage,
     ChannelLink,
@@ -488,7 +493,7 @@ class EmbodiedActorWorker(Worker, ResidentState):
                 self.model, self.device, c.collective_timeout_s, host_allreduce=c.host_allreduce
             )
 
-    def train(self, rollout_refs: list[Any], iteration: int) -> dict[str, float]:
+    def train(self, rollout_refs: list[Any], iteration: int) -> TrainResult:
         """One PPO update on every env process's epoch (this rank trains its share of rows).
 
         Args:
@@ -497,7 +502,7 @@ class EmbodiedActorWorker(Worker, ResidentState):
             iteration: the policy-update index (seeds minibatch shuffling alike on all ranks).
 
         Returns:
-            Loss metrics, ``lr``, and ``state_bytes/<kind>`` for the residency ledger.
+            Loss metrics with ``lr``, and the state sizes for the residency ledger.
         """
         import ray
 
@@ -523,8 +528,7 @@ class EmbodiedActorWorker(Worker, ResidentState):
                 before_step,
             )
             metrics["lr"] = first_lr
-        metrics.update({f"state_bytes/{k}": v for k, v in self.state_bytes().items()})
-        return metrics
+        return TrainResult(metrics, self.state_bytes())
 
     def lr_at(self, iteration: int, optim_step: int) -> float:
         """The learning rate of an optimizer step: ``optimizer.lr`` decayed linearly to

@@ -47,17 +47,15 @@ def async_rollout(quick: bool) -> Suite:
         "rollout.max_new_tokens=1",
     )
     stack = contextlib.ExitStack()
-    job, sizes = start_reasoning(run, stack)
+    job = start_reasoning(run, stack)
     threads = job.groups["actor"].reservation.layout.slot("actor", 0).num_threads
-    runners = {k: ReasoningRunner(job, sizes, max_staleness=k) for k in (0, 1)}
+    runners = {k: ReasoningRunner(job, max_staleness=k) for k in (0, 1)}
     # Disjoint step (hence weight version) ranges: the rollout reloads weights at every step of
     # either schedule, as in a real run, instead of mistaking one runner's version for the other's.
     first = {0: 0, 1: 10**6}
     counters = {k: iter(range(first[k], first[k] + 10**6)) for k in runners}
     for k, runner in runners.items():
-        runner._export_weights(first[k])
-        if runner.pipeline is not None:
-            runner.pipeline.reset(first[k])
+        runner.schedule.begin(first[k], None)
     worst = {"staleness": 0}
 
     def steps_of(k: int):
@@ -66,8 +64,7 @@ def async_rollout(quick: bool) -> Suite:
             for _ in range(steps):
                 record = runner.train_step(next(counters[k]))
                 worst["staleness"] = max(worst["staleness"], record.get("rollout/staleness", 0))
-            if runner.pipeline is not None:
-                runner.pipeline.drain()
+            runner.schedule.drain()
             if worst["staleness"] > 1:
                 raise RuntimeError(f"staleness {worst['staleness']} exceeded max_staleness=1")
 

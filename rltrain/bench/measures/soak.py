@@ -100,19 +100,17 @@ def soak_phase(run: Any, steps: int, record: SoakRecord) -> None:
     from rltrain.runners.reasoning import ReasoningRunner
 
     with contextlib.ExitStack() as stack:
-        job, sizes = start_reasoning(run, stack)
-        runner = ReasoningRunner(job, sizes)
-        runner._export_weights(0)
-        if runner.pipeline is not None:
-            runner.pipeline.reset(0, horizon=steps)
+        job = start_reasoning(run, stack)
+        runner = ReasoningRunner(job)
+        runner.schedule.begin(0, steps)
         every = max(1, steps // SAMPLES)
         for step in range(steps):
             runner.train_step(step)
             if step % every == 0 or step == steps - 1:
                 record.rss.append(_processes())
                 record.store.append(_store())
-        if runner.pipeline is not None:
-            runner.pipeline.drain()
+        runner.schedule.drain()
+        runner.schedule.end(steps, clean=True)
         del runner  # its last weight export is held by the runner, not leaked
         import gc
 

@@ -190,28 +190,23 @@ def time_to_accuracy(quick: bool) -> Suite:
 
 
 def start_reasoning(run, stack: contextlib.ExitStack):
-    """Plan ``run`` and start its job and workers on ``stack`` (a suite's teardown closes it).
+    """Lay ``run`` out and start its job and workers on ``stack`` (a suite's teardown closes it).
 
     Actor, rollout and reward are fused (one process per device) when ``placement.fuse`` and
     the layout allow it, as in ``python -m rltrain``.
 
     Returns:
-        ``(job, sizes)``: the started job and the derived batch sizes.
+        The started job (``job.layout`` holds the batch sizes).
     """
-    from rltrain.placement.plan import build_plan
-    from rltrain.placement.types import ClusterSpec
-    from rltrain.runners.fusion import decide_fusion
     from rltrain.runners.job import start_job
-    from rltrain.runners.reasoning import data_parallel, derive_sizes, worker_builders
+    from rltrain.runners.layout import preflight
+    from rltrain.runners.reasoning import data_parallel, worker_builders
 
-    plan = build_plan(run, ClusterSpec.from_config(run.cluster))
-    sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
-    fused, _ = decide_fusion(run, plan)
+    layout = preflight(run)
     out = stack.enter_context(tempfile.TemporaryDirectory())
-    job = stack.enter_context(
-        start_job(run, out, worker_builders(run, sizes, fused), on_launch=data_parallel)
+    return stack.enter_context(
+        start_job(run, out, worker_builders(run, layout.fused), layout, on_launch=data_parallel)
     )
-    return job, sizes
 
 
 @contextlib.contextmanager
@@ -246,15 +241,16 @@ def framework_share(quick: bool) -> Suite:
     """The shipped collocated default (fused): rltrain steps vs the same fused worker's
     ``step`` called in this process."""
     from rltrain.runners.reasoning import ReasoningRunner
-    from rltrain.workers.hybrid import HybridWorker
+    from rltrain.workers.fused import FusedWorker
 
     steps = 2 if quick else 10
     run = _latency_run("placement.fuse=true")
     stack = contextlib.ExitStack()
-    job, sizes = start_reasoning(run, stack)
-    runner = ReasoningRunner(job, sizes)
+    job = start_reasoning(run, stack)
+    sizes = job.layout.sizes
+    runner = ReasoningRunner(job)
     counter = iter(range(10**6))
-    local = HybridWorker(run, sizes)
+    local = FusedWorker(run, sizes)
     local.setup_data_parallel()
     threads = job.groups["actor"].reservation.layout.slot("actor", 0).num_threads
 
@@ -301,9 +297,10 @@ def framework_share_turns(quick: bool) -> Suite:
     steps = 2 if quick else 10
     run = _latency_run("placement.fuse=false")
     stack = contextlib.ExitStack()
-    job, sizes = start_reasoning(run, stack)
-    runner = ReasoningRunner(job, sizes)
-    runner._export_weights(0)
+    job = start_reasoning(run, stack)
+    sizes = job.layout.sizes
+    runner = ReasoningRunner(job)
+    runner.schedule.begin(0, None)
     counter = iter(range(10**6))
     local = _InProcessStep(run, sizes, runner.task)
     threads = job.groups["actor"].reservation.layout.slot("actor", 0).num_threads

@@ -105,13 +105,14 @@ def test_workers_take_the_extensions_dir_from_the_runtime_env(monkeypatch) -> No
 
 def _fresh_rollout(runner: reasoning.ReasoningRunner, step: int) -> tuple[list, list]:
     """Shards and rewards of one more step, generated with the runner's current weights."""
+    from rltrain.workers.reward import RewardWorker
     from rltrain.workers.rollout import RolloutWorker
 
     sizes, g = runner.sizes, runner.g
     prompts = [ex.prompt for ex in runner.task.sample_batch(step, sizes.prompts_per_step)]
     k = sizes.prompts_per_rollout_rank
     with runner.job.stage("rollout"):
-        fut = g["rollout"].call_each(
+        fut = g.rollout.call_each(
             RolloutWorker.generate,
             [
                 (prompts[r * k : (r + 1) * k], step, runner.weights_ref, runner.version)
@@ -119,7 +120,7 @@ def _fresh_rollout(runner: reasoning.ReasoningRunner, step: int) -> tuple[list, 
             ],
         )
         fut.wait()
-    scores = g["reward"].execute_on(0).score(*fut.refs).wait()[0]
+    scores = g.reward.execute_on(0).call(RewardWorker.score, *fut.refs).wait()[0]
     return fut.refs, [sc.rewards for sc in scores]
 
 
@@ -129,7 +130,9 @@ def _exported(runner: reasoning.ReasoningRunner, version: int) -> dict[str, torc
     from rltrain.tasks import build_model
 
     model = build_model(runner.run.model)
-    packed = runner.g["actor"].execute_on(0).export_weights(version).wait()[0]
+    from rltrain.workers.actor import ActorWorker
+
+    packed = runner.g.actor.execute_on(0).call(ActorWorker.export_weights, version).wait()[0]
     load_from_host(packed, dict(model.named_parameters()))
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -150,13 +153,13 @@ def test_collocated_deepspeed_trains_offloads_exports_and_resumes(
         out = real_fit(self)
         seen["counts"] = self.job.residency.counts()
         shards, rewards = _fresh_rollout(self, 3)
-        actor, ckpt = self.g["actor"], str(tmp_path / "all_ranks")
+        actor, ckpt = self.g.actor, str(tmp_path / "all_ranks")
         with self.job.stage("actor"):
             seen["exported"] = _exported(self, 3)
-            actor.save(ckpt).wait()  # every rank writes its ZeRO shard
+            actor.call(ActorWorker.save, ckpt).wait()  # every rank writes its ZeRO shard
             first = actor.call(ActorWorker.train, *shards, rewards=rewards, step=3).wait()
             seen["after_first"] = _exported(self, 4)
-            actor.load(ckpt).wait()
+            actor.call(ActorWorker.load, ckpt).wait()
             again = actor.call(ActorWorker.train, *shards, rewards=rewards, step=3).wait()
             seen["after_again"] = _exported(self, 4)
         seen["first"], seen["again"] = first, again
@@ -194,8 +197,8 @@ def test_collocated_deepspeed_trains_offloads_exports_and_resumes(
     assert any(not torch.equal(exported[n], initial[n]) for n in saved)
     # resume: same batch from the restored state -> the same update, bit for bit, on each rank
     for a, b in zip(seen["first"], seen["again"], strict=True):
-        assert a["actor/pg_loss"] == b["actor/pg_loss"]
-        assert a["actor/grad_norm"] == b["actor/grad_norm"]
+        assert a.metrics["actor/pg_loss"] == b.metrics["actor/pg_loss"]
+        assert a.metrics["actor/grad_norm"] == b.metrics["actor/grad_norm"]
     after_first, after_again = seen["after_first"], seen["after_again"]
     assert any(not torch.equal(after_first[n], exported[n]) for n in exported)  # it moved
     assert all(torch.equal(after_first[n], after_again[n]) for n in exported)

@@ -44,25 +44,22 @@ class WeightsRollout(RolloutWorker):
 
 def _steps_with_rollout_weights(run, run_dir: str, steps: int):
     """Train ``steps`` steps; after each, the rollout takes the new version and shows it."""
-    from rltrain.placement.plan import build_plan
-    from rltrain.placement.types import ClusterSpec
     from rltrain.runners.job import start_job
-    from rltrain.runners.sizes import derive_sizes
+    from rltrain.runners.layout import preflight
 
-    plan = build_plan(run, ClusterSpec.from_config(run.cluster))
-    sizes = derive_sizes(run, plan.world_size("actor"), plan.world_size("rollout"))
-    builders = reasoning.worker_builders(run, sizes)
-    builders["rollout"] = lambda plan: WeightsRollout.create_group(run)
+    layout = preflight(run)
+    builders = reasoning.worker_builders(run, layout.fused)
+    builders["rollout"] = lambda layout: WeightsRollout.create_group(run)
     records, weights = [], []
-    with start_job(run, run_dir, builders, on_launch=reasoning.data_parallel) as job:
-        runner = reasoning.ReasoningRunner(job, sizes)
-        runner._export_weights(0)
+    with start_job(run, run_dir, builders, layout, on_launch=reasoning.data_parallel) as job:
+        runner = reasoning.ReasoningRunner(job)
+        runner.schedule.begin(0, steps)
         for step in range(steps):
             records.append(runner.train_step(step))
             with job.stage("rollout"):
                 job.groups["rollout"].call(RolloutWorker.catch_up, runner.weights_ref).wait()
                 weights.append(job.groups["rollout"].call(WeightsRollout.weights).wait()[0])
-        runner._finish_weight_sync()
+        runner.schedule.end(steps, clean=True)
         job.verify_ledger()
         summary = reasoning.weight_sync_summary(runner)
     return records, weights, summary
@@ -143,8 +140,8 @@ def test_reward_model_scores_what_the_run_logs(ray_session, tmp_path, monkeypatc
     rm = tmp_path / "reward_model"
     _tiny_reward_model(rm)
     seen: list = []
-    real_learn = reasoning.ReasoningRunner._learn
-    real_metrics = reasoning.ReasoningRunner._step_metrics
+    real_learn = reasoning.ReasoningRunner.learn
+    real_metrics = reasoning.ReasoningRunner.step_metrics
 
     def learn(self, step, shards, timer):
         import ray
@@ -163,8 +160,8 @@ def test_reward_model_scores_what_the_run_logs(ray_session, tmp_path, monkeypatc
         seen.append({"counts": self.job.residency.counts()})
         return out
 
-    monkeypatch.setattr(reasoning.ReasoningRunner, "_learn", learn)
-    monkeypatch.setattr(reasoning.ReasoningRunner, "_step_metrics", step_metrics)
+    monkeypatch.setattr(reasoning.ReasoningRunner, "learn", learn)
+    monkeypatch.setattr(reasoning.ReasoningRunner, "step_metrics", step_metrics)
     monkeypatch.setattr(reasoning.ReasoningRunner, "fit", fit)
     run = compose_run(
         "placement=collocated",
@@ -203,7 +200,7 @@ def test_inference_component_computes_the_actors_old_logprobs(ray_session, tmp_p
 
     ray_session.ensure()
     seen: list = []
-    real = reasoning.ReasoningRunner._inference_logprobs
+    real = reasoning.ReasoningRunner.inference_logprobs
 
     def inference_logprobs(self, shards):
         import ray
@@ -218,7 +215,7 @@ def test_inference_component_computes_the_actors_old_logprobs(ray_session, tmp_p
         seen.append((ray.get(list(shards)), out, model))
         return out
 
-    monkeypatch.setattr(reasoning.ReasoningRunner, "_inference_logprobs", inference_logprobs)
+    monkeypatch.setattr(reasoning.ReasoningRunner, "inference_logprobs", inference_logprobs)
     run = compose_run(
         "placement=disaggregated",
         "placement.mode=null",

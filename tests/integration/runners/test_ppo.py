@@ -7,7 +7,8 @@ import json
 import pytest
 
 from rltrain.errors import ConfigError, PlacementError
-from rltrain.runners.reasoning import check_components, run_reasoning
+from rltrain.runners.layout import check_components
+from rltrain.runners.reasoning import run_reasoning
 from rltrain.telemetry.metrics import read_metrics
 
 from .test_reasoning import compose_run

@@ -13,7 +13,8 @@ from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
 from rltrain.placement import memory
 from rltrain.placement.plan import component_terms
-from rltrain.workers.critic import CriticWorker, derive_critic_sizes
+from rltrain.runners.sizes import derive_critic_sizes
+from rltrain.workers.critic import CriticWorker
 
 T = torch.tensor
 REWARDS = T([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
@@ -49,7 +50,7 @@ def _batch() -> RolloutBatch:
 @pytest.fixture()
 def critic() -> CriticWorker:
     torch.set_num_threads(1)
-    return CriticWorker(_run(), samples_per_step=8)
+    return CriticWorker(_run(), derive_critic_sizes(_run(), 8, 1))
 
 
 def test_sizes_split_the_step_over_ranks_and_minibatches():
@@ -67,21 +68,22 @@ def test_a_fresh_critic_predicts_zero_and_training_fits_the_returns(critic):
     for step in range(25):
         shard = batch.replace(values=critic.values([batch])[0])
         m = critic.train(shard, rewards=[REWARDS], step=step)
-        losses.append(m["critic/value_loss"])
+        losses.append(m.metrics["critic/value_loss"])
     # gamma = lam = 1: every token's target is its row's reward; 6 of the 20 tokens earn 1
-    assert m["critic/returns_mean"] == pytest.approx(6 / 20)
+    assert m.metrics["critic/returns_mean"] == pytest.approx(6 / 20)
     assert losses[-1] < 0.1 * losses[0], losses
     fitted = critic.values([batch])[0]
     target = REWARDS[:, None] * batch.response_mask
     assert (fitted - target).abs().max() < 0.3
-    assert m["state_bytes/optimizer"] > 0 and m["critic/grad_norm"] > 0
+    assert m.state_bytes["optimizer"] > 0 and m.metrics["critic/grad_norm"] > 0
     critic.memory_report()  # no device tensor outside the declared state
 
 
 def test_training_without_values_or_gae_is_refused(critic):
     with pytest.raises(ConfigError, match="with_values"):
         critic.train(_batch(), rewards=[REWARDS], step=0)
-    grpo = CriticWorker(_run(advantage_estimator="grpo"), samples_per_step=8)
+    grpo_run = _run(advantage_estimator="grpo")
+    grpo = CriticWorker(grpo_run, derive_critic_sizes(grpo_run, 8, 1))
     shard = _batch().replace(values=torch.zeros(8, 4))
     with pytest.raises(ConfigError, match="gae only"):
         grpo.train(shard, rewards=[REWARDS], step=0)
@@ -116,7 +118,7 @@ def test_checkpoint_round_trip_and_mismatches(critic, tmp_path):
     batch = _batch()
     critic.train(batch.replace(values=critic.values([batch])[0]), rewards=[REWARDS], step=0)
     critic.save(str(tmp_path / "ckpt"))
-    fresh = CriticWorker(_run(), samples_per_step=8)
+    fresh = CriticWorker(_run(), derive_critic_sizes(_run(), 8, 1))
     assert not torch.equal(fresh.values([batch])[0], critic.values([batch])[0])
     fresh.load(str(tmp_path / "ckpt"))
     assert torch.equal(fresh.values([batch])[0], critic.values([batch])[0])
@@ -128,4 +130,4 @@ def test_checkpoint_round_trip_and_mismatches(critic, tmp_path):
     other = _run()
     other.model.hidden_size, other.model.num_heads, other.model.num_kv_heads = 16, 2, 2
     with pytest.raises(ConfigError, match="critic of another model"):
-        CriticWorker(other, samples_per_step=8).load(str(tmp_path / "ckpt"))
+        CriticWorker(other, derive_critic_sizes(other, 8, 1)).load(str(tmp_path / "ckpt"))

@@ -19,11 +19,11 @@ from rltrain.config.schema import RunConfig
 from rltrain.runners.sizes import BatchSizes
 from rltrain.telemetry import trace
 from rltrain.workers.actor import ActorWorker
-from rltrain.workers.common import sample_prompts
+from rltrain.workers.common import TrainResult, sample_prompts
 from rltrain.workers.reward import RuleReward, Scores
 
 
-class HybridWorker(ActorWorker):
+class FusedWorker(ActorWorker):
     """One data-parallel rank of the fused actor, rollout and reward.
 
     Args:
@@ -36,7 +36,7 @@ class HybridWorker(ActorWorker):
         self.params = SamplingParams.from_rollout(run.rollout)
         self.rule = RuleReward(run)
 
-    def step(self, prompts: list[str], step: int) -> tuple[dict[str, float], Scores]:
+    def step(self, prompts: list[str], step: int) -> tuple[TrainResult, Scores]:
         """Generate, score and train on this rank's prompts.
 
         Args:
@@ -44,8 +44,8 @@ class HybridWorker(ActorWorker):
             step: the policy-update index (seeds sampling and minibatch shuffling).
 
         Returns:
-            The rank's training metrics (``time/<stage>_s`` included, ``state_bytes/<kind>``
-            for the ledger) and the scores of its rows.
+            The rank's update (its metrics, ``time/<stage>_s`` included, and state sizes) and
+            the scores of its rows.
         """
         times: dict[str, float] = {}
         t = time.perf_counter()
@@ -59,10 +59,10 @@ class HybridWorker(ActorWorker):
         times["reward"], t = time.perf_counter() - t, time.perf_counter()
         with trace.span("train", "actor", self.device_labels):
             mine = add_advantages(batch.replace(rewards=scores.rewards), self.settings)
-            metrics = self.update(mine, step)
+            result = self.update(mine, step)
         times["train"] = time.perf_counter() - t
-        metrics.update({f"time/{k}_s": v for k, v in times.items()})
-        return metrics, scores
+        result.metrics.update({f"time/{k}_s": v for k, v in times.items()})
+        return result, scores
 
     def evaluate(self, weights: HostBuckets | None = None) -> float:
         """Greedy accuracy on the task's evaluation prompts with the current weights.

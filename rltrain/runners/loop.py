@@ -1,0 +1,205 @@
+"""The training loop both runners share: resume, signals, the eval/save/stop cadence, metrics.
+
+A runner brings its :class:`Runner` hooks (resume, save, the target, the summary) and one
+:class:`Schedule` — the way a step is taken (fused ranks, components taking turns, an
+asynchronous generation pipeline, an embodied env/rollout pipeline), chosen once from the run's
+layout. The loop itself has no per-mode branch:
+
+    start = resume()
+    for step in start .. total_steps:
+        record = schedule.step(step, queue_next=<nothing happens before the next step>)
+        evaluate when due; log
+        stop on the target, the time budget or SIGTERM (after recording a step queued behind)
+        save every trainer.save_every steps, at the end and when stopping
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rltrain.config.schema import TrainerConfig
+from rltrain.telemetry.metrics import MetricsLogger, plot_curves
+
+
+@dataclass
+class StepTimer:
+    """Seconds per stage of the current step (``time/<stage>_s`` metrics)."""
+
+    def __post_init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _T:
+            def __enter__(self):
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.times[name] = timer.times.get(name, 0.0) + time.perf_counter() - self.t
+
+        return _T()
+
+
+class Schedule(Protocol):
+    """One way of taking a training step on a started job."""
+
+    #: Whether step ``s + 1`` may be submitted behind step ``s`` (the workers run their calls
+    #: in order, so nothing changes but the driver's round trip between the two).
+    queues_ahead: bool
+
+    def begin(self, start: int, horizon: int) -> None:
+        """Before the first step: ``start`` is the resumed step, ``horizon`` the last."""
+
+    def step(self, step: int, queue_next: bool) -> dict[str, Any]:
+        """Take step ``step``; with ``queue_next``, also submit ``step + 1`` behind it."""
+
+    def has_queued(self) -> bool:
+        """Whether a step was submitted ahead and not yet taken."""
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Evaluation metrics (``eval/...`` keys) with the current weights."""
+
+    def end(self, done_steps: int, clean: bool) -> None:
+        """After the last step or a stop (``clean``: leave no work or weight version in
+        flight), or after a failure (``clean`` false: drop what is queued, wait for nothing)."""
+
+
+class Runner(Protocol):
+    """What a runner brings to the loop besides its schedule."""
+
+    def resume(self) -> int:
+        """Load the checkpoint ``trainer.resume`` names; returns the step to start from."""
+
+    def save(self, step: int) -> str:
+        """Write a checkpoint of the state after ``step`` steps; returns its path."""
+
+    def evaluation_due(self, step: int, record: dict[str, Any]) -> bool:
+        """Whether to evaluate after ``step`` (the loop also evaluates after the last step)."""
+
+    def target_reached(self, evaluated: dict[str, Any] | None) -> bool:
+        """Whether the evaluation just made reached the run's target."""
+
+    def summary(self, records: list[dict], steps: int, seconds: float, status: str) -> dict:
+        """The job summary of the steps this invocation ran."""
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """When the loop evaluates, saves and may queue a step ahead (``trainer.*``)."""
+
+    total_steps: int
+    eval_every: int
+    save_every: int
+    time_budget_s: float | None
+
+    @classmethod
+    def of(cls, t: TrainerConfig) -> Cadence:
+        return cls(t.total_steps, t.eval_every, t.save_every, t.time_budget_s)
+
+    def every_eval(self, step: int) -> bool:
+        """An evaluation falls after ``step`` by ``trainer.eval_every``."""
+        return bool(self.eval_every) and (step + 1) % self.eval_every == 0
+
+    def saves(self, step: int) -> bool:
+        """A checkpoint falls after ``step`` by ``trainer.save_every`` or as the last step."""
+        return (bool(self.save_every) and (step + 1) % self.save_every == 0) or self.last(step)
+
+    def last(self, step: int) -> bool:
+        return step + 1 == self.total_steps
+
+    def over_budget(self, t0: float) -> bool:
+        return self.time_budget_s is not None and time.monotonic() - t0 > self.time_budget_s
+
+    def quiet_after(self, step: int, t0: float) -> bool:
+        """Nothing happens between ``step`` and ``step + 1``: no evaluation, no checkpoint, not
+        the last step, the budget not spent."""
+        after = step + 1
+        return (
+            after < self.total_steps
+            and not (self.eval_every and after % self.eval_every == 0)
+            and not (self.save_every and after % self.save_every == 0)
+            and not self.over_budget(t0)
+        )
+
+
+class StopSignal:
+    """SIGTERM asks the loop to finish the step, write a checkpoint and stop."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> StopSignal:
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+
+def fit(
+    runner: Runner,
+    schedule: Schedule,
+    trainer: TrainerConfig,
+    logging_cfg: Any,
+    run_dir: str,
+    on_start: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Train until ``trainer.total_steps``, the target, the time budget or SIGTERM.
+
+    Args:
+        runner: the runner's hooks.
+        schedule: how each step is taken.
+        trainer: the ``trainer`` config section (the cadence).
+        logging_cfg: the ``logging`` config section (the metrics logger's outputs).
+        run_dir: where ``metrics.jsonl`` and ``reward_curve.png`` go.
+        on_start: called with the start step before the schedule begins.
+
+    Returns:
+        The runner's summary of the steps this call ran, with its status (``completed`` or
+        ``stopped`` by SIGTERM).
+    """
+    cadence = Cadence.of(trainer)
+    start = runner.resume()
+    metrics = MetricsLogger(run_dir, logging_cfg, resume=start > 0)
+    if on_start is not None:
+        on_start(start)
+    schedule.begin(start, cadence.total_steps)
+    done_steps, status, t0, clean = start, "completed", time.monotonic(), False
+    with StopSignal() as stop:
+        try:
+            for step in range(start, cadence.total_steps):
+                queue = (
+                    schedule.queues_ahead and not stop.requested and cadence.quiet_after(step, t0)
+                )
+                record = schedule.step(step, queue_next=queue)
+                evaluated = None
+                if runner.evaluation_due(step, record) or cadence.last(step):
+                    evaluated = schedule.evaluate(step)
+                    record.update(evaluated)
+                metrics.progress(step + 1, cadence.total_steps, metrics.log(step, record))
+                done_steps = step + 1
+                ending = (
+                    runner.target_reached(evaluated) or cadence.over_budget(t0) or stop.requested
+                )
+                if ending and schedule.has_queued():
+                    continue  # the next step already runs: record it, then stop
+                if cadence.saves(step) or ending:
+                    runner.save(step + 1)
+                if ending:
+                    status = "stopped" if stop.requested else "completed"
+                    break
+            clean = True
+        finally:
+            metrics.close()
+            schedule.end(done_steps, clean)
+    plot_curves(metrics.records, f"{run_dir}/reward_curve.png")
+    return runner.summary(metrics.records, done_steps - start, time.monotonic() - t0, status)

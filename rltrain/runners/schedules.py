@@ -1,0 +1,196 @@
+"""The ways a reasoning step is taken, as objects the shared loop drives.
+
+:func:`schedule_for` picks one from the run's layout, once:
+
+- :class:`FusedSchedule` — actor, rollout and rule reward in one process per device
+  (``placement.fuse``): one call per rank generates, scores and trains; step ``s + 1`` may be
+  queued behind step ``s``.
+- :class:`TurnSchedule` — separate processes taking turns on their devices (synchronous): the
+  rollout generates with the newest weights, then :meth:`ReasoningRunner.learn`.
+- :class:`PipelinedSchedule` — asynchronous rollout (``trainer.max_staleness = k >= 1``): the
+  generations of the next ``k`` steps run while the actor trains (:class:`GenerationPipeline`).
+
+Each offers the loop's :class:`~rltrain.runners.loop.Schedule` protocol (``begin``, ``step``,
+``has_queued``, ``evaluate``, ``end``) and ``drain`` for benchmarks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rltrain.errors import WorkerError
+from rltrain.runners.loop import StepTimer
+from rltrain.runners.pipeline import GenerationPipeline
+from rltrain.telemetry import trace
+from rltrain.workers.fused import FusedWorker
+
+if TYPE_CHECKING:  # the runner builds its schedule
+    from rltrain.runners.reasoning import ReasoningRunner
+
+
+class FusedSchedule:
+    """One call per rank does the whole step; steps may queue behind each other.
+
+    Args:
+        runner: the run whose fused actor ranks take the steps.
+    """
+
+    queues_ahead = True
+
+    def __init__(self, runner: ReasoningRunner) -> None:
+        self.runner = runner
+        self._queued: tuple[int, Any] | None = None
+
+    def begin(self, start: int, horizon: int | None) -> None:
+        self.runner.version = start  # the ranks sample with the parameters they train
+
+    def step(self, step: int, queue_next: bool) -> dict[str, Any]:
+        """Generate, score and train on every rank's prompts.
+
+        Args:
+            step: the policy-update index.
+            queue_next: also submit ``step + 1`` behind this one (a rank runs its calls in
+                order, so it still generates with the weights this step leaves). The caller
+                promises to take ``step + 1`` next, with no evaluation or checkpoint between.
+        """
+        r = self.runner
+        timer = StepTimer()
+        with timer("step"), r.job.stage("actor"), trace.span("step", "driver"):
+            future = self._take_queued(step)
+            if queue_next:
+                self._queued = (step + 1, self._submit(step + 1))
+            out = future.wait()
+        results = [result for result, _ in out]
+        r.version = step + 1
+        r.refresh_ledger("actor", results)
+        return r.step_metrics([scores for _, scores in out], results, timer.times)
+
+    def has_queued(self) -> bool:
+        return self._queued is not None
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        self._nothing_queued("evaluate")
+        r = self.runner
+        with r.job.stage("actor"):
+            accuracy = r.g.actor.execute_on(0).call(FusedWorker.evaluate).wait()[0]
+        return {"eval/accuracy": accuracy}
+
+    def end(self, done_steps: int, clean: bool) -> None:
+        self._queued = None  # a failed run's queued step dies with its job
+
+    def drain(self) -> None:
+        """Nothing runs ahead unless queued (and a queued step is the caller's to take)."""
+
+    def _submit(self, step: int) -> Any:
+        per_rank = [(prompts, step) for prompts in self.runner.rank_prompts(step)]
+        return self.runner.g.actor.call_each(FusedWorker.step, per_rank)
+
+    def _take_queued(self, step: int) -> Any:
+        """The queued call for ``step`` (see ``queue_next``), or a new one."""
+        if self._queued is None:
+            return self._submit(step)
+        queued, future = self._queued
+        self._queued = None
+        if queued != step:
+            raise WorkerError(
+                f"fused step {queued} was queued on the ranks but step {step} trains next: "
+                f"after step(s, queue_next=True) take step s + 1"
+            )
+        return future
+
+    def _nothing_queued(self, what: str) -> None:
+        if self._queued is not None:
+            raise WorkerError(
+                f"{what} with fused step {self._queued[0]} queued on the ranks would see its "
+                f"update: train that step first"
+            )
+
+
+class TurnSchedule:
+    """Separate processes taking turns: generate with the newest weights, then learn.
+
+    Args:
+        runner: the run whose rollout generates and whose actor learns.
+    """
+
+    queues_ahead = False
+
+    def __init__(self, runner: ReasoningRunner) -> None:
+        self.runner = runner
+
+    def begin(self, start: int, horizon: int | None) -> None:
+        self.runner.export_weights(start)  # the rollout starts from the actor's weights
+
+    def step(self, step: int, queue_next: bool) -> dict[str, Any]:
+        r = self.runner
+        timer = StepTimer()
+        with timer("generate"), r.job.stage("rollout"), trace.span("generate", "driver"):
+            rollouts = r.submit_generation(step, r.version)
+            rollouts.wait()
+        return r.learn(step, rollouts.refs, timer)
+
+    def has_queued(self) -> bool:
+        return False
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        return {"eval/accuracy": self.runner.evaluate_rollout()}
+
+    def end(self, done_steps: int, clean: bool) -> None:
+        if clean:
+            self.runner.finish_weight_sync()
+
+    def drain(self) -> None:
+        """Nothing runs ahead."""
+
+
+class PipelinedSchedule(TurnSchedule):
+    """Asynchronous rollout: the next ``k`` steps' generations run while the actor trains.
+
+    Args:
+        runner: the run whose rollout generates ahead.
+        max_staleness: ``k >= 1``, weight versions a batch may lag behind the actor.
+        partial_rollout: ``finish`` or ``restart`` (``trainer.partial_rollout``).
+    """
+
+    def __init__(self, runner: ReasoningRunner, max_staleness: int, partial_rollout: str) -> None:
+        super().__init__(runner)
+        self.pipeline = GenerationPipeline(runner, max_staleness, partial_rollout)
+
+    def begin(self, start: int, horizon: int | None) -> None:
+        super().begin(start, horizon)
+        self.pipeline.reset(start, horizon=horizon)
+
+    def step(self, step: int, queue_next: bool) -> dict[str, Any]:
+        timer = StepTimer()
+        self.pipeline.fill(step)  # next steps' generation overlaps this step's training
+        with timer("generate"), trace.span("generate_wait", "driver"):
+            gen = self.pipeline.take(step)
+            gen.future.wait()
+        metrics = self.runner.learn(step, gen.future.refs, timer)
+        metrics.update(self.pipeline.metrics(gen))
+        return metrics
+
+    def end(self, done_steps: int, clean: bool) -> None:
+        self.pipeline.reset(done_steps)  # an early stop drops generations ahead
+        super().end(done_steps, clean)
+
+    def drain(self) -> None:
+        """Wait for the generations in flight (benchmarks: a timed section ends idle)."""
+        self.pipeline.drain()
+
+
+def schedule_for(runner: ReasoningRunner, max_staleness: int) -> Any:
+    """The schedule the run's layout calls for.
+
+    Args:
+        runner: the run.
+        max_staleness: ``trainer.max_staleness`` (or a benchmark's override).
+
+    Returns:
+        A :class:`FusedSchedule`, :class:`PipelinedSchedule` or :class:`TurnSchedule`.
+    """
+    if runner.fused:
+        return FusedSchedule(runner)
+    if max_staleness > 0:
+        return PipelinedSchedule(runner, max_staleness, runner.run.trainer.partial_rollout)
+    return TurnSchedule(runner)
