@@ -1,10 +1,9 @@
 """Worker groups: one Ray actor per placement, group calls with futures, failure handling.
 
-Typing choice: ``group.call(MyWorker.method, *args)`` is fully typed (arguments checked against
-the method, ``wait()`` returns ``list[R]``) and "go to definition" lands on ``MyWorker.method``.
-The RLinf-style shorthand ``group.method(*args)`` also works (``__getattr__`` returns a
-:class:`GroupMethod`), but static tools cannot see through ``__getattr__``, so prefer ``call`` in
-library code.
+Calls name the method, never a string: ``group.call(MyWorker.method, *args)`` is fully typed
+(arguments checked against the method, ``wait()`` returns ``list[R]``) and "go to definition"
+lands on ``MyWorker.method``. RLinf's shorthand ``group.method(*args)`` (attribute lookup by name)
+is deliberately not offered: static tools cannot see through it.
 
 A failure in any rank (an exception, or the process dying) surfaces at ``wait()`` as a
 :class:`WorkerError` naming group, rank, node, devices and the remote traceback. The group, and
@@ -166,20 +165,6 @@ class GroupFuture(Generic[R]):
         )
 
 
-class GroupMethod(Generic[R]):
-    """A worker method bound to (some ranks of) a group; calling it calls every rank."""
-
-    def __init__(self, group: WorkerGroup[Any], name: str):
-        self._group = group
-        self._name = name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> GroupFuture[R]:
-        return self._group._submit(self._name, [(args, kwargs)] * len(self._group.ranks))
-
-    def __repr__(self) -> str:
-        return f"<group method {self._group.name}.{self._name} on ranks {self._group.ranks}>"
-
-
 class WorkerGroup(Generic[W]):
     """One Ray actor per placement of a component; call worker methods on all or some ranks."""
 
@@ -226,16 +211,6 @@ class WorkerGroup(Generic[W]):
         return self._state.reservation
 
     # --------------------------------------------------------------------- calls
-    def __getattr__(self, name: str) -> GroupMethod[Any]:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if not callable(getattr(self._state.cls, name, None)):
-            raise AttributeError(
-                f"worker group {self.name!r} ({self._state.cls.__name__}) has no method "
-                f"{name!r}: define it on {self._state.cls.__name__}"
-            )
-        return GroupMethod(self, name)
-
     def call(
         self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> GroupFuture[R]:

@@ -42,7 +42,7 @@ def test_fast_producer_never_gets_more_than_maxsize_ahead(cluster):
     producer = Producer.create_group().launch(
         cluster, name="producer", placement_strategy=NodePlacementStrategy([0])
     )
-    done = producer.produce(channel, 40)
+    done = producer.call(Producer.produce, channel, 40)
     # Wait (on the channel's own count, with a deadline) until the producer has filled it.
     deadline = time.monotonic() + 60
     while channel.qsize() < 4:

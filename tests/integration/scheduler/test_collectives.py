@@ -64,20 +64,20 @@ def test_group_and_cross_group_collectives(cluster):
         cluster, name="rollout", placement_strategy=rollout_ps, reservation=res
     )
     actor.init_process_group()  # simulated devices -> gloo, port picked by rank 0
-    assert actor.backend().wait(timeout=60) == ["gloo", "gloo"]
-    assert actor.all_reduce_rank().wait(timeout=60) == [3.0, 3.0]
+    assert actor.call(Dist.backend).wait(timeout=60) == ["gloo", "gloo"]
+    assert actor.call(Dist.all_reduce_rank).wait(timeout=60) == [3.0, 3.0]
 
     ranks = create_collective("weight_sync", [actor, rollout])
     assert ranks == {"actor": [0, 1], "rollout": [2]}
-    sent = [actor.sync_weights(7.0), rollout.sync_weights(0.0)]
+    sent = [actor.call(Dist.sync_weights, 7.0), rollout.call(Dist.sync_weights, 0.0)]
     assert [f.wait(timeout=60) for f in sent] == [[[7.0] * 3, [7.0] * 3], [[7.0] * 3]]
 
     # Rank 0 dies before the all-reduce rank 1 waits in: the failure surfaces at once, rank 1
     # is torn down instead of waiting out the 60 s collective timeout, and so is the rollout
     # group, which shares the weight_sync collective with the actor group.
-    pending_rollout = rollout.wait_forever()
+    pending_rollout = rollout.call(Dist.wait_forever)
     with pytest.raises(WorkerError, match="group 'actor' rank 0"):
-        actor.fail_or_reduce(0).wait(timeout=30)
+        actor.call(Dist.fail_or_reduce, 0).wait(timeout=30)
     assert states(actor) == ["DEAD", "DEAD"] and states(rollout) == ["DEAD"]
     with pytest.raises(WorkerError, match="group 'rollout' rank 0"):
         pending_rollout.wait(timeout=30)

@@ -53,7 +53,7 @@ def test_exception_names_group_rank_node_devices_and_traceback(cluster):
         cluster, name="learner", placement_strategy=PackedPlacementStrategy(0, 1)
     )
     with pytest.raises(WorkerError) as info:
-        group.fail_on(1).wait(timeout=60)
+        group.call(Flaky.fail_on, 1).wait(timeout=60)
     text = str(info.value)
     assert "group 'learner' rank 1" in text
     assert "node 0 127.0.0.1" in text and cluster.spec.nodes[0].ray_node_id[:12] in text
@@ -62,15 +62,15 @@ def test_exception_names_group_rank_node_devices_and_traceback(cluster):
     # The siblings were torn down with it; the group refuses further calls.
     assert actor_states(group) == ["DEAD", "DEAD"]
     with pytest.raises(WorkerError, match="torn down after a failure"):
-        group.pid()
+        group.call(Flaky.pid)
 
 
 def test_kill_9_fails_the_pending_call(cluster):
     group = Flaky.create_group().launch(
         cluster, name="victim", placement_strategy=PackedPlacementStrategy(0, 1)
     )
-    pids = group.pid().wait(timeout=60)
-    pending = group.hold(120)
+    pids = group.call(Flaky.pid).wait(timeout=60)
+    pending = group.call(Flaky.hold, 120)
     os.kill(pids[1], signal.SIGKILL)
     # Detected well before the 120 s the ranks would hold (wait() would raise CallTimeoutError).
     with pytest.raises(WorkerError) as info:
@@ -103,7 +103,9 @@ def test_two_jobs_get_disjoint_devices_and_a_third_times_out(ray_session):
         one = PackedPlacementStrategy(0, 0)  # both plans say "device 0"
         a = Flaky.create_group().launch(job_a, name="w", placement_strategy=one)
         b = Flaky.create_group().launch(job_b, name="w", placement_strategy=one)
-        devices = a.devices_env().wait(timeout=60) + b.devices_env().wait(timeout=60)
+        devices = a.call(Flaky.devices_env).wait(timeout=60) + b.call(Flaky.devices_env).wait(
+            timeout=60
+        )
         assert sorted(devices) == ["0", "1"]
         with Cluster.start(JOB) as job_c:
             with pytest.raises(ResourceError) as info:

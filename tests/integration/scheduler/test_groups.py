@@ -93,12 +93,14 @@ def test_group_env_calls_and_views(cluster):
         assert env["OMP_NUM_THREADS"] == "1"
     # The two processes got the two different devices Ray reserved for the job.
     assert sorted(r["env"]["CUDA_VISIBLE_DEVICES"] for r in reports) == ["0", "1"]
-    # Both spellings of a call, and narrowing to some ranks.
-    assert group.echo(5).wait() == [(0, 5), (1, 5)]
+    # A call on every rank, on some ranks, with arguments per rank; no call by name.
+    assert group.call(EnvWorker.echo, 5).wait() == [(0, 5), (1, 5)]
     assert group.execute_on(1).call(EnvWorker.echo, 7).wait() == [(1, 7)]
     assert group.call_each(EnvWorker.echo, [(1,), (2,)]).wait() == [(0, 1), (1, 2)]
-    with pytest.raises(AttributeError, match="has no method 'nope'"):
-        group.nope  # noqa: B018
+    with pytest.raises(AttributeError):
+        group.echo  # noqa: B018 - methods are called through group.call(EnvWorker.echo)
+    with pytest.raises(WorkerError, match="is not a method of EnvWorker"):
+        group.call(len, [])
     with pytest.raises(WorkerError, match="ranks must be in 0..1"):
         group.execute_on(2)
 
@@ -110,7 +112,7 @@ def test_not_isolated_sees_all_job_devices(cluster):
         placement_strategy=PackedPlacementStrategy(0, 1),
         isolate_accelerator=False,
     )
-    reports = group.report().wait(timeout=60)
+    reports = group.call(EnvWorker.report).wait(timeout=60)
     assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in reports] == ["0,1", "0,1"]
     # Each process uses its own device: its index in the visible list.
     assert [r["devices"] for r in reports] == [[0], [1]]
@@ -120,7 +122,7 @@ def test_node_only_group_sees_its_nodes_devices_without_holding_them(cluster):
     group = EnvWorker.create_group().launch(
         cluster, name="cpu", placement_strategy=NodePlacementStrategy([0, 0])
     )
-    reports = group.report().wait(timeout=60)
+    reports = group.call(EnvWorker.report).wait(timeout=60)
     # RLinf's meaning: a node process sees the node's accelerators (the session's 2 simulated
     # devices) and reserves none (no device index of its own).
     assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in reports] == ["0,1", "0,1"]
@@ -158,7 +160,7 @@ def test_shipped_placement_launches(cluster, layout):
         for c, ps in plan.items()
     }
     for c, group in groups.items():
-        for p, r in zip(plan[c], group.report().wait(timeout=60), strict=True):
+        for p, r in zip(plan[c], group.call(EnvWorker.report).wait(timeout=60), strict=True):
             phys = list(reservation.visible_devices(p))
             assert {k: r["env"][k] for k in expected_env(p, len(plan[c]), phys)} == expected_env(
                 p, len(plan[c]), phys

@@ -25,7 +25,7 @@ def test_worker_and_driver_spans_in_one_trace(cluster, tmp_path):
         cluster, name="rollout", placement_strategy=PackedPlacementStrategy(0, 1)
     )
     with trace.span("step", "driver"):
-        group.step().wait(timeout=60)
+        group.call(Traced.step).wait(timeout=60)
     spans = cluster.collect_spans()
     assert sorted((s.name, s.process, s.devices) for s in spans) == [
         ("generate", "rollout[0]", ("node0/dev0",)),

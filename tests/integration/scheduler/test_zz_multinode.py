@@ -62,7 +62,7 @@ def test_actors_land_on_planned_nodes(two_nodes):
     group = Where.create_group().launch(
         two_nodes, name="spread", placement_strategy=PackedPlacementStrategy(1, 2)
     )
-    got = group.where().wait(timeout=60)
+    got = group.call(Where.where).wait(timeout=60)
     assert [(node, rank) for node, _, rank in got] == [
         (spec.nodes[0].ray_node_id, 0),
         (spec.nodes[1].ray_node_id, 1),
@@ -72,8 +72,9 @@ def test_actors_land_on_planned_nodes(two_nodes):
         name="trainers",
         placement_strategy=NodePlacementStrategy([0], node_group_label="trainers"),
     )
-    ((node, visible, rank),) = trainers.where().wait(timeout=60)
-    assert (node, visible, rank) == (spec.nodes[1].ray_node_id, "", 1)
+    ((node, visible, rank),) = trainers.call(Where.where).wait(timeout=60)
+    # A node placement sees its node's devices without reserving them (as in RLinf).
+    assert (node, visible, rank) == (spec.nodes[1].ray_node_id, "0,1", 1)
 
 
 JOIN_SCRIPT = r"""
@@ -91,7 +92,7 @@ with Cluster.start(cfg) as cluster:
     group = Probe.create_group().launch(cluster, name="probe",
                                         placement_strategy=PackedPlacementStrategy(3, 3))
     print(json.dumps({"nodes": [[n.rank, n.ray_node_id, n.num_devices] for n in cluster.spec.nodes],
-                      "mark": group.mark().wait(timeout=60)}))
+                      "mark": group.call(Probe.mark).wait(timeout=60)}))
 """
 
 

@@ -47,7 +47,7 @@ def test_run_timeline_from_real_workers(cluster, tmp_path):
         cluster, name="actor", placement_strategy=PackedPlacementStrategy(0, 0)
     )
     with spans_api.span("wait", "driver"):
-        moved = group.step().wait(timeout=60)
+        moved = group.call(OffloadingActor.step).wait(timeout=60)
     assert moved[0] > 4 * 256 * 256 * 4  # weights, grads and two moments went to the host
 
     devices = [device_label(n.rank, d) for n in cluster.spec.nodes for d in range(n.num_devices)]
