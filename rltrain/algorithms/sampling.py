@@ -85,10 +85,20 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
     for flag in (False, True):
         idx = [i for i, h in enumerate(has_bos) if h == flag]
         if idx:
-            enc = tokenizer([prompts[i] for i in idx], add_special_tokens=not flag)["input_ids"]
+            enc = _encode_batch(tokenizer, [prompts[i] for i in idx], add_special_tokens=not flag)
             for i, ids in zip(idx, enc, strict=True):
                 out[i] = list(ids)
     return out
+
+
+def _encode_batch(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    """``tokenizer(texts, add_special_tokens=...)["input_ids"]``, straight through a fast
+    tokenizer's Rust backend when it pads and truncates nothing (then the ids are the same,
+    without the per-row conversion that dominates on 100k-row datasets)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend.padding is None and backend.truncation is None:
+        return [e.ids for e in backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:

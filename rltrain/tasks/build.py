@@ -25,6 +25,9 @@ REASONING_TASKS = ("arithmetic", "jsonl")
 #: Prompts tokenised per call when measuring them (bounds the memory of one call).
 CHUNK = 4096
 
+#: Prompts whose read-back (decoded without special tokens) is always checked exactly.
+SAMPLE = 512
+
 
 @dataclass
 class Source:
@@ -139,6 +142,21 @@ def _render(
     return ok
 
 
+def _special_texts(tokenizer: Any) -> list[str]:
+    """The texts of the tokenizer's special tokens, longest first."""
+    found = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for added in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values():
+        if getattr(added, "special", False):
+            found.add(str(added.content))
+    return sorted((t for t in found if t), key=len, reverse=True)
+
+
+def _without(text: str, specials: Sequence[str]) -> str:
+    for s in specials:
+        text = text.replace(s, "")
+    return text
+
+
 def _measure(
     sources: Sequence[Source], tokenizer: Any, max_len: int, problems: list[str]
 ) -> dict[str, str]:
@@ -147,20 +165,37 @@ def _measure(
     The reward worker reads a prompt back from its token ids without special tokens; where
     that differs from the rendered text (a chat template's ``<|im_start|>``), the task maps
     it back (:attr:`Task.aliases`).
+
+    Tokenising 100k prompts costs tens of CPU seconds, so only the prompts that could be too
+    long are counted exactly: no tokenizer gives a text more tokens than its UTF-8 bytes plus
+    the special tokens it adds (byte-level BPE, character and word-piece vocabularies,
+    SentencePiece with its leading-space piece). The read-back is the rendered text without
+    its special tokens; that is checked exactly on :data:`SAMPLE` prompts and on every prompt
+    that was tokenised, and any difference (a normalising tokenizer, characters it does not
+    know) makes every prompt be read back exactly instead.
     """
     from rltrain.algorithms.sampling import prompt_token_ids
 
+    specials = _special_texts(tokenizer)
+    try:
+        extra = int(tokenizer.num_special_tokens_to_add()) + 1
+    except (AttributeError, TypeError, NotImplementedError):
+        extra = 4
     aliases: dict[str, str] = {}
     for src in sources:
-        too_long: list[tuple[int, int]] = []
-        for start in range(0, len(src.prompts), CHUNK):
-            chunk = src.prompts[start : start + CHUNK]
-            ids = prompt_token_ids(tokenizer, chunk)
-            too_long += [(start + j, len(r)) for j, r in enumerate(ids) if len(r) > max_len]
-            decoded = tokenizer.batch_decode(ids, skip_special_tokens=True)
-            for text, prompt in zip(decoded, chunk, strict=True):
-                if text != prompt:
-                    aliases[text] = prompt
+        prompts = src.prompts
+        long = [i for i, p in enumerate(prompts) if len(p.encode()) + extra > max_len]
+        exact = sorted(set(long) | set(range(min(SAMPLE, len(prompts)))))
+        ids, read = _tokenise(tokenizer, [prompts[i] for i in exact], prompt_token_ids)
+        if all(r == _without(prompts[i], specials) for i, r in zip(exact, read, strict=True)):
+            for p in prompts:
+                key = _without(p, specials)
+                if key != p:
+                    aliases[key] = p
+        else:  # the cheap reading is wrong for this tokenizer: read every prompt back
+            _, everything = _tokenise(tokenizer, prompts, prompt_token_ids)
+            aliases.update({r: p for r, p in zip(everything, prompts, strict=True) if r != p})
+        too_long = [(i, len(r)) for i, r in zip(exact, ids, strict=True) if len(r) > max_len]
         for i, n in too_long[:MAX_LISTED]:
             problems.append(
                 f"{src.where(i)}: the prompt is {n} tokens (chat template applied), over "
@@ -170,9 +205,34 @@ def _measure(
         if len(too_long) > MAX_LISTED:
             problems.append(
                 f"{src.key}: {len(too_long) - MAX_LISTED} more prompts over "
-                f"task.max_prompt_length={max_len} ({len(too_long)} of {len(src.prompts)})"
+                f"task.max_prompt_length={max_len} ({len(too_long)} of {len(prompts)})"
             )
     return aliases
+
+
+def _tokenise(
+    tokenizer: Any, prompts: Sequence[str], encode: Callable
+) -> tuple[list[list[int]], list[str]]:
+    """Token ids (as generation feeds them) and the read-back text of each prompt, in chunks."""
+    ids: list[list[int]] = []
+    read: list[str] = []
+    for start in range(0, len(prompts), CHUNK):
+        chunk_ids = encode(tokenizer, list(prompts[start : start + CHUNK]))
+        ids += chunk_ids
+        read += _decode_without_specials(tokenizer, chunk_ids)
+    return ids, read
+
+
+def _decode_without_specials(tokenizer: Any, ids: list[list[int]]) -> list[str]:
+    """``tokenizer.batch_decode(ids, skip_special_tokens=True)``, the reward worker's reading.
+
+    A fast tokenizer that does no clean-up decodes straight through its Rust backend: the same
+    text, without ``batch_decode``'s per-token conversions (most of the time on 100k rows).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return backend.decode_batch(ids, skip_special_tokens=True)
+    return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
 def _spellable(sources: Sequence[Source], tokenizer: Any, problems: list[str]) -> None:

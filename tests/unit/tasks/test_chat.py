@@ -165,3 +165,26 @@ def test_a_template_that_writes_the_bos_gets_no_second_one(tmp_path):
     assert prompt_token_ids(tok, ["ab", "<s>ab"]) == [[0, 3, 4], [0, 3, 4]]
     ids, mask = encode_prompts(tok, ["<s>a", "b"])
     assert ids.tolist() == [[0, 3], [0, 4]] and mask.tolist() == [[1, 1], [1, 1]]
+
+
+def test_fast_encoding_and_decoding_read_as_the_tokenizer_does(chat_tok):
+    from rltrain.tasks.build import _decode_without_specials
+
+    texts = render_prompts(["What is 6 times 7?", "Name the sky!"], chat_tok, True, "Be brief.")
+    texts += ["plain text, no template", ""]
+    for tok in (chat_tok, build_tokenizer(ModelConfig())):
+        ids = prompt_token_ids(tok, texts)
+        assert ids == [list(r) for r in tok(texts)["input_ids"]]
+        want = tok.batch_decode(ids, skip_special_tokens=True)
+        assert _decode_without_specials(tok, ids) == want
+
+
+def test_prompts_the_tokenizer_reads_back_differently_are_found_too(tmp_path):
+    # '?' is not in the built-in alphabet: it encodes as <unk>, which the reward worker's
+    # read-back (special tokens skipped) drops, so the cheap reading is wrong here
+    tok = build_tokenizer(ModelConfig())
+    rows = [{"prompt": f"{i}+1=?", "answer": str(i + 1)} for i in range(3)]
+    task = build_task(_cfg(name="jsonl", path=_jsonl(tmp_path / "d.jsonl", rows)), tok)
+    ids, _ = encode_prompts(tok, ["2+1=?"])
+    read_back = tok.batch_decode(ids.tolist(), skip_special_tokens=True)[0]
+    assert read_back == "2+1=" and task.answer(read_back) == "3"
