@@ -1,9 +1,9 @@
 """Hydra entry point: ``python -m rltrain [overrides]`` and the console script ``rltrain``.
 
 Two sub-commands are dispatched before Hydra sees the command line: ``rltrain bench [name ...]``
-(the benchmark CLI, :mod:`rltrain.bench`) and ``rltrain trace <run dir>`` (the timeline picture,
-:mod:`rltrain.trace`). A bare word is never a Hydra override (those hold ``=`` or start with
-``-``, ``+`` or ``~``), so the sub-command names cannot shadow one.
+(the benchmark CLI, :mod:`rltrain.bench`) and ``rltrain trace <run dir>`` (the timeline
+picture, :mod:`rltrain.telemetry.draw`). A bare word is never a Hydra override (those hold ``=``
+or start with ``-``, ``+`` or ``~``), so the sub-command names cannot shadow one.
 
 Configs come from the source tree's ``conf/`` when run from a checkout, and from the installed
 package ``rltrain.conf`` otherwise (the wheel ships ``conf/`` under that name).
@@ -59,7 +59,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 
 #: Sub-command name -> the module whose ``main(argv, prog=...)`` runs it.
-SUBCOMMANDS = {"bench": "rltrain.bench.__main__", "trace": "rltrain.trace"}
+SUBCOMMANDS = {"bench": "rltrain.bench.__main__", "trace": "rltrain.telemetry.draw"}
 
 
 def subcommand(argv: Sequence[str]) -> Callable[[], int] | None:

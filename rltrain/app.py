@@ -156,7 +156,7 @@ def run(cfg: DictConfig) -> float | None:
             return None
         run_cfg = choice.run  # the winner, a concrete layout; checked and run as any other
     if run_cfg.mode == "plan":
-        from rltrain.placement.command import plan_command
+        from rltrain.runners.plan_command import plan_command
 
         plan_command(run_cfg, out_dir)
         return None

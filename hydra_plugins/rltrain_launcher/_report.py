@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-GIB = 1024**3
+from rltrain.placement.types import GIB
 
 CSV_FILE = "sweep_report.csv"
 MD_FILE = "sweep_report.md"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rltrain.scheduler.wire import TensorRecord
+from rltrain.wire import TensorRecord
 
 
 @dataclass(frozen=True)

@@ -345,7 +345,7 @@ def check_vllm_memory(run: Any, plan: Any, weights_bytes: int) -> None:
         ConfigError: a reservation that cannot hold the weights shard, or does not fit beside
             the state other components keep there (see ``check_rollout_memory``).
     """
-    from rltrain.backends.constraints import check_rollout_memory
+    from rltrain.placement.constraints import check_rollout_memory
 
     if run.rollout.backend != "vllm":
         return

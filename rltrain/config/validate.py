@@ -210,9 +210,7 @@ def _placement(cfg: RunConfig) -> Iterator[str]:
             "placement.mode", p.mode, ("collocated", "disaggregated", "hybrid", "auto")
         )
     if p.mode == "auto":
-        from rltrain.autoplace import check_auto
-
-        yield from check_auto(cfg)
+        yield from _auto(p.auto)
     if not p.component_placement:
         yield "placement.component_placement is empty: place at least the actor, e.g. actor: all"
     for key in p.component_placement:
@@ -231,6 +229,35 @@ def _placement(cfg: RunConfig) -> Iterator[str]:
             resolve_offload(policy, f"placement.offload.{name}")
         except ConfigError as e:
             yield from e.problems
+
+
+AUTO_FAMILIES = ("collocated", "disaggregated", "hybrid")
+
+
+def _auto(a: Any) -> Iterator[str]:
+    """``placement.auto.*`` (placement=auto), each problem with the key and the fix."""
+    if a.profile_steps < 2:
+        yield (
+            f"placement.auto.profile_steps={a.profile_steps}: profiling needs >= 2 steps (the "
+            f"first is warm-up and not timed); use 4"
+        )
+    yield from _positive("placement.auto.time_limit_s", a.time_limit_s)
+    if not a.candidates or any(c not in AUTO_FAMILIES for c in a.candidates):
+        yield (
+            f"placement.auto.candidates={list(a.candidates)}: give a non-empty subset of "
+            f"{list(AUTO_FAMILIES)}"
+        )
+    if not a.staleness or any(k not in (0, 1) for k in a.staleness):
+        yield (
+            f"placement.auto.staleness={list(a.staleness)}: give a non-empty subset of [0, 1] "
+            f"(trainer.max_staleness values to try)"
+        )
+    if any(n < 1 for n in a.pipeline_stages):
+        yield (
+            f"placement.auto.pipeline_stages={list(a.pipeline_stages)}: stage counts are >= 1; "
+            f"leave it empty for the defaults"
+        )
+    yield from _positive("placement.auto.max_checked", a.max_checked)
 
 
 @check

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from rltrain.errors import ConfigError, PlacementError
-
-GIB = 1024**3
+from rltrain.placement.types import GIB
 
 #: Weight sync paths: object store/gloo (CPU), CUDA IPC (collocated), NCCL (disaggregated).
 SYNC_PATHS = ("host", "ipc", "nccl")

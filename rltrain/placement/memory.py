@@ -19,7 +19,6 @@ from typing import Any
 
 from rltrain.errors import ConfigError
 
-GIB = 1024**3
 MIB = 1024**2
 
 #: Bytes per element of each model dtype.

@@ -23,11 +23,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from rltrain.backends.constraints import (
-    NCCL_GROUP_COMPONENTS,
-    check_nccl_group_devices,
-    check_weight_sync_layout,
-)
 from rltrain.config.offload import OffloadPolicy, resolve_offload
 from rltrain.errors import PlacementError, ResourceError
 from rltrain.placement import memory as mem
@@ -36,6 +31,11 @@ from rltrain.placement.component import (
     HybridComponentPlacement,
     ModelParallelComponentPlacement,
     PlacementMode,
+)
+from rltrain.placement.constraints import (
+    NCCL_GROUP_COMPONENTS,
+    check_nccl_group_devices,
+    check_weight_sync_layout,
 )
 from rltrain.placement.types import GIB, ClusterSpec, Placement
 

@@ -14,26 +14,12 @@ from xml.sax.saxutils import escape
 
 from rltrain.placement.plan import Plan, PlannedProcess
 from rltrain.placement.types import GIB
-
-PALETTE = {
-    "actor": "#4e79a7",
-    "rollout": "#f28e2b",
-    "reference": "#59a14f",
-    "reward": "#e15759",
-    "critic": "#76b7b2",
-    "inference": "#edc948",
-    "env": "#b07aa1",
-}
-_EXTRA = ("#ff9da7", "#9c755f", "#bab0ac")
+from rltrain.telemetry.palette import component_color
 
 
 def color(component: str, order: tuple[str, ...] = ()) -> str:
-    """A stable colour per component (known ones fixed, others from a small palette)."""
-    if component in PALETTE:
-        return PALETTE[component]
-    extra = [c for c in order if c not in PALETTE]
-    i = extra.index(component) if component in extra else 0
-    return _EXTRA[i % len(_EXTRA)]
+    """The component's colour in every picture (:mod:`rltrain.telemetry.palette`)."""
+    return component_color(component, order)
 
 
 @dataclass(frozen=True)

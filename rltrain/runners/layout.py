@@ -31,7 +31,7 @@ class RunLayout:
 
     Attributes:
         plan: the placement plan.
-        sizes: the batch sizes (:class:`~rltrain.runners.sizes.BatchSizes` for reasoning runs,
+        sizes: the batch sizes (:class:`~rltrain.placement.sizes.BatchSizes` for reasoning runs,
             the embodied runner's sizes for embodied runs).
         critic_sizes: the critic's share of a step (PPO), else None.
         fused: whether actor, rollout and reward run as one process per device.
@@ -161,8 +161,8 @@ def plan_problems(run: RunConfig, plan: Any) -> tuple[Problems, dict[str, Any]]:
         )
         parts["spec"] = _collect(problems, lambda: probe_spaces(run.task.env_id))
         return problems, parts
+    from rltrain.placement.sizes import derive_critic_sizes, derive_sizes
     from rltrain.runners.fusion import decide_fusion
-    from rltrain.runners.sizes import derive_critic_sizes, derive_sizes
 
     before = len(problems)
     _collect(problems, lambda: check_components(run, components))

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 from rltrain.config.offload import OffloadPolicy
 from rltrain.errors import ResourceError
+from rltrain.placement.types import GIB
 
 Device = tuple[int, int]  # (node rank, local device id)
-GIB = 1024**3
 
 
 class ResidentHandle(Protocol):

@@ -1,4 +1,4 @@
-"""``python -m rltrain.trace <run dir>``: draw a run's timeline as a PNG, one lane per device.
+"""``python -m rltrain trace <run dir>``: draw a run's timeline as a PNG, one lane per device.
 
 Reads ``<run dir>/trace.json`` (or a trace file given directly), draws one horizontal lane per
 plan device (then, with ``--processes``, one per process; by default only processes without a
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rltrain.errors import ConfigError
+from rltrain.telemetry.palette import COMPONENT_COLORS, component_color  # noqa: F401 (re-exported)
 from rltrain.telemetry.timeline import (
     TRACE_PNG,
     format_table,
@@ -32,28 +33,6 @@ from rltrain.telemetry.timeline import (
     summarize,
     trace_devices,
 )
-
-#: Fixed colours for the known components, so pictures of different runs compare at a glance.
-COMPONENT_COLORS: Mapping[str, str] = {
-    "actor": "#1f77b4",
-    "rollout": "#ff7f0e",
-    "reference": "#2ca02c",
-    "reward": "#d62728",
-    "critic": "#9467bd",
-    "inference": "#8c564b",
-    "env": "#e377c2",
-    "driver": "#7f7f7f",
-}
-_EXTRA_COLORS = ("#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896")
-
-
-def component_color(component: str, others: Sequence[str] = ()) -> str:
-    """The colour of a component: fixed for known ones, else by its place in ``others``."""
-    if component in COMPONENT_COLORS:
-        return COMPONENT_COLORS[component]
-    extra = sorted(c for c in others if c not in COMPONENT_COLORS)
-    i = extra.index(component) if component in extra else len(extra)
-    return _EXTRA_COLORS[i % len(_EXTRA_COLORS)]
 
 
 @dataclass(frozen=True)
@@ -244,7 +223,7 @@ def _draw_block(
         )
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m rltrain.trace") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m rltrain trace") -> int:
     """Render a run's trace to PNG and print its utilization table.
 
     Args:

@@ -22,7 +22,8 @@ compute, so memory movement counts as busy and is also reported on its own. Wait
 (first start to last end over every lane), so a device that starts late or finishes early shows
 that as idle time.
 
-No Ray, no torch: the sweep launcher and the ``python -m rltrain.trace`` renderer import it.
+No Ray, no torch: the sweep launcher and the timeline renderer (:mod:`rltrain.telemetry.draw`,
+``python -m rltrain trace``) import it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 TRACE_FILE = "trace.json"
 #: The utilization summary in a run directory (the dict :func:`summarize` returns).
 UTILIZATION_FILE = "utilization.json"
-#: The picture ``python -m rltrain.trace <run dir>`` writes by default.
+#: The picture ``python -m rltrain trace <run dir>`` writes by default.
 TRACE_PNG = "trace.png"
 
 #: Stage (span) names and their kind: ``compute``, ``memory`` (moving bytes) or ``wait``.

@@ -25,7 +25,7 @@ from rltrain.backends.weight_sync.host import pack_to_host
 from rltrain.backends.weight_sync.transport import WeightSender
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
-from rltrain.runners.sizes import BatchSizes
+from rltrain.placement.sizes import BatchSizes
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_model, build_tokenizer
 from rltrain.telemetry import trace

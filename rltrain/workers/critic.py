@@ -26,7 +26,7 @@ from rltrain.algorithms.update import UpdateSettings, add_advantages, micro_slic
 from rltrain.backends.training import StateSurface, TorchValueEngine
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
-from rltrain.runners.sizes import CriticSizes
+from rltrain.placement.sizes import CriticSizes
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_model, build_tokenizer
 from rltrain.telemetry import trace

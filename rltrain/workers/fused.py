@@ -16,7 +16,7 @@ from rltrain.algorithms.sampling import SamplingParams, greedy_accuracy
 from rltrain.algorithms.update import add_advantages
 from rltrain.backends.weight_sync.host import HostBuckets
 from rltrain.config.schema import RunConfig
-from rltrain.runners.sizes import BatchSizes
+from rltrain.placement.sizes import BatchSizes
 from rltrain.telemetry import trace
 from rltrain.workers.actor import ActorWorker
 from rltrain.workers.common import TrainResult, sample_prompts

@@ -22,9 +22,9 @@ from rltrain.backends.offload import StateMover
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
 from rltrain.scheduler import Worker
-from rltrain.scheduler.wire import TensorRecord
 from rltrain.tasks import build_task, build_tokenizer
 from rltrain.telemetry import trace
+from rltrain.wire import TensorRecord
 from rltrain.workers.common import ResidentState, compute_device, fetch
 
 

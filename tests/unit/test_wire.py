@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.scheduler.wire import INBAND_MAX_BYTES, pack, unpack
+from rltrain.wire import INBAND_MAX_BYTES, pack, unpack
 from rltrain.workers.reward import Scores
 
 

@@ -2,7 +2,7 @@
 
 The sender packs its tensors into a few flat ``uint8`` CPU buckets (few large objects travel
 through the object store far faster than hundreds of small ones; they pickle as raw buffers, see
-:mod:`rltrain.scheduler.wire`); the receivers load them into their own tensors by name. Works
+:mod:`rltrain.wire`); the receivers load them into their own tensors by name. Works
 the same whatever device each side computes on.
 """
 
@@ -20,7 +20,7 @@ from rltrain.backends.weight_sync.buckets import (
     pack_bucket,
     plan_buckets,
 )
-from rltrain.scheduler.wire import TensorRecord
+from rltrain.wire import TensorRecord
 
 
 @dataclass(frozen=True)

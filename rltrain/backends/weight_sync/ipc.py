@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from rltrain.backends.constraints import collocated_rank_map
 from rltrain.backends.weight_sync.buckets import (
     DEFAULT_BUCKET_BYTES,
     Bucket,
@@ -29,6 +28,7 @@ from rltrain.backends.weight_sync.buckets import (
     plan_buckets,
 )
 from rltrain.errors import ConfigError, PlacementError, ResourceError
+from rltrain.placement.constraints import collocated_rank_map
 
 __all__ = [
     "IpcBucket",

@@ -1,6 +1,6 @@
 """Runtime measures: group calls, channels and start-up, each against raw Ray in the same run.
 
-- ``runtime_call``: a no-op call to a one-actor group (``group.noop().wait()``) vs a raw Ray
+- ``runtime_call``: a no-op call to a one-actor group (``group.call(W.noop).wait()``) vs a raw Ray
   actor call (``ray.get(actor.noop.remote())``); goal <= 1.2x.
 - ``channel_1mb`` / ``channel_16mb`` / ``channel_64mb``: one item through a channel (``put`` then
   ``get``, same process) vs raw ``ray.put`` + ``ray.get``; goal >= 0.9x throughput, i.e. a time
@@ -121,10 +121,6 @@ def runtime_call(quick: bool) -> Suite:
         for _ in range(calls):
             ray.get(raw.noop.remote())
 
-    def group_calls() -> None:
-        for _ in range(calls):
-            group.noop().wait()
-
     def typed_calls() -> None:
         for _ in range(calls):
             group.call(NoopWorker.noop).wait()
@@ -132,7 +128,6 @@ def runtime_call(quick: bool) -> Suite:
     return Suite(
         cases=(
             Case("raw ray actor call", raw_calls, work=calls, work_unit="calls"),
-            Case("group.noop().wait()", group_calls, work=calls, work_unit="calls"),
             Case("group.call(NoopWorker.noop).wait()", typed_calls, work=calls, work_unit="calls"),
         ),
         baseline="raw ray actor call",
@@ -175,14 +170,14 @@ def _channel_suite(nbytes: int, count: int, label: str) -> Suite:
             del out
 
     def pipelined() -> None:
-        done = producer.produce(channel, nbytes, count)
+        done = producer.call(ProducerWorker.produce, channel, nbytes, count)
         for _ in range(count):
             out = channel.get()
             del out
         done.wait()
 
     def streamed() -> None:
-        done = producer.stream(channel, nbytes, count)
+        done = producer.call(ProducerWorker.stream, channel, nbytes, count)
         pending = channel.start_get()
         for i in range(count):
             out = pending.result()

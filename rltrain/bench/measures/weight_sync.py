@@ -157,10 +157,10 @@ def _receiver_devices(spec: Any, wanted: int) -> tuple[list[list[int]], str]:
 
 def _join(name: str, sender: Any, receivers: Any) -> None:
     """Make the standalone sync group ``name`` over the sender and a view of the receivers."""
-    backend = sender.backend().wait(timeout=60)[0]
-    host, port = sender.free_port().wait(timeout=60)[0]
+    backend = sender.call(SyncBenchWorker.backend).wait(timeout=60)[0]
+    host, port = sender.call(SyncBenchWorker.free_port).wait(timeout=60)[0]
     world = 1 + len(receivers.ranks)
-    pending = [sender.join_sync(name, backend, host, port, world, 0)]
+    pending = [sender.call(SyncBenchWorker.join_sync, name, backend, host, port, world, 0)]
     pending.append(
         receivers.call_each(
             SyncBenchWorker.join_sync,
@@ -172,10 +172,10 @@ def _join(name: str, sender: Any, receivers: Any) -> None:
 
 
 def _check(sender: Any, receivers: Any, run_sync: Any, what: str) -> None:
-    receivers.scramble().wait(timeout=60)
+    receivers.call(SyncBenchWorker.scramble).wait(timeout=60)
     run_sync()
-    want = sender.checksum().wait(timeout=60)[0]
-    got = receivers.checksum().wait(timeout=60)
+    want = sender.call(SyncBenchWorker.checksum).wait(timeout=60)[0]
+    got = receivers.call(SyncBenchWorker.checksum).wait(timeout=60)
     if any(g != want for g in got):
         raise RuntimeError(
             f"weight_sync bench: after a {what} sync a receiver differs from the sender"
@@ -207,13 +207,15 @@ def weight_sync(quick: bool) -> Suite:
             cluster, name="bench_sync_rollout", placement_strategy=FlexiblePlacementStrategy(placed)
         )
         groups.append(rollout)
-        cases = [Case("memcpy in sender", lambda: sender.memcpy().wait(timeout=120))]
+        cases = [
+            Case("memcpy in sender", lambda: sender.call(SyncBenchWorker.memcpy).wait(timeout=120))
+        ]
         for k in counts:
             cases += _cases(sender, rollout.execute_on(*range(k)), k, nbytes)
     except BaseException:
         teardown()
         raise
-    backend = sender.backend().wait(timeout=60)[0]
+    backend = sender.call(SyncBenchWorker.backend).wait(timeout=60)[0]
     mb = nbytes / 1e6
     cases = [Case(c.name, c.fn, work=mb, work_unit="MB") for c in cases]
     return Suite(
@@ -234,22 +236,28 @@ def _cases(sender: Any, view: Any, k: int, nbytes: int) -> list[Case]:
     _join(name, sender, view)
 
     def collective() -> None:
-        pending = [sender.send(name), view.receive(name)]
+        pending = [
+            sender.call(SyncBenchWorker.send, name),
+            view.call(SyncBenchWorker.receive, name),
+        ]
         for f in pending:
             f.wait(timeout=300)
 
     def raw() -> None:
-        pending = [sender.raw_broadcast(name), view.raw_broadcast(name)]
+        pending = [
+            sender.call(SyncBenchWorker.raw_broadcast, name),
+            view.call(SyncBenchWorker.raw_broadcast, name),
+        ]
         for f in pending:
             f.wait(timeout=300)
 
     def object_store() -> None:
-        packed = sender.pack().refs[0]
+        packed = sender.call(SyncBenchWorker.pack).refs[0]
         view.call(SyncBenchWorker.load, packed).wait(timeout=300)
 
     _check(sender, view, collective, "collective")
     _check(sender, view, object_store, "object store")
-    backend = sender.backend().wait(timeout=60)[0]
+    backend = sender.call(SyncBenchWorker.backend).wait(timeout=60)[0]
     return [
         Case(f"raw {backend} broadcast of the bytes, {k} receiver{'s' * (k > 1)}", raw),
         Case(f"{backend} broadcast_weights, {k} receiver{'s' * (k > 1)}", collective),
@@ -347,14 +355,17 @@ def _step_cases(
         placement_strategy=PackedPlacementStrategy(first + 1, first + 1),
     )
     groups.append(rollout)
-    host, port = actor.free_port().wait(timeout=60)[0]
-    for f in [actor.join(host, port), rollout.join(host, port)]:
+    host, port = actor.call(ModelSyncWorker.free_port).wait(timeout=60)[0]
+    for f in [
+        actor.call(ModelSyncWorker.join, host, port),
+        rollout.call(ModelSyncWorker.join, host, port),
+    ]:
         f.wait(timeout=180)
-    mb = actor.nbytes().wait(timeout=60)[0] / 1e6
+    mb = actor.call(ModelSyncWorker.nbytes).wait(timeout=60)[0] / 1e6
     versions = {"sent": 0}
 
     def host_step() -> None:
-        packed = actor.export_host().refs[0]
+        packed = actor.call(ModelSyncWorker.export_host).refs[0]
         rollout.call(ModelSyncWorker.load_host, packed).wait(timeout=600)
 
     def collective_step() -> None:
@@ -368,13 +379,16 @@ def _step_cases(
 
     for what, step in (("host", host_step), ("collective", collective_step)):
         step()
-        a, b = actor.checksum().wait()[0], rollout.checksum().wait()[0]
+        a, b = (
+            actor.call(ModelSyncWorker.checksum).wait()[0],
+            rollout.call(ModelSyncWorker.checksum).wait()[0],
+        )
         if a != b:
             raise RuntimeError(f"weight_sync_step: after a {what} step the rollout differs")
     return [
         Case(
             f"{label} ({mb:.1f} MB): memcpy in sender",
-            lambda: actor.memcpy().wait(120),
+            lambda: actor.call(ModelSyncWorker.memcpy).wait(120),
             work=mb,
             work_unit="MB",
         ),

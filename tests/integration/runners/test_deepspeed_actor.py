@@ -215,7 +215,7 @@ def test_ledger_of_a_deepspeed_actor_on_simulated_devices(monkeypatch) -> None:
     import torch.distributed as dist
 
     from rltrain.errors import WorkerError
-    from rltrain.runners.sizes import derive_sizes
+    from rltrain.placement.sizes import derive_sizes
     from rltrain.workers.actor import ActorWorker
 
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):

@@ -7,15 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from rltrain.workers.embodied import (
-    ActorCritic,
+from rltrain.algorithms.embodied_ppo import (
     PPOSettings,
     Transitions,
     build_transitions,
     episode_gae,
-    item_seed,
     ppo_epochs,
 )
+from rltrain.workers.embodied import ActorCritic, item_seed
 from rltrain.workers.env import EnvRollout, SpaceSpec
 
 CARTPOLE = SpaceSpec("CartPole-v1", 4, "discrete", 2)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from rltrain.backends.constraints import (
+from rltrain.errors import ConfigError, PlacementError
+from rltrain.placement.constraints import (
     GIB,
     check_hybrid_engine_shape,
     check_rollout_memory,
     choose_sync_path,
     collocated_rank_map,
 )
-from rltrain.errors import ConfigError, PlacementError
 
 
 def test_hybrid_engine_shape() -> None:

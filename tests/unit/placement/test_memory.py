@@ -9,6 +9,7 @@ import pytest
 from rltrain.config.schema import ModelConfig, RunConfig
 from rltrain.errors import ConfigError
 from rltrain.placement import memory as mem
+from rltrain.placement.types import GIB
 
 # h=1024, i=4096, L=8, 8 heads, 8 kv heads (kv_dim 1024), vocab 32 (built-in), bf16, 128 positions
 MID = ModelConfig(
@@ -82,7 +83,7 @@ def test_activation_and_kv_terms():
     # 2 (k and v) * 64 seqs * 128 tokens * 8 layers * 1024 * 2 bytes
     assert mem.kv_cache_bytes(64, 128, d) == 268_435_456
     assert mem.rollout_batch_per_process(8, 16, 3) == 43  # ceil(128 / 3)
-    assert mem.vllm_reserved_bytes(0.8, 16 * mem.GIB) == 13_743_895_347  # floor(0.8 * 16 GiB)
+    assert mem.vllm_reserved_bytes(0.8, 16 * GIB) == 13_743_895_347  # floor(0.8 * 16 GiB)
 
 
 def test_context_only_on_cuda():

@@ -74,7 +74,7 @@ def test_bad_placement_names_the_component(tmp_path):
 
 def test_placement_package_imports_neither_ray_nor_torch():
     code = (
-        "import sys, rltrain.placement, rltrain.placement.plan, rltrain.placement.command; "
+        "import sys, rltrain.placement, rltrain.placement.plan, rltrain.runners.plan_command; "
         "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -4,7 +4,7 @@ import pytest
 
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
-from rltrain.runners.sizes import derive_sizes
+from rltrain.placement.sizes import derive_sizes
 
 
 def run_with(batch: int, n: int, minibatches: int = 1, micro: int = 64) -> RunConfig:

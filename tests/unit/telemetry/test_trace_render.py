@@ -1,4 +1,4 @@
-"""``python -m rltrain.trace``: the lane layout by hand, and the PNG it draws read back."""
+"""``python -m rltrain trace``: the lane layout by hand, and the PNG it draws read back."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from rltrain import trace as render
 from rltrain.errors import ConfigError
+from rltrain.telemetry import draw as render
 from rltrain.telemetry import timeline
 from rltrain.telemetry.trace import Span
 
@@ -101,7 +101,7 @@ def test_unknown_components_get_distinct_colours():
 def test_cli_renders_a_run_dir_and_refuses_a_missing_trace(tmp_path):
     timeline.write_run_timeline(tmp_path, SPANS, DEVICES)
     out = subprocess.run(
-        [sys.executable, "-m", "rltrain.trace", str(tmp_path)],
+        [sys.executable, "-m", "rltrain.telemetry.draw", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,

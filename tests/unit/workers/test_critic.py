@@ -13,7 +13,8 @@ from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
 from rltrain.placement import memory
 from rltrain.placement.plan import component_terms
-from rltrain.runners.sizes import derive_critic_sizes
+from rltrain.placement.sizes import derive_critic_sizes
+from rltrain.placement.types import GIB
 from rltrain.workers.critic import CriticWorker
 
 T = torch.tensor
@@ -107,7 +108,7 @@ def test_the_plan_predicts_the_critic_state_it_holds(critic):
     dims = memory.model_dims(run.model)
     vocab = critic.model.backbone.config.vocab_size  # the plan assumes 32 for the built-in one
     assert memory.value_param_count(dataclasses.replace(dims, vocab_size=vocab)) == params
-    node = types.SimpleNamespace(accelerator_type="sim", device_memory_bytes=4 * memory.GIB)
+    node = types.SimpleNamespace(accelerator_type="sim", device_memory_bytes=4 * GIB)
     predicted = component_terms(run, "critic", 1, 1, node, dims)
     measured = critic.state_bytes()
     for kind in ("weights", "grads", "optimizer"):

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from rltrain.algorithms.embodied_ppo import PPOSettings, Transitions, ppo_loss
 from rltrain.config.schema import RunConfig
-from rltrain.workers.embodied import PPOSettings, Transitions, ppo_loss
 
 
 class FixedPolicy(torch.nn.Module):

@@ -8,7 +8,7 @@ import torch
 from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
 from rltrain.placement import memory
-from rltrain.runners.sizes import derive_sizes
+from rltrain.placement.sizes import derive_sizes
 from rltrain.workers.actor import ActorWorker
 from rltrain.workers.rollout import RolloutWorker
 

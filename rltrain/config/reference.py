@@ -1,0 +1,265 @@
+"""``docs/config.md``: every config key, generated from the schema and the code that reads it.
+
+For each field of :class:`~rltrain.config.schema.RunConfig` the reference gives its type, its
+default, what it does (the comment beside the field in ``schema.py``, else the section's
+docstring) and which modules read it. Readers are found in the source, not declared: an
+attribute chain ``<anything>.<section>.<field>``, or ``<name>.<field>`` where ``<name>`` was
+assigned ``<anything>.<section>`` in the same function. Validation (``rltrain/config/``) does
+not count as reading: a key only validation reads is accepted and then ignored, and the test
+that keeps this file up to date refuses that.
+
+Regenerate with ``python -m rltrain.config.reference > docs/config.md``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import pathlib
+import tokenize
+from collections import defaultdict
+from typing import Any
+
+from rltrain.config import schema
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1]
+ROOT = PACKAGE.parent
+#: Where readers are looked for (relative to the repository root).
+SOURCES = ("rltrain", "hydra_plugins")
+#: Not readers: the schema and its checks, this generator, and the benchmarks.
+NOT_READERS = ("rltrain/config/", "rltrain/bench/")
+
+
+#: Keys read by name rather than attribute (``get("devices_per_node")``, ``getattr(cfg, name)``):
+#: key -> the modules that read them. A test checks each module's source names the field.
+DYNAMIC_READERS: dict[str, tuple[str, ...]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One config key of the reference."""
+
+    key: str
+    type: str
+    default: str
+    doc: str
+    readers: tuple[str, ...]
+
+
+def _comments(path: pathlib.Path) -> dict[int, str]:
+    """Line number -> the comment on that line (or the comment block just above it)."""
+    out: dict[int, str] = {}
+    block: list[str] = []
+    for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if tok.type == tokenize.COMMENT:
+            text = tok.string.lstrip("#").strip()
+            if tok.line.strip().startswith("#"):
+                block.append(text)
+            else:
+                out[tok.start[0]] = text
+        elif tok.type == tokenize.NL and not tok.line.strip():
+            block = []
+        elif tok.type == tokenize.NAME and block:
+            out.setdefault(tok.start[0], " ".join(block))
+            block = []
+    return out
+
+
+def _field_docs() -> dict[tuple[str, str], tuple[str, str]]:
+    """(class name, field) -> (annotation as written, comment)."""
+    path = pathlib.Path(schema.__file__)
+    comments = _comments(path)
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                note = comments.get(item.lineno, "")
+                out[(node.name, item.target.id)] = (ast.unparse(item.annotation), note)
+    return out
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        value: Any = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "required"
+    if dataclasses.is_dataclass(value):
+        return "(section)"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str) and value == "???":
+        return "required"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _sections() -> dict[str, type]:
+    """Section name -> its dataclass (top-level sections of RunConfig)."""
+    out = {}
+    for f in dataclasses.fields(schema.RunConfig):
+        factory = f.default_factory
+        if factory is not dataclasses.MISSING and dataclasses.is_dataclass(factory):
+            out[f.name] = factory
+    return out
+
+
+class _Readers(ast.NodeVisitor):
+    """Collects ``(section, field)`` pairs a module reads."""
+
+    def __init__(self, sections: dict[str, str]) -> None:
+        self.sections = set(sections.values())
+        self.by_class = sections  # "ModelConfig" -> "model"
+        self.found: set[tuple[str, str]] = set()
+        self.aliases: list[dict[str, str]] = [{}]
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        scope = {}
+        for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+            note = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+            for cls, section in self.by_class.items():
+                if cls in note:  # a parameter typed as a section: model_cfg: ModelConfig
+                    scope[arg.arg] = section
+        self.aliases.append(scope)
+        self.generic_visit(node)
+        self.aliases.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _alias(self, target: ast.AST, value: ast.AST) -> None:
+        if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):
+            for t, v in zip(target.elts, value.elts, strict=False):
+                self._alias(t, v)
+        elif (
+            isinstance(target, ast.Name)
+            and isinstance(value, ast.Attribute)
+            and value.attr in self.sections
+        ):
+            self.aliases[-1][target.id] = value.attr
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._alias(target, node.value)
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        inner = node.value
+        if isinstance(inner, ast.Attribute) and inner.attr in self.sections:
+            self.found.add((inner.attr, node.attr))
+        elif isinstance(inner, ast.Name):
+            for scope in reversed(self.aliases):
+                if inner.id in scope:
+                    self.found.add((scope[inner.id], node.attr))
+                    break
+        self.generic_visit(node)
+
+
+def find_readers() -> dict[str, set[str]]:
+    """``section.field`` -> the modules (paths without ``.py``) that read it."""
+    sections = {cls.__name__: name for name, cls in _sections().items()}
+    readers: dict[str, set[str]] = defaultdict(set)
+    for top in SOURCES:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(NOT_READERS):
+                continue
+            visitor = _Readers(sections)
+            visitor.visit(ast.parse(path.read_text()))
+            for section, name in visitor.found:
+                readers[f"{section}.{name}"].add(rel[: -len(".py")])
+    for key, modules in DYNAMIC_READERS.items():
+        readers[key].update(modules)
+    return readers
+
+
+def keys() -> list[Key]:
+    """Every leaf key of the run config, in schema order."""
+    docs = _field_docs()
+    readers = find_readers()
+    out = []
+    fields = dataclasses.fields(schema.RunConfig)
+    top_doc = {f.name: docs.get(("RunConfig", f.name), ("", ""))[1] for f in fields}
+    for f in dataclasses.fields(schema.RunConfig):
+        section = _sections().get(f.name)
+        if section is None:
+            annotation, note = docs.get(("RunConfig", f.name), ("", ""))
+            out.append(Key(f.name, annotation, _default(f), note or top_doc[f.name], ()))
+            continue
+        for sf in dataclasses.fields(section):
+            annotation, note = docs.get((section.__name__, sf.name), ("", ""))
+            key = f"{f.name}.{sf.name}"
+            out.append(Key(key, annotation, _default(sf), note, tuple(sorted(readers[key]))))
+    return out
+
+
+def _top_level_readers() -> dict[str, set[str]]:
+    """Readers of top-level scalars (``mode``, ``runner``, ``seed``): ``<x>.run.<name>`` or
+    ``run.<name>`` / ``cfg.<name>`` attribute reads."""
+    names = {f.name for f in dataclasses.fields(schema.RunConfig)} - set(_sections())
+    found: dict[str, set[str]] = defaultdict(set)
+    for top in SOURCES:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(NOT_READERS):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and node.attr in names
+                    and isinstance(node.value, (ast.Name, ast.Attribute))
+                    and (getattr(node.value, "id", None) or getattr(node.value, "attr", None))
+                    in ("run", "cfg", "run_cfg", "config")
+                ):
+                    found[node.attr].add(rel[: -len(".py")])
+    return found
+
+
+def render() -> str:
+    """The Markdown reference."""
+    top = _top_level_readers()
+    lines = [
+        "# Configuration reference",
+        "",
+        "Every key of rltrain's config, generated from `rltrain/config/schema.py` by",
+        "`python -m rltrain.config.reference > docs/config.md` (a test keeps this file up to",
+        "date). *Read by* lists the modules whose code reads the key; validation is not",
+        "counted. Cross-field rules and the error messages are in `rltrain/config/validate.py`",
+        "and `rltrain/config/engine_checks.py`; `python -m rltrain --cfg job` prints a composed",
+        "config.",
+        "",
+    ]
+    section = None
+    for k in keys():
+        head = k.key.split(".")[0] if "." in k.key else "(top level)"
+        if head != section:
+            section = head
+            cls = _sections().get(head)
+            lines += ["", f"## `{head}`" if cls else "## top level", ""]
+            if cls is not None and cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
+                lines += [" ".join(cls.__doc__.split()), ""]
+            lines += ["| key | type | default | what it does | read by |", "|---|---|---|---|---|"]
+        readers = k.readers or tuple(sorted(top.get(k.key, ())))
+        cells = [
+            f"`{k.key}`",
+            f"`{k.type}`",
+            f"`{k.default}`",
+            k.doc.replace("|", "\\|"),
+            ", ".join(f"`{r}`" for r in readers) or "—",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
+
+
+def unread_keys() -> list[str]:
+    """Keys no module outside validation reads (each one is accepted and then ignored)."""
+    top = _top_level_readers()
+    return [k.key for k in keys() if not k.readers and not top.get(k.key) and "." in k.key]
+
+
+if __name__ == "__main__":
+    print(render(), end="")
