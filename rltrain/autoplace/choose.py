@@ -26,6 +26,8 @@ RANKING_FILE = "auto_placement.json"
 TEXT_FILE = "auto_placement.txt"
 #: Where the profiling runs write, inside the run directory.
 PROFILE_DIR = "auto_profile"
+#: Excluded candidates a refusal lists (fastest predicted first).
+MAX_REASONS = 20
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,9 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
     winner = pick(rows)
     if winner is None:
         reasons = [f"{r.candidate.name}: {r.reason}" for r in rows if r.reason]
+        if len(reasons) > MAX_REASONS:
+            more = len(reasons) - MAX_REASONS
+            reasons = reasons[:MAX_REASONS] + [f"... and {more} more (fastest predicted first)"]
         raise ConfigError(
             [
                 "placement=auto: no candidate layout passes the checks training makes; each one's "
@@ -116,7 +121,7 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
         f"profile {profile.key}: cached {profile.created} ({profile.path})"
         if profile.source == "cache"
         else f"profile {profile.key}: measured in {profile.seconds:.1f} s "
-        f"({len(profile.runs)} runs), cached at {profile.path}"
+        f"({len(profile.runs)} layouts profiled), cached at {profile.path}"
     )
     text = render(rows, winner, header=f"placement=auto: {len(rows)} candidates; {origin}")
     shown = ordered(rows, winner)

@@ -61,6 +61,10 @@ def test_pick_prefers_the_simpler_layout_within_the_tie():
     assert pick([_row("dis", 1.0, EXCLUDED)]) is None
 
 
+def NO_PRECHECK(run, cand):
+    return ""
+
+
 def _counting(refuse: set[str]):
     calls: list[str] = []
 
@@ -74,7 +78,7 @@ def _counting(refuse: set[str]):
 def test_verify_checks_every_row_of_a_small_search():
     rows = rank(reasoning_candidates(2), GEN_HEAVY)
     check, calls = _counting({"disaggregated actor 0 rollout 1 async1"})
-    out = verify(None, rows, max_checked=32, check=check)
+    out = verify(None, rows, max_checked=32, check=check, precheck=NO_PRECHECK)
     assert len(calls) == 5
     assert [r.status for r in out] == [EXCLUDED, OK, OK, OK, OK]
     assert out[0].reason == "refused" and out[1].peak_bytes == 123
@@ -84,11 +88,13 @@ def test_verify_checks_every_row_of_a_small_search():
 def test_verify_stops_once_the_winner_is_settled():
     rows = [_row("async", 1.0), _row("fused", 1.005), _row("turns", 1.2), _row("hyb", 1.3)]
     check, calls = _counting({"disaggregated actor 0 rollout 1 async1"})
-    out = verify(None, rows, max_checked=2, check=check)  # 4 rows > 2: stop early
+    out = verify(
+        None, rows, max_checked=2, check=check, precheck=NO_PRECHECK
+    )  # 4 rows > 2: stop early
     assert calls == ["disaggregated actor 0 rollout 1 async1", "collocated 0-1 fused"]
     assert [r.status for r in out] == [EXCLUDED, OK, UNCHECKED, UNCHECKED]
     check, calls = _counting(set())
-    out = verify(None, rows, max_checked=3, check=check)
+    out = verify(None, rows, max_checked=3, check=check, precheck=NO_PRECHECK)
     # the fused row is within the tie of the first valid one, so it is checked too
     assert len(calls) == 2 and [r.status for r in out][2:] == [UNCHECKED, UNCHECKED]
     assert pick(out).candidate.fused
@@ -109,9 +115,37 @@ def test_search_on_1024_nodes_of_8_devices_stays_linear():
     # of 0.02 k^2 - (600 + 0.02 D) k + 400 D = 0, k = (763.84 - sqrt(321307.55)) / 0.04 = 4925
     assert best.staleness == 1 and best.rollout_devices in (4924, 4925, 4926)
     check, calls = _counting(set())
-    out = verify(None, rows, max_checked=32, check=check)
+    out = verify(None, rows, max_checked=32, check=check, precheck=NO_PRECHECK)
     near = sum(r.seconds <= rows[0].seconds * (1 + TIE) for r in rows)
     assert len(calls) == min(near, 32) and sum(r.status == UNCHECKED for r in out) >= len(rows) - 32
+
+
+def test_size_precheck_does_not_use_up_the_checks():
+    """8,192 devices and 4,096 prompts x 4 samples: only splits whose worlds divide the batch
+    can run; the cheap size check skips the others without counting them."""
+    import dataclasses
+
+    from rltrain.config.schema import RunConfig
+
+    run = RunConfig()
+    run = dataclasses.replace(
+        run,
+        trainer=dataclasses.replace(run.trainer, train_batch_size=4096),
+        rollout=dataclasses.replace(run.rollout, n_samples_per_prompt=4),
+    )
+    costs = ReasoningCosts(
+        generate=Scaling(0.05, 400.0), train=Scaling(0.05, 200.0), sync=0.01, overhead=0.01
+    )
+    rows = rank(reasoning_candidates(8192), costs)
+    check, calls = _counting(set())
+    out = verify(run, rows, max_checked=32, check=check)
+    winner = pick(out)
+    # rollout ranks must divide 4,096 prompts and actor ranks 16,384 samples: powers of two,
+    # so the split is 4,096 + 4,096 (k = 4925 is the unconstrained optimum)
+    assert winner.candidate.rollout_devices == 4096 and winner.candidate.staleness == 1
+    assert len(calls) <= 32
+    excluded = [r for r in out if r.status == EXCLUDED]
+    assert excluded and all("does not divide" in r.reason for r in excluded)
 
 
 def test_render_lists_the_winner_first_with_reasons():
