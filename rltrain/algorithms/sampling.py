@@ -20,6 +20,7 @@ from torch import Tensor
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.logprobs import position_ids_from_mask
 from rltrain.errors import ConfigError
+from rltrain.tasks.tokenizer import prompt_token_ids
 
 
 @dataclass(frozen=True)
@@ -62,43 +63,6 @@ class SamplingParams:
             problems.append(f"rollout.n_samples_per_prompt={self.n} must be >= 1")
         if problems:
             raise ConfigError(problems)
-
-
-def prompt_token_ids(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
-    """Each prompt's token ids exactly as :func:`encode_prompts` feeds them, unpadded.
-
-    The tokenizer's special tokens (a BOS) are added, except to a prompt that already starts
-    with the BOS text: a chat template that writes ``<|begin_of_text|>`` itself would otherwise
-    get a second one. The choice is per prompt, so a prompt encodes the same in any batch.
-
-    Args:
-        tokenizer: a Hugging Face tokenizer.
-        prompts: the prompt texts.
-
-    Returns:
-        One id list per prompt (its length is the prompt's length in tokens).
-    """
-    prompts = list(prompts)
-    bos = getattr(tokenizer, "bos_token", None)
-    has_bos = [bool(bos) and p.startswith(bos) for p in prompts]
-    out: list[list[int]] = [[] for _ in prompts]
-    for flag in (False, True):
-        idx = [i for i, h in enumerate(has_bos) if h == flag]
-        if idx:
-            enc = _encode_batch(tokenizer, [prompts[i] for i in idx], add_special_tokens=not flag)
-            for i, ids in zip(idx, enc, strict=True):
-                out[i] = list(ids)
-    return out
-
-
-def _encode_batch(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
-    """``tokenizer(texts, add_special_tokens=...)["input_ids"]``, straight through a fast
-    tokenizer's Rust backend when it pads and truncates nothing (then the ids are the same,
-    without the per-row conversion that dominates on 100k-row datasets)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and backend.padding is None and backend.truncation is None:
-        return [e.ids for e in backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
-    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:

@@ -156,7 +156,8 @@ class TorchReceiver:
     sync_members = 1
 
     def __init__(self, run: RunConfig, device: torch.device) -> None:
-        from rltrain.tasks import build_model, build_tokenizer
+        from rltrain.tasks import build_tokenizer
+        from rltrain.tasks.model import build_model
 
         self.run = run
         self.device = device
@@ -430,7 +431,7 @@ class VllmGeneration:
         self.mover = VllmState(self.engine, weights, kv)
 
     def _prompt_ids(self, prompts: Sequence[str]) -> list[list[int]]:
-        from rltrain.algorithms.sampling import prompt_token_ids
+        from rltrain.tasks.tokenizer import prompt_token_ids
 
         return prompt_token_ids(self.tokenizer, prompts)  # as the torch sampler encodes them
 

@@ -20,7 +20,6 @@ from rltrain.tasks.chat import has_chat_template, render_prompts, use_chat_templ
 from rltrain.tasks.checks import GENERATORS, check_task, prepare_task
 from rltrain.tasks.dataset import SUPPORTED, read_rows
 from rltrain.tasks.file_task import build_file_task, read_examples
-from rltrain.tasks.model import build_model, resolve_dtype
 from rltrain.tasks.tokenizer import (
     DEFAULT_CHARS,
     build_char_tokenizer,
@@ -40,7 +39,6 @@ __all__ = [
     "build_arithmetic_task",
     "build_char_tokenizer",
     "build_file_task",
-    "build_model",
     "build_task",
     "build_tokenizer",
     "check_task",
@@ -51,7 +49,6 @@ __all__ = [
     "read_examples",
     "read_rows",
     "render_prompts",
-    "resolve_dtype",
     "tokenizer_source",
     "use_chat_template",
 ]

@@ -174,7 +174,7 @@ def _measure(
     that was tokenised, and any difference (a normalising tokenizer, characters it does not
     know) makes every prompt be read back exactly instead.
     """
-    from rltrain.algorithms.sampling import prompt_token_ids
+    from rltrain.tasks.tokenizer import prompt_token_ids
 
     specials = _special_texts(tokenizer)
     try:

@@ -27,7 +27,8 @@ from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.placement.sizes import BatchSizes
 from rltrain.scheduler import Worker
-from rltrain.tasks import build_model, build_tokenizer
+from rltrain.tasks import build_tokenizer
+from rltrain.tasks.model import build_model
 from rltrain.telemetry import trace
 from rltrain.workers.batching import concat_batches, with_scores
 from rltrain.workers.common import (

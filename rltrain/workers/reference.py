@@ -10,7 +10,7 @@ from rltrain.algorithms.update import UpdateSettings, behaviour_logprobs
 from rltrain.backends.offload import StateMover
 from rltrain.config.schema import RunConfig
 from rltrain.scheduler import Worker
-from rltrain.tasks import build_model
+from rltrain.tasks.model import build_model
 from rltrain.telemetry import trace
 from rltrain.workers.common import ResidentState, compute_device, fetch
 

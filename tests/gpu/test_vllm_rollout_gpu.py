@@ -43,7 +43,7 @@ def test_vllm_rollout_sleeps_wakes_loads_over_ipc_and_generates() -> None:
     from rltrain.algorithms.logprobs import compute_logprobs
     from rltrain.backends.weight_sync.choice import TransportChoice
     from rltrain.backends.weight_sync.transport import WeightSender
-    from rltrain.tasks import build_model
+    from rltrain.tasks.model import build_model
     from rltrain.workers.rollout import RolloutWorker
 
     run = _run()

@@ -127,7 +127,7 @@ def _fresh_rollout(runner: reasoning.ReasoningRunner, step: int) -> tuple[list, 
 def _exported(runner: reasoning.ReasoningRunner, version: int) -> dict[str, torch.Tensor]:
     """The weights the actor exports for the rollout (call inside the actor's lease)."""
     from rltrain.backends.weight_sync.host import load_from_host
-    from rltrain.tasks import build_model
+    from rltrain.tasks.model import build_model
 
     model = build_model(runner.run.model)
     from rltrain.workers.actor import ActorWorker
@@ -142,7 +142,7 @@ def test_collocated_deepspeed_trains_offloads_exports_and_resumes(
     ray_session, tmp_path, monkeypatch
 ) -> None:
     pytest.importorskip("deepspeed")
-    from rltrain.tasks import build_model
+    from rltrain.tasks.model import build_model
     from rltrain.workers.actor import ActorWorker
 
     ray_session.ensure()

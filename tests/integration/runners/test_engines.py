@@ -196,7 +196,7 @@ def test_reward_model_scores_what_the_run_logs(ray_session, tmp_path, monkeypatc
 @pytest.mark.timeout(600)
 def test_inference_component_computes_the_actors_old_logprobs(ray_session, tmp_path, monkeypatch):
     from rltrain.algorithms.logprobs import compute_logprobs
-    from rltrain.tasks import build_model
+    from rltrain.tasks.model import build_model
 
     ray_session.ensure()
     seen: list = []

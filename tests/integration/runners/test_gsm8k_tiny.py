@@ -50,7 +50,8 @@ def test_gsm8k_tiny_generates_trains_and_runs_again_from_a_saved_checkpoint(tmp_
     # The template with a real checkpoint: a chat model saved with save_pretrained (its
     # tokenizer beside it) and the Parquet files, no generator, no tokenizer path.
     from rltrain.config.schema import ModelConfig
-    from rltrain.tasks import build_model, build_tokenizer
+    from rltrain.tasks import build_tokenizer
+    from rltrain.tasks.model import build_model
 
     model_cfg = ModelConfig(
         family="qwen2", tokenizer_path=str(data / "tokenizer"), max_position_embeddings=256

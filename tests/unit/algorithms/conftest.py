@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rltrain.config.schema import ModelConfig
-from rltrain.tasks import build_model, build_tokenizer
+from rltrain.tasks import build_tokenizer
+from rltrain.tasks.model import build_model
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ from rltrain.algorithms import (
 )
 from rltrain.config import load_config
 from rltrain.config.store import register_configs
-from rltrain.tasks import build_model, build_task, build_tokenizer
+from rltrain.tasks import build_task, build_tokenizer
+from rltrain.tasks.model import build_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "rltrain" / "bench" / "plain_grpo.py"

@@ -140,7 +140,7 @@ def test_micro_batches_weigh_their_token_share_like_the_one_shot_step(deepspeed_
     from rltrain.algorithms.update import UpdateSettings, add_advantages
     from rltrain.backends.training import DeepSpeedEngine, TorchEngine
     from rltrain.config.schema import ModelConfig, RunConfig
-    from rltrain.tasks import build_model
+    from rltrain.tasks.model import build_model
 
     run = RunConfig()
     run.actor.backend, run.actor.zero_stage = "deepspeed", 1
@@ -187,7 +187,7 @@ def test_deepspeed_engine_warmup_and_gradient_checkpointing(deepspeed_world) -> 
     from rltrain.algorithms.update import UpdateSettings, add_advantages
     from rltrain.backends.training import DeepSpeedEngine
     from rltrain.config.schema import ModelConfig, RunConfig
-    from rltrain.tasks import build_model
+    from rltrain.tasks.model import build_model
 
     g = torch.Generator().manual_seed(0)
     mask = (torch.arange(4)[None, :] < torch.tensor([1, 2, 3, 4] * 2)[:, None]).float()

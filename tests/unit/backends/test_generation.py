@@ -86,7 +86,8 @@ def test_a_built_model_gets_a_directory_vllm_can_build_it_from():
     import os
 
     from rltrain.backends.generation import model_dir_for_vllm, model_weight_bytes
-    from rltrain.tasks import build_model, build_tokenizer
+    from rltrain.tasks import build_tokenizer
+    from rltrain.tasks.model import build_model
 
     run = RunConfig()
     run.model.dtype = "bfloat16"

@@ -153,7 +153,7 @@ def test_a_rank_that_never_arrives_is_named(reports: dict[int, dict[str, Any]]) 
 
 def test_buffers_are_broadcast_only_for_running_statistics() -> None:
     from rltrain.config.schema import ModelConfig
-    from rltrain.tasks import build_model
+    from rltrain.tasks.model import build_model
 
     assert _has_running_stats(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
     assert not _has_running_stats(torch.nn.BatchNorm1d(2, track_running_stats=False))

@@ -19,7 +19,7 @@ from rltrain.algorithms import (
 )
 from rltrain.backends.training import TorchEngine
 from rltrain.config.schema import ModelConfig, RunConfig
-from rltrain.tasks import build_model
+from rltrain.tasks.model import build_model
 
 T = torch.tensor
 

@@ -11,7 +11,7 @@ from rltrain.backends.training import TorchEngine, warmup_factor
 from rltrain.config.schema import ModelConfig, RunConfig
 from rltrain.placement.plan import build_plan
 from rltrain.placement.types import GIB, ClusterSpec, NodeSpec
-from rltrain.tasks import build_model
+from rltrain.tasks.model import build_model
 
 
 def _run(**actor) -> RunConfig:

@@ -36,6 +36,12 @@ def compose_config(overrides: list[str]):
         return compose(config_name="config", overrides=overrides)
 
 
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    """Generated data sets (experiment=gsm8k_tiny) go to a temporary cache, not ~/.cache."""
+    monkeypatch.setenv("RLTRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
 @pytest.fixture(scope="module")
 def placeholders(tmp_path_factory) -> dict[str, Callable[[str], str]]:
     """``/path/to/...`` stand-ins: config key -> a function making a real file or directory."""
@@ -73,7 +79,7 @@ def placeholders(tmp_path_factory) -> dict[str, Callable[[str], str]]:
                 "prompt": f"{a}+{b}=",
                 "answer": str(a + b),
                 "question": f"{a}+{b}=",
-                "solution": f"#### {a + b}",
+                "solution": str(a + b),
             }
             for a in range(20)
             for b in range(20)

@@ -9,12 +9,11 @@ import pathlib
 import pytest
 
 from rltrain.algorithms import encode_prompts
-from rltrain.algorithms.sampling import prompt_token_ids
 from rltrain.config.schema import ModelConfig, TaskConfig
 from rltrain.errors import ConfigError
 from rltrain.tasks import build_task, build_tokenizer, render_prompts, use_chat_template
 from rltrain.tasks.gsm8k_tiny import build_bpe_tokenizer
-from rltrain.tasks.tokenizer import load_tokenizer
+from rltrain.tasks.tokenizer import load_tokenizer, prompt_token_ids
 
 CORPUS = ["What is 6 times 7?", "The answer is 42.\n#### 42", "Name the colour of the sky."] * 20
 

@@ -9,7 +9,8 @@ import torch
 
 from rltrain.config.schema import ModelConfig
 from rltrain.errors import ConfigError
-from rltrain.tasks import build_char_tokenizer, build_model, build_tokenizer
+from rltrain.tasks import build_char_tokenizer, build_tokenizer
+from rltrain.tasks.model import build_model
 
 SMALL = {"hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "num_kv_heads": 1}
 
