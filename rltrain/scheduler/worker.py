@@ -142,6 +142,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def quiet_third_party_warnings() -> None:
+    """Keep libraries' deprecation notices out of the driver's terminal.
+
+    Ray forwards every worker's stderr to the driver: a FutureWarning of a library a worker uses
+    (transformers' ``past_key_values`` notice, for one) would repeat once per worker process on
+    every run. Deprecations raised by rltrain's own code still show; set
+    ``RLTRAIN_LIBRARY_WARNINGS=1`` to see the libraries' too.
+    """
+    if os.environ.get("RLTRAIN_LIBRARY_WARNINGS") == "1":
+        return
+    import warnings
+
+    for category in (DeprecationWarning, FutureWarning, PendingDeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+        warnings.filterwarnings("default", category=category, module=r"rltrain(\.|$)")
+    # transformers reports its deprecations through its own logger, and draws a progress bar
+    # for every checkpoint it writes
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import sys
+
+    if "transformers" in sys.modules:  # imported while Ray loaded the worker's class
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+
+
 class _Host:
     """Mixed in front of a worker class to make the Ray actor class (see ``host_class``)."""
 
@@ -149,6 +177,7 @@ class _Host:
         self, ctx: WorkerContext, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> None:
         os.environ.update(ctx.env)
+        quiet_third_party_warnings()
         if ctx.num_threads:
             set_num_threads(ctx.num_threads)
         self._rltrain_ctx = ctx

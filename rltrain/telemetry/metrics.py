@@ -65,6 +65,7 @@ class MetricsLogger:
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.cfg = logging_cfg
         self.records: list[dict[str, Any]] = []
+        self._bar: _LiveBar | _LineBar | None = None
         self._file = open(self.path, "a" if resume else "w") if logging_cfg.jsonl else None
         self._tb = self._wandb = self._mlflow = None
         if logging_cfg.tensorboard:
@@ -108,22 +109,29 @@ class MetricsLogger:
         return record
 
     def progress(self, step: int, total: int, record: dict[str, Any]) -> None:
-        """One short status line in the terminal (when ``logging.progress``)."""
+        """The run's progress in the terminal (when ``logging.progress``).
+
+        On a terminal: one live bar (rich) with the step's key metrics. Elsewhere (a log file,
+        CI): a line at the first step, at every tenth of the run, at each evaluation and at the
+        end, so a log holds the curve without a line per step.
+        """
         if not self.cfg.progress:
             return
-        parts = [f"step {step}/{total}", f"{time.monotonic() - self._start:6.1f}s"]
-        for key, label in (
-            ("reward/mean", "reward"),
-            ("eval/accuracy", "eval acc"),
-            ("env/return_mean", "return"),
-            ("loss/policy", "loss"),
-            ("perf/tokens_per_s", "tok/s"),
-        ):
-            if record.get(key) is not None:
-                parts.append(f"{label} {record[key]:.3g}")
-        print(" | ".join(parts), file=sys.stderr, flush=True)
+        text = _status(record)
+        if self._bar is None:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+            if console.is_terminal:
+                self._bar = _LiveBar(console, total)
+            else:
+                self._bar = _LineBar(total, self._start)
+        self._bar.update(step, text, evaluated=any(k.startswith("eval/") for k in record))
 
     def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
         if self._file:
             self._file.close()
             self._file = None
@@ -135,6 +143,72 @@ class MetricsLogger:
             import mlflow
 
             mlflow.end_run()
+
+
+#: The metrics the progress display shows, with their labels.
+PROGRESS_KEYS = (
+    ("reward/mean", "reward"),
+    ("eval/accuracy", "eval acc"),
+    ("env/return_mean", "return"),
+    ("eval/return_mean", "eval return"),
+    ("perf/tokens_per_s", "tok/s"),
+)
+
+
+def _status(record: dict[str, Any]) -> str:
+    return " | ".join(
+        f"{label} {record[key]:.3g}"
+        for key, label in PROGRESS_KEYS
+        if isinstance(record.get(key), (int, float))
+    )
+
+
+class _LiveBar:
+    """One rich progress bar, redrawn in place."""
+
+    def __init__(self, console: Any, total: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[bold]rltrain"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=console,
+        )
+        self.task = self.progress.add_task("train", total=total, status="")
+        self.progress.start()
+
+    def update(self, step: int, status: str, evaluated: bool) -> None:
+        self.progress.update(self.task, completed=step, status=status)
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
+class _LineBar:
+    """Progress as occasional lines, for logs."""
+
+    def __init__(self, total: int, start: float) -> None:
+        self.total, self.start = total, start
+        self.every = max(1, total // 10)
+
+    def update(self, step: int, status: str, evaluated: bool) -> None:
+        if step == 1 or step % self.every == 0 or evaluated or step == self.total:
+            head = f"step {step}/{self.total} | {time.monotonic() - self.start:6.1f}s"
+            print(f"{head} | {status}" if status else head, file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        return None
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
