@@ -38,7 +38,8 @@ THROUGHPUTS = ("tokens_per_s", "env_steps_per_s", "steps_per_s")
 _SIMULATED_NOTE = (
     "Rows marked `sim` ran on simulated devices: torch computed on CPU, so they rank placements "
     "by how many processes share this machine's cores, not by accelerator behaviour, unless the "
-    "latency knobs (actor.latency_ms, rollout.latency_ms, env.step_latency_ms) model the devices."
+    "modelled device time of the simulate.* keys (simulate.actor_latency_ms, "
+    "simulate.rollout_latency_ms, simulate.env_step_latency_ms) stands in for the devices."
 )
 
 

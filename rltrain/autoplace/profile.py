@@ -40,6 +40,7 @@ PROFILE_VERSION = 1
 WARMUP_STEPS = 1
 #: Config sections whose values change how long a stage takes (the cache key).
 TIMING_SECTIONS = (
+    "simulate",
     "model",
     "task",
     "cluster",

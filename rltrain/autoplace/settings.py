@@ -11,10 +11,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from rltrain.config.validate import AUTO_FAMILIES
 from rltrain.errors import ConfigError
 
-#: Layout families the search knows.
-FAMILIES = ("collocated", "disaggregated", "hybrid")
+#: Layout families the search knows (the config's vocabulary).
+FAMILIES = AUTO_FAMILIES
 #: Where profiles are cached when ``placement.auto.cache_dir`` is null.
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "rltrain", "profiles")
 #: Pipeline stage counts tried for embodied runs when ``placement.auto.pipeline_stages`` is empty.
@@ -37,8 +38,7 @@ class AutoSettings:
             defaults that divide ``env.num_envs``).
         max_checked: candidates checked with the plan and preflight, fastest predicted first.
         profile_passes: times each profiling layout runs (later passes in reverse order); each
-            keeps its fastest reading. Not a config key: the benchmark asks for 2 on a shared
-            machine.
+            keeps its fastest reading (``placement.auto.profile_passes``).
     """
 
     profile_steps: int = 5
@@ -93,11 +93,13 @@ class AutoSettings:
             staleness=tuple(int(x) for x in get("staleness", d.staleness)),
             pipeline_stages=tuple(int(x) for x in get("pipeline_stages", d.pipeline_stages)),
             max_checked=int(get("max_checked", d.max_checked)),
+            profile_passes=int(get("profile_passes", d.profile_passes)),
         )
 
 
 def check_auto(run: Any) -> list[str]:
-    """Every problem of ``placement.auto.*``, each naming the key, the value and the fix.
+    """Every problem of ``placement.auto.*``, each naming the key, the value and the fix (the
+    config's own check, :func:`rltrain.config.validate.auto_problems`).
 
     Args:
         run: the run config (its ``placement.auto`` section may be absent).
@@ -105,38 +107,6 @@ def check_auto(run: Any) -> list[str]:
     Returns:
         The problems; empty when the settings are usable.
     """
-    section = getattr(getattr(run, "placement", None), "auto", None)
-    try:
-        s = AutoSettings._read(section)
-    except (TypeError, ValueError) as exc:
-        return [
-            f"placement.auto has a value of the wrong type ({exc}): see conf/placement/auto.yaml"
-        ]
-    out = []
-    if s.profile_steps < 2:
-        out.append(
-            f"placement.auto.profile_steps={s.profile_steps}: profiling needs >= 2 steps (the "
-            f"first is warm-up and not timed); use 4"
-        )
-    if not s.time_limit_s > 0:
-        out.append(f"placement.auto.time_limit_s={s.time_limit_s} must be > 0 seconds, e.g. 300")
-    unknown = [c for c in s.candidates if c not in FAMILIES]
-    if unknown or not s.candidates:
-        out.append(
-            f"placement.auto.candidates={list(s.candidates)}: give a non-empty subset of "
-            f"{list(FAMILIES)}"
-        )
-    bad = [k for k in s.staleness if k not in (0, 1)]
-    if bad or not s.staleness:
-        out.append(
-            f"placement.auto.staleness={list(s.staleness)}: give a non-empty subset of [0, 1] "
-            f"(trainer.max_staleness values to try)"
-        )
-    if any(n < 1 for n in s.pipeline_stages):
-        out.append(
-            f"placement.auto.pipeline_stages={list(s.pipeline_stages)}: stage counts are >= 1; "
-            f"leave it empty for {list(DEFAULT_STAGES)}"
-        )
-    if s.max_checked < 1:
-        out.append(f"placement.auto.max_checked={s.max_checked} must be >= 1, e.g. 32")
-    return out
+    from rltrain.config.validate import auto_problems
+
+    return list(auto_problems(getattr(getattr(run, "placement", None), "auto", None)))

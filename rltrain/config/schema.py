@@ -88,20 +88,21 @@ class AutoPlacementConfig:
     """placement=auto (rltrain.autoplace): profile short runs, predict every candidate layout's
     seconds per step, rank them, run the winner (mode=plan: print the ranking only)."""
 
-    profile_steps: int = 3  # steps per profiling run; the first is warm-up and is not timed (>= 2)
+    profile_steps: int = 5  # steps per profiling run; the first is warm-up and is not timed (>= 2)
     time_limit_s: float = 300.0  # profiling wall-clock budget over all its runs (> 0)
     # where profiles are cached by (model, task, cluster); null: ~/.cache/rltrain/profiles
     cache_dir: Optional[str] = None
     reprofile: bool = False  # ignore a cached profile and measure again
     # layout families to enumerate: any of collocated, disaggregated, hybrid
-    candidates: List[str] = field(
-        default_factory=lambda: ["collocated", "disaggregated", "hybrid"]
-    )
+    candidates: List[str] = field(default_factory=lambda: ["collocated", "disaggregated", "hybrid"])
     # trainer.max_staleness values tried where rollout and actor hold separate devices (0 and/or 1)
     staleness: List[int] = field(default_factory=lambda: [0, 1])
     # embodied: env.pipeline_stage_num values tried; empty: 1, 2, 4, 8 where env.num_envs divides
     pipeline_stages: List[int] = field(default_factory=list)
     max_checked: int = 32  # candidates checked with the plan and preflight, fastest predicted first
+    # runs of each profiling layout (later ones in reverse order); each keeps its fastest reading
+    # (2 on a machine shared with other work)
+    profile_passes: int = 1
 
 
 @dataclass
@@ -217,7 +218,6 @@ class ActorConfig:
     micro_batch_size: int = 64  # sequences per forward/backward
     zero_stage: int = 0  # deepspeed: 0-3; the plan divides optimizer state by the DP size
     gradient_checkpointing: bool = False
-    latency_ms: float = 0.0  # added per train step, to model a device on CPU (benchmarks)
 
 
 @dataclass
@@ -231,7 +231,6 @@ class RolloutConfig:
     max_new_tokens: int = 4
     gpu_memory_utilization: float = 0.3  # share of device memory a vLLM engine reserves
     max_model_len: Optional[int] = None  # vLLM: tokens per sequence; null: prompt + new tokens
-    latency_ms: float = 0.0  # added per generate call (benchmarks)
 
 
 @dataclass
@@ -268,15 +267,25 @@ class EnvConfig:
     num_envs: int = 16  # environments per rollout epoch, over all env processes
     pipeline_stage_num: int = 2  # groups of sub-environments per env process
     rollout_steps: int = 128  # env steps per environment per iteration
-    # Modelled device time (benchmarks), per sub-environment: a stage of m environments waits
-    # m * (latency + U(0, jitter)) ms per env step, and as long again for policy inference.
-    step_latency_ms: float = 0.0  # added per env step (benchmarks)
-    step_latency_jitter_ms: float = 0.0
-    policy_latency_ms: float = 0.0  # added per observation in policy inference (benchmarks)
-    policy_latency_jitter_ms: float = 0.0
     eval_episodes: int = 100  # greedy evaluation episodes (each on its own environment)
     target_return: Optional[float] = None  # stop once the greedy mean return reaches this
     lr_final_fraction: float = 1.0  # optimizer.lr decays linearly to this share by total_steps
+
+
+@dataclass
+class SimulateConfig:
+    """Modelled device time, added to the real compute, so that schedules and placements can be
+    compared on CPU as they would behave on devices (benchmarks, sweeps, placement=auto). All
+    zero (off) by default."""
+
+    actor_latency_ms: float = 0.0  # per actor update (reasoning and embodied actors)
+    rollout_latency_ms: float = 0.0  # per generate call of the reasoning rollout
+    # embodied: a pipeline stage of m environments waits m * (latency + U(0, jitter)) ms per
+    # env step, and as long again for the policy's inference of its observations
+    env_step_latency_ms: float = 0.0
+    env_step_jitter_ms: float = 0.0
+    env_policy_latency_ms: float = 0.0
+    env_policy_jitter_ms: float = 0.0
 
 
 @dataclass
@@ -336,5 +345,6 @@ class RunConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -210,7 +210,7 @@ def _placement(cfg: RunConfig) -> Iterator[str]:
             "placement.mode", p.mode, ("collocated", "disaggregated", "hybrid", "auto")
         )
     if p.mode == "auto":
-        yield from _auto(p.auto)
+        yield from auto_problems(p.auto)
     if not p.component_placement:
         yield "placement.component_placement is empty: place at least the actor, e.g. actor: all"
     for key in p.component_placement:
@@ -234,8 +234,14 @@ def _placement(cfg: RunConfig) -> Iterator[str]:
 AUTO_FAMILIES = ("collocated", "disaggregated", "hybrid")
 
 
-def _auto(a: Any) -> Iterator[str]:
-    """``placement.auto.*`` (placement=auto), each problem with the key and the fix."""
+def auto_problems(a: Any) -> Iterator[str]:
+    """``placement.auto.*`` (placement=auto), each problem with the key and the fix.
+
+    Args:
+        a: the ``placement.auto`` section (an ``AutoPlacementConfig``); None yields nothing.
+    """
+    if a is None:
+        return
     if a.profile_steps < 2:
         yield (
             f"placement.auto.profile_steps={a.profile_steps}: profiling needs >= 2 steps (the "
@@ -258,6 +264,7 @@ def _auto(a: Any) -> Iterator[str]:
             f"leave it empty for the defaults"
         )
     yield from _positive("placement.auto.max_checked", a.max_checked)
+    yield from _positive("placement.auto.profile_passes", a.profile_passes)
 
 
 @check
@@ -383,8 +390,8 @@ def _components(cfg: RunConfig) -> Iterator[str]:
     ):
         section, name = key.split(".")
         yield from _positive(key, getattr(getattr(cfg, section), name))
-    yield from _positive("actor.latency_ms", cfg.actor.latency_ms, zero_ok=True)
-    yield from _positive("rollout.latency_ms", cfg.rollout.latency_ms, zero_ok=True)
+    for key in dataclasses.fields(cfg.simulate):
+        yield from _positive(f"simulate.{key.name}", getattr(cfg.simulate, key.name), zero_ok=True)
     if cfg.actor.zero_stage not in (0, 1, 2, 3):
         yield f"actor.zero_stage={cfg.actor.zero_stage} must be 0, 1, 2 or 3"
     r = cfg.rollout
@@ -411,8 +418,6 @@ def _env(cfg: RunConfig) -> Iterator[str]:
     yield from _positive("env.pipeline_stage_num", e.pipeline_stage_num)
     yield from _positive("env.rollout_steps", e.rollout_steps)
     yield from _positive("env.eval_episodes", e.eval_episodes)
-    for key in ("step_latency", "step_latency_jitter", "policy_latency", "policy_latency_jitter"):
-        yield from _positive(f"env.{key}_ms", getattr(e, f"{key}_ms"), zero_ok=True)
     if not 0 <= e.lr_final_fraction <= 1:
         yield f"env.lr_final_fraction={e.lr_final_fraction} must be in [0, 1]"
     if e.pipeline_stage_num > 0 and e.num_envs % e.pipeline_stage_num:

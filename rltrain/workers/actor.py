@@ -140,8 +140,8 @@ class ActorWorker(Worker, ResidentState):
         """
         gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + step)
         metrics = self.engine.update(mine.to(self.device), gen)
-        if self.run.actor.latency_ms:  # models a slower device (benchmarks, sweeps)
-            time.sleep(self.run.actor.latency_ms / 1000)
+        if self.run.simulate.actor_latency_ms:  # a slower device (simulate.*)
+            time.sleep(self.run.simulate.actor_latency_ms / 1000)
         return TrainResult(metrics, self.state_bytes())
 
     # ------------------------------------------------------------------------- weight sync

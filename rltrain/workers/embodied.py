@@ -191,9 +191,9 @@ class EmbodiedRolloutWorker(Worker, ResidentState):
             started = time.perf_counter()
             with trace.span("generate", "rollout", self.device_labels):
                 answer = self.infer(msg, epoch)
-                e = self.run.env
+                sim = self.run.simulate
                 wait = latency_s(
-                    self.rng, len(msg.obs), e.policy_latency_ms, e.policy_latency_jitter_ms
+                    self.rng, len(msg.obs), sim.env_policy_latency_ms, sim.env_policy_jitter_ms
                 )
                 left = wait - (time.perf_counter() - started)
                 if left > 0:
@@ -331,6 +331,8 @@ class EmbodiedActorWorker(Worker, ResidentState):
                 before_step,
             )
             metrics["lr"] = first_lr
+        if self.run.simulate.actor_latency_ms:  # a slower device (simulate.*)
+            time.sleep(self.run.simulate.actor_latency_ms / 1000)
         return TrainResult(metrics, self.state_bytes())
 
     def lr_at(self, iteration: int, optim_step: int) -> float:

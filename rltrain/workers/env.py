@@ -367,7 +367,6 @@ class EnvWorker(Worker):
         )
 
     def _step(self, rec: _Recorder, t: int, s: int, stage: _Stage, actions: np.ndarray) -> None:
-        e = self.run.env
         started = time.perf_counter()
         if self.spec.action_kind == "continuous":
             actions = np.clip(actions, self.spec.low, self.spec.high)
@@ -388,7 +387,8 @@ class EnvWorker(Worker):
         rec.after(t, s, reward, done, cut, final)
         stage.obs = obs
         # Modelled simulator time: the step's real work counts towards it.
-        wait = latency_s(self.rng, self.m, e.step_latency_ms, e.step_latency_jitter_ms)
+        sim = self.run.simulate
+        wait = latency_s(self.rng, self.m, sim.env_step_latency_ms, sim.env_step_jitter_ms)
         left = wait - (time.perf_counter() - started)
         if left > 0:
             time.sleep(left)

@@ -51,8 +51,8 @@ class FusedWorker(ActorWorker):
         t = time.perf_counter()
         with trace.span("generate", "rollout", self.device_labels):
             batch = sample_prompts(self, prompts, step).to("cpu")
-            if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
-                time.sleep(self.run.rollout.latency_ms / 1000)
+            if self.run.simulate.rollout_latency_ms:  # a slower device (simulate.*)
+                time.sleep(self.run.simulate.rollout_latency_ms / 1000)
         times["generate"], t = time.perf_counter() - t, time.perf_counter()
         with trace.span("reward", "reward", self.device_labels):
             scores = self.rule.scores(batch)

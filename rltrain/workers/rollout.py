@@ -113,8 +113,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                     behaviour_logprobs,
                     _cancelled,
                 )
-                if self.run.rollout.latency_ms:  # models a slower device (benchmarks, sweeps)
-                    _sleep_unless_cancelled(self.run.rollout.latency_ms / 1000)
+                if self.run.simulate.rollout_latency_ms:  # a slower device (simulate.*)
+                    _sleep_unless_cancelled(self.run.simulate.rollout_latency_ms / 1000)
             except GenerationStopped:
                 return None  # nobody reads a cancelled call's result
             return batch

@@ -1,8 +1,9 @@
 """Asynchronous rollout (``trainer.max_staleness=1``) against the synchronous loop, same job.
 
 Disaggregated placement (actor on device 0, rollout on device 1). The latency knobs make each
-stage take a fixed time per step (``rollout.latency_ms`` per generate call, ``actor.latency_ms``
-per train call) with a batch so small that compute is a few ms, balanced: the synchronous loop
+stage take a fixed time per step (``simulate.rollout_latency_ms`` per generate call,
+``simulate.actor_latency_ms`` per train call) with a batch so small that compute is a few ms,
+balanced: the synchronous loop
 pays ``G + T`` per step, the pipelined one ``max(G, T)`` plus what cannot overlap (reward,
 weight export, Ray calls). The ideal ratio is 2x; goal >= 1.8x.
 
@@ -40,8 +41,8 @@ def async_rollout(quick: bool) -> Suite:
         "logging.trace=false",
         "trainer.save_every=0",
         "trainer.max_staleness=1",
-        f"rollout.latency_ms={LATENCY_MS}",
-        f"actor.latency_ms={LATENCY_MS}",
+        f"simulate.rollout_latency_ms={LATENCY_MS}",
+        f"simulate.actor_latency_ms={LATENCY_MS}",
         "trainer.train_batch_size=2",
         "rollout.n_samples_per_prompt=2",
         "rollout.max_new_tokens=1",

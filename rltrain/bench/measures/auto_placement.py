@@ -1,7 +1,8 @@
 """``placement=auto`` against every candidate measured: is the choice right, is the model right?
 
-Per scenario, on simulated devices (latency knobs model device time: ``rollout.latency_ms`` per
-generate call, ``actor.latency_ms`` per update, ``env.*_latency_ms`` per environment):
+Per scenario, on simulated devices (latency knobs model device time:
+``simulate.rollout_latency_ms`` per generate call, ``simulate.actor_latency_ms`` per update,
+``simulate.env_*_ms`` per environment):
 
 1. :func:`rltrain.autoplace.choose` profiles the scenario from scratch (its own cache
    directory, so nothing is reused between scenarios or runs; two passes, each layout keeping
@@ -72,12 +73,22 @@ class Scenario:
 SCENARIOS = (
     Scenario(
         "generation-heavy",
-        ("placement=auto", "rollout.latency_ms=1200", "actor.latency_ms=400", *SMALL_BATCH),
+        (
+            "placement=auto",
+            "simulate.rollout_latency_ms=1200",
+            "simulate.actor_latency_ms=400",
+            *SMALL_BATCH,
+        ),
         "generate 1.2 s, update 0.4 s per step",
     ),
     Scenario(
         "training-heavy",
-        ("placement=auto", "rollout.latency_ms=400", "actor.latency_ms=1200", *SMALL_BATCH),
+        (
+            "placement=auto",
+            "simulate.rollout_latency_ms=400",
+            "simulate.actor_latency_ms=1200",
+            *SMALL_BATCH,
+        ),
         "generate 0.4 s, update 1.2 s per step",
     ),
     Scenario(
@@ -86,8 +97,8 @@ SCENARIOS = (
             "placement=auto",
             "cluster.device_memory_gib=0.0371",
             "actor.micro_batch_size=128",
-            "rollout.latency_ms=800",
-            "actor.latency_ms=400",
+            "simulate.rollout_latency_ms=800",
+            "simulate.actor_latency_ms=400",
         ),
         "38 MiB devices, default batch (8 x 16), micro-batches of 128: one actor rank and "
         "fusing do not fit; generate 0.8 s, update 0.4 s",
@@ -98,8 +109,8 @@ SCENARIOS = (
             "experiment=cartpole_collocated",
             "env.num_envs=16",
             "env.rollout_steps=8",
-            "env.step_latency_ms=20",
-            "env.policy_latency_ms=20",
+            "simulate.env_step_latency_ms=20",
+            "simulate.env_policy_latency_ms=20",
             "algorithm.ppo_epochs=2",
             "algorithm.num_minibatches=2",
             "placement.auto.pipeline_stages=[1,2,4]",

@@ -2,9 +2,10 @@
 
 The hybrid layout of ``experiment=cartpole_hybrid``: one env process on device 0 and one rollout
 process on device 1, exchanging observations and actions through the runtime's channels. The
-latency knobs model device time per environment (``env.step_latency_ms`` per sub-environment step,
-``env.policy_latency_ms`` per observation inferred), balanced, so a stage of ``m`` environments
-costs ``m x latency`` on either side and the real work of CartPole and a tiny MLP is negligible.
+latency knobs model device time per environment (``simulate.env_step_latency_ms`` per
+sub-environment step, ``simulate.env_policy_latency_ms`` per observation inferred), balanced, so
+a stage of ``m`` environments costs ``m x latency`` on either side and the real work of CartPole
+and a tiny MLP is negligible.
 
 - ``sequential (1 stage)`` (baseline): all ``M`` environments in one stage; env and rollout take
   turns, each waiting for the other.
@@ -47,8 +48,8 @@ def _compose(stages: int, envs: int, steps: int, latency_ms: float) -> Any:
         f"env.num_envs={envs}",
         f"env.pipeline_stage_num={stages}",
         f"env.rollout_steps={steps}",
-        f"env.step_latency_ms={latency_ms}",
-        f"env.policy_latency_ms={latency_ms}",
+        f"simulate.env_step_latency_ms={latency_ms}",
+        f"simulate.env_policy_latency_ms={latency_ms}",
         "logging.progress=false",
     ]
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):

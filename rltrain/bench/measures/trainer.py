@@ -6,12 +6,12 @@ the same run. The cases time end to end (Ray and worker start-up included); the 
 the training part alone (first step to the evaluation that reached the target) and its ratio.
 
 ``framework_share``: training steps when generation and update each do 100 ms of work (the
-latency knobs ``rollout.latency_ms`` and ``actor.latency_ms``) on a batch so small that the real
-compute is a few ms, with the shipped collocated default (actor, rollout and reward fused in one
-process per device, ``placement.fuse``). The baseline is the *same work without the framework*:
-the same fused worker class built in the driver process and its ``step`` called with the same
-knobs. ``1 - baseline / step`` is the share of a step the framework adds: the Ray call, the
-driver loop, the residency lease.
+latency knobs ``simulate.rollout_latency_ms`` and ``simulate.actor_latency_ms``) on a batch so
+small that the real compute is a few ms, with the shipped collocated default (actor, rollout and
+reward fused in one process per device, ``placement.fuse``). The baseline is the *same work
+without the framework*: the same fused worker class built in the driver process and its ``step``
+called with the same knobs. ``1 - baseline / step`` is the share of a step the framework adds:
+the Ray call, the driver loop, the residency lease.
 
 ``framework_share_turns``: the same for separate actor, rollout and reward processes taking turns
 (``placement.fuse=false``): baseline the same three worker classes called in sequence in one
@@ -226,8 +226,8 @@ def _latency_run(*overrides: str):
     """The framework-share run: 100 ms per stage on top of a few ms of real compute."""
     return compose(
         *_quiet(),
-        f"rollout.latency_ms={LATENCY_MS}",
-        f"actor.latency_ms={LATENCY_MS}",
+        f"simulate.rollout_latency_ms={LATENCY_MS}",
+        f"simulate.actor_latency_ms={LATENCY_MS}",
         "trainer.train_batch_size=2",
         "rollout.n_samples_per_prompt=2",
         "rollout.max_new_tokens=1",

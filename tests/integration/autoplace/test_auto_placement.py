@@ -19,8 +19,8 @@ from rltrain.runners.reasoning import run_reasoning
 
 KNOBS = (
     "placement=auto",
-    "rollout.latency_ms=1000",
-    "actor.latency_ms=500",
+    "simulate.rollout_latency_ms=1000",
+    "simulate.actor_latency_ms=500",
     "trainer.train_batch_size=2",
     "rollout.n_samples_per_prompt=2",
     "rollout.max_new_tokens=1",

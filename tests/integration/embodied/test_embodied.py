@@ -27,7 +27,7 @@ SHORT = (
 )
 #: Modelled device time: 2 environments per stage x 40 ms, for env steps and inference alike
 #: (well above the ~40 ms channel round trip of a loaded 2-core machine).
-LATENCY = ("env.step_latency_ms=40", "env.policy_latency_ms=40")
+LATENCY = ("simulate.env_step_latency_ms=40", "simulate.env_policy_latency_ms=40")
 
 
 def compose_run(*overrides: str):

@@ -23,8 +23,8 @@ SHORT = (
     "trainer.eval_every=0",
     "trainer.train_batch_size=4",
     "logging.progress=false",
-    "rollout.latency_ms=300",
-    "actor.latency_ms=300",
+    "simulate.rollout_latency_ms=300",
+    "simulate.actor_latency_ms=300",
 )
 
 
@@ -111,7 +111,7 @@ def test_restart_discards_generations_running_at_a_weight_swap(ray_session, tmp_
         "trainer.total_steps=3",
         "trainer.max_staleness=1",
         "trainer.partial_rollout=restart",
-        f"rollout.latency_ms={latency_ms}",
+        f"simulate.rollout_latency_ms={latency_ms}",
     )
     summary = run_reasoning(run, str(tmp_path))
     assert summary["status"] == "completed" and summary["steps"] == 3

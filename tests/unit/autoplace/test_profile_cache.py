@@ -44,7 +44,9 @@ def test_key_changes_with_timing_settings_not_with_placement():
         trainer=dataclasses.replace(run.trainer, max_staleness=1, total_steps=7),
     )
     assert profile_key(other_layout) == key
-    slower = dataclasses.replace(run, rollout=dataclasses.replace(run.rollout, latency_ms=5.0))
+    slower = dataclasses.replace(
+        run, simulate=dataclasses.replace(run.simulate, rollout_latency_ms=5.0)
+    )
     bigger = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, devices_per_node=8))
     batch = dataclasses.replace(run, trainer=dataclasses.replace(run.trainer, train_batch_size=4))
     assert len({key, profile_key(slower), profile_key(bigger), profile_key(batch)}) == 4

@@ -91,12 +91,12 @@ def test_config_checks_name_the_env_keys():
         compose_run(
             "experiment=cartpole_hybrid",
             "env.num_envs=5",
-            "env.policy_latency_ms=-1",
+            "simulate.env_policy_latency_ms=-1",
             "env.lr_final_fraction=2",
         )
     text = str(err.value)
     assert "env.num_envs=5 is not divisible by env.pipeline_stage_num=2" in text
-    assert "env.policy_latency_ms=-1" in text and "env.lr_final_fraction=2" in text
+    assert "simulate.env_policy_latency_ms=-1" in text and "env.lr_final_fraction=2" in text
 
 
 def test_components_the_runner_cannot_use_are_refused_before_ray(tmp_path):
