@@ -33,7 +33,32 @@ NOT_READERS = ("rltrain/config/", "rltrain/bench/")
 
 #: Keys read by name rather than attribute (``get("devices_per_node")``, ``getattr(cfg, name)``):
 #: key -> the modules that read them. A test checks each module's source names the field.
-DYNAMIC_READERS: dict[str, tuple[str, ...]] = {}
+DYNAMIC_READERS: dict[str, tuple[str, ...]] = {
+    # UpdateSettings.from_config reads the algorithm's fields by a list of names
+    **{
+        f"algorithm.{k}": ("rltrain/algorithms/update",)
+        for k in ("norm_adv_by_std", "kl_estimator", "loss_agg")
+    },
+    # the task section is passed around as ``cfg`` (rltrain/tasks/build.py assembles the task)
+    **{
+        f"task.{k}": ("rltrain/tasks/build",)
+        for k in (
+            "num_train",
+            "num_eval",
+            "max_operand",
+            "system_prompt",
+            "prompt_key",
+            "answer_key",
+        )
+    },
+    # the plan sizes every model-parallel section by name (placement/plan.py), and the engine
+    # checks refuse what the engines cannot run
+    "rollout.pipeline_parallel_size": ("rltrain/placement/plan", "rltrain/runners/fusion"),
+    "inference.tensor_parallel_size": ("rltrain/placement/plan",),
+    "inference.pipeline_parallel_size": ("rltrain/placement/plan",),
+    # placement=auto reads its section by name (AutoSettings)
+    "placement.auto": ("rltrain/autoplace/settings",),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,9 +137,10 @@ def _sections() -> dict[str, type]:
 class _Readers(ast.NodeVisitor):
     """Collects ``(section, field)`` pairs a module reads."""
 
-    def __init__(self, sections: dict[str, str]) -> None:
+    def __init__(self, sections: dict[str, str], field_owners: dict[str, tuple[str, ...]]) -> None:
         self.sections = set(sections.values())
         self.by_class = sections  # "ModelConfig" -> "model"
+        self.field_owners = field_owners  # "temp_dir" -> ("cluster",)
         self.found: set[tuple[str, str]] = set()
         self.aliases: list[dict[str, str]] = [{}]
 
@@ -156,19 +182,40 @@ class _Readers(ast.NodeVisitor):
                 if inner.id in scope:
                     self.found.add((scope[inner.id], node.attr))
                     break
+            else:  # a name that says which section it holds: task_cfg, logging_cfg, ...
+                for section in self.sections:
+                    if inner.id in (f"{section}_cfg", f"{section}_config"):
+                        self.found.add((section, node.attr))
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        # reads by name: _get(config, "temp_dir"), cfg.get("cpus_per_node"), getattr(c, "x")
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if name in ("_get", "get", "getattr", "select"):
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    owners = self.field_owners.get(arg.value.rsplit(".", 1)[-1], ())
+                    if len(owners) == 1:
+                        self.found.add((owners[0], arg.value.rsplit(".", 1)[-1]))
         self.generic_visit(node)
 
 
 def find_readers() -> dict[str, set[str]]:
     """``section.field`` -> the modules (paths without ``.py``) that read it."""
     sections = {cls.__name__: name for name, cls in _sections().items()}
+    owners: dict[str, list[str]] = defaultdict(list)
+    for name, cls in _sections().items():
+        for f in dataclasses.fields(cls):
+            owners[f.name].append(name)
+    field_owners = {k: tuple(v) for k, v in owners.items()}
     readers: dict[str, set[str]] = defaultdict(set)
     for top in SOURCES:
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if rel.startswith(NOT_READERS):
                 continue
-            visitor = _Readers(sections)
+            visitor = _Readers(sections, field_owners)
             visitor.visit(ast.parse(path.read_text()))
             for section, name in visitor.found:
                 readers[f"{section}.{name}"].add(rel[: -len(".py")])
@@ -193,6 +240,14 @@ def keys() -> list[Key]:
         for sf in dataclasses.fields(section):
             annotation, note = docs.get((section.__name__, sf.name), ("", ""))
             key = f"{f.name}.{sf.name}"
+            nested = sf.default_factory
+            if nested is not dataclasses.MISSING and dataclasses.is_dataclass(nested):
+                for nf in dataclasses.fields(nested):  # placement.auto.*: read as a section
+                    n_ann, n_note = docs.get((nested.__name__, nf.name), ("", ""))
+                    n_key = f"{key}.{nf.name}"
+                    n_readers = readers.get(n_key) or readers.get(key) or ()
+                    out.append(Key(n_key, n_ann, _default(nf), n_note, tuple(sorted(n_readers))))
+                continue
             out.append(Key(key, annotation, _default(sf), note, tuple(sorted(readers[key]))))
     return out
 

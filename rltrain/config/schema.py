@@ -56,6 +56,7 @@ class ClusterConfig:
     device_memory_gib: float = 4.0  # capacity per device (simulated; discovered on GPUs)
     simulate_devices: bool = True  # declare logical devices when the node has no GPU
     cpus_per_node: Optional[float] = None  # CPUs Ray may schedule per node; null: all cores
+    # labelled subsets of nodes placements may address
     node_groups: List[NodeGroupConfig] = field(default_factory=list)
     node_order: str = "head_first"  # how discovered nodes get ranks: head_first | ip | label
     runtime_env: Dict[str, Any] = field(default_factory=dict)  # Ray runtime_env for workers
@@ -131,11 +132,12 @@ class ModelConfig:
     path: Optional[str] = None  # local HF checkpoint directory; null: build from the fields below
     tokenizer_path: Optional[str] = None  # null: the checkpoint's, or the built-in tokenizer
     family: str = "llama"  # llama | qwen2 (when building from fields)
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 4
+    hidden_size: int = 64  # built model: hidden width
+    intermediate_size: int = 128  # built model: MLP width
+    num_layers: int = 2  # built model: transformer layers
+    num_heads: int = 4  # built model: attention heads
+    num_kv_heads: int = 4  # built model: key/value heads (grouped-query attention)
+    # built model: longest sequence; caps the plan's sequence length
     max_position_embeddings: int = 64
     # embedding rows; null: the tokenizer's size (a larger value pads the embedding, as real
     # checkpoints do; a smaller one is refused)
@@ -148,13 +150,14 @@ class ModelConfig:
 
 @dataclass
 class OptimizerConfig:
+    # adamw | deepspeed_adamw (DeepSpeed's fused Adam, with actor.backend=deepspeed)
     name: str = "adamw"
-    lr: float = 3e-4
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    lr: float = 3e-4  # actor learning rate (after warmup)
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam's two betas
+    eps: float = 1e-8  # Adam's epsilon
+    weight_decay: float = 0.0  # decoupled weight decay (AdamW)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # optimizer steps of linear learning-rate warmup from 0
 
 
 # ------------------------------------------------------------------------------------- algorithm
@@ -164,20 +167,20 @@ class AlgorithmConfig:
 
     advantage_estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp | gae
     norm_adv_by_std: bool = True  # GRPO divides by the group std; Dr. GRPO does not
-    kl_coef: float = 0.0
+    kl_coef: float = 0.0  # weight of the KL to the reference policy (> 0 needs a reference)
     kl_estimator: str = "k3"  # k1 | k2 | k3
     kl_in: str = "loss"  # loss | reward
     clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
-    clip_high: float = 0.2
+    clip_high: float = 0.2  # upper clip of the ratio (DAPO's clip-higher when > clip_low)
     # token_mean | seq_mean_token_sum | seq_mean_token_mean | seq_mean_token_sum_norm (Dr. GRPO)
     loss_agg: str = "token_mean"
-    entropy_coef: float = 0.0
+    entropy_coef: float = 0.0  # entropy bonus weight
     ppo_epochs: int = 1  # passes over each rollout batch
     num_minibatches: int = 1  # optimizer steps per epoch
     gamma: float = 1.0  # GAE discount
     lam: float = 1.0  # GAE lambda
     value_clip: float = 0.2  # PPO value clipping
-    value_coef: float = 0.5
+    value_coef: float = 0.5  # PPO value-loss weight
 
 
 # ------------------------------------------------------------------------------------------ task
@@ -186,7 +189,7 @@ class TaskConfig:
     """What the policy learns. Built-in tasks generate their data from ``seed``."""
 
     name: str = "arithmetic"  # arithmetic | jsonl | gym
-    seed: int = 0
+    seed: int = 0  # seeds the built-in data and the train/eval split
     num_train: int = 0  # prompts generated for training; 0: every prompt the task defines
     num_eval: int = 0  # held-out prompts for greedy evaluation; 0: the task's default
     max_operand: int = 4  # arithmetic: operands are 0..max_operand
@@ -199,8 +202,9 @@ class TaskConfig:
     # write a built-in synthetic data set first (gsm8k_tiny): its train/eval parquet files to
     # task.path / task.eval_path and its BPE tokenizer to model.tokenizer_path, when missing
     generate: Optional[str] = None
+    # dataset field of the prompt (a string or {role, content} messages; a.b: nested)
     prompt_key: str = "prompt"
-    answer_key: str = "answer"
+    answer_key: str = "answer"  # dataset field of the reference answer
     reward_fn: Optional[str] = None  # dotted path "pkg.module:function"; null: the task's own
     # prompt tokens a row may hold (chat template applied); longer rows are refused when the
     # dataset is checked, and the plan sizes activations and KV cache from it
@@ -213,22 +217,22 @@ class TaskConfig:
 @dataclass
 class ActorConfig:
     backend: str = "torch"  # torch | deepspeed
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # 1 only: the torch and DeepSpeed engines do not shard by TP
+    pipeline_parallel_size: int = 1  # 1 only: no pipeline parallelism in the training engines
     micro_batch_size: int = 64  # sequences per forward/backward
     zero_stage: int = 0  # deepspeed: 0-3; the plan divides optimizer state by the DP size
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory)
 
 
 @dataclass
 class RolloutConfig:
     backend: str = "torch"  # torch | vllm
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # GPUs per vLLM engine (torch engine: 1)
+    pipeline_parallel_size: int = 1  # 1 only
     n_samples_per_prompt: int = 16  # group size for GRPO-style estimators
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 4
+    temperature: float = 1.0  # sampling temperature
+    top_p: float = 1.0  # nucleus sampling mass
+    max_new_tokens: int = 4  # response budget in tokens
     gpu_memory_utilization: float = 0.3  # share of device memory a vLLM engine reserves
     max_model_len: Optional[int] = None  # vLLM: tokens per sequence; null: prompt + new tokens
 
@@ -237,14 +241,14 @@ class RolloutConfig:
 class InferenceConfig:
     """Log-prob recomputation on its own devices (disaggregated layouts)."""
 
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    micro_batch_size: int = 64
+    tensor_parallel_size: int = 1  # 1 only: the inference worker holds the whole model
+    pipeline_parallel_size: int = 1  # 1 only
+    micro_batch_size: int = 64  # sequences per forward
 
 
 @dataclass
 class ReferenceConfig:
-    micro_batch_size: int = 64
+    micro_batch_size: int = 64  # sequences per forward
 
 
 @dataclass
@@ -256,8 +260,8 @@ class RewardConfig:
 
 @dataclass
 class CriticConfig:
-    lr: float = 1e-3
-    micro_batch_size: int = 64
+    lr: float = 1e-3  # critic learning rate
+    micro_batch_size: int = 64  # sequences per forward/backward
 
 
 @dataclass
@@ -283,9 +287,9 @@ class SimulateConfig:
     # embodied: a pipeline stage of m environments waits m * (latency + U(0, jitter)) ms per
     # env step, and as long again for the policy's inference of its observations
     env_step_latency_ms: float = 0.0
-    env_step_jitter_ms: float = 0.0
-    env_policy_latency_ms: float = 0.0
-    env_policy_jitter_ms: float = 0.0
+    env_step_jitter_ms: float = 0.0  # U(0, jitter) added to each env step's latency
+    env_policy_latency_ms: float = 0.0  # per observation the embodied policy infers
+    env_policy_jitter_ms: float = 0.0  # U(0, jitter) added to each inference's latency
 
 
 @dataclass
@@ -315,10 +319,10 @@ class TrainerConfig:
 @dataclass
 class LoggingConfig:
     jsonl: bool = True  # metrics.jsonl in the run directory, always on by default
-    tensorboard: bool = False
-    wandb: bool = False
-    mlflow: bool = False
-    project: str = "rltrain"
+    tensorboard: bool = False  # also log to TensorBoard (pip install 'rltrain[track]')
+    wandb: bool = False  # also log to Weights & Biases
+    mlflow: bool = False  # also log to MLflow
+    project: str = "rltrain"  # project name for W&B and MLflow
     progress: bool = True  # live progress line in the terminal
     trace: bool = True  # per-device timeline (Chrome trace JSON)
 
@@ -330,7 +334,7 @@ class RunConfig:
 
     mode: str = "train"  # train | plan
     runner: str = "reasoning"  # reasoning | embodied
-    seed: int = 1
+    seed: int = 1  # seeds sampling, data order and the built model's initialisation
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -116,5 +116,12 @@ def check_task(run: Any) -> list[str]:
             collect(problems, lambda: import_reward_fn(run.task.reward_fn))
         read_sources(run.task, problems)
         return problems
+    size = run.model.vocab_size
+    if run.model.path is None and size is not None and size < len(tokenizer):
+        problems.append(
+            f"model.vocab_size={size} is smaller than the tokenizer's {len(tokenizer)} tokens "
+            f"({tokenizer_source(run.model)}): give at least {len(tokenizer)}, or null for "
+            f"exactly the tokenizer's size"
+        )
     assemble(run.task, tokenizer, problems, tokenizer_source(run.model))
     return problems

@@ -41,7 +41,8 @@ def tiny_model_config(model_cfg: Any, tokenizer: Any) -> Any:
         A ``LlamaConfig`` or ``Qwen2Config``.
 
     Raises:
-        ConfigError: an unknown ``model.family``.
+        ConfigError: an unknown ``model.family``, or ``model.vocab_size`` below the tokenizer's
+            size.
     """
     from transformers import LlamaConfig, Qwen2Config
 
@@ -50,8 +51,16 @@ def tiny_model_config(model_cfg: Any, tokenizer: Any) -> Any:
         raise ConfigError(
             f"model.family={model_cfg.family!r} is not valid: choose one of {list(families)}"
         )
+    vocab = len(tokenizer)
+    if model_cfg.vocab_size is not None:
+        if model_cfg.vocab_size < vocab:
+            raise ConfigError(
+                f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's {vocab} "
+                f"tokens: give at least {vocab}, or null for the tokenizer's size"
+            )
+        vocab = model_cfg.vocab_size  # padded rows, as real checkpoints have
     return families[model_cfg.family](
-        vocab_size=len(tokenizer),
+        vocab_size=vocab,
         hidden_size=model_cfg.hidden_size,
         intermediate_size=model_cfg.intermediate_size,
         num_hidden_layers=model_cfg.num_layers,
@@ -61,7 +70,7 @@ def tiny_model_config(model_cfg: Any, tokenizer: Any) -> Any:
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=model_cfg.tie_word_embeddings,
     )
 
 

@@ -77,3 +77,18 @@ def test_bad_model_paths_name_the_key(tmp_path: pathlib.Path):
         build_tokenizer(ModelConfig(path=str(tmp_path)))
     with pytest.raises(ConfigError, match="model.dtype='float8'"):
         build_model(ModelConfig(dtype="float8"))
+
+
+def test_vocab_size_pads_the_embedding_and_tie_shares_the_head():
+    cfg = ModelConfig(vocab_size=100, tie_word_embeddings=True, **SMALL)
+    model = build_model(cfg)
+    assert model.get_input_embeddings().weight.shape[0] == 100
+    assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    untied = build_model(ModelConfig(**SMALL))
+    assert untied.get_input_embeddings().weight.shape[0] == len(build_tokenizer(ModelConfig()))
+    assert untied.lm_head.weight.data_ptr() != untied.get_input_embeddings().weight.data_ptr()
+
+
+def test_a_vocab_smaller_than_the_tokenizer_is_refused():
+    with pytest.raises(ConfigError, match="model.vocab_size=5 is smaller"):
+        build_model(ModelConfig(vocab_size=5, **SMALL))
