@@ -69,7 +69,7 @@ def test_run_timeline_from_real_workers(cluster, tmp_path):
     assert summary["processes"]["driver"]["wait_s"] == pytest.approx(summary["window_s"])
     assert timeline.read_utilization(tmp_path) == json.loads(json.dumps(summary))
 
-    from rltrain import trace as render
+    from rltrain.telemetry import draw as render
 
     assert render.main([str(tmp_path)]) == 0
     assert (tmp_path / timeline.TRACE_PNG).stat().st_size > 1000
