@@ -215,11 +215,28 @@ class TaskConfig:
 
 # ------------------------------------------------------------------------------------ components
 @dataclass
+class LoraConfig:
+    """LoRA adapters (peft) on the policy: ``rank > 0`` trains the adapters only."""
+
+    rank: int = 0  # adapter rank; 0: train the full model
+    alpha: float = 16.0  # adapter scale numerator (scale = alpha / rank)
+    dropout: float = 0.0  # dropout on the adapters' input while training
+    # module names (suffixes) that get adapters
+    target_modules: List[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+
+
+@dataclass
 class ActorConfig:
     backend: str = "torch"  # torch | deepspeed
     tensor_parallel_size: int = 1  # 1 only: the torch and DeepSpeed engines do not shard by TP
     pipeline_parallel_size: int = 1  # 1 only: no pipeline parallelism in the training engines
     micro_batch_size: int = 64  # sequences per forward/backward
+    # tokens (prompt + response, padded) per forward/backward: micro-batches formed by a token
+    # budget instead of micro_batch_size rows; null: fixed micro_batch_size rows
+    max_tokens_per_micro_batch: Optional[int] = None
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters instead of full training
     zero_stage: int = 0  # deepspeed: 0-3; the plan divides optimizer state by the DP size
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory)
 
