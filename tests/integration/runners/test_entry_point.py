@@ -32,15 +32,24 @@ def _run_dirs(cwd: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p.parent for p in cwd.glob("outputs/*/*/.hydra"))
 
 
-@pytest.mark.timeout(480)
-def test_readme_main_command_runs_and_writes_its_outputs(tmp_path):
-    out = rltrain(tmp_path, "trainer.total_steps=2", "trainer.eval_every=2")
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory) -> pathlib.Path:
+    """The README's main command, 3 steps: its outputs, and the uninterrupted run the crash test
+    compares with (the last step is always evaluated)."""
+    run_dir = tmp_path_factory.mktemp("main")
+    out = rltrain(run_dir, "trainer.total_steps=3", "trainer.eval_every=0")
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] == 2
+    return run_dir
+
+
+@pytest.mark.timeout(480)
+def test_readme_main_command_runs_and_writes_its_outputs(main_run):
+    summary = json.loads((main_run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 3
     assert summary["placement_mode"] == "collocated"
     for name in ("metrics.jsonl", "reward_curve.png", "trace.json", "utilization.json"):
-        assert (tmp_path / name).is_file(), name
+        assert (main_run / name).is_file(), name
+    assert "eval/accuracy" in read_metrics(str(main_run / "metrics.jsonl"))[-1]
 
 
 def _latest(run_dir: pathlib.Path) -> str | None:
@@ -51,15 +60,12 @@ def _latest(run_dir: pathlib.Path) -> str | None:
 
 
 @pytest.mark.timeout(900)
-def test_resume_after_sigkill_reproduces_the_next_step(tmp_path):
+def test_resume_after_sigkill_reproduces_the_next_step(main_run, tmp_path):
     """SIGKILL of the driver, then the same command again with trainer.resume=auto: the new
     invocation (Hydra gives it a new run directory) finds the killed run's last checkpoint and
     reproduces the uninterrupted run's next step."""
-    steady, work = tmp_path / "steady", tmp_path / "work"
+    steady, work = main_run, tmp_path / "work"
     work.mkdir()
-    out = rltrain(steady, "trainer.total_steps=3", "trainer.eval_every=0")
-    assert out.returncode == 0, out.stderr[-3000:]
-
     proc = rltrain(None, "trainer.total_steps=60", "trainer.save_every=2",
                    "trainer.eval_every=0", wait=False, cwd=work)
     deadline = time.monotonic() + 400
