@@ -475,7 +475,7 @@ class Channel:
             ) from None
         channel = cls(name, maxsize, actor, inline_bytes)
         if cluster is not None:
-            cluster._track_channel(channel)
+            cluster.register_channel(channel)
         return channel
 
     @classmethod
@@ -637,7 +637,8 @@ class Channel:
         """Close: blocked and later puts and empty gets raise :class:`ChannelClosedError`."""
         self._call(self._actor.close.remote())
 
-    def _kill(self) -> None:
+    def terminate(self) -> None:
+        """Kill the channel's actor at once (job teardown); items in it are lost."""
         try:
             ray.kill(self._actor)
         except Exception:  # already gone

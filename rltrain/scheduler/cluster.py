@@ -277,13 +277,18 @@ class Cluster:
         return res
 
     # --------------------------------------------------------------- registry
-    def _track_group(self, group: WorkerGroup[Any]) -> None:
+    # Worker groups and channels register here when launched, so the job can tear everything
+    # down (release) and a failure can take its linked groups with it.
+    def register_group(self, group: WorkerGroup[Any]) -> None:
+        """Track a launched group (its launcher calls this)."""
         self._groups.append(group)
 
-    def _forget_group(self, group: WorkerGroup[Any]) -> None:
-        self._groups = [g for g in self._groups if g._state is not group._state]
+    def forget_group(self, group: WorkerGroup[Any]) -> None:
+        """Stop tracking a group that was shut down (every view of it)."""
+        self._groups = [g for g in self._groups if not g.same_group(group)]
 
-    def _track_channel(self, channel: Channel) -> None:
+    def register_channel(self, channel: Channel) -> None:
+        """Track a created channel (its constructor calls this)."""
         self._channels.append(channel)
 
     def link(self, *group_names: str) -> None:
@@ -291,7 +296,8 @@ class Cluster:
         for a in group_names:
             self._links.setdefault(a, set()).update(n for n in group_names if n != a)
 
-    def _on_group_failure(self, name: str) -> None:
+    def on_group_failure(self, name: str) -> None:
+        """Tear down the group ``name`` and every group linked to it by a collective."""
         doomed, todo = set(), [name]
         while todo:
             n = todo.pop()
@@ -300,8 +306,7 @@ class Cluster:
                 todo.extend(self._links.get(n, ()))
         for g in list(self._groups):
             if g.name in doomed:
-                g._state.failed = g._state.failed or f"torn down with group {name!r}"
-                g._kill()
+                g.terminate(f"torn down with group {name!r}")
 
     @property
     def groups(self) -> list[WorkerGroup[Any]]:
@@ -324,7 +329,7 @@ class Cluster:
         for g in list(self._groups):
             g.shutdown()
         for ch in self._channels:
-            ch._kill()
+            ch.terminate()
         for res in self._reservations:
             res.remove()
         self._groups, self._channels, self._reservations = [], [], []

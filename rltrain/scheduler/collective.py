@@ -118,7 +118,7 @@ def join_collective(
 
 # ------------------------------------------------------------------ driver side
 def _rendezvous(first: WorkerGroup[Any], world_size: int, timeout_s: float) -> tuple[str, int]:
-    return first._host_call("_rltrain_open_store", world_size, timeout_s, ranks=[0]).wait(
+    return first.host_call("_rltrain_open_store", world_size, timeout_s, ranks=[0]).wait(
         timeout_s
     )[0]
 
@@ -131,12 +131,12 @@ def init_group_process_group(
     Raises:
         WorkerError: when a rank fails to join (the group is torn down).
     """
-    timeout_s = group._state.cluster.collective_timeout_s if timeout_s is None else timeout_s
+    timeout_s = group.cluster.collective_timeout_s if timeout_s is None else timeout_s
     backend = _backend([group], backend)
     world = group.world_size
     addr, port = _rendezvous(group, world, timeout_s)
     futures = [
-        group._host_call(
+        group.host_call(
             "_rltrain_init_process_group",
             ranks=[r],
             backend=backend,
@@ -177,18 +177,18 @@ def create_collective(
     """
     if not groups:
         raise WorkerError(f"create_collective({name!r}): give at least one group")
-    cluster = groups[0]._state.cluster
+    cluster = groups[0].cluster
     timeout_s = cluster.collective_timeout_s if timeout_s is None else timeout_s
     backend = _backend(groups, backend)
     cluster.link(*(g.name for g in groups))
     members = [(g, r) for g in groups for r in g.ranks]
     world = len(members)
     first, first_rank = members[0]
-    addr, port = first._host_call("_rltrain_open_store", world, timeout_s, ranks=[first_rank]).wait(
+    addr, port = first.host_call("_rltrain_open_store", world, timeout_s, ranks=[first_rank]).wait(
         timeout_s
     )[0]
     futures = [
-        g._host_call(
+        g.host_call(
             "_rltrain_join_collective",
             ranks=[r],
             name=name,

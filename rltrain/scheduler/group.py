@@ -279,8 +279,27 @@ class WorkerGroup(Generic[W]):
             raise WorkerError(f"group {self.name!r} was shut down: launch it again")
 
     # -------------------------------------------------------------- runtime calls
-    def _host_call(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kw: Any):
-        """Call a runtime method of the host on ranks (all of this view by default)."""
+    @property
+    def cluster(self) -> Any:
+        """The :class:`~rltrain.scheduler.cluster.Cluster` the group was launched on."""
+        return self._state.cluster
+
+    def same_group(self, other: WorkerGroup[Any]) -> bool:
+        """Whether ``other`` is this group or a view of it."""
+        return other._state is self._state
+
+    def host_call(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kw: Any):
+        """Call a runtime method of the worker host (``_rltrain_*``, not the worker class's).
+
+        Args:
+            method: the host method's name.
+            *args: its arguments.
+            ranks: the ranks to call (all of this view by default).
+            **kw: its keyword arguments.
+
+        Returns:
+            A :class:`GroupFuture` of the calls.
+        """
         ranks = self._ranks if ranks is None else tuple(ranks)
         self._check_usable()
         refs = [getattr(self._state.actors[r], method).remote(*args, **kw) for r in ranks]
@@ -288,7 +307,7 @@ class WorkerGroup(Generic[W]):
 
     def set_num_threads(self, n: int) -> None:
         """Set torch / OpenMP threads in every rank of this view (e.g. at a stage change)."""
-        self._host_call("_rltrain_set_num_threads", n).wait()
+        self.host_call("_rltrain_set_num_threads", n).wait()
 
     def init_process_group(self, backend: str | None = None, timeout_s: float | None = None):
         """Make a torch.distributed default process group over the whole group.
@@ -303,7 +322,7 @@ class WorkerGroup(Generic[W]):
 
     def collect_spans(self) -> list[Span]:
         """Drain the trace spans every rank recorded."""
-        return [s for spans in self._host_call("_rltrain_drain_spans").wait() for s in spans]
+        return [s for spans in self.host_call("_rltrain_drain_spans").wait() for s in spans]
 
     # ------------------------------------------------------------ failure / close
     def _fail(self, rank: int, method: str, exc: BaseException) -> WorkerError:
@@ -315,7 +334,7 @@ class WorkerGroup(Generic[W]):
         if died and info is not None:
             message += "\n" + self._node_neighbours(info)
         self._state.failed = f"rank {rank} {method!r}"
-        self._state.cluster._on_group_failure(self.name)
+        self._state.cluster.on_group_failure(self.name)
         err = WorkerError(
             message + "\nThe group and the groups sharing a collective with it were torn down."
         )
@@ -327,7 +346,7 @@ class WorkerGroup(Generic[W]):
         on_node = [
             f"{g.name} rank {i.rank}"
             for g in self._state.cluster.groups
-            for i in g._state.infos
+            for i in g.workers
             if i.node_id == info.node_id
         ]
         return (
@@ -336,6 +355,11 @@ class WorkerGroup(Generic[W]):
             f"are gone: trainer.max_restarts restarts the job from its latest checkpoint when its "
             f"plan fits the devices that remain."
         )
+
+    def terminate(self, reason: str) -> None:
+        """Mark the group failed with ``reason`` (unless it already is) and kill its actors."""
+        self._state.failed = self._state.failed or reason
+        self._kill()
 
     def _kill(self) -> None:
         for actor in self._state.actors:
@@ -352,7 +376,7 @@ class WorkerGroup(Generic[W]):
         self._kill()
         if self._state.owns_reservation:
             self._state.reservation.remove()
-        self._state.cluster._forget_group(self)
+        self._state.cluster.forget_group(self)
 
     @property
     def alive(self) -> bool:
@@ -419,7 +443,7 @@ class WorkerGroupBuilder(Generic[W]):
             reservation = cluster.reserve({name: placements}, timeout_s=timeout_s)
         state = _State(name, self.cls, cluster, placements, reservation, owns)
         group = WorkerGroup(state)
-        cluster._track_group(group)
+        cluster.register_group(group)
         try:
             self._start(group, num_threads, max_concurrency, timeout_s)
         except BaseException:
@@ -513,4 +537,4 @@ class WorkerGroupBuilder(Generic[W]):
                 f["pid"],
             )
         port = state.actors[0]._rltrain_free_port.remote()
-        group._host_call("_rltrain_set_env", {"MASTER_PORT": str(ray.get(port))}).wait(timeout)
+        group.host_call("_rltrain_set_env", {"MASTER_PORT": str(ray.get(port))}).wait(timeout)
