@@ -9,8 +9,11 @@ as it finishes, then writes ``results.json`` and ``results.md``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import traceback
 
 from rltrain.bench.harness import (
@@ -19,6 +22,7 @@ from rltrain.bench.harness import (
     connect,
     discover,
     markdown,
+    result_from_dict,
     run_measure,
     update_doc,
     write,
@@ -94,8 +98,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain.bench") -
         except ResourceError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
+    names = names or list(registry)
     try:
-        results, failed = _run(registry, names or list(registry), args.quick)
+        if address or len(names) == 1:
+            results, failed = _run(registry, names, args.quick)
+        else:
+            results, failed = _run_apart(names, args.quick)
     finally:
         if disconnect is not None:
             disconnect()
@@ -124,6 +132,29 @@ def _run(registry: dict, names: list[str], quick: bool) -> tuple[list, list[str]
             continue
         results.append(result)
         print(markdown([result]), flush=True)
+    return results, failed
+
+
+def _run_apart(names: list[str], quick: bool) -> tuple[list, list[str]]:
+    """Run each measure in a process of its own, as ``python -m rltrain.bench NAME``.
+
+    On the embedded default every measure starts the local cluster it needs (their sizes
+    differ) and keeps Ray objects for its cases; a fresh process per measure keeps one
+    measure's Ray from leaking into the next. Output streams through; results are read back.
+    """
+    results, failed = [], []
+    with tempfile.TemporaryDirectory(prefix="rltrain-bench-") as tmp:
+        for name in names:
+            out = os.path.join(tmp, name)
+            cmd = [sys.executable, "-m", "rltrain.bench", name, "--out", out]
+            code = subprocess.call(cmd + (["--quick"] if quick else []))
+            try:
+                with open(os.path.join(out, "results.json")) as f:
+                    results.extend(result_from_dict(m) for m in json.load(f)["measures"])
+            except OSError:
+                pass
+            if code != 0:
+                failed.append(name)
     return results, failed
 
 

@@ -133,6 +133,12 @@ class MeasureResult:
         return asdict(self)
 
 
+def result_from_dict(d: dict[str, Any]) -> MeasureResult:
+    """A :class:`MeasureResult` read back from ``results.json`` (:meth:`MeasureResult.to_dict`)."""
+    cases = tuple(CaseResult(**{**c, "samples": tuple(c["samples"])}) for c in d["cases"])
+    return MeasureResult(**{**d, "cases": cases})
+
+
 _REGISTRY: dict[str, Measure] = {}
 
 

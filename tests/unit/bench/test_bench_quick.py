@@ -89,3 +89,12 @@ def test_update_doc_replaces_only_its_section(tmp_path):
     harness.update_doc([r], str(doc))  # idempotent: replaced, not appended twice
     text = doc.read_text()
     assert text.count("<!-- bench:toy -->") == 1 and "keep" in text and "intro" in text
+
+
+def test_results_read_back_equal_what_was_written():
+    """``python -m rltrain.bench a b`` runs each measure in its own process and reads the
+    results back: the round trip through ``results.json`` keeps every field."""
+    clock = FakeClock([0, 1.0, 3.0, 2.0])
+    suite = Suite(cases=(Case("n=1", clock.step, size=1),), baseline="n=1", warmup=1, repeats=3)
+    r = harness.run_measure(Measure("toy", "a toy", lambda quick: suite), clock=clock)
+    assert harness.result_from_dict(json.loads(json.dumps(r.to_dict()))) == r
