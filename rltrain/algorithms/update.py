@@ -4,14 +4,18 @@
 own backward and optimizer steps); :func:`ppo_update` is the single-process loop around it and
 :func:`value_update` the critic's. A minibatch may be split into micro-batches whose gradients
 are accumulated (:func:`accumulate_step`), weighted so that the optimizer step equals the
-one-shot step on the whole minibatch.
+one-shot step on the whole minibatch: either ``micro_batch`` rows at a time
+(:func:`micro_slices`), or rows grouped under a token budget (:func:`token_micro_batches`,
+``actor.max_tokens_per_micro_batch``). Every micro-batch's forward sees only its own padded
+width (:func:`trim_padding`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,7 +169,10 @@ def actor_loss(
     if s.kl_in == "loss" and s.kl_coef > 0:
         if mb.ref_logprobs is None:
             raise ConfigError("algorithm.kl_in='loss' with kl_coef > 0 needs reference log-probs")
-        kl = aggregate(kl_penalty(logp, mb.ref_logprobs, s.kl_estimator), mask, s.loss_agg)
+        kl_tokens = kl_penalty(logp, mb.ref_logprobs, s.kl_estimator)
+        # The constant normaliser (seq_mean_token_sum_norm) is the response budget, as for the
+        # other terms, not the batch's padded width, which micro-batches trim.
+        kl = aggregate(kl_tokens, mask, s.loss_agg, s.max_new_tokens)
         loss = loss + s.kl_coef * kl
         metrics["actor/kl_loss"] = kl.item()
     return loss, metrics
@@ -201,6 +208,158 @@ def micro_slices(size: int, micro_batch: int) -> list[Tensor]:
     """
     step = size if micro_batch <= 0 else min(micro_batch, size)
     return [torch.arange(i, min(i + step, size)) for i in range(0, max(size, 1), max(step, 1))]
+
+
+def row_lengths(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
+    """Each row's prompt and response length as the padding lays them out.
+
+    A left-padded prompt runs from its first real token to the last prompt column; a
+    right-padded response runs from the first response column to its last masked-in token.
+
+    Args:
+        batch: the rows.
+
+    Returns:
+        ``(prompt_lengths, response_lengths)``, ``[B]`` long each.
+    """
+    prompt = batch.prompt_mask != 0
+    first = prompt.float().argmax(dim=1)  # the first real token (argmax takes the first max)
+    p = torch.where(prompt.any(dim=1), prompt.shape[1] - first, 0)
+    response = batch.response_mask != 0
+    after_last = response.shape[1] - response.flip(1).float().argmax(dim=1)
+    r = torch.where(response.any(dim=1), after_last, 0)
+    return p, r
+
+
+def padded_width(prompt_length: int, response_length: int) -> int:
+    """Columns a micro-batch keeps (:func:`trim_padding`) when its longest prompt and longest
+    response have these lengths: their sum, each side at least one column."""
+    return max(prompt_length, 1) + max(response_length, 1)
+
+
+def token_micro_batches(
+    prompt_lengths: Sequence[int] | Tensor,
+    response_lengths: Sequence[int] | Tensor,
+    max_tokens: int,
+    min_parts: int = 1,
+) -> list[Tensor]:
+    """Group rows into as few micro-batches as a token budget allows, balanced.
+
+    A micro-batch's cost is the tokens its forward sees: ``rows x padded width``, the width
+    being its longest prompt plus its longest response (:func:`padded_width`; prompts are
+    left-padded and responses right-padded separately, and each micro-batch is cut to its own
+    width). Rows are sorted longest first so that similar lengths share a micro-batch (little
+    padding), and cut into consecutive groups: the fewest the budget allows (at least
+    ``min_parts``), with the smallest largest cost among such cuts (balanced). Gradients do not
+    depend on the grouping: :func:`micro_weights` weighs any partition.
+
+    Args:
+        prompt_lengths: ``[B]`` prompt tokens per row (:func:`row_lengths`).
+        response_lengths: ``[B]`` response tokens per row.
+        max_tokens: the budget (``actor.max_tokens_per_micro_batch``).
+        min_parts: at least this many micro-batches (data-parallel ranks whose engines need
+            the same number of forward passes agree on the largest count), at most ``B``.
+
+    Returns:
+        Row indices of each micro-batch (ascending within one), costliest first; together a
+        partition of ``0..B-1``.
+
+    Raises:
+        ConfigError: a single row is wider than the budget.
+        ValueError: ``min_parts`` exceeds the rows.
+    """
+    p = [int(x) for x in prompt_lengths]
+    r = [int(x) for x in response_lengths]
+    n = len(p)
+    if n == 0:
+        return [torch.arange(0)]
+    if min_parts > n:
+        raise ValueError(f"{min_parts} micro-batches asked of {n} rows")
+    widths = [padded_width(a, b) for a, b in zip(p, r, strict=True)]
+    widest = max(range(n), key=lambda i: (widths[i], -i))
+    if widths[widest] > max_tokens:
+        raise ConfigError(
+            f"actor.max_tokens_per_micro_batch={max_tokens} is smaller than row {widest} alone "
+            f"({p[widest]} prompt + {r[widest]} response tokens = {widths[widest]}): set it to "
+            f"at least task.max_prompt_length + rollout.max_new_tokens"
+        )
+    order = sorted(range(n), key=lambda i: (-widths[i], i))
+
+    def cut(cap: int) -> list[list[int]]:
+        groups: list[list[int]] = [[]]
+        pmax = rmax = 0
+        for i in order:
+            wp, wr = max(pmax, p[i]), max(rmax, r[i])
+            if groups[-1] and (len(groups[-1]) + 1) * padded_width(wp, wr) > cap:
+                groups.append([])
+                wp, wr = p[i], r[i]
+            groups[-1].append(i)
+            pmax, rmax = wp, wr
+        return groups
+
+    def cost(group: list[int]) -> int:
+        return len(group) * padded_width(max(p[i] for i in group), max(r[i] for i in group))
+
+    # Greedy cuts of a sorted order are the fewest for a cap, and fewer as the cap grows:
+    # bisect for the smallest cap that needs no more micro-batches than the budget does.
+    parts = max(len(cut(max_tokens)), min_parts)
+    low, high = widths[widest], max_tokens
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if len(cut(mid)) <= parts else (mid + 1, high)
+    groups = cut(low)
+    while len(groups) < parts:  # only under min_parts: halve the costliest divisible group
+        big = max((g for g in groups if len(g) > 1), key=cost)
+        at = groups.index(big)
+        groups[at : at + 1] = [big[: len(big) // 2], big[len(big) // 2 :]]
+    groups.sort(key=cost, reverse=True)
+    return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]
+
+
+def split_rows(
+    batch: RolloutBatch, micro_batch: int = 0, max_tokens: int | None = None, min_parts: int = 1
+) -> list[Tensor]:
+    """The micro-batches of a minibatch: by token budget when ``max_tokens`` is set
+    (:func:`token_micro_batches`), else ``micro_batch`` rows at a time (:func:`micro_slices`,
+    ``min_parts`` unused)."""
+    if max_tokens is None:
+        return micro_slices(batch.size, micro_batch)
+    return token_micro_batches(*row_lengths(batch), max_tokens, min_parts)
+
+
+#: The rollout batch's ``[B, P]`` fields; every other 2-D tensor field is ``[B, R]``.
+_PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
+
+
+def trim_padding(batch: RolloutBatch) -> RolloutBatch:
+    """The rows cut to their own padded width: prompt columns that are padding in every row
+    (on the left) and response columns past every row's last token (on the right) dropped.
+
+    Exact: the dropped columns are masked out of attention and out of every loss, positions
+    count real tokens only, and a causal model's outputs at the kept columns do not depend on
+    later ones. At least one column of each side is kept.
+
+    Args:
+        batch: the rows (a micro-batch).
+
+    Returns:
+        The batch with ``[b, P']`` prompt and ``[b, R']`` per-token fields, or ``batch`` itself
+        when nothing is padding in every row.
+    """
+    big_p, big_r = batch.prompt_mask.shape[1], batch.response_mask.shape[1]
+    p, r = row_lengths(batch)
+    keep_p = min(max(int(p.max()) if batch.size else 0, 1), big_p)
+    keep_r = min(max(int(r.max()) if batch.size else 0, 1), big_r)
+    if (keep_p, keep_r) == (big_p, big_r):
+        return batch
+    cut: dict[str, Tensor] = {}
+    for f in dataclasses.fields(batch):
+        v = getattr(batch, f.name)
+        if f.name in _PROMPT_FIELDS:
+            cut[f.name] = v[:, big_p - keep_p :]
+        elif isinstance(v, Tensor) and v.dim() == 2 and v.shape[1] == big_r:
+            cut[f.name] = v[:, :keep_r]
+    return batch.replace(**cut)
 
 
 def micro_weights(response_mask: Tensor, parts: list[Tensor], loss_agg: str) -> list[float]:
@@ -247,13 +406,15 @@ def accumulate_step(
     loss_agg: str = "token_mean",
     grad_clip: float = 0.0,
     scheduler: Any = None,
+    max_tokens: int | None = None,
 ) -> dict[str, float]:
     """One optimizer step on a minibatch, its gradient accumulated over micro-batches.
 
     Each micro-batch's loss is scaled by :func:`micro_weights`, so the accumulated gradient
     (and, after clipping the global norm, the step) equals the one-shot step on the whole
     minibatch. A DistributedDataParallel ``module`` all-reduces only on the last micro-batch
-    (``no_sync`` on the others).
+    (``no_sync`` on the others), so ranks may run different numbers of micro-batches. Each
+    micro-batch is cut to its own padded width (:func:`trim_padding`).
 
     Args:
         module: the model, or its DDP wrapper.
@@ -266,12 +427,17 @@ def accumulate_step(
         grad_clip: max global gradient norm; ``<= 0`` disables clipping.
         scheduler: a learning-rate scheduler stepped after the optimizer step (the linear
             warmup of ``optimizer.warmup_steps``), or None.
+        max_tokens: a token budget per micro-batch (:func:`token_micro_batches`) instead of
+            ``micro_batch`` rows; None: rows.
 
     Returns:
         The micro-batches' metrics combined with the same weights, plus ``grad_norm`` (the
         norm before clipping).
+
+    Raises:
+        ConfigError: a row is wider than ``max_tokens``.
     """
-    parts = micro_slices(mb.size, micro_batch)
+    parts = split_rows(mb, micro_batch, max_tokens)
     weights = micro_weights(mb.response_mask, parts, loss_agg)
     no_sync = getattr(module, "no_sync", None)
     optimizer.zero_grad(set_to_none=True)
@@ -279,7 +445,8 @@ def accumulate_step(
     for i, (part, w) in enumerate(zip(parts, weights, strict=True)):
         last = i == len(parts) - 1
         with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
-            loss, metrics = loss_fn(module, mb if len(parts) == 1 else mb.select(part))
+            micro = trim_padding(mb if len(parts) == 1 else mb.select(part))
+            loss, metrics = loss_fn(module, micro)
             (loss * w).backward()
         for k, v in metrics.items():
             sums[k] += w * v
@@ -298,20 +465,36 @@ def _step(params: Any, optimizer: torch.optim.Optimizer, loss: Tensor, grad_clip
 
 @torch.no_grad()
 def behaviour_logprobs(
-    model: torch.nn.Module, batch: RolloutBatch, s: UpdateSettings, micro_batch: int = 0
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    s: UpdateSettings,
+    micro_batch: int = 0,
+    max_tokens: int | None = None,
+    min_parts: int = 1,
 ) -> Tensor:
-    """``[B, R]`` log-probs of the batch under ``model`` as it is now, ``micro_batch`` rows at a
-    time (the ``old_logprobs`` of a synchronous step)."""
-    parts = micro_slices(batch.size, micro_batch)
-    out = []
+    """``[B, R]`` log-probs of the batch under ``model`` as it is now (the ``old_logprobs`` of a
+    synchronous step).
+
+    Args:
+        model: the policy.
+        batch: the rows.
+        s: the settings (the sampling temperature).
+        micro_batch: rows per forward pass; ``<= 0``: all at once.
+        max_tokens: a token budget per forward pass instead (:func:`token_micro_batches`).
+        min_parts: at least this many forward passes under ``max_tokens``.
+
+    Returns:
+        ``[B, R]`` log-probs in the batch's row order, zero outside the response mask.
+    """
+    parts = split_rows(batch, micro_batch, max_tokens, min_parts)
+    out = torch.zeros(batch.response_mask.shape, device=batch.response_mask.device)
     for p in parts:
-        b = batch if len(parts) == 1 else batch.select(p)
-        out.append(
-            compute_logprobs(
-                model, b.input_ids, b.attention_mask, b.response_mask, temperature=s.temperature
-            )
+        b = trim_padding(batch if len(parts) == 1 else batch.select(p))
+        logp = compute_logprobs(
+            model, b.input_ids, b.attention_mask, b.response_mask, temperature=s.temperature
         )
-    return torch.cat(out)
+        out[p.to(out.device), : logp.shape[1]] = logp
+    return out
 
 
 def ppo_update(
@@ -325,6 +508,7 @@ def ppo_update(
     generator: torch.Generator | None = None,
     micro_batch: int = 0,
     scheduler: Any = None,
+    max_tokens: int | None = None,
 ) -> dict[str, float]:
     """Train on one rollout batch: ``ppo_epochs`` passes of ``num_minibatches`` steps each.
 
@@ -339,13 +523,19 @@ def ppo_update(
         micro_batch: rows per forward/backward (gradients accumulated, see
             :func:`accumulate_step`); ``<= 0``: each minibatch at once.
         scheduler: stepped after every optimizer step of the policy (warmup), or None.
+        max_tokens: padded tokens per forward/backward (``actor.max_tokens_per_micro_batch``,
+            :func:`token_micro_batches`) instead of ``micro_batch`` rows; None: rows.
 
     Returns:
         Metrics averaged over the minibatch steps.
+
+    Raises:
+        ConfigError: a row is wider than ``max_tokens``.
     """
     if batch.old_logprobs is None and (s.ppo_epochs > 1 or s.num_minibatches > 1):
         # Later steps must compare against the policy that sampled, not the updated one.
-        batch = batch.replace(old_logprobs=behaviour_logprobs(model, batch, s, micro_batch))
+        old = behaviour_logprobs(model, batch, s, micro_batch, max_tokens)
+        batch = batch.replace(old_logprobs=old)
     model.train()
     sums: dict[str, float] = defaultdict(float)
     steps = 0
@@ -361,6 +551,7 @@ def ppo_update(
                 loss_agg=s.loss_agg,
                 grad_clip=s.grad_clip,
                 scheduler=scheduler,
+                max_tokens=max_tokens,
             )
             metrics["actor/grad_norm"] = metrics.pop("grad_norm")
             if critic is not None and critic_optimizer is not None:
@@ -382,6 +573,7 @@ def value_update(
     generator: torch.Generator | None = None,
     micro_batch: int = 0,
     scheduler: Any = None,
+    max_tokens: int | None = None,
 ) -> dict[str, float]:
     """Train the critic on one rollout batch: ``ppo_epochs`` x ``num_minibatches`` steps of the
     clipped value loss (:func:`critic_loss`), as :func:`ppo_update` does for the policy.
@@ -394,6 +586,8 @@ def value_update(
         generator: shuffles the minibatches.
         micro_batch: rows per forward/backward; ``<= 0``: each minibatch at once.
         scheduler: stepped after every optimizer step (warmup), or None.
+        max_tokens: padded tokens per forward/backward instead of ``micro_batch`` rows (the
+            critic has no such key yet: its engine passes None).
 
     Returns:
         Metrics averaged over the minibatch steps: ``critic/value_loss``, ``critic/grad_norm``.
@@ -420,6 +614,7 @@ def value_update(
                 loss_agg="token_mean",
                 grad_clip=s.grad_clip,
                 scheduler=scheduler,
+                max_tokens=max_tokens,
             )
             metrics["critic/grad_norm"] = metrics.pop("grad_norm")
             for k, v in metrics.items():

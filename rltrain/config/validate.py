@@ -390,6 +390,7 @@ def _components(cfg: RunConfig) -> Iterator[str]:
     ):
         section, name = key.split(".")
         yield from _positive(key, getattr(getattr(cfg, section), name))
+    yield from _token_budget(cfg)
     for key in dataclasses.fields(cfg.simulate):
         yield from _positive(f"simulate.{key.name}", getattr(cfg.simulate, key.name), zero_ok=True)
     if cfg.actor.zero_stage not in (0, 1, 2, 3):
@@ -410,6 +411,33 @@ def _components(cfg: RunConfig) -> Iterator[str]:
     if cfg.reward.kind == "model" and not cfg.reward.model_path:
         yield "reward.kind='model' needs reward.model_path: a local reward-model checkpoint"
     yield from _env(cfg)
+
+
+def _token_budget(cfg: RunConfig) -> Iterator[str]:
+    """``actor.max_tokens_per_micro_batch`` must hold one full-length row (a longer row could
+    not be trained at all) and applies to token sequences only."""
+    budget = cfg.actor.max_tokens_per_micro_batch
+    if budget is None:
+        return
+    key = "actor.max_tokens_per_micro_batch"
+    row = cfg.task.max_prompt_length + cfg.rollout.max_new_tokens
+    if cfg.runner == "embodied":
+        yield (
+            f"{key}={budget} applies to token sequences; runner=embodied trains on environment "
+            f"steps: set it to null"
+        )
+    elif budget <= 0:
+        yield (
+            f"{key}={budget} must be > 0 (padded tokens per forward/backward), or null for "
+            f"micro-batches of actor.micro_batch_size rows"
+        )
+    elif budget < row:
+        yield (
+            f"{key}={budget} is smaller than one full-length row, task.max_prompt_length + "
+            f"rollout.max_new_tokens = {cfg.task.max_prompt_length} + "
+            f"{cfg.rollout.max_new_tokens} = {row} tokens: set it to at least {row} (a few "
+            f"times that lets short rows share a micro-batch), or null"
+        )
 
 
 def _env(cfg: RunConfig) -> Iterator[str]:
