@@ -272,7 +272,9 @@ def wrap_data_parallel(
     sync = "forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"
     ddp = DistributedDataParallel(model, device_ids=ids, **{sync: _has_running_stats(model)})
     if device.type == "cpu" and host_allreduce:
-        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        # Only trained parameters have gradients to average (LoRA: the adapters).
+        trained = [p for p in model.parameters() if p.requires_grad]
+        grad_bytes = sum(p.numel() * p.element_size() for p in trained)
         shared = HostAllReduce.connect(grad_bytes, timeout_s)
         if shared is not None:
             ddp.register_comm_hook(shared, mean_hook)

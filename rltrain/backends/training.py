@@ -7,18 +7,23 @@ residency calls; a :class:`TrainingEngine` owns the model, the optimizer and the
   actor group's default process group (gradients averaged through shared memory between CPU
   ranks of one host, :mod:`~rltrain.backends.host_allreduce`),
   :func:`~rltrain.algorithms.update.ppo_update` with each minibatch's gradient accumulated over
-  micro-batches of ``actor.micro_batch_size`` rows.
+  micro-batches of ``actor.micro_batch_size`` rows, or of at most
+  ``actor.max_tokens_per_micro_batch`` padded tokens when that is set.
 - :class:`TorchValueEngine`: the same for the PPO critic's value model (``critic.lr``,
   :func:`~rltrain.algorithms.update.value_update`).
 - :class:`DeepSpeedEngine` (``actor.backend=deepspeed``): a
   :class:`~rltrain.backends.deepspeed_engine.DeepSpeedActor` (ZeRO 1/2/3) built over the same
   process group, running the same epochs x minibatches of
   :func:`~rltrain.algorithms.update.actor_loss`, with ``actor.micro_batch_size`` micro-batches
-  accumulated by DeepSpeed.
+  accumulated by DeepSpeed (or token-budget micro-batches, the ranks agreeing on their number).
 
 Both honour ``optimizer.warmup_steps`` (a linear learning-rate warmup over the first optimizer
 steps, :func:`build_warmup`) and ``actor.gradient_checkpointing`` (activations of each decoder
 layer recomputed in the backward pass, :func:`enable_gradient_checkpointing`).
+
+With ``actor.lora.rank > 0`` :func:`build_engine` wraps the policy with LoRA adapters first
+(:mod:`~rltrain.backends.lora`): either engine then trains and hands the optimizer the adapters
+only, and ``named_weights`` exports the merged weights under the plain names.
 
 Both expose the state-mover surface (``offload`` / ``reload`` / ``resident_bytes`` /
 ``host_bytes`` / ``offloaded``) as ``engine.mover``, which the worker's residency methods drive.
@@ -40,12 +45,16 @@ from rltrain.algorithms.logprobs import compute_logprobs
 from rltrain.algorithms.update import (
     UpdateSettings,
     actor_loss,
+    behaviour_logprobs,
     micro_weights,
     minibatch_indices,
     ppo_update,
+    split_rows,
+    trim_padding,
     value_update,
 )
 from rltrain.backends.host_allreduce import wrap_data_parallel
+from rltrain.backends.lora import is_lora, merged_weights, wrap_lora
 from rltrain.backends.offload import StateMover
 from rltrain.config import resolve_offload
 from rltrain.config.schema import RunConfig
@@ -166,7 +175,8 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
 def build_adamw(
     model: torch.nn.Module, run: RunConfig, lr: float | None = None
 ) -> torch.optim.Optimizer:
-    """torch AdamW over the model's parameters with the ``optimizer.*`` settings.
+    """torch AdamW over the model's trainable parameters with the ``optimizer.*`` settings
+    (under LoRA the adapters only: the frozen base gets no optimizer state).
 
     Args:
         model: the model.
@@ -175,7 +185,7 @@ def build_adamw(
     """
     o = run.optimizer
     return torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],
         lr=o.lr if lr is None else lr,
         betas=tuple(o.betas),
         eps=o.eps,
@@ -198,9 +208,18 @@ def build_engine(
     Raises:
         ConfigError: for an unknown backend or settings DeepSpeed cannot run.
     """
+    if run.actor.lora.rank > 0:  # adapters only train (rltrain.backends.lora)
+        model = wrap_lora(model, run.actor.lora)
     if run.actor.backend == "torch":
         ckpt = run.actor.gradient_checkpointing
-        return TorchEngine(run, model.to(device), device, micro_batch, checkpointing=ckpt)
+        return TorchEngine(
+            run,
+            model.to(device),
+            device,
+            micro_batch,
+            checkpointing=ckpt,
+            max_tokens=run.actor.max_tokens_per_micro_batch,
+        )
     if run.actor.backend == "deepspeed":
         return DeepSpeedEngine(run, model, device, micro_batch, minibatch)
     raise ConfigError(
@@ -222,6 +241,8 @@ class TorchEngine:
         lr: overrides ``optimizer.lr``.
         checkpointing: recompute activations in the backward pass (``actor.
             gradient_checkpointing``).
+        max_tokens: padded tokens per forward/backward (``actor.max_tokens_per_micro_batch``)
+            instead of ``micro_batch`` rows; None: rows.
     """
 
     sharded_optimizer = False
@@ -237,12 +258,14 @@ class TorchEngine:
         micro_batch: int = 0,
         lr: float | None = None,
         checkpointing: bool = False,
+        max_tokens: int | None = None,
     ) -> None:
         self.settings = UpdateSettings.from_config(run)
         self.cluster = run.cluster
         self.device = device
         self.model = model
         self.micro_batch = micro_batch
+        self.max_tokens = max_tokens
         if checkpointing:
             enable_gradient_checkpointing(model)
         self.optimizer = build_adamw(model, run, lr)
@@ -272,11 +295,14 @@ class TorchEngine:
             generator=generator,
             micro_batch=self.micro_batch,
             scheduler=self.scheduler,
+            max_tokens=self.max_tokens,
         )
         metrics[self.lr_metric] = lr
         return metrics
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        if is_lora(self.model):  # receivers hold plain models: W + (alpha/r)·B@A, plain names
+            return merged_weights(self.model)
         return list(self.model.named_parameters())
 
     def save_optimizer(self, directory: str, rank: int) -> None:
@@ -318,11 +344,14 @@ def deepspeed_settings(run: RunConfig, micro_batch: int = 1, minibatch: int = 1)
         run: the run config.
         micro_batch: sequences per forward/backward.
         minibatch: sequences per optimizer step on one rank; DeepSpeed accumulates
-            ``ceil(minibatch / micro_batch)`` micro-batches per step.
+            ``ceil(minibatch / micro_batch)`` micro-batches per step (one per ``train_step``
+            under ``actor.max_tokens_per_micro_batch``: :class:`DeepSpeedEngine` then marks
+            the accumulation boundary itself, the number of micro-batches varying by step).
     """
     from rltrain.backends.deepspeed_engine import DeepSpeedSettings
 
     o, a = run.optimizer, run.actor
+    accum = max(1, math.ceil(minibatch / max(micro_batch, 1)))
     return DeepSpeedSettings(
         zero_stage=a.zero_stage,
         dtype=run.model.dtype,
@@ -333,7 +362,7 @@ def deepspeed_settings(run: RunConfig, micro_batch: int = 1, minibatch: int = 1)
         weight_decay=o.weight_decay,
         grad_clip=o.grad_clip,
         micro_batch_size=micro_batch,
-        grad_accum_steps=max(1, math.ceil(minibatch / max(micro_batch, 1))),
+        grad_accum_steps=1 if a.max_tokens_per_micro_batch is not None else accum,
         tensor_parallel_size=a.tensor_parallel_size,
         pipeline_parallel_size=a.pipeline_parallel_size,
         policy=resolve_offload(run.placement.offload.get("actor"), "placement.offload.actor"),
@@ -399,6 +428,7 @@ class DeepSpeedEngine:
         from rltrain.backends.deepspeed_engine import check_deepspeed_limits
 
         self.settings = UpdateSettings.from_config(run)
+        self.max_tokens = run.actor.max_tokens_per_micro_batch
         self.ds_settings = deepspeed_settings(run, micro_batch, minibatch)
         check_deepspeed_limits(self.ds_settings, on_gpu=device.type == "cuda")
         apply_extensions_dir(run)
@@ -457,14 +487,18 @@ class DeepSpeedEngine:
         s, actor = self.settings, self.actor
         if batch.old_logprobs is None and (s.ppo_epochs > 1 or s.num_minibatches > 1):
             # Later steps compare against the policy that sampled, not the updated one.
-            with torch.no_grad():
-                old = compute_logprobs(
-                    actor.engine,
-                    batch.input_ids,
-                    batch.attention_mask,
-                    batch.response_mask,
-                    temperature=s.temperature,
-                )
+            if self.max_tokens is not None:
+                parts = self._agreed_parts(batch)
+                old = behaviour_logprobs(actor.engine, batch, s, 0, self.max_tokens, parts)
+            else:
+                with torch.no_grad():
+                    old = compute_logprobs(
+                        actor.engine,
+                        batch.input_ids,
+                        batch.attention_mask,
+                        batch.response_mask,
+                        temperature=s.temperature,
+                    )
             batch = batch.replace(old_logprobs=old)
         sums: dict[str, float] = defaultdict(float)
         steps = 0
@@ -478,8 +512,51 @@ class DeepSpeedEngine:
         out["actor/lr"] = lr
         return out
 
+    def _agreed_parts(self, mb: RolloutBatch) -> int:
+        """Token-budget micro-batches every rank runs on its minibatch: the most any rank needs.
+
+        ZeRO-2 reduces gradients in every backward pass and ZeRO-3 gathers weights in every
+        forward pass, so all ranks must take the same number of passes.
+        """
+        parts = len(split_rows(mb, max_tokens=self.max_tokens))
+        dist = torch.distributed
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            most = torch.tensor([parts], device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            parts = int(most.item())
+        return parts
+
+    def _budget_step(self, mb: RolloutBatch) -> dict[str, float]:
+        """One optimizer step over micro-batches of ``actor.max_tokens_per_micro_batch`` tokens.
+
+        The engine was built to accumulate one micro-batch per step (so it scales no loss);
+        marking the boundary before each micro-batch makes it accumulate over all of them and
+        step the optimizer after the last. Each loss weighs its share of the minibatch
+        (:func:`micro_weights`), so the step equals the one-shot step.
+        """
+        parts = split_rows(mb, max_tokens=self.max_tokens, min_parts=self._agreed_parts(mb))
+        weights = micro_weights(mb.response_mask, parts, self.settings.loss_agg)
+        sums: dict[str, float] = defaultdict(float)
+        for i, (part, w) in enumerate(zip(parts, weights, strict=True)):
+
+            def loss_fn(engine: torch.nn.Module, micro: RolloutBatch, w: float = w) -> torch.Tensor:
+                loss, metrics = actor_loss(engine, micro, self.settings)
+                for k, v in metrics.items():
+                    sums[k] += w * v
+                return loss * w
+
+            self.actor.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
+            self.actor.train_step([trim_padding(mb.select(part))], loss_fn)
+        out = dict(sums)
+        norm = self.actor.engine.get_global_grad_norm()
+        if norm is not None:
+            out["actor/grad_norm"] = float(norm)
+        return out
+
     def _step(self, mb: RolloutBatch) -> dict[str, float]:
         """One optimizer step over the minibatch, split into the configured micro-batches."""
+        if self.max_tokens is not None:
+            return self._budget_step(mb)
         parts = torch.tensor_split(torch.arange(mb.size), self.ds_settings.grad_accum_steps)
         seen: list[dict[str, float]] = []
         # DeepSpeed divides every micro-batch's loss by their number; a token-mean loss must
@@ -494,7 +571,7 @@ class DeepSpeedEngine:
             seen.append(metrics)
             return loss * next(scale)
 
-        self.actor.train_step([mb.select(p) for p in parts], loss_fn)
+        self.actor.train_step([trim_padding(mb.select(p)) for p in parts], loss_fn)
         out = {k: sum(m[k] for m in seen) / len(seen) for k in seen[0]}
         norm = self.actor.engine.get_global_grad_norm()
         if norm is not None:
@@ -502,6 +579,10 @@ class DeepSpeedEngine:
         return out
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        if is_lora(self.model):  # ZeRO 0-2 only (ZeRO-3 with LoRA is refused before Ray)
+            if "weights" in self.actor.offloaded:
+                raise WorkerError("DeepSpeed actor: weights are offloaded; reload_states() first")
+            return merged_weights(self.model)
         if self.ds_settings.zero_stage == 3:
             # ZeRO-3 frees each gathered parameter after it is yielded: keep a copy.
             return [(n, t.detach().clone()) for n, t in self.actor.named_weights()]

@@ -181,3 +181,42 @@ def _inference_component(cfg: RunConfig) -> Iterator[str]:
             f"step must take its ratio against the (older) policy that sampled; remove the "
             f"inference component or set trainer.max_staleness=0"
         )
+
+
+#: Linear layers of a Llama/Qwen2 decoder layer that ``actor.lora.target_modules`` may name
+#: (the plan sizes each adapter from them: rltrain.placement.memory.lora_linear_shapes).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@check
+def _lora(cfg: RunConfig) -> Iterator[str]:
+    """LoRA adapters (``actor.lora.*``): values, and the engines that can train them."""
+    lora, a = cfg.actor.lora, cfg.actor
+    if lora.rank < 0:
+        yield f"actor.lora.rank={lora.rank} must be >= 0 (0: train the full model)"
+    if lora.rank <= 0:
+        return
+    if not lora.alpha > 0:
+        yield f"actor.lora.alpha={lora.alpha!r} must be > 0 (the adapters' scale is alpha/rank)"
+    if not 0 <= lora.dropout < 1:
+        yield f"actor.lora.dropout={lora.dropout!r} must be in [0, 1)"
+    targets = list(lora.target_modules)
+    unknown = [t for t in targets if t not in LORA_TARGETS]
+    if not targets or unknown:
+        yield (
+            f"actor.lora.target_modules={targets} must name Linear layers of a Llama/Qwen2 "
+            f"decoder layer, some of {list(LORA_TARGETS)}"
+            + (f" ({unknown} is not one)" if unknown else "")
+        )
+    if cfg.runner != "reasoning":
+        yield (
+            f"actor.lora.rank={lora.rank} with runner={cfg.runner!r}: LoRA adapts the reasoning "
+            f"runner's language-model policy; set actor.lora.rank=0"
+        )
+    if a.backend == "deepspeed" and a.zero_stage == 3:
+        yield (
+            f"actor.lora.rank={lora.rank} with actor.backend=deepspeed actor.zero_stage=3: ZeRO-3 "
+            f"partitions every layer's weights across ranks, and the merged weight export and "
+            f"the adapters-disabled reference need whole layers; use actor.zero_stage 0-2 (the "
+            f"adapters' optimizer state is small), or actor.lora.rank=0"
+        )

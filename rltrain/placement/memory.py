@@ -164,6 +164,51 @@ def value_param_count(d: ModelDims) -> int:
     return param_count(d) - head + d.hidden_size + 1
 
 
+def lora_linear_shapes(d: ModelDims) -> dict[str, tuple[int, int]]:
+    """``(in, out)`` features of each Linear of a Llama/Qwen2 decoder layer that LoRA may target
+    (``actor.lora.target_modules``)."""
+    h, i, kv = d.hidden_size, d.intermediate_size, d.kv_dim
+    return {
+        "q_proj": (h, h),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (h, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
+
+
+def lora_param_count(d: ModelDims, rank: int, targets: Any) -> int:
+    """LoRA adapter parameters: ``L · Σ_targets rank · (in + out)`` (``A`` is ``rank x in``,
+    ``B`` is ``out x rank``, one pair per targeted Linear of each layer).
+
+    Raises:
+        ConfigError: a target that is not a Linear of a Llama/Qwen2 decoder layer.
+    """
+    shapes = lora_linear_shapes(d)
+    names = list(dict.fromkeys(str(t) for t in targets))
+    unknown = [t for t in names if t not in shapes]
+    if unknown:
+        raise ConfigError(
+            f"actor.lora.target_modules has {unknown}: name Linear layers of a Llama/Qwen2 "
+            f"decoder layer, {list(shapes)}"
+        )
+    return d.num_layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in names)
+
+
+def actor_param_counts(run: Any, d: ModelDims, params: int) -> tuple[int, int]:
+    """``(held, trained)`` parameters of an actor process: ``(params, params)`` for full
+    training; under LoRA (``actor.lora.rank > 0``) the base plus the adapters are held and only
+    the adapters (:func:`lora_param_count`) have gradients and optimizer state."""
+    lora = _get(_get(run, "actor"), "lora")
+    rank = int(_get(lora, "rank", 0) or 0)
+    if rank <= 0:
+        return params, params
+    adapters = lora_param_count(d, rank, _get(lora, "target_modules", ()))
+    return params + adapters, adapters
+
+
 def _div(num: int, den: int) -> int:
     return -(-num // den)
 
@@ -211,6 +256,7 @@ def activation_bytes(
     training: bool = True,
     checkpointing: bool = False,
     outputs_per_token: int | None = None,
+    max_tokens: int | None = None,
 ) -> int:
     """Activations of one micro-batch, plus its fp32 logits.
 
@@ -218,9 +264,14 @@ def activation_bytes(
     checkpointing only each layer's input (``b·s·h·L``) plus one layer recomputed
     (``b·s·h·17``); a forward pass alone holds one layer's (``b·s·h·17``). Logits add
     ``b·s·V·4`` bytes (``b·s·1·4`` for the critic's values: ``outputs_per_token=1``). The total
-    is divided by ``shards`` (the tensor-parallel size).
+    is divided by ``shards`` (the tensor-parallel size). Under a token budget
+    (``actor.max_tokens_per_micro_batch``: micro-batches of at most ``max_tokens`` padded
+    tokens, whatever their rows) the micro-batch's tokens ``b·s`` are ``min(b·s, max_tokens)``.
     """
-    base = micro_batch * seq_len * d.hidden_size
+    tokens = micro_batch * seq_len
+    if max_tokens is not None:
+        tokens = min(tokens, max_tokens)
+    base = tokens * d.hidden_size
     if not training:
         elements = base * ACTIVATION_ELEMENTS
     elif checkpointing:
@@ -228,7 +279,7 @@ def activation_bytes(
     else:
         elements = base * d.num_layers * ACTIVATION_ELEMENTS
     outputs = d.vocab_size if outputs_per_token is None else outputs_per_token
-    logits = micro_batch * seq_len * outputs * 4
+    logits = tokens * outputs * 4
     return _div(elements * dtype_bytes(d.dtype) + logits, shards)
 
 

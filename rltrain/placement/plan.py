@@ -605,13 +605,20 @@ def component_terms(
         zero = run.actor.zero_stage if name == "actor" else 0
         dp = max(world // (tp * pp), 1)
         z = mem.zero_divisors(zero, dp)
-        t["weights"] = mem.weight_bytes(params, dt, tp * pp * z["weights"])
-        t["grads"] = mem.grad_bytes(params, dt, tp * pp * z["grads"])
-        t["optimizer"] = mem.optimizer_bytes(params, dt, tp * pp * z["optimizer"])
+        held, trained = (params, params)
+        if name == "actor":  # LoRA: gradients and Adam state for the adapters only
+            held, trained = mem.actor_param_counts(run, dims, params)
+        t["weights"] = mem.weight_bytes(held, dt, tp * pp * z["weights"])
+        t["grads"] = mem.grad_bytes(trained, dt, tp * pp * z["grads"])
+        t["optimizer"] = mem.optimizer_bytes(trained, dt, tp * pp * z["optimizer"])
         ckpt = bool(getattr(run.actor, "gradient_checkpointing", False)) and name == "actor"
         out = 1 if name == "critic" else None  # a value per token, not vocabulary logits
-        b = micro_batch(run, sec.micro_batch_size, dp)
-        t["activations"] = mem.activation_bytes(b, seq, dims, tp, True, ckpt, outputs_per_token=out)
+        # A token budget bounds a micro-batch's tokens, whatever its rows (up to a minibatch).
+        budget = getattr(run.actor, "max_tokens_per_micro_batch", None) if name == "actor" else None
+        b = micro_batch(run, sec.micro_batch_size if budget is None else budget, dp)
+        t["activations"] = mem.activation_bytes(
+            b, seq, dims, tp, True, ckpt, outputs_per_token=out, max_tokens=budget
+        )
     elif name in ("reference", "inference"):
         sec = getattr(run, name)
         tp = getattr(sec, "tensor_parallel_size", 1)
@@ -750,7 +757,12 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
             sec = getattr(run, t.component, None)
             micro = getattr(sec, "micro_batch_size", 1) if sec is not None else 1
             ways = []
-            if micro > 1:
+            budget = getattr(sec, "max_tokens_per_micro_batch", None)
+            if t.component == "actor" and budget is not None:  # rows do not bound it then
+                row = run.task.max_prompt_length + run.rollout.max_new_tokens
+                if budget > row:
+                    ways.append(f"lower actor.max_tokens_per_micro_batch (now {budget}, >= {row})")
+            elif micro > 1:
                 ways.append(f"lower {t.component}.micro_batch_size (now {micro})")
             if t.component == "actor" and not run.actor.gradient_checkpointing:
                 ways.append("enable actor.gradient_checkpointing")

@@ -1,7 +1,10 @@
 """Atomic checkpoints on a local path or any fsspec URI.
 
 A checkpoint is a directory ``step-000120/`` under the checkpoint root, holding the model in
-Hugging Face format (safetensors), the optimizer, RNG states, the data cursor and the step. It is
+Hugging Face format (safetensors), the optimizer, RNG states, the data cursor and the step. With
+LoRA (``actor.lora.rank > 0``) ``model/`` holds the base weights and ``adapter/`` the trained
+adapter in peft's format (``adapter_config.json``, ``adapter_model.safetensors``); the optimizer
+holds the adapters' state only (:mod:`rltrain.backends.lora`). It is
 written into a temporary directory first and renamed into place; then the ``latest`` pointer is
 replaced. A crash at any moment leaves the previous ``latest`` pointing at a complete checkpoint.
 
@@ -278,14 +281,24 @@ class Resume:
 
 
 def model_fingerprint(run: Any) -> str:
-    """What a reasoning checkpoint records of the model it holds (checked on resume)."""
+    """What a reasoning checkpoint records of the model it holds (checked on resume).
+
+    Under LoRA (``actor.lora.rank > 0``) the adapter's shape is part of it (``+lora-r8-q_proj,
+    v_proj``): a LoRA checkpoint holds the base model and the adapter apart, so it cannot
+    resume a full-training run, nor one with other adapters.
+    """
     m = run.model
     if m.path:
-        return f"path:{m.path}"
-    return (
-        f"{m.family}-h{m.hidden_size}-i{m.intermediate_size}-l{m.num_layers}-"
-        f"a{m.num_heads}-kv{m.num_kv_heads}-{m.dtype}"
-    )
+        out = f"path:{m.path}"
+    else:
+        out = (
+            f"{m.family}-h{m.hidden_size}-i{m.intermediate_size}-l{m.num_layers}-"
+            f"a{m.num_heads}-kv{m.num_kv_heads}-{m.dtype}"
+        )
+    lora = run.actor.lora
+    if lora.rank > 0:
+        out += f"+lora-r{lora.rank}-" + ",".join(sorted(set(lora.target_modules)))
+    return out
 
 
 def experiment_key(config: Any) -> str | None:
@@ -307,7 +320,11 @@ def experiment_key(config: Any) -> str | None:
         plain = OmegaConf.to_container(node, resolve=True)
     except Exception:  # noqa: BLE001 - another program's or version's config: not ours
         return None
-    return json.dumps({k: plain.get(k) for k in EXPERIMENT_KEYS}, sort_keys=True, default=str)
+    key = {k: plain.get(k) for k in EXPERIMENT_KEYS}
+    lora = (plain.get("actor") or {}).get("lora") or {}
+    if (lora.get("rank") or 0) > 0:  # adapters are another experiment's checkpoints
+        key["actor.lora"] = lora
+    return json.dumps(key, sort_keys=True, default=str)
 
 
 def _earlier_runs(run_dir: str) -> list[str]:

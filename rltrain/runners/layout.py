@@ -201,11 +201,15 @@ def check_components(run: RunConfig, components: set[str]) -> None:
     """Refuse a reasoning placement that lacks a component the algorithm needs, or holds one it
     does not use.
 
+    The KL (``algorithm.kl_coef > 0``) needs a ``reference`` component, unless the actor trains
+    LoRA adapters (``actor.lora.rank > 0``): then the reference is the actor's own model with
+    its adapters disabled, and a placed reference is optional (used when placed).
+
     Raises:
         ConfigError: naming the missing or extra components and the fix.
     """
     need = list(REASONING_COMPONENTS)
-    if run.algorithm.kl_coef > 0:
+    if run.algorithm.kl_coef > 0 and not own_reference(run, components):
         need.append("reference")
     missing = [c for c in need if c not in components]
     if missing:
@@ -232,6 +236,26 @@ def check_components(run: RunConfig, components: set[str]) -> None:
         from rltrain.backends.training import check_training_backend
 
         check_training_backend(run)  # DeepSpeed's limits
+
+
+def own_reference(run: RunConfig, components: set[str]) -> bool:
+    """Whether the actor computes the KL's reference log-probs itself (LoRA: its adapters
+    disabled) because no ``reference`` component is placed.
+
+    Raises:
+        ConfigError: a PPO critic with ``algorithm.kl_in='reward'`` also needs them (its returns
+            take the KL) and only a placed reference hands them to it.
+    """
+    if run.actor.lora.rank <= 0 or run.algorithm.kl_coef <= 0 or "reference" in components:
+        return False
+    if run.algorithm.kl_in == "reward" and "critic" in components:
+        raise ConfigError(
+            f"actor.lora.rank={run.actor.lora.rank} without a placed reference: the actor "
+            f"computes the reference log-probs itself, but algorithm.kl_in='reward' with a "
+            f"critic needs them in the critic's returns too: place a reference "
+            f"(+placement.component_placement.reference=all) or use algorithm.kl_in=loss"
+        )
+    return True
 
 
 def check_staleness(run: RunConfig, plan: Any) -> None:

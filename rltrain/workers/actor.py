@@ -122,9 +122,10 @@ class ActorWorker(Worker, ResidentState):
         """
         with trace.span("train", "actor", self.device_labels):
             scored = with_scores(fetch(shards), rewards, ref_logprobs, old_logprobs)
-            batch = add_advantages(
-                concat_batches(scored, self.tokenizer.pad_token_id), self.settings
-            )
+            batch = concat_batches(scored, self.tokenizer.pad_token_id)
+            if self.settings.kl_in == "reward":  # the advantages take the KL: every row's
+                batch = self.own_reference(batch)
+            batch = add_advantages(batch, self.settings)
             n = self.sizes.samples_per_actor_rank
             return self.update(batch.select(torch.arange(self.rank * n, (self.rank + 1) * n)), step)
 
@@ -139,10 +140,33 @@ class ActorWorker(Worker, ResidentState):
             This rank's metrics and state sizes.
         """
         gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + step)
-        metrics = self.engine.update(mine.to(self.device), gen)
+        metrics = self.engine.update(self.own_reference(mine.to(self.device)), gen)
         if self.run.simulate.actor_latency_ms:  # a slower device (simulate.*)
             time.sleep(self.run.simulate.actor_latency_ms / 1000)
         return TrainResult(metrics, self.state_bytes())
+
+    def own_reference(self, batch: RolloutBatch) -> RolloutBatch:
+        """The batch with reference log-probs computed here when no reference component gave
+        them: under LoRA the reference is the policy with its adapters disabled
+        (:func:`~rltrain.backends.lora.reference_logprobs`). With ``algorithm.kl_in=reward``
+        missing behaviour log-probs are filled too (the policy as it is, adapters on).
+        Unchanged without LoRA, without the KL, or when the log-probs are there."""
+        s = self.settings
+        if self.run.actor.lora.rank <= 0 or s.kl_coef <= 0 or batch.ref_logprobs is not None:
+            return batch
+        from rltrain.algorithms.update import behaviour_logprobs
+        from rltrain.backends.lora import reference_logprobs
+
+        on, home = batch.to(self.device), batch.response_mask.device
+        micro = self.sizes.micro_batch
+        if s.kl_in == "reward" and batch.old_logprobs is None:
+            training = self.model.training
+            self.model.eval()  # no adapter dropout in the behaviour policy's log-probs
+            old = behaviour_logprobs(self.model, on, s, micro)
+            self.model.train(training)
+            batch = batch.replace(old_logprobs=old.to(home))
+        ref = reference_logprobs(self.model, on, s, micro)
+        return batch.replace(ref_logprobs=ref.to(home))
 
     # ------------------------------------------------------------------------- weight sync
     def setup_weight_sync(self, choices: dict[str, Any]) -> None:
@@ -228,13 +252,22 @@ class ActorWorker(Worker, ResidentState):
 
         Rank 0 writes the model and tokenizer; the optimizer state is written by rank 0 when
         it is replicated (torch/DDP) and by every rank, one shard each, when the engine
-        partitions it (DeepSpeed ZeRO): then call ``save`` on every actor rank.
+        partitions it (DeepSpeed ZeRO): then call ``save`` on every actor rank. Under LoRA
+        ``model/`` holds the base weights and ``adapter/`` the adapter in peft's format
+        (:func:`~rltrain.backends.lora.save_checkpoint`).
         """
         if self.rank != 0 and not self.engine.sharded_optimizer:
             return
         with local_dir(path) as local:
             if self.rank == 0:
-                self.model.save_pretrained(os.path.join(local, "model"), safe_serialization=True)
+                if self.run.actor.lora.rank > 0:
+                    from rltrain.backends.lora import save_checkpoint
+
+                    save_checkpoint(self.model, local)
+                else:
+                    self.model.save_pretrained(
+                        os.path.join(local, "model"), safe_serialization=True
+                    )
                 self.tokenizer.save_pretrained(os.path.join(local, "model"))
             self.engine.save_optimizer(local, self.rank)
 
@@ -247,6 +280,18 @@ class ActorWorker(Worker, ResidentState):
         from safetensors.torch import load_file
 
         with fetched_dir(path) as local:
+            if self.run.actor.lora.rank > 0:
+                from rltrain.backends.lora import load_checkpoint
+
+                load_checkpoint(self.model, local, path)
+                self.engine.load_optimizer(local, self.rank, self.world_size)
+                return
+            if os.path.isdir(os.path.join(local, "adapter")):
+                raise ConfigError(
+                    f"trainer.resume checkpoint {path!r} holds a LoRA adapter (adapter/) but "
+                    f"actor.lora.rank=0: its model/ is the base without the adapter; resume "
+                    f"with the actor.lora settings it was written with"
+                )
             state = load_file(os.path.join(local, "model", "model.safetensors"))
             with torch.no_grad():  # DeepSpeed's parameters are views of its flat buffers
                 missing, unexpected = self.model.load_state_dict(state, strict=False)

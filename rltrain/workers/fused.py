@@ -58,7 +58,9 @@ class FusedWorker(ActorWorker):
             scores = self.rule.scores(batch)
         times["reward"], t = time.perf_counter() - t, time.perf_counter()
         with trace.span("train", "actor", self.device_labels):
-            mine = add_advantages(batch.replace(rewards=scores.rewards), self.settings)
+            # Under LoRA with the KL the reference is this policy with its adapters disabled.
+            mine = self.own_reference(batch.replace(rewards=scores.rewards))
+            mine = add_advantages(mine, self.settings)
             result = self.update(mine, step)
         times["train"] = time.perf_counter() - t
         result.metrics.update({f"time/{k}_s": v for k, v in times.items()})

@@ -29,6 +29,10 @@ def gather_round_robin(per_rank: list[list[Any]], num_shards: int) -> list[Any]:
 class ReferenceWorker(Worker, ResidentState):
     """Holds the initial policy, frozen.
 
+    Optional under LoRA (``actor.lora.rank > 0``): the actor's base model with its adapters
+    disabled is the same policy, and the actor computes the reference log-probs itself when no
+    reference is placed (:meth:`~rltrain.workers.actor.ActorWorker.own_reference`).
+
     Args:
         run: the checked run config.
     """
