@@ -24,7 +24,7 @@ from rltrain.backends.training import (
 from rltrain.backends.weight_sync.host import pack_to_host
 from rltrain.backends.weight_sync.transport import WeightSender
 from rltrain.config.schema import RunConfig
-from rltrain.errors import ConfigError, WorkerError
+from rltrain.errors import ConfigError
 from rltrain.placement.sizes import BatchSizes
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_tokenizer
@@ -32,14 +32,12 @@ from rltrain.tasks.model import build_model
 from rltrain.telemetry import trace
 from rltrain.workers.batching import concat_batches, with_scores
 from rltrain.workers.common import (
-    LEDGER_TOLERANCE_BYTES,
     ResidentState,
     TrainResult,
     compute_device,
     fetch,
     fetched_dir,
     local_dir,
-    reachable_device_bytes,
     seed_everything,
 )
 
@@ -230,21 +228,9 @@ class ActorWorker(Worker, ResidentState):
         """
         if self.engine.walk_sees_offload:
             return super().memory_report()
-        declared = sum(self.mover.resident_bytes().values())
-        others = {k: v for k, v in vars(self).items() if v is not self.engine}
-        outside = reachable_device_bytes(others, self.device)
-        if outside > LEDGER_TOLERANCE_BYTES:
-            raise WorkerError(
-                f"actor rank {self.rank} holds {outside} bytes on its device outside its "
-                f"training engine that its memory ledger does not declare: keep device tensors "
-                f"in the engine's state or free them after the stage"
-            )
-        return {
-            "declared": declared,
-            "measured": declared + outside,
-            "offloaded": sorted(self.mover.offloaded),
-            "engine_bytes": "declared (host-to-host offload on simulated devices)",
-        }
+        return self.memory_report_beside(
+            self.engine, "training engine", "host-to-host offload on simulated devices"
+        )
 
     # ------------------------------------------------------------------------- checkpoints
     def save(self, path: str) -> None:

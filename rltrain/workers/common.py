@@ -167,6 +167,38 @@ class ResidentState:
             "offloaded": sorted(self.mover.offloaded),
         }
 
+    def memory_report_beside(self, engine: Any, what: str, why: str) -> dict[str, Any]:
+        """Like :meth:`memory_report` where the walk cannot measure ``engine`` itself.
+
+        The engine's bytes are taken from its own ledger; the walk checks everything the worker
+        holds outside it.
+
+        Args:
+            engine: the attribute the walk skips.
+            what: the engine in messages ("training engine").
+            why: why its ledger is trusted, for the report.
+
+        Raises:
+            WorkerError: the worker holds device bytes outside the engine its ledger does not
+                declare.
+        """
+        declared = sum(self.mover.resident_bytes().values())
+        others = {k: v for k, v in vars(self).items() if v is not engine}
+        outside = reachable_device_bytes(others, self.device)
+        if outside > LEDGER_TOLERANCE_BYTES:
+            name = f"{os.environ.get('RLTRAIN_GROUP', type(self).__name__)} rank {self.rank}"
+            raise WorkerError(
+                f"{name} holds {outside} bytes on its device outside its {what} that its memory "
+                f"ledger does not declare: keep device tensors in the engine's state or free "
+                f"them after the stage"
+            )
+        return {
+            "declared": declared,
+            "measured": declared + outside,
+            "offloaded": sorted(self.mover.offloaded),
+            "engine_bytes": f"declared ({why})",
+        }
+
 
 def fetch(items: Iterable[Any]) -> list[Any]:
     """The values behind a list of object refs; values given directly pass through.

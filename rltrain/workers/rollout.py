@@ -17,16 +17,13 @@ from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import GenerationStopped
 from rltrain.backends.generation import GenerationEngine, build_generation, sampling_seed
 from rltrain.config.schema import RunConfig
-from rltrain.errors import WorkerError
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_task
 from rltrain.telemetry import trace
 from rltrain.workers.common import (
-    LEDGER_TOLERANCE_BYTES,
     ResidentState,
     WeightReceiver,
     compute_device,
-    reachable_device_bytes,
 )
 
 
@@ -139,20 +136,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         """
         if self.engine.walk_sees_state:
             return super().memory_report()
-        declared = sum(self.mover.resident_bytes().values())
-        others = {k: v for k, v in vars(self).items() if v is not self.engine}
-        outside = reachable_device_bytes(others, self.device)
-        if outside > LEDGER_TOLERANCE_BYTES:
-            raise WorkerError(
-                f"rollout rank {self.rank} holds {outside} bytes on its device outside its "
-                f"generation engine that its memory ledger does not declare"
-            )
-        return {
-            "declared": declared,
-            "measured": declared + outside,
-            "offloaded": sorted(self.mover.offloaded),
-            "engine_bytes": "declared (vLLM's allocator)",
-        }
+        return self.memory_report_beside(self.engine, "generation engine", "vLLM's allocator")
 
 
 def _cancelled() -> bool:
