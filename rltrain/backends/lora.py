@@ -45,11 +45,6 @@ BASE_DIR, ADAPTER_DIR = "model", "adapter"
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
 
-def lora_rank(run: Any) -> int:
-    """``actor.lora.rank`` of a run config (0: LoRA off)."""
-    return int(run.actor.lora.rank)
-
-
 def wrap_lora(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
     """Wrap a Hugging Face causal LM with trainable LoRA adapters; the base weights freeze.
 
@@ -152,15 +147,21 @@ def merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 @contextlib.contextmanager
-def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
-    """The base model for the duration: adapters off, eval mode (no adapter dropout)."""
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode for the duration (no adapter dropout), the previous mode restored after."""
     training = model.training
     model.eval()
     try:
-        with model.disable_adapter():
-            yield
+        yield
     finally:
         model.train(training)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """The base model for the duration: adapters off, eval mode (no adapter dropout)."""
+    with eval_mode(model), model.disable_adapter():
+        yield
 
 
 @torch.no_grad()

@@ -118,12 +118,8 @@ class Cadence:
     def quiet_after(self, step: int, t0: float) -> bool:
         """Nothing happens between ``step`` and ``step + 1``: no evaluation, no checkpoint, not
         the last step, the budget not spent."""
-        after = step + 1
-        return (
-            after < self.total_steps
-            and not (self.eval_every and after % self.eval_every == 0)
-            and not (self.save_every and after % self.save_every == 0)
-            and not self.over_budget(t0)
+        return not (
+            self.last(step) or self.every_eval(step) or self.saves(step) or self.over_budget(t0)
         )
 
 

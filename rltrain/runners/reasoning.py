@@ -165,8 +165,7 @@ class ReasoningRunner:
         return self.ckpt.commit(pending, {"model": model_fingerprint(self.run)})
 
     def evaluation_due(self, step: int, record: dict[str, Any]) -> bool:
-        every = self.run.trainer.eval_every
-        return bool(every) and (step + 1) % every == 0
+        return loop.Cadence.of(self.run.trainer).every_eval(step)
 
     def target_reached(self, evaluated: dict[str, Any] | None) -> bool:
         target = self.run.trainer.target_accuracy

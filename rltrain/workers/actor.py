@@ -153,15 +153,13 @@ class ActorWorker(Worker, ResidentState):
         if self.run.actor.lora.rank <= 0 or s.kl_coef <= 0 or batch.ref_logprobs is not None:
             return batch
         from rltrain.algorithms.update import behaviour_logprobs
-        from rltrain.backends.lora import reference_logprobs
+        from rltrain.backends.lora import eval_mode, reference_logprobs
 
         on, home = batch.to(self.device), batch.response_mask.device
         micro = self.sizes.micro_batch
         if s.kl_in == "reward" and batch.old_logprobs is None:
-            training = self.model.training
-            self.model.eval()  # no adapter dropout in the behaviour policy's log-probs
-            old = behaviour_logprobs(self.model, on, s, micro)
-            self.model.train(training)
+            with eval_mode(self.model):  # no adapter dropout in behaviour log-probs
+                old = behaviour_logprobs(self.model, on, s, micro)
             batch = batch.replace(old_logprobs=old.to(home))
         ref = reference_logprobs(self.model, on, s, micro)
         return batch.replace(ref_logprobs=ref.to(home))
