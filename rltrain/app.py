@@ -147,6 +147,10 @@ def run(cfg: DictConfig) -> float | None:
     _refuse_private_preset()
     run_cfg = load_config(cfg)
     out_dir = run_dir()
+    if run_cfg.runner == "reasoning" and run_cfg.task.generate:
+        from rltrain.tasks import prepare_task
+
+        prepare_task(run_cfg)  # before the plan reads model.path's config.json
     if run_cfg.placement.mode == "auto":  # rltrain chooses: profile, predict, rank
         from rltrain.autoplace import choose
 

@@ -129,7 +129,9 @@ class PlacementConfig:
 class ModelConfig:
     """The policy model: a local Hugging Face checkpoint, or a tiny one built from these fields."""
 
-    path: Optional[str] = None  # local HF checkpoint directory; null: build from the fields below
+    # local HF checkpoint directory (task.generate writes one there); null: build from the
+    # fields below
+    path: Optional[str] = None
     tokenizer_path: Optional[str] = None  # null: the checkpoint's, or the built-in tokenizer
     family: str = "llama"  # llama | qwen2 (when building from fields)
     hidden_size: int = 64  # built model: hidden width
@@ -200,7 +202,8 @@ class TaskConfig:
     chat_template: Optional[bool] = None
     system_prompt: Optional[str] = None  # a system message before every prompt (chat template)
     # write a built-in synthetic data set first (gsm8k_tiny): its train/eval parquet files to
-    # task.path / task.eval_path and its BPE tokenizer to model.tokenizer_path, when missing
+    # task.path / task.eval_path and a base chat checkpoint built from the model fields to
+    # model.path, when missing
     generate: Optional[str] = None
     # dataset field of the prompt (a string or {role, content} messages; a.b: nested)
     prompt_key: str = "prompt"

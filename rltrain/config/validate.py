@@ -272,7 +272,8 @@ def _model(cfg: RunConfig) -> Iterator[str]:
     m = cfg.model
     yield from _one_of("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
     yield from _one_of("model.family", m.family, ("llama", "qwen2"))
-    if m.path is not None:
+    generated = bool(cfg.task.generate)  # the generator writes model.path, built from the fields
+    if m.path is not None and not generated:
         if not os.path.isdir(m.path):
             yield (
                 f"model.path={m.path!r} does not exist or is not a directory: give a local "
@@ -285,10 +286,9 @@ def _model(cfg: RunConfig) -> Iterator[str]:
             )
     if m.vocab_size is not None:
         yield from _positive("model.vocab_size", m.vocab_size)
-    generated = cfg.task.generate is not None  # the generator writes the tokenizer first
-    if m.tokenizer_path is not None and not generated and not os.path.isdir(m.tokenizer_path):
+    if m.tokenizer_path is not None and not os.path.isdir(m.tokenizer_path):
         yield f"model.tokenizer_path={m.tokenizer_path!r} is not a directory"
-    if m.path is None:
+    if m.path is None or generated:
         for key in (
             "hidden_size",
             "intermediate_size",

@@ -23,9 +23,10 @@ def prepare_task(run: Any) -> bool:
     """Write the synthetic data ``task.generate`` names, unless it is already there.
 
     ``task.generate=gsm8k_tiny`` writes the training and evaluation Parquet files to
-    ``task.path`` and ``task.eval_path`` and its tokenizer to ``model.tokenizer_path``
-    (:mod:`rltrain.tasks.gsm8k_tiny`); sizes come from ``task.params``. Safe to call from
-    several processes at once (a file lock), and cheap when the data is current.
+    ``task.path`` and ``task.eval_path`` and a base chat checkpoint (model and tokenizer) to
+    ``model.path``, built from the ``model`` fields (:mod:`rltrain.tasks.gsm8k_tiny`); sizes
+    come from ``task.params``. Safe to call from several processes at once (a file lock), and
+    cheap when the data is current.
 
     Args:
         run: a :class:`rltrain.config.schema.RunConfig`.
@@ -50,7 +51,7 @@ def prepare_task(run: Any) -> bool:
         for key, value in (
             ("task.path", t.path),
             ("task.eval_path", t.eval_path),
-            ("model.tokenizer_path", run.model.tokenizer_path),
+            ("model.path", run.model.path),
         )
         if not value
     ]
@@ -64,21 +65,23 @@ def prepare_task(run: Any) -> bool:
             f"task.generate={generate!r} writes data files, read with task.name='jsonl' "
             f"(got task.name={t.name!r})"
         )
-    if run.model.path:
+    if run.model.tokenizer_path:
         problems.append(
-            f"task.generate={generate!r} writes a tokenizer for a model built from the config, "
-            f"but model.path={run.model.path!r} loads a checkpoint with its own vocabulary: "
-            f"drop model.path or task.generate"
+            f"task.generate={generate!r} writes model.path with its own tokenizer, but "
+            f"model.tokenizer_path={run.model.tokenizer_path!r} would replace it: set "
+            f"model.tokenizer_path=null (or task.generate=null to use your own checkpoint)"
         )
     if problems:
         raise ConfigError(problems)
     spec = Gsm8kTinySpec.from_params(dict(t.params), t.seed)
     try:
-        return ensure_gsm8k_tiny(t.path, t.eval_path, run.model.tokenizer_path, spec)
+        return ensure_gsm8k_tiny(
+            t.path, t.eval_path, run.model.path, spec, run.model, t.system_prompt
+        )
     except OSError as exc:
         raise ConfigError(
             f"task.generate={generate!r} could not write its data ({exc}): point "
-            f"task.params.data_dir (or task.path / task.eval_path / model.tokenizer_path) at a "
+            f"task.params.data_dir (or task.path / task.eval_path / model.path) at a "
             f"writable directory"
         ) from None
 
@@ -117,7 +120,8 @@ def check_task(run: Any) -> list[str]:
         read_sources(run.task, problems)
         return problems
     size = run.model.vocab_size
-    if run.model.path is None and size is not None and size < len(tokenizer):
+    built = run.model.path is None or bool(run.task.generate)
+    if built and size is not None and size < len(tokenizer):
         problems.append(
             f"model.vocab_size={size} is smaller than the tokenizer's {len(tokenizer)} tokens "
             f"({tokenizer_source(run.model)}): give at least {len(tokenizer)}, or null for "

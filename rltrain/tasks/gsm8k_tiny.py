@@ -1,22 +1,27 @@
-"""``task.generate=gsm8k_tiny``: a synthetic GSM8K-style data set and a chat tokenizer for it.
+"""``task.generate=gsm8k_tiny``: a synthetic GSM8K-style data set and a small chat checkpoint.
 
 ``experiment=gsm8k_tiny`` runs the whole real-workload path on a CPU in minutes: a Parquet
 data set with GSM8K's columns (``question``; ``answer`` = a worked solution ending in
-``#### <number>``), a byte-level BPE tokenizer trained on it with the ``tokenizers`` library and
-saved in Hugging Face format with a ChatML chat template, read back exactly as a real
-checkpoint's tokenizer and a real data file would be.
+``#### <number>``) and a base chat checkpoint in Hugging Face format, read back exactly as a
+real data file and a real instruct checkpoint would be. The checkpoint is a small Llama/Qwen2
+built from the ``model`` fields, with a byte-level BPE tokenizer trained on the problems with
+the ``tokenizers`` library and a ChatML chat template, briefly supervised on worked solutions
+(``task.params.sft_steps``): like a real instruct model it starts RL knowing the answer format
+and some of the arithmetic, and RL raises its accuracy.
 
 The problems are templated one-step word problems (adding or taking away small numbers, with
-varying names, objects and phrasing), so a tiny model trained from scratch by RL can learn
-the format and some of the arithmetic. They are written once to the configured paths and kept
-(a stamp records what was generated; other settings regenerate them).
+varying names, objects and phrasing). Everything is written once to the configured paths and
+kept (a stamp records what was generated; other settings regenerate it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
+import logging
+import math
 import os
 import random
 import shutil
@@ -27,7 +32,10 @@ from typing import Any
 
 from rltrain.errors import ConfigError
 
-#: Bumped when the problems or the tokenizer recipe change, so old caches are rewritten.
+log = logging.getLogger(__name__)
+
+#: Bumped when the problems or the checkpoint recipe change, so old caches are rewritten
+#: (it also seeds the problems).
 VERSION = 1
 STAMP = "generated_by_rltrain.json"
 
@@ -90,13 +98,20 @@ class Gsm8kTinySpec:
         num_eval: evaluation problems (no question of the training set).
         max_number: operands range over ``0..max_number`` (differences are never negative).
         vocab_size: BPE vocabulary size, the 256 byte symbols and special tokens included.
-        seed: which problems, in which order (``task.seed``).
+        sft_steps: supervised steps on the training solutions before the checkpoint is saved
+            (0: the checkpoint keeps its random initialisation).
+        sft_batch_size: solutions per supervised step.
+        sft_lr: the supervised steps' AdamW learning rate.
+        seed: which problems, in which order, and the supervised batches (``task.seed``).
     """
 
     num_train: int = 4000
     num_eval: int = 200
     max_number: int = 9
     vocab_size: int = 512
+    sft_steps: int = 100
+    sft_batch_size: int = 32
+    sft_lr: float = 3e-3
     seed: int = 0
 
     @classmethod
@@ -112,10 +127,12 @@ class Gsm8kTinySpec:
             if f.name == "seed" or f.name not in params:
                 continue
             v = params[f.name]
-            if not isinstance(v, int) or isinstance(v, bool):
-                problems.append(f"task.params.{f.name}={v!r} must be an integer")
+            number = f.type == "float" and isinstance(v, (int, float)) and math.isfinite(v)
+            if isinstance(v, bool) or not (isinstance(v, int) or number):
+                kind = "a finite number" if f.type == "float" else "an integer"
+                problems.append(f"task.params.{f.name}={v!r} must be {kind}")
             else:
-                values[f.name] = v
+                values[f.name] = float(v) if f.type == "float" else v
         spec = cls(**values) if not problems else cls()
         if not problems:
             problems = spec.problems()
@@ -132,6 +149,12 @@ class Gsm8kTinySpec:
             out.append(f"task.params.num_eval={self.num_eval} must be >= 1")
         if not 1 <= self.max_number <= 999:
             out.append(f"task.params.max_number={self.max_number} must be in 1..999")
+        if self.sft_steps < 0 or self.sft_steps > 100_000:
+            out.append(f"task.params.sft_steps={self.sft_steps} must be in 0..100000")
+        if self.sft_batch_size < 1:
+            out.append(f"task.params.sft_batch_size={self.sft_batch_size} must be >= 1")
+        if not 0 < self.sft_lr <= 1:
+            out.append(f"task.params.sft_lr={self.sft_lr} must be in (0, 1]")
         if self.vocab_size < 300:
             out.append(
                 f"task.params.vocab_size={self.vocab_size} must be >= 300 (256 byte symbols, "
@@ -237,23 +260,47 @@ def _locked(path: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _stamp(spec: Gsm8kTinySpec, train_path: str, eval_path: str) -> dict[str, Any]:
+#: The ``model`` fields the generated checkpoint is built from (its stamp records them).
+MODEL_FIELDS = (
+    "family",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "max_position_embeddings",
+    "vocab_size",
+    "tie_word_embeddings",
+    "init_seed",
+)
+
+
+def _stamp(
+    spec: Gsm8kTinySpec,
+    train_path: str,
+    eval_path: str,
+    model_cfg: Any,
+    system_prompt: str | None,
+) -> dict[str, Any]:
     return {
         "generator": "gsm8k_tiny",
         "version": VERSION,
         "spec": asdict(spec),
+        "model": {k: getattr(model_cfg, k) for k in MODEL_FIELDS},
+        "system_prompt": system_prompt,
         "train_path": os.path.abspath(train_path),
         "eval_path": os.path.abspath(eval_path),
     }
 
 
-def _current(stamp: dict[str, Any], tokenizer_dir: str) -> bool:
+def _current(stamp: dict[str, Any], model_dir: str) -> bool:
     try:
-        with open(os.path.join(tokenizer_dir, STAMP)) as f:
+        with open(os.path.join(model_dir, STAMP)) as f:
             held = json.load(f)
     except (OSError, ValueError):
         return False
-    return held == stamp and all(os.path.isfile(stamp[k]) for k in ("train_path", "eval_path"))
+    files = [stamp["train_path"], stamp["eval_path"], os.path.join(model_dir, "config.json")]
+    return held == stamp and all(os.path.isfile(f) for f in files)
 
 
 def _write_parquet(rows: list[dict[str, str]], path: str) -> None:
@@ -269,37 +316,108 @@ def _write_parquet(rows: list[dict[str, str]], path: str) -> None:
     os.replace(tmp, path)  # readers never see a half-written file
 
 
+def _write_base_model(
+    directory: str,
+    train: list[dict[str, str]],
+    spec: Gsm8kTinySpec,
+    model_cfg: Any,
+    system_prompt: str | None,
+) -> None:
+    """Save the model the ``model`` fields describe into ``directory`` (which holds the
+    tokenizer), supervised on ``train``'s worked solutions.
+
+    The supervised prompts are rendered and tokenised by the tokenizer exactly as a run loads
+    it from the finished directory: Transformers picks the tokenizer class from the model's
+    ``config.json`` (a Qwen2 checkpoint's splits digits apart), so the model is saved first.
+    Each solution is followed by EOS, so the model learns where to stop.
+    """
+    from transformers.utils import logging as hf_logging
+
+    from rltrain.algorithms.sft import supervised_finetune
+    from rltrain.tasks.chat import render_prompts
+    from rltrain.tasks.model import build_model
+    from rltrain.tasks.tokenizer import build_tokenizer, prompt_token_ids
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one line in the run's log, not a bar per save
+    try:
+        built = dataclasses.replace(model_cfg, path=None, tokenizer_path=directory, dtype="float32")
+        model = build_model(built)
+        model.save_pretrained(directory)
+        if not spec.sft_steps:
+            return
+        tok = build_tokenizer(dataclasses.replace(built, path=directory, tokenizer_path=None))
+        prompts = render_prompts([r["question"] for r in train], tok, True, system_prompt)
+        responses = tok([r["answer"] for r in train], add_special_tokens=False)["input_ids"]
+        pairs = [
+            (p, [*r, tok.eos_token_id])
+            for p, r in zip(prompt_token_ids(tok, prompts), responses, strict=True)
+        ]
+        losses = supervised_finetune(
+            model,
+            pairs,
+            tok.pad_token_id,
+            spec.sft_steps,
+            spec.sft_batch_size,
+            spec.sft_lr,
+            seed=spec.seed,
+        )
+        model.save_pretrained(directory)
+        log.info(
+            "gsm8k_tiny: base checkpoint supervised for %d steps (loss %.3f -> %.3f)",
+            spec.sft_steps,
+            losses[0],
+            losses[-1],
+        )
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def ensure_gsm8k_tiny(
-    train_path: str, eval_path: str, tokenizer_dir: str, spec: Gsm8kTinySpec
+    train_path: str,
+    eval_path: str,
+    model_dir: str,
+    spec: Gsm8kTinySpec,
+    model_cfg: Any,
+    system_prompt: str | None = None,
 ) -> bool:
-    """Write the data set and tokenizer unless the same ones are already there.
+    """Write the data set and the base checkpoint unless the same ones are already there.
 
     Args:
         train_path: the training Parquet file (``task.path``).
         eval_path: the evaluation Parquet file (``task.eval_path``).
-        tokenizer_dir: the tokenizer directory (``model.tokenizer_path``).
+        model_dir: the checkpoint directory (``model.path``): model and tokenizer, in Hugging
+            Face format.
         spec: what to generate.
+        model_cfg: the ``model`` section; its :data:`MODEL_FIELDS` size the checkpoint.
+        system_prompt: ``task.system_prompt``, rendered into the supervised prompts as into
+            the run's.
 
     Returns:
         True when something was written, False when the cache was current.
     """
-    stamp = _stamp(spec, train_path, eval_path)
-    if _current(stamp, tokenizer_dir):
+    stamp = _stamp(spec, train_path, eval_path, model_cfg, system_prompt)
+    if _current(stamp, model_dir):
         return False
-    with _locked(os.path.abspath(tokenizer_dir).rstrip("/") + ".lock"):
-        if _current(stamp, tokenizer_dir):  # another job wrote it while we waited
+    with _locked(os.path.abspath(model_dir).rstrip("/") + ".lock"):
+        if _current(stamp, model_dir):  # another job wrote it while we waited
             return False
         train, evals = word_problems(spec)
         _write_parquet(train, train_path)
         _write_parquet(evals, eval_path)
         corpus = [text for r in train for text in (r["question"], r["answer"])]
         tok = build_bpe_tokenizer(corpus, spec.vocab_size)
-        parent = os.path.dirname(os.path.abspath(tokenizer_dir))
+        parent = os.path.dirname(os.path.abspath(model_dir))
         os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=parent)
-        tok.save_pretrained(tmp)
-        with open(os.path.join(tmp, STAMP), "w") as f:
-            json.dump(stamp, f, indent=1)
-        shutil.rmtree(tokenizer_dir, ignore_errors=True)
-        os.replace(tmp, tokenizer_dir)
+        tmp = tempfile.mkdtemp(prefix=".checkpoint-", dir=parent)
+        try:
+            tok.save_pretrained(tmp)
+            _write_base_model(tmp, train, spec, model_cfg, system_prompt)
+            with open(os.path.join(tmp, STAMP), "w") as f:
+                json.dump(stamp, f, indent=1)
+            shutil.rmtree(model_dir, ignore_errors=True)
+            os.replace(tmp, model_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return True

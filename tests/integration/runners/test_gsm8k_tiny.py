@@ -36,36 +36,26 @@ def rltrain(run_dir: pathlib.Path, cache: pathlib.Path, *overrides: str):
 @pytest.mark.timeout(900)
 def test_gsm8k_tiny_generates_trains_and_runs_again_from_a_saved_checkpoint(tmp_path):
     cache = tmp_path / "cache"
-    sizes = ["task.params.num_train=256", "task.params.num_eval=8"]
+    sizes = ["task.params.num_train=256", "task.params.num_eval=8", "task.params.sft_steps=5"]
     out = rltrain(tmp_path / "run", cache, "experiment=gsm8k_tiny", *sizes)
     assert out.returncode == 0, out.stderr[-3000:]
     data = cache / "gsm8k_tiny"
-    assert {p.name for p in data.iterdir()} >= {"train.parquet", "eval.parquet", "tokenizer"}
+    assert {p.name for p in data.iterdir()} >= {"train.parquet", "eval.parquet", "base_model"}
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 2
     records = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
     assert 0.0 <= records[-1]["eval/accuracy"] <= 1.0
     assert records[-1]["response/length_mean"] > 0
 
-    # The template with a real checkpoint: a chat model saved with save_pretrained (its
-    # tokenizer beside it) and the Parquet files, no generator, no tokenizer path.
-    from rltrain.config.schema import ModelConfig
-    from rltrain.tasks import build_tokenizer
-    from rltrain.tasks.model import build_model
-
-    model_cfg = ModelConfig(
-        family="qwen2", tokenizer_path=str(data / "tokenizer"), max_position_embeddings=256
-    )
-    ckpt = tmp_path / "ckpt"
-    build_model(model_cfg).save_pretrained(str(ckpt))
-    build_tokenizer(model_cfg).save_pretrained(str(ckpt))
+    # The template with your own checkpoint and data: the generated base model is a plain
+    # save_pretrained directory (model, tokenizer, chat template) and the Parquet files; no
+    # generator.
     out = rltrain(
         tmp_path / "ckpt_run",
         tmp_path / "unused_cache",
         "experiment=gsm8k_tiny",
         "task.generate=null",
-        f"model.path={ckpt}",
-        "model.tokenizer_path=null",
+        f"model.path={data / 'base_model'}",
         f"task.path={data / 'train.parquet'}",
         f"task.eval_path={data / 'eval.parquet'}",
     )

@@ -80,7 +80,7 @@ def test_generation_settings_are_checked_before_anything_is_written(tmp_path: pa
     run = _run(name="arithmetic", generate="gsm8k_tiny", path=None)
     problems = check_task(run)
     assert any("writes its data to task.path, which is not set" in p for p in problems)
-    assert any("model.tokenizer_path, which is not set" in p for p in problems)
+    assert any("model.path, which is not set" in p for p in problems)
     assert any("task.name='jsonl' (got task.name='arithmetic')" in p for p in problems)
     assert check_task(_run(generate="gsm9k")) == [
         "task.generate='gsm9k' is not a generator rltrain has: choose one of ['gsm8k_tiny'], "

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import pathlib
 import re
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
-from rltrain.config.schema import RunConfig
+from rltrain.algorithms.sft import sft_batch, sft_loss
+from rltrain.config.schema import ModelConfig, RunConfig
 from rltrain.errors import ConfigError
 from rltrain.rewards.math import extract_hash_answer
 from rltrain.tasks import build_task, build_tokenizer, check_task
+from rltrain.tasks.chat import render_prompts
 from rltrain.tasks.gsm8k_tiny import TEMPLATES, Gsm8kTinySpec, ensure_gsm8k_tiny, word_problems
+from rltrain.tasks.model import build_model
+from rltrain.tasks.tokenizer import prompt_token_ids
 
 
 def _operation(question: str) -> tuple[str, int, int]:
@@ -65,25 +72,77 @@ def test_spec_from_params_names_the_bad_keys():
         Gsm8kTinySpec.from_params({"max_number": 1, "num_train": 2000}, 0)
     with pytest.raises(ConfigError, match="task.params.vocab_size=100 must be >= 300"):
         Gsm8kTinySpec.from_params({"vocab_size": 100}, 0)
+    assert Gsm8kTinySpec.from_params({"sft_lr": 1}, 0).sft_lr == 1.0  # an int is a float here
+    with pytest.raises(ConfigError, match="sft_lr=nan must be a finite number"):
+        Gsm8kTinySpec.from_params({"sft_lr": float("nan")}, 0)
+    with pytest.raises(ConfigError, match=r"sft_steps=-1 must be in 0..100000"):
+        Gsm8kTinySpec.from_params({"sft_steps": -1}, 0)
+
+
+def _tiny_model() -> ModelConfig:
+    return ModelConfig(
+        family="qwen2",
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=2,
+        max_position_embeddings=128,
+    )
 
 
 def test_written_once_then_reused_and_rewritten_when_the_spec_changes(tmp_path: pathlib.Path):
-    spec = Gsm8kTinySpec(num_train=200, num_eval=20, vocab_size=320)
+    spec = Gsm8kTinySpec(num_train=200, num_eval=20, vocab_size=320, sft_steps=0)
     paths = (
         str(tmp_path / "d/train.parquet"),
         str(tmp_path / "d/eval.parquet"),
-        str(tmp_path / "tok"),
+        str(tmp_path / "ckpt"),
     )
-    assert ensure_gsm8k_tiny(*paths, spec) is True
+    model = _tiny_model()
+    assert ensure_gsm8k_tiny(*paths, spec, model) is True
     assert pq.read_table(paths[0]).column_names == ["question", "answer"]
     assert pq.read_table(paths[1]).num_rows == 20
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(paths[2]))
     mtime = os.path.getmtime(paths[0])
-    assert ensure_gsm8k_tiny(*paths, spec) is False and os.path.getmtime(paths[0]) == mtime
-    assert ensure_gsm8k_tiny(*paths, Gsm8kTinySpec(num_train=100, num_eval=20, vocab_size=320))
+    assert ensure_gsm8k_tiny(*paths, spec, model) is False and os.path.getmtime(paths[0]) == mtime
+    smaller = Gsm8kTinySpec(num_train=100, num_eval=20, vocab_size=320, sft_steps=0)
+    assert ensure_gsm8k_tiny(*paths, smaller, model)
     assert pq.read_table(paths[0]).num_rows == 100
     os.remove(paths[1])  # a missing file is rewritten
-    assert ensure_gsm8k_tiny(*paths, Gsm8kTinySpec(num_train=100, num_eval=20, vocab_size=320))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "tok", "tok.lock"]
+    assert ensure_gsm8k_tiny(*paths, smaller, model)
+    wider = dataclasses.replace(model, hidden_size=32)  # other model fields: a new checkpoint
+    assert ensure_gsm8k_tiny(*paths, smaller, wider)
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["hidden_size"] == 32
+    assert ensure_gsm8k_tiny(*paths, smaller, wider, "A new system prompt.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "ckpt.lock", "d"]
+
+
+def test_the_base_checkpoint_is_supervised_on_the_solutions(tmp_path: pathlib.Path):
+    """sft_steps > 0: the saved model gives the training solutions (EOS included) a higher
+    likelihood than the same model with no supervised step, through the run's own prompt
+    rendering; the checkpoint loads back through model.path."""
+    spec = Gsm8kTinySpec(num_train=200, num_eval=8, vocab_size=320, sft_steps=0)
+    model = _tiny_model()
+
+    def nll(ckpt: pathlib.Path) -> float:
+        run = ModelConfig(path=str(ckpt))
+        tok = build_tokenizer(run)
+        lm = build_model(run)
+        rows = pq.read_table(str(tmp_path / "train.parquet")).to_pylist()[:32]
+        prompts = render_prompts([r["question"] for r in rows], tok, True, "Be brief.")
+        answers = tok([r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
+        pairs = [
+            (p, [*a, tok.eos_token_id])
+            for p, a in zip(prompt_token_ids(tok, prompts), answers, strict=True)
+        ]
+        with torch.no_grad():
+            return float(sft_loss(lm, *sft_batch(pairs, tok.pad_token_id)))
+
+    data = (str(tmp_path / "train.parquet"), str(tmp_path / "eval.parquet"))
+    ensure_gsm8k_tiny(*data, str(tmp_path / "raw"), spec, model, "Be brief.")
+    trained = dataclasses.replace(spec, sft_steps=40, sft_lr=1e-2)
+    ensure_gsm8k_tiny(*data, str(tmp_path / "sft"), trained, model, "Be brief.")
+    assert nll(tmp_path / "sft") < 0.5 * nll(tmp_path / "raw")
 
 
 def test_check_task_generates_then_the_task_builds_with_the_chat_template(tmp_path: pathlib.Path):
@@ -97,21 +156,24 @@ def test_check_task_generates_then_the_task_builds_with_the_chat_template(tmp_pa
         "prompt_key": "question",
         "reward_fn": "rltrain.rewards.math:gsm8k",
         "system_prompt": "End with ####.",
-        "params": {"num_train": 200, "num_eval": 10, "vocab_size": 320},
+        "params": {"num_train": 200, "num_eval": 10, "vocab_size": 320, "sft_steps": 2},
     }.items():
         setattr(run.task, k, v)
-    run.model.tokenizer_path = str(data / "tokenizer")
+    run.model.path = str(data / "base_model")
+    run.model.family = "qwen2"
     assert check_task(run) == []
     tok = build_tokenizer(run.model)
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
-    assert tok.convert_ids_to_tokens(tok("#### 7")["input_ids"]) == ["####", "Ġ7"]
+    # loaded beside a Qwen2 config.json, as Qwen2's tokenizer: digits stay apart
+    assert tok.convert_ids_to_tokens(tok("#### 7")["input_ids"]) == ["####", "Ġ", "7"]
     task = build_task(run.task, tok)
     assert len(task.train) == 200 and len(task.eval) == 10 and not task.eval_is_train
     ex = task.train[0]
     assert ex.prompt.startswith("<|im_start|>system\nEnd with ####.<|im_end|>\n<|im_start|>user\n")
     want = extract_hash_answer(ex.answer)
     assert task.reward(ex.prompt, f"so it is #### {want}") == 1.0
-    run.model.path = str(tmp_path)  # a checkpoint's vocabulary cannot take a new tokenizer
+    run.model.tokenizer_path = str(tmp_path)  # the checkpoint's own tokenizer is the one
     assert any(
-        "model.path=" in p and "drop model.path or task.generate" in p for p in check_task(run)
+        "model.tokenizer_path=" in p and "set model.tokenizer_path=null" in p
+        for p in check_task(run)
     )
