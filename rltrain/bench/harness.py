@@ -218,12 +218,13 @@ def counts(case: Case, suite: Suite, quick: bool) -> tuple[int, int]:
     """Warm-up and timed calls for one case: its own or the suite's, capped in quick mode.
 
     Returns:
-        ``(warmup, repeats)``; quick mode caps them at 1 and 2, and there is always one timed call.
+        ``(warmup, repeats)``; quick mode (a check that the measure runs, not a figure) caps
+        them at 1 and 1, and there is always one timed call.
     """
     warmup = suite.warmup if case.warmup is None else case.warmup
     repeats = suite.repeats if case.repeats is None else case.repeats
     if quick:
-        warmup, repeats = min(warmup, 1), min(repeats, 2)
+        warmup, repeats = min(warmup, 1), 1
     return max(warmup, 0), max(repeats, 1)
 
 
