@@ -82,6 +82,10 @@ def job_needs(task_cfg: DictConfig) -> JobNeeds:
     cluster = dict(OmegaConf.to_container(task_cfg.cluster, resolve=True))  # type: ignore[arg-type]
     try:
         run = load_config(task_cfg)
+        if run.runner == "reasoning" and run.task.generate:
+            from rltrain.tasks import prepare_task
+
+            prepare_task(run)  # the plan reads the checkpoint the generator writes
         if run.mode == "plan":
             # `mode=plan` prints the plan and exits without starting Ray.
             _, mode = plan_devices(run)
