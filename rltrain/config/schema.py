@@ -125,6 +125,17 @@ class PlacementConfig:
 
 
 # ----------------------------------------------------------------------------------------- model
+#: The ``model`` fields that size a model built from the config (each a positive integer).
+MODEL_SIZE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "max_position_embeddings",
+)
+
+
 @dataclass
 class ModelConfig:
     """The policy model: a local Hugging Face checkpoint, or a tiny one built from these fields."""

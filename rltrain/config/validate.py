@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, ValidationError
 
 from rltrain.config.offload import policy_config, resolve_offload
-from rltrain.config.schema import COMPONENTS, RunConfig
+from rltrain.config.schema import COMPONENTS, MODEL_SIZE_FIELDS, RunConfig
 from rltrain.errors import ConfigError
 
 Check = Callable[[RunConfig], Iterator[str]]
@@ -289,14 +289,7 @@ def _model(cfg: RunConfig) -> Iterator[str]:
     if m.tokenizer_path is not None and not os.path.isdir(m.tokenizer_path):
         yield f"model.tokenizer_path={m.tokenizer_path!r} is not a directory"
     if m.path is None or generated:
-        for key in (
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "max_position_embeddings",
-        ):
+        for key in MODEL_SIZE_FIELDS:
             yield from _positive(f"model.{key}", getattr(m, key))
         if m.num_heads > 0 and m.hidden_size % m.num_heads:
             yield (

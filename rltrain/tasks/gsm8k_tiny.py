@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from rltrain.config.schema import MODEL_SIZE_FIELDS
 from rltrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -261,18 +262,7 @@ def _locked(path: str) -> Iterator[None]:
 
 
 #: The ``model`` fields the generated checkpoint is built from (its stamp records them).
-MODEL_FIELDS = (
-    "family",
-    "hidden_size",
-    "intermediate_size",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-    "max_position_embeddings",
-    "vocab_size",
-    "tie_word_embeddings",
-    "init_seed",
-)
+MODEL_FIELDS = ("family", *MODEL_SIZE_FIELDS, "vocab_size", "tie_word_embeddings", "init_seed")
 
 
 def _stamp(
@@ -333,9 +323,9 @@ def _write_base_model(
     """
     from transformers.utils import logging as hf_logging
 
-    from rltrain.algorithms.sft import supervised_finetune
     from rltrain.tasks.chat import render_prompts
     from rltrain.tasks.model import build_model
+    from rltrain.tasks.sft import supervised_finetune
     from rltrain.tasks.tokenizer import build_tokenizer, prompt_token_ids
 
     bars = hf_logging.is_progress_bar_enabled()

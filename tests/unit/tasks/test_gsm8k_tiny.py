@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rltrain.algorithms.sft import sft_batch, sft_loss
 from rltrain.config.schema import ModelConfig, RunConfig
 from rltrain.errors import ConfigError
 from rltrain.rewards.math import extract_hash_answer
@@ -20,6 +19,7 @@ from rltrain.tasks import build_task, build_tokenizer, check_task
 from rltrain.tasks.chat import render_prompts
 from rltrain.tasks.gsm8k_tiny import TEMPLATES, Gsm8kTinySpec, ensure_gsm8k_tiny, word_problems
 from rltrain.tasks.model import build_model
+from rltrain.tasks.sft import sft_batch, sft_loss
 from rltrain.tasks.tokenizer import prompt_token_ids
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rltrain.algorithms.sft import IGNORE, sft_batch, sft_loss, supervised_finetune
+from rltrain.tasks.sft import IGNORE, sft_batch, sft_loss, supervised_finetune
 
 
 def test_batch_is_right_padded_with_only_the_responses_labelled():
