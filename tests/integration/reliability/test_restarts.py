@@ -77,18 +77,20 @@ def kill_when(driver: subprocess.Popen, run_dir: pathlib.Path, checkpoint: str, 
 
 
 def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_path):
+    # The uninterrupted run (the reference) and the faulty one side by side: two jobs of one
+    # machine, each with its own Ray, as a sweep runs them.
     steady = rltrain(tmp_path / "steady")
-    assert steady.wait(timeout=600) == 0, steady.stdout.read()[-3000:]
-
     faulty_dir = tmp_path / "faulty"
     faulty = rltrain(faulty_dir, "trainer.max_restarts=2")
     try:
         kill_when(faulty, faulty_dir, "step-000002", "RolloutWorker")
         kill_when(faulty, faulty_dir, "step-000004", "ActorWorker")
         assert faulty.wait(timeout=600) == 0, faulty.stdout.read()[-3000:]
+        assert steady.wait(timeout=600) == 0, steady.stdout.read()[-3000:]
     finally:
-        if faulty.poll() is None:
-            os.killpg(faulty.pid, signal.SIGKILL)
+        for driver in (faulty, steady):
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
     log = faulty.stdout.read()
     assert "restart 1 of 2" in log and "restart 2 of 2" in log
 
