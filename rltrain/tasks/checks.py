@@ -75,8 +75,9 @@ def prepare_task(run: Any) -> bool:
         raise ConfigError(problems)
     spec = Gsm8kTinySpec.from_params(dict(t.params), t.seed)
     try:
+        chat = t.chat_template is not False  # null: the generated tokenizer has a template
         return ensure_gsm8k_tiny(
-            t.path, t.eval_path, run.model.path, spec, run.model, t.system_prompt
+            t.path, t.eval_path, run.model.path, spec, run.model, t.system_prompt, chat
         )
     except OSError as exc:
         raise ConfigError(

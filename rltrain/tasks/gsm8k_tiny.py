@@ -271,6 +271,7 @@ def _stamp(
     eval_path: str,
     model_cfg: Any,
     system_prompt: str | None,
+    chat: bool,
 ) -> dict[str, Any]:
     return {
         "generator": "gsm8k_tiny",
@@ -278,6 +279,7 @@ def _stamp(
         "spec": asdict(spec),
         "model": {k: getattr(model_cfg, k) for k in MODEL_FIELDS},
         "system_prompt": system_prompt,
+        "chat_template": chat,
         "train_path": os.path.abspath(train_path),
         "eval_path": os.path.abspath(eval_path),
     }
@@ -312,6 +314,7 @@ def _write_base_model(
     spec: Gsm8kTinySpec,
     model_cfg: Any,
     system_prompt: str | None,
+    chat: bool,
 ) -> None:
     """Save the model the ``model`` fields describe into ``directory`` (which holds the
     tokenizer), supervised on ``train``'s worked solutions.
@@ -337,7 +340,7 @@ def _write_base_model(
         if not spec.sft_steps:
             return
         tok = build_tokenizer(dataclasses.replace(built, path=directory, tokenizer_path=None))
-        prompts = render_prompts([r["question"] for r in train], tok, True, system_prompt)
+        prompts = render_prompts([r["question"] for r in train], tok, chat, system_prompt)
         responses = tok([r["answer"] for r in train], add_special_tokens=False)["input_ids"]
         pairs = [
             (p, [*r, tok.eos_token_id])
@@ -371,6 +374,7 @@ def ensure_gsm8k_tiny(
     spec: Gsm8kTinySpec,
     model_cfg: Any,
     system_prompt: str | None = None,
+    chat: bool = True,
 ) -> bool:
     """Write the data set and the base checkpoint unless the same ones are already there.
 
@@ -383,11 +387,13 @@ def ensure_gsm8k_tiny(
         model_cfg: the ``model`` section; its :data:`MODEL_FIELDS` size the checkpoint.
         system_prompt: ``task.system_prompt``, rendered into the supervised prompts as into
             the run's.
+        chat: whether the run renders prompts with the chat template (``task.chat_template``;
+            the generated tokenizer has one), so the supervised prompts are rendered the same.
 
     Returns:
         True when something was written, False when the cache was current.
     """
-    stamp = _stamp(spec, train_path, eval_path, model_cfg, system_prompt)
+    stamp = _stamp(spec, train_path, eval_path, model_cfg, system_prompt, chat)
     if _current(stamp, model_dir):
         return False
     with _locked(os.path.abspath(model_dir).rstrip("/") + ".lock"):
@@ -403,7 +409,7 @@ def ensure_gsm8k_tiny(
         tmp = tempfile.mkdtemp(prefix=".checkpoint-", dir=parent)
         try:
             tok.save_pretrained(tmp)
-            _write_base_model(tmp, train, spec, model_cfg, system_prompt)
+            _write_base_model(tmp, train, spec, model_cfg, system_prompt, chat)
             with open(os.path.join(tmp, STAMP), "w") as f:
                 json.dump(stamp, f, indent=1)
             shutil.rmtree(model_dir, ignore_errors=True)

@@ -114,6 +114,7 @@ def test_written_once_then_reused_and_rewritten_when_the_spec_changes(tmp_path: 
     assert ensure_gsm8k_tiny(*paths, smaller, wider)
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["hidden_size"] == 32
     assert ensure_gsm8k_tiny(*paths, smaller, wider, "A new system prompt.")
+    assert ensure_gsm8k_tiny(*paths, smaller, wider, "A new system prompt.", chat=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "ckpt.lock", "d"]
 
 
