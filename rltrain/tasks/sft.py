@@ -101,12 +101,13 @@ def supervised_finetune(
     if not pairs:
         raise ValueError("supervised_finetune needs at least one example")
     rng = random.Random(seed)
+    pool = list(pairs)  # once: rng.sample needs a sequence, and the pairs do not change
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
     model.train()
     try:
         for _ in range(steps):
-            batch = rng.sample(list(pairs), min(batch_size, len(pairs)))
+            batch = rng.sample(pool, min(batch_size, len(pool)))
             loss = sft_loss(model, *sft_batch(batch, pad_token_id))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
