@@ -8,6 +8,7 @@ step, weight version), the weight loads and the residency calls.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -143,10 +144,12 @@ def _cancelled() -> bool:
     """Whether the Ray call running this code was cancelled (``ray.cancel`` on its ref).
 
     Ray only flags a running actor call; the call itself must look (between decoding steps).
+    A process that never imported Ray runs no Ray call, so nothing can cancel it, and Ray is
+    not imported to say so: the vLLM steps of a GPU lease run this worker with vLLM alone
+    (tools/gpu/README.md).
     """
-    import ray
-
-    if not ray.is_initialized():
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
         return False
     try:
         return ray.get_runtime_context().is_canceled()
