@@ -1,15 +1,18 @@
 """Pack a directory tree into xz tar parts with a manifest, and verify / unpack them again.
 
-The GPU machine has no package registry and takes at most 64 MiB per call, so the packages
-rltrain needs there travel as one xz-compressed tar stream cut into parts of at most 40 MiB,
-one part per call (tools/gpu/README.md). ``build.sh`` calls ``pack``; ``unpack.sh`` calls
-``stage`` and ``unpack``. Standard library only: it runs on the build machine (Python 3.11)
-and on the GPU machine (Python 3.12) with nothing installed.
+The GPU machine has no package registry and takes at most 64 MiB per call, the working tree
+included, so the packages rltrain needs there travel as bundles, one per purpose (``vllm``,
+``rest``, ``fallback``): each an xz-compressed tar stream cut into parts (``NAME.tar.xz.000``,
+...) that travel one or more per call (tools/gpu/README.md, tools/gpu/lease.py). ``build.sh``
+calls ``pack``; ``unpack.sh`` calls ``gather``, which stages what a call carried and unpacks
+every bundle whose parts are all there. Standard library only: it runs on the build machine
+(Python 3.11) and on the GPU machine (Python 3.12) with nothing installed.
 
-    python3 tools/gpu/bundle.py pack SRC_DIR PARTS_DIR [--part-size BYTES] [--meta FILE]
-    python3 tools/gpu/bundle.py verify PARTS_DIR
+    python3 tools/gpu/bundle.py pack SRC_DIR OUT_DIR --name NAME [--part-size B] [--meta FILE]
+    python3 tools/gpu/bundle.py verify BUNDLE_DIR
     python3 tools/gpu/bundle.py stage FROM_DIR PARTS_DIR      # copy the parts present, report
     python3 tools/gpu/bundle.py unpack PARTS_DIR DEST_DIR
+    python3 tools/gpu/bundle.py gather CARRIED_ROOT HOME [--stage-only]
 
 Exit status: 0 done; 2 a part is missing or corrupt, or the input is unusable (the message
 names the part, what is wrong and what to do).
@@ -32,13 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-#: The largest part: a device call carries 64 MiB in all, and the working tree and the
-#: manifest travel with every part.
-MAX_PART_BYTES = 40 * 1024 * 1024
-ARCHIVE = "rltrain-gpu.tar.xz"
+#: The largest part: a device call carries 64 MiB in all, and the working tree (2-3 MiB) and
+#: the manifest travel with every part. Whether a call's parts fit beside the tree is
+#: tools/gpu/lease.py's check, made on the real tree.
+MAX_PART_BYTES = 62 * 1024 * 1024
 MANIFEST = "manifest.json"
 SUMS = "SHA256SUMS"
-FORMAT = 1
+#: Where ``unpack`` records which bundle it extracted into a destination.
+DONE_DIR = ".bundles"
+FORMAT = 2
 _CHUNK = 1 << 20
 
 
@@ -46,9 +51,14 @@ class BundleError(Exception):
     """The bundle cannot be built, staged or unpacked; the message says why and what to do."""
 
 
-def part_name(index: int) -> str:
-    """The file name of part ``index`` (``rltrain-gpu.tar.xz.000``, ...)."""
-    return f"{ARCHIVE}.{index:03d}"
+def archive_name(bundle: str) -> str:
+    """The archive a bundle's parts cut: ``NAME.tar.xz``."""
+    return f"{bundle}.tar.xz"
+
+
+def part_name(bundle: str, index: int) -> str:
+    """The file name of part ``index`` of a bundle (``vllm.tar.xz.000``, ...)."""
+    return f"{archive_name(bundle)}.{index:03d}"
 
 
 def sha256_file(path: Path) -> str:
@@ -63,8 +73,8 @@ def sha256_file(path: Path) -> str:
 class _PartWriter(io.RawIOBase):
     """A write-only stream that cuts what it is given into files of ``part_size`` bytes."""
 
-    def __init__(self, out_dir: Path, part_size: int) -> None:
-        self.out_dir, self.part_size = out_dir, part_size
+    def __init__(self, out_dir: Path, part_size: int, bundle: str) -> None:
+        self.out_dir, self.part_size, self.bundle = out_dir, part_size, bundle
         self.parts: list[dict[str, object]] = []
         self.total = hashlib.sha256()
         self.size = 0
@@ -93,7 +103,7 @@ class _PartWriter(io.RawIOBase):
 
     def _next_part(self) -> None:
         self._finish_part()
-        name = part_name(len(self.parts))
+        name = part_name(self.bundle, len(self.parts))
         self._file = open(self.out_dir / name, "wb")  # noqa: SIM115 - closed in _finish_part
         self._hash = hashlib.sha256()
         self._left = self.part_size
@@ -147,36 +157,44 @@ def distributions(site: Path) -> list[str]:
 
 
 def pack(
-    src: Path, out_dir: Path, part_size: int = MAX_PART_BYTES, meta: dict | None = None
+    src: Path,
+    out_dir: Path,
+    part_size: int = MAX_PART_BYTES,
+    meta: dict | None = None,
+    name: str = "bundle",
 ) -> dict:
     """Pack every top-level entry of ``src`` into xz tar parts and write the manifest.
 
     Args:
-        src: the directory whose entries (``site/``, ``fallback/``, ...) become the archive's
-            top-level entries.
+        src: the directory whose entries (the bundle's site directory, named like the bundle)
+            become the archive's top-level entries.
         out_dir: where the parts, ``manifest.json`` and ``SHA256SUMS`` go; earlier parts there
             are removed first.
         part_size: the largest part in bytes, at most :data:`MAX_PART_BYTES`.
         meta: extra manifest fields (what the bundle holds, how it was built).
+        name: the bundle's name (``vllm``, ``rest``, ...): its parts are ``NAME.tar.xz.NNN``.
 
     Returns:
         The manifest.
 
     Raises:
-        BundleError: ``part_size`` is out of range or ``src`` is empty or missing.
+        BundleError: ``part_size`` is out of range, ``name`` is not a plain name, or ``src``
+            is empty or missing.
     """
     if not 1 <= part_size <= MAX_PART_BYTES:
         raise BundleError(
-            f"part size {part_size} bytes is out of range: give 1..{MAX_PART_BYTES} (40 MiB; a "
+            f"part size {part_size} bytes is out of range: give 1..{MAX_PART_BYTES} (62 MiB; a "
             f"device call carries 64 MiB in all, the working tree included)"
         )
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise BundleError(f"bundle name {name!r}: use letters, digits, '-' and '_' only")
     if not src.is_dir() or not any(src.iterdir()):
         raise BundleError(f"{src} is missing or empty: nothing to pack")
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob(f"{ARCHIVE}.*"):
+    for old in out_dir.glob(f"{archive_name(name)}.*"):
         old.unlink()
     t0 = time.monotonic()
-    writer = _PartWriter(out_dir, part_size)
+    writer = _PartWriter(out_dir, part_size, name)
     with lzma.LZMAFile(writer, "w", preset=6) as xz, tarfile.open(fileobj=xz, mode="w|") as tar:
         for entry in sorted(src.iterdir()):
             tar.add(entry, arcname=entry.name, filter=_normalise)
@@ -184,7 +202,8 @@ def pack(
     files, unpacked = _tree_stats(src)
     manifest = {
         "format": FORMAT,
-        "archive": ARCHIVE,
+        "bundle": name,
+        "archive": archive_name(name),
         "compression": "xz",
         "part_size_limit": part_size,
         "archive_bytes": writer.size,
@@ -212,14 +231,18 @@ def read_manifest(parts_dir: Path) -> dict:
     path = parts_dir / MANIFEST
     if not path.is_file():
         raise BundleError(
-            f"{path} is missing: carry .gpu_bundle/parts/{MANIFEST} with every part "
-            f"(tools/gpu/README.md)"
+            f"{path} is missing: carry .gpu_bundle/NAME/{MANIFEST} with every part of bundle "
+            f"NAME (tools/gpu/README.md)"
         )
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{path} is not valid JSON ({exc}): carry it again") from None
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("parts"), list):
+    if (
+        manifest.get("format") != FORMAT
+        or not isinstance(manifest.get("parts"), list)
+        or not isinstance(manifest.get("bundle"), str)
+    ):
         raise BundleError(f"{path} is not a bundle manifest of format {FORMAT}: rebuild it")
     return manifest
 
@@ -287,9 +310,9 @@ def stage(from_dir: Path, parts_dir: Path) -> list[PartCheck]:
     if (from_dir / MANIFEST).is_file():
         manifest = read_manifest(from_dir)
         staged = parts_dir / MANIFEST
-        if staged.is_file() and read_manifest(parts_dir) != manifest:
+        if staged.is_file() and _manifest_or_none(parts_dir) != manifest:
             # Parts of another build must not be joined with these.
-            for old in parts_dir.glob(f"{ARCHIVE}.*"):
+            for old in parts_dir.glob("*.tar.xz.*"):
                 old.unlink()
         shutil.copyfile(from_dir / MANIFEST, staged)
         for part in manifest["parts"]:
@@ -339,7 +362,8 @@ def unpack(parts_dir: Path, dest: Path) -> dict:
 
     Extraction goes to a fresh directory beside ``dest``'s entries and is moved into place only
     when complete, so a failure leaves no half-extracted tree. Unpacking the same bundle again
-    is a no-op (``dest/manifest.json`` records what is there).
+    is a no-op (``dest/.bundles/NAME.json`` records what is there); other bundles' entries in
+    ``dest`` are left alone.
 
     Returns:
         The manifest.
@@ -356,11 +380,11 @@ def unpack(parts_dir: Path, dest: Path) -> dict:
             f"cannot unpack {len(manifest['parts'])} parts from {parts_dir}:\n"
             + problems_text(bad, parts_dir)
         )
-    done = dest / MANIFEST
+    done = unpacked_marker(dest, manifest["bundle"])
     if done.is_file() and json.loads(done.read_text()) == manifest:
         return manifest
     dest.mkdir(parents=True, exist_ok=True)
-    work = dest / ".unpacking"
+    work = dest / f".unpacking-{manifest['bundle']}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     paths = [parts_dir / p["name"] for p in manifest["parts"]]
@@ -384,13 +408,91 @@ def unpack(parts_dir: Path, dest: Path) -> dict:
             target.unlink()
         entry.rename(target)
     work.rmdir()
+    done.parent.mkdir(exist_ok=True)
     shutil.copyfile(parts_dir / MANIFEST, done)
     return manifest
+
+
+def unpacked_marker(dest: Path, bundle: str) -> Path:
+    """The file that says bundle ``bundle`` is extracted in ``dest`` (its manifest)."""
+    return dest / DONE_DIR / f"{bundle}.json"
+
+
+def _manifest_or_none(parts_dir: Path) -> dict | None:
+    try:
+        return read_manifest(parts_dir)
+    except BundleError:
+        return None
+
+
+@dataclass(frozen=True)
+class BundleState:
+    """One bundle on the GPU machine after :func:`gather`."""
+
+    name: str
+    parts_present: int
+    parts_total: int
+    missing: tuple[str, ...]
+    unpacked: bool
+
+
+def gather(carried_root: Path, home: Path, stage_only: bool = False) -> list[BundleState]:
+    """Stage every bundle a call carried, then unpack every bundle whose parts are all there.
+
+    Args:
+        carried_root: the call's ``.gpu_bundle``: one directory per carried bundle, each with
+            its ``manifest.json`` and the parts this call carried (absent: nothing carried).
+        home: the machine's bundle home: parts are staged in ``home/parts/NAME`` (kept while
+            the machine is), bundles extracted into ``home`` (``home/NAME``).
+        stage_only: stage, but extract nothing.
+
+    Returns:
+        Every bundle staged on this machine so far, by name.
+
+    Raises:
+        BundleError: a part carried now is corrupt, or an archive does not decompress.
+    """
+    errors = []
+    if carried_root.is_dir():
+        for manifest_file in sorted(carried_root.glob(f"*/{MANIFEST}")):
+            name = read_manifest(manifest_file.parent)["bundle"]
+            try:
+                stage(manifest_file.parent, home / "parts" / name)
+            except BundleError as exc:
+                errors.append(str(exc))
+    states = []
+    for staged in sorted((home / "parts").glob(f"*/{MANIFEST}")):
+        parts_dir = staged.parent
+        manifest = read_manifest(parts_dir)
+        checks = verify(parts_dir)
+        missing = tuple(c.name for c in checks if c.status != "ok")
+        if not missing and not stage_only:
+            unpack(parts_dir, home)
+        states.append(
+            BundleState(
+                name=manifest["bundle"],
+                parts_present=len(checks) - len(missing),
+                parts_total=len(checks),
+                missing=missing,
+                unpacked=unpacked_marker(home, manifest["bundle"]).is_file(),
+            )
+        )
+    if errors:
+        raise BundleError("\n".join(errors))
+    return states
 
 
 def _report(checks: list[PartCheck]) -> str:
     ok = sum(c.status == "ok" for c in checks)
     return f"{ok}/{len(checks)} parts present and verified"
+
+
+def _gather_report(states: list[BundleState]) -> str:
+    lines = []
+    for s in states:
+        state = "unpacked" if s.unpacked else f"still to carry: {' '.join(s.missing) or '-'}"
+        lines.append(f"bundle {s.name}: {s.parts_present}/{s.parts_total} parts, {state}")
+    return "\n".join(lines) or "no bundle staged"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("pack", help="pack SRC's entries into parts + manifest")
     p.add_argument("src", type=Path)
     p.add_argument("out", type=Path)
+    p.add_argument("--name", required=True, help="the bundle's name: parts are NAME.tar.xz.NNN")
     p.add_argument("--part-size", type=int, default=MAX_PART_BYTES)
     p.add_argument("--meta", type=Path, help="JSON file of extra manifest fields")
     v = sub.add_parser("verify", help="check every part against the manifest")
@@ -409,11 +512,15 @@ def main(argv: list[str] | None = None) -> int:
     u = sub.add_parser("unpack", help="verify, join and extract into DEST")
     u.add_argument("parts", type=Path)
     u.add_argument("dest", type=Path)
+    g = sub.add_parser("gather", help="stage what a call carried, unpack complete bundles")
+    g.add_argument("carried", type=Path, help="the call's .gpu_bundle directory")
+    g.add_argument("home", type=Path)
+    g.add_argument("--stage-only", action="store_true")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "pack":
             meta = json.loads(args.meta.read_text()) if args.meta else None
-            m = pack(args.src, args.out, args.part_size, meta)
+            m = pack(args.src, args.out, args.part_size, meta, args.name)
             sizes = ", ".join(f"{p['bytes'] / 2**20:.1f}" for p in m["parts"])
             print(
                 f"packed {m['files']} files ({m['unpacked_bytes'] / 2**20:.1f} MiB) into "
@@ -432,9 +539,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"staged in {args.parts}: {_report(checks)}")
             if missing:
                 print(f"still to carry: {' '.join(missing)}")
-        else:
+        elif args.cmd == "unpack":
             m = unpack(args.parts, args.dest)
             print(f"unpacked {m['files']} files into {args.dest}: {', '.join(m['top_level'])}")
+        else:
+            print(_gather_report(gather(args.carried, args.home, args.stage_only)))
     except BundleError as exc:
         print(f"bundle: error: {exc}", file=sys.stderr)
         return 2

@@ -1,18 +1,22 @@
 """Gather what tools/gpu/run.sh left in its results directory into one JSON, with the targets.
 
-    python3 tools/gpu/collect.py RESULTS_DIR --out results.json
+    python3 tools/gpu/collect.py RESULTS_DIR [--out results.json]
 
-RESULTS_DIR holds one directory per step of run.sh (``env``, ``plain``, ``vllm_engine``, and
-one per rltrain run: ``a_fused``, ``b_turns_ipc``, ``c_vllm``, ``d_deepspeed``), each with its
-``rc`` (exit status; 124 = timed out) and ``log.txt``. A run's directory also holds ``run/``
-(the rltrain run directory: ``metrics.jsonl``, ``summary.json``, ``trace.json``), ``plan/plan.json``
-(``mode=plan`` of the same overrides) and ``mem.tsv`` (tools/gpu/memwatch.py).
+RESULTS_DIR holds one directory per step of run.sh (``unpack``, ``env``, ``plain``,
+``vllm_engine``, ``gpu_vllm``, and one per rltrain run: ``a_fused``, ``b_turns_ipc``,
+``c_vllm``, ``d_deepspeed``), each with its ``rc`` (exit status; 124 = timed out) or
+``rc.skipped`` (why it did not run) or ``rc.rehearsed`` (a CPU rehearsal), ``seconds`` (wall)
+and ``time.txt`` (wall, user and system seconds), ``switches.json`` (the short-run switches it
+ran with) and ``log.txt``. A run's directory also holds ``run/`` (the rltrain run directory:
+``metrics.jsonl``, ``summary.json``, ``trace.json``), ``plan/plan.json`` (``mode=plan`` of the
+same overrides) and ``mem.tsv`` (tools/gpu/memwatch.py).
 
 For every run: the median seconds of each stage over the steps after the warm-up ones, tokens/s,
 the share of the step spent switching the GPU between training and generation (offload,
 reload, sleep, wake, weight sync), and the GPU memory the driver saw during each stage's spans
 against the plan's prediction for that stage. Then the issue's targets, each with its value,
-goal and whether it was met (``null`` when a needed step did not run). Standard library only.
+goal, whether it was met (``null`` when a needed step did not run) and the switches its
+figures ran with. Prints one line per step and per target. Standard library only.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import json
 import statistics
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,14 +42,50 @@ SWITCH_WORDS = ("offload", "reload", "sleep", "wake", "sync")
 
 
 def step_status(step_dir: Path) -> str:
-    """``ok``, ``timeout``, ``failed (rc N)``, or ``not run`` from a step's ``rc`` file."""
+    """``ok``, ``timeout``, ``failed (rc N)``, ``skipped: WHY``, ``rehearsed`` or ``not run``."""
     rc_file = step_dir / "rc"
     if not rc_file.is_file():
-        return "not run"
+        skipped = step_dir / "rc.skipped"
+        if skipped.is_file():
+            return f"skipped: {skipped.read_text().strip()}"
+        return "rehearsed" if (step_dir / "rc.rehearsed").is_file() else "not run"
     rc = rc_file.read_text().strip()
     if rc == "0":
         return "ok"
     return "timeout" if rc in ("124", "137") else f"failed (rc {rc})"
+
+
+def step_facts(step_dir: Path) -> dict[str, Any]:
+    """A step's status, wall and CPU seconds, and the switches it ran with (where recorded)."""
+    facts: dict[str, Any] = {"status": step_status(step_dir)}
+    secs = step_dir / "seconds"
+    if secs.is_file():
+        facts["seconds"] = int(secs.read_text().strip() or 0)
+    timing = step_dir / "time.txt"  # bash's `time`: wall, user, system seconds
+    if timing.is_file():
+        fields = timing.read_text().split()
+        if len(fields) >= 3:
+            facts["cpu_seconds"] = round(float(fields[1]) + float(fields[2]), 1)
+    switches = step_dir / "switches.json"
+    if switches.is_file():
+        facts["switches"] = json.loads(switches.read_text())
+    return facts
+
+
+def pytest_counts(xml_file: Path) -> dict[str, int]:
+    """passed / failed / errors / skipped of a pytest JUnit XML report."""
+    suite = ET.parse(xml_file).getroot()
+    if suite.tag == "testsuites":
+        suite = suite[0]
+    total, failed, errors, skipped = (
+        int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")
+    )
+    return {
+        "passed": total - failed - errors - skipped,
+        "failed": failed,
+        "errors": errors,
+        "skipped": skipped,
+    }
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -169,7 +210,7 @@ def _stage_alias(stage: str) -> str:
 
 def run_record(step_dir: Path, warmup: int) -> dict[str, Any]:
     """Everything about one rltrain run of run.sh."""
-    rec: dict[str, Any] = {"status": step_status(step_dir)}
+    rec: dict[str, Any] = step_facts(step_dir)
     cmd = step_dir / "cmd.txt"
     if cmd.is_file():
         rec["command"] = cmd.read_text().strip()
@@ -206,8 +247,15 @@ def run_record(step_dir: Path, warmup: int) -> dict[str, Any]:
     return rec
 
 
-def _target(value: float | None, goal: str, ok: bool | None) -> dict[str, Any]:
-    return {"value": value, "goal": goal, "met": ok if value is not None else None}
+def _target(
+    value: float | None, goal: str, ok: bool | None, *sources: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """One target; ``sources`` are the records its figures come from (their switches kept)."""
+    out = {"value": value, "goal": goal, "met": ok if value is not None else None}
+    switches = [s["switches"] for s in sources if s and s.get("switches")]
+    if switches:
+        out["switches"] = switches[0] if len(switches) == 1 else switches
+    return out
 
 
 def targets(res: Mapping[str, Any]) -> dict[str, Any]:
@@ -218,32 +266,38 @@ def targets(res: Mapping[str, Any]) -> dict[str, Any]:
     e_tps = engine.get("tokens_per_s")
     c_tps = c.get("generate_tokens_per_s")
     ratio = c_tps / e_tps if c_tps and e_tps else None
-    out["vllm_rollout_vs_engine_tokens_per_s"] = _target(ratio, ">= 0.9", ratio and ratio >= 0.9)
+    out["vllm_rollout_vs_engine_tokens_per_s"] = _target(
+        ratio, ">= 0.9", ratio and ratio >= 0.9, c, engine
+    )
     sw = (engine.get("sleep_wake_summary") or {}).get("level1_tags") or {}
     gbps = min(sw.get("weights_GBps_sleep") or 0, sw.get("weights_GBps_wake") or 0) or None
     out["vllm_sleep_and_wake_GBps"] = _target(
-        gbps, ">= 30 (slower of the two)", gbps and gbps >= 30
+        gbps, ">= 30 (slower of the two)", gbps and gbps >= 30, engine
     )
     for name in ("b_turns_ipc", "c_vllm"):
-        sync = (runs.get(name, {}).get("stages_s") or {}).get("sync")
-        out[f"ipc_sync_s_{name}"] = _target(sync, "< 0.1", sync is not None and sync < 0.1)
+        run = runs.get(name, {})
+        sync = (run.get("stages_s") or {}).get("sync")
+        out[f"ipc_sync_s_{name}"] = _target(sync, "< 0.1", sync is not None and sync < 0.1, run)
     for name in ("b_turns_ipc", "c_vllm", "d_deepspeed"):
-        share = runs.get(name, {}).get("switch_share")
-        out[f"switch_share_{name}"] = _target(share, "<= 0.15", share is not None and share <= 0.15)
+        run = runs.get(name, {})
+        share = run.get("switch_share")
+        out[f"switch_share_{name}"] = _target(
+            share, "<= 0.15", share is not None and share <= 0.15, run
+        )
     a = runs.get("a_fused", {})
     p = plain.get("summary") or {}
     by_tokens = p["tokens_per_s"] / a["tokens_per_s"] if a.get("tokens_per_s") and p else None
     out["fused_step_vs_plain_per_token"] = _target(
-        by_tokens, "<= 1.1", by_tokens and by_tokens <= 1.1
+        by_tokens, "<= 1.1", by_tokens and by_tokens <= 1.1, a, plain
     )
     raw = a["step_s"] / p["step_s"] if a.get("step_s") and p.get("step_s") else None
     out["fused_step_vs_plain_raw"] = _target(
-        raw, "<= 1.1 (responses end at EOS: see per_token)", None
+        raw, "<= 1.1 (responses end at EOS: see per_token)", None, a, plain
     )
     for name, rec in runs.items():
         ratio = (rec.get("memory") or {}).get("plan_over_measured_peak")
         ok = ratio is not None and abs(ratio - 1) <= 0.05
-        out[f"plan_peak_within_5pct_{name}"] = _target(ratio, "0.95..1.05", ok)
+        out[f"plan_peak_within_5pct_{name}"] = _target(ratio, "0.95..1.05", ok, rec)
     return out
 
 
@@ -251,16 +305,19 @@ def collect(results: Path, warmup: int = 2) -> dict[str, Any]:
     """Read every step's output under ``results``."""
     res: dict[str, Any] = {"steps": {}}
     for d in sorted(p for p in results.iterdir() if p.is_dir()):
-        res["steps"][d.name] = step_status(d)
+        res["steps"][d.name] = step_facts(d)
     env = results / "env"
-    for name in ("machine.json", "deps.json"):
-        if (env / name).is_file():
-            res[name.split(".")[0]] = json.loads((env / name).read_text())
+    if (env / "machine.json").is_file():
+        res["machine"] = json.loads((env / "machine.json").read_text())
+    for deps in sorted(env.glob("deps_*.json")):
+        res.setdefault("deps", {})[deps.stem[5:]] = json.loads(deps.read_text())
     for name in ("plain", "vllm_engine"):
         f = results / name / f"{name}.json"
         res[name] = json.loads(f.read_text()) if f.is_file() else None
         if res[name]:
             res[name].pop("steps", None)  # per-step rows stay in the step's own JSON
+            res[name]["switches"] = res["steps"][name].get("switches")
+    res["pytest"] = {x.stem[7:]: pytest_counts(x) for x in sorted(results.glob("pytest_*.xml"))}
     res["runs"] = {
         name: {"what": what, **run_record(results / name, warmup)}
         for name, what in RUNS.items()
@@ -270,20 +327,31 @@ def collect(results: Path, warmup: int = 2) -> dict[str, Any]:
     return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of medians")
-    args = ap.parse_args(argv)
-    res = collect(args.results, args.warmup)
-    args.out.write_text(json.dumps(res, indent=1, default=str) + "\n")
-    for step, status in res["steps"].items():
-        print(f"{step:14s} {status}")
+def brief(res: Mapping[str, Any]) -> str:
+    """One line per step and per target: what a device call's output tail ends with."""
+    lines = []
+    for step, facts in res["steps"].items():
+        secs = f" in {facts['seconds']} s" if "seconds" in facts else ""
+        lines.append(f"{step:14s} {facts['status'][:110]}{secs}")
+    for name, counts in res["pytest"].items():
+        lines.append(f"pytest {name}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     for name, t in res["targets"].items():
         v = t["value"]
         shown = f"{v:.3f}" if isinstance(v, float) else str(v)
-        print(f"target {name}: {shown} (goal {t['goal']}) met={t['met']}")
+        lines.append(f"target {name}: {shown} (goal {t['goal']}) met={t['met']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--out", type=Path, help="write the JSON here (default: print only)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of medians")
+    args = ap.parse_args(argv)
+    res = collect(args.results, args.warmup)
+    if args.out:
+        args.out.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    print(brief(res))
     return 0
 
 

@@ -2,11 +2,12 @@
 
     python3 tools/gpu/memwatch.py OUT.tsv [--interval-ms 50] [--device 0]
 
-Writes ``<unix seconds>\\t<used bytes>`` lines (flushed every second) until SIGTERM or SIGINT.
-The driver's figure covers every process on the device (Ray workers, vLLM's engine core, the
-CUDA contexts), which is what a plan's per-device prediction is about; ``collect.py`` matches
-the samples with the spans of a run's ``trace.json`` (wall-clock microseconds). NVML comes from
-``nvidia-ml-py`` (on the GPU machine); without it, ``nvidia-smi`` is polled instead.
+Writes ``<unix seconds>\\t<used bytes>`` lines (the first at once, then flushed every
+second) until SIGTERM or SIGINT. The driver's figure covers every process on the device (Ray
+workers, vLLM's engine core, the CUDA contexts), which is what a plan's per-device prediction
+is about; ``collect.py`` matches the samples with the spans of a run's ``trace.json``
+(wall-clock microseconds). NVML comes from ``nvidia-ml-py`` (on the GPU machine); without it,
+``nvidia-smi`` is polled instead.
 """
 
 from __future__ import annotations
@@ -68,13 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     period = args.interval_ms / 1000
     with open(args.out, "w") as f:
+        # The first sample is flushed at once: run.sh waits for it before starting the run.
+        f.write(f"{time.time():.4f}\t{read()}\n")
+        f.flush()
         last_flush = time.monotonic()
         while not stop:
+            time.sleep(period)
             f.write(f"{time.time():.4f}\t{read()}\n")
             if time.monotonic() - last_flush > 1.0:
                 f.flush()
                 last_flush = time.monotonic()
-            time.sleep(period)
     return 0
 
 

@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
-# Everything issue 20 measures on a lent GPU machine, step by step, each step time-boxed and
-# its output kept when a later one fails. One device command runs at most 10 minutes, so the
-# steps are spread over a few calls made back to back (tools/gpu/README.md gives the calls);
-# results of earlier calls stay in $RLTRAIN_GPU_HOME/results while the machine is kept, and
-# every call returns all of them so far: $OUT/results.json (tools/gpu/collect.py) and
-# $OUT/logs.tar.xz (each step's log, metrics, summary, plan, trace and memory samples).
+# The measurements of a GPU lease, step by step (tools/gpu/lease.py gives the calls and the
+# order). Each step is time-boxed, skipped with its reason when this call lacks the bundle it
+# needs or the time it is worth, and followed at once by publishing every result so far to
+# $OUT (results.json from tools/gpu/collect.py, logs.tar.xz): a call cut off by the device
+# tool still returns what it measured. Results of earlier calls stay in
+# $RLTRAIN_GPU_HOME/results while the machine is kept, and every call returns all of them.
 #
 # Usage (repository root, on the GPU machine): bash tools/gpu/run.sh STEP...
-#   unpack       gather the carried parts and extract the bundle (tools/gpu/unpack.sh)
-#   env          the machine, versions, imports, the bundle's declared deps against it
-#   plain        the plain single-process loop (tools/gpu/plain_loop_gpu.py)
-#   vllm_engine  the standalone vLLM engine and its sleep/wake (tools/gpu/vllm_engine.py)
-#   a b c d      python -m rltrain: fused torch / turns over ipc / vLLM / DeepSpeed ZeRO-2
-#   gputests     pytest tests/gpu (issue 10's checks)
-#   enginebench  tools/gpu/gpu_bench.py (issue 10's offload / IPC / DeepSpeed figures)
-#   all          env plain vllm_engine a b c d
-# Environment: DEADLINE_S (this call's budget, default 570: steps that cannot get 45 s are
-#   skipped, the others are cut to what is left), STEPS (20), NEW_TOKENS (256),
-#   TF_FALLBACK (auto: retry vLLM with the bundle's older transformers if it fails with the
-#   machine's; 1: always use it; 0: never), RLTRAIN_GPU_HOME (/tmp/rltrain-gpu).
+#   unpack       stage the bundle parts this call carried, unpack the complete bundles
+#   env          the machine, versions, imports, the bundles' declared deps against it
+#   plain        the plain single-process loop (tools/gpu/plain_loop_gpu.py)        needs: -
+#   vllm_engine  the standalone vLLM engine and its sleep/wake (tools/gpu/vllm_engine.py) vllm
+#   gpu_vllm     tests/gpu/test_vllm_rollout_gpu.py: rltrain's vLLM generation backend   vllm
+#   c_vllm       python -m rltrain, vLLM rollout slept/woken by policy, IPC weights   vllm rest
+#   a_fused      python -m rltrain, fused torch workers                                   rest
+#   b_turns_ipc  python -m rltrain, actor and torch rollout taking turns over IPC         rest
+#   d_deepspeed  python -m rltrain, DeepSpeed ZeRO-2 offloaded after every stage          rest
+#   gputests     pytest tests/gpu (each test skips what this machine lacks)
+#   enginebench  tools/gpu/gpu_bench.py (state mover / IPC / DeepSpeed offload figures)   rest
+# Environment: DEADLINE_S (this call's budget, default 570: a step that cannot get its
+#   minimum is skipped, the others are cut to what is left), STEPS (8), NEW_TOKENS (256),
+#   VLLM_EAGER (1: vLLM without torch.compile or CUDA graphs, TORCH_COMPILE_DISABLE=1, for a
+#   short lease; 0: as compiled), TF_FALLBACK (auto: retry vLLM with the fallback bundle's
+#   transformers if it fails with the machine's; 1: always; 0: never), RLTRAIN_GPU_HOME
+#   (/tmp/rltrain-gpu), REHEARSAL (1: the CPU stand-in of tools/gpu/rehearse.py: GPU work is
+#   not run; what it needs is checked and the CPU part of it, the plan, is run; with
+#   REHEARSAL_PLAN=0 not even that).
 set -uo pipefail
 t_start=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,9 +35,12 @@ home=${RLTRAIN_GPU_HOME:-/tmp/rltrain-gpu}
 res=$home/results
 out=${OUT:-$home/out}
 deadline=${DEADLINE_S:-570}
-steps=${STEPS:-20}
+steps=${STEPS:-8}
 new_tokens=${NEW_TOKENS:-256}
+vllm_eager=${VLLM_EAGER:-1}
 tf_fallback=${TF_FALLBACK:-auto}
+rehearsal=${REHEARSAL:-0}
+py=${PYTHON:-python3}
 # The prompts are "a+b=" (4 tokens); the plan sizes activations and KV cache, and the rollout
 # its engine's max_model_len, from task.max_prompt_length + rollout.max_new_tokens.
 prompt_len=8
@@ -41,53 +51,104 @@ export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 GLOO_SOCKET_IFNAME=lo
 export VLLM_USE_FLASHINFER_SAMPLER=0 # flashinfer is not in the bundle
 export TORCH_EXTENSIONS_DIR=$home/torch_extensions
 export TORCH_CUDA_ARCH_LIST=${DS_ARCH_LIST:-9.0} # DeepSpeed 0.19.8 cannot parse "9.0a"
-# The checkout first (what this call carried is what is measured), then the bundle.
-base_path=$root:$home/site${PYTHONPATH:+:$PYTHONPATH}
+# The checkout first (what this call carried is what is measured), then the bundles. In a
+# rehearsal the local interpreter's packages stand in for the bundles (built for 3.12).
+if ((rehearsal)); then
+  base_path=$root${PYTHONPATH:+:$PYTHONPATH}
+else
+  base_path=$root:$home/vllm:$home/rest${PYTHONPATH:+:$PYTHONPATH}
+fi
 export PYTHONPATH=$base_path
 
+publish() { # every result so far into $OUT, each file replaced whole (a kill leaves the last)
+  "$py" "$here/collect.py" "$res" --out "$out/results.json.part" >"$out/.collect.txt" 2>&1 &&
+    mv "$out/results.json.part" "$out/results.json"
+  tar -C "$res" -cJf "$out/logs.tar.xz.part" --exclude=checkpoints --exclude='*.png' \
+    --exclude='*.pt' --exclude='*.safetensors' . 2>/dev/null &&
+    mv "$out/logs.tar.xz.part" "$out/logs.tar.xz"
+  rm -f "$out/.collect.txt"
+}
 finish() {
-  python3 "$here/collect.py" "$res" --out "$out/results.json" || true
-  tar -C "$res" -cJf "$out/logs.tar.xz" --exclude=checkpoints --exclude='*.png' \
-    --exclude='*.pt' --exclude='*.safetensors' . 2>/dev/null || true
+  publish
+  "$py" "$here/collect.py" "$res" # the short table the reply's output tail ends with
   echo "run.sh: $(($(date +%s) - t_start)) s; results in $out (results.json, logs.tar.xz)"
 }
 trap finish EXIT
 
 left() { echo $((deadline - ($(date +%s) - t_start))); }
 
-# step NAME BOX_S CMD...: run CMD with output in $res/NAME/log.txt and its status in rc,
-# within BOX_S seconds or what is left of the call.
+has_bundle() { [[ -f $home/.bundles/$1.json ]]; }
+
+# skip NAME WHY: record that a step did not run and why
+skip() {
+  mkdir -p "$res/$1"
+  rm -f "$res/$1/rc"
+  echo "$2" >"$res/$1/rc.skipped"
+  echo "== $1: skipped: $2"
+}
+
+# step NAME BOX_S MIN_S NEEDS GPU CMD...: run CMD with output in $res/NAME/log.txt, its status
+# in rc and its wall seconds in seconds, within BOX_S seconds or what is left of the call;
+# skipped when a bundle in NEEDS ("vllm rest", "-") is not unpacked here or less than MIN_S is
+# left. GPU=1: in a rehearsal the command is not run (rc.rehearsed) unless it is the CPU part.
 step() {
-  local name=$1 box=$2
-  shift 2
-  local dir=$res/$name budget
-  budget=$(($(left) - 15))
+  local name=$1 box=$2 min=$3 needs=$4 gpu=$5 b budget t0 rc
+  shift 5
+  local dir=$res/$name
   mkdir -p "$dir"
-  if ((budget < 45)); then
-    echo "== $name: skipped, $(left) s left in this call (DEADLINE_S=$deadline)"
-    echo skipped >"$dir/rc.skipped"
+  for b in $needs; do
+    [[ $b == - ]] && continue
+    if ! has_bundle "$b"; then
+      skip "$name" "needs the $b bundle, which is not unpacked on this machine (carry its parts: tools/gpu/README.md)"
+      publish
+      return 0
+    fi
+  done
+  budget=$(($(left) - 15))
+  if ((budget < min)); then
+    skip "$name" "$(left) s left in this call (DEADLINE_S=$deadline), the step needs $min s"
+    publish
     return 0
   fi
   ((box > budget)) && box=$budget
+  rm -f "$dir/rc" "$dir/rc.skipped" "$dir/rc.rehearsed"
+  "$py" - "$dir/switches.json" "$steps" "$new_tokens" "$vllm_eager" "$rehearsal" "$box" <<'EOF'
+import json, sys
+path, steps, tokens, eager, rehearsal, box = sys.argv[1:]
+json.dump({"steps": int(steps), "max_new_tokens": int(tokens), "vllm_eager": eager == "1",
+           "rehearsal": rehearsal == "1", "time_box_s": int(box)}, open(path, "w"))
+EOF
   echo "== $name (at most $box s)"
-  rm -f "$dir/rc" "$dir/rc.skipped"
-  timeout -k 10 "$box" "$@" >"$dir/log.txt" 2>&1
-  local rc=$?
-  echo "$rc" >"$dir/rc"
-  tail -n 15 "$dir/log.txt"
-  echo "== $name: rc=$rc"
+  # wall, user and system seconds of the step and its children (the rehearsal, on a shared
+  # machine, also wants the CPU time)
+  local TIMEFORMAT="%R %U %S" rehearsal_dir=""
+  ((rehearsal && gpu)) && rehearsal_dir=$dir
+  { time REHEARSAL_DIR=$rehearsal_dir timeout -k 10 "$box" "$@" >"$dir/log.txt" 2>&1; } \
+    2>"$dir/time.txt"
+  rc=$?
+  ((rehearsal && gpu && rc == 0)) && { echo rehearsed >"$dir/rc.rehearsed"; rc=rehearsed; }
+  awk '{printf "%d\n", $1 + 0.5}' "$dir/time.txt" >"$dir/seconds"
+  [[ $rc == rehearsed ]] || echo "$rc" >"$dir/rc"
+  tail -n 8 "$dir/log.txt"
+  echo "== $name: rc=$rc in $(cat "$dir/seconds") s"
+  publish
   return 0
 }
 
 gpu_gib() {
+  if ((rehearsal)); then
+    echo 79.10 # the H100's 81559 MiB as torch reports it, for the rehearsal's plans
+    return
+  fi
   nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 |
     awk '{printf "%.2f", $1 / 1024}'
 }
 
 do_env() {
-  local dir=$res/env
-  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
-  python3 - "$dir/machine.json" <<'EOF'
+  local dir=$res/env b
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv ||
+    echo "(no nvidia-smi here)"
+  "$py" - "$dir/machine.json" <<'EOF'
 import importlib, json, platform, sys, time
 info = {"python": sys.version.split()[0], "platform": platform.platform()}
 import torch
@@ -107,12 +168,14 @@ for mod in ("transformers", "tokenizers", "ray", "hydra", "omegaconf", "deepspee
     except Exception as exc:  # report every import, not the first failure
         info[mod] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
 json.dump(info, open(sys.argv[1], "w"), indent=1)
-print(json.dumps(info, indent=1))
+print(json.dumps({k: v.get("version", v.get("error")) if isinstance(v, dict) else v
+                  for k, v in info.items()}, indent=1))
 EOF
-  python3 "$here/check_deps.py" "$home/site" --live --json "$dir/deps.json"
-  echo "-- with the fallback transformers/tokenizers ahead:"
-  [[ -d $home/fallback ]] && python3 "$here/check_deps.py" "$home/site" --fallback \
-    "$home/fallback" --live | tail -3
+  for b in vllm rest; do
+    has_bundle "$b" || continue
+    echo "-- the $b bundle's declared dependencies against this machine:"
+    "$py" "$here/check_deps.py" "$home/$b" --live --json "$dir/deps_$b.json" | tail -4
+  done
   return 0
 }
 
@@ -122,85 +185,129 @@ common=(model=qwen2_0_5b placement=collocated cluster.simulate_devices=false
   trainer.total_steps="$steps" trainer.eval_every=0 logging.progress=false
   task.max_prompt_length="$prompt_len")
 declare -A extra=(
-  [a]="placement.fuse=true"
-  [b]="weight_sync.transport=ipc placement.fuse=false"
-  [c]="rollout.backend=vllm weight_sync.transport=ipc placement.offload.rollout.when=after_stage"
-  [d]="actor.backend=deepspeed actor.zero_stage=2 placement.offload.actor.when=after_stage"
+  [a_fused]="placement.fuse=true"
+  [b_turns_ipc]="weight_sync.transport=ipc placement.fuse=false"
+  [c_vllm]="rollout.backend=vllm weight_sync.transport=ipc placement.offload.rollout.when=after_stage"
+  [d_deepspeed]="actor.backend=deepspeed actor.zero_stage=2 placement.offload.actor.when=after_stage"
 )
-declare -A dirname=([a]=a_fused [b]=b_turns_ipc [c]=c_vllm [d]=d_deepspeed)
 
-do_run() { # KEY: plan with the same overrides, then train with the GPU memory sampled
-  local key=$1 dir=$res/${dirname[$1]} rc
+vllm_env() { # the environment of a vLLM step: the short-lease switch, the transformers chosen
+  ((vllm_eager)) && export TORCH_COMPILE_DISABLE=1
+  if [[ $(cat "$home/state/transformers" 2>/dev/null) == fallback ]]; then
+    export PYTHONPATH=$root:$home/fallback:$home/vllm:$home/rest
+    echo "vLLM runs with the fallback bundle's transformers (the vllm_engine step needed it)"
+  fi
+  return 0
+}
+
+do_run() { # NAME: plan with the same overrides, then train with the GPU memory sampled
+  local key=$1 dir=$res/$1 rc
   read -r -a own <<<"${extra[$key]}"
   rm -rf "$dir/run" "$dir/plan" "$home/ckpt/$key"
   echo "python -m rltrain ${common[*]} ${own[*]}" >"$dir/cmd.txt"
-  python3 -m rltrain mode=plan "${common[@]}" "${own[@]}" cluster.device_memory_gib="$(gpu_gib)" \
+  [[ $key == c_vllm ]] && vllm_env
+  if [[ -n ${REHEARSAL_DIR:-} && ${REHEARSAL_PLAN:-1} == 0 ]]; then
+    echo "rehearsal: plan and run skipped (REHEARSAL_PLAN=0)"
+    return 0
+  fi
+  "$py" -m rltrain mode=plan "${common[@]}" "${own[@]}" cluster.device_memory_gib="$(gpu_gib)" \
     hydra.run.dir="$dir/plan" || echo "(the plan refused: see above; the run goes on)"
-  if [[ $key == c && $(cat "$home/state/transformers" 2>/dev/null) == fallback ]]; then
-    export PYTHONPATH=$root:$home/fallback:$home/site
-    echo "vLLM runs with the bundle's transformers (the vllm_engine step needed it)"
+  if [[ -n ${REHEARSAL_DIR:-} ]]; then
+    echo "rehearsal: the run itself needs the GPU"
+    return 0
   fi
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv # leftovers would skew memory
-  python3 "$here/memwatch.py" "$dir/mem.tsv" &
+  "$py" "$here/memwatch.py" "$dir/mem.tsv" &
   local watcher=$!
-  sleep 0.5 # a first sample before the run puts anything on the GPU
-  python3 -m rltrain "${common[@]}" "${own[@]}" hydra.run.dir="$dir/run" \
+  # the first sample is read before the run puts anything on the GPU
+  while [[ ! -s $dir/mem.tsv ]] && kill -0 "$watcher" 2>/dev/null; do sleep 0.05; done
+  "$py" -m rltrain "${common[@]}" "${own[@]}" hydra.run.dir="$dir/run" \
     trainer.checkpoint_dir="$home/ckpt/$key"
   rc=$?
   kill "$watcher" && wait "$watcher"
-  export PYTHONPATH=$base_path
   rm -rf "$home/ckpt/$key" # up to a few GB per run; nothing reads them
   return $rc
 }
 
 do_vllm_engine() {
-  local dir=$res/vllm_engine rc
+  local dir=$res/vllm_engine rc args
+  ((vllm_eager)) && export TORCH_COMPILE_DISABLE=1
+  args=(--out "$dir/vllm_engine.json" --steps "$steps" --max-new-tokens "$new_tokens"
+    --max-model-len $((prompt_len + new_tokens)) --cycles 2)
+  if [[ -n ${REHEARSAL_DIR:-} ]]; then
+    echo "rehearsal: the engine needs the GPU"
+    return 0
+  fi
   if [[ $tf_fallback != 1 ]]; then
-    python3 "$here/vllm_engine.py" --out "$dir/vllm_engine.json" --steps "$steps" \
-      --max-new-tokens "$new_tokens" --max-model-len $((prompt_len + new_tokens)) &&
+    "$py" "$here/vllm_engine.py" "${args[@]}" &&
       { echo machine >"$home/state/transformers"; return 0; }
     rc=$?
-    [[ $tf_fallback == 0 || ! -d $home/fallback ]] && return $rc
-    echo "== vLLM failed with the machine's transformers (rc=$rc): again with the bundle's"
+    [[ $tf_fallback == 0 ]] && return $rc
+    if ! has_bundle fallback; then
+      echo "== vLLM failed (rc=$rc); the fallback bundle is not here to retry with"
+      return $rc
+    fi
+    echo "== vLLM failed with the machine's transformers (rc=$rc): again with the fallback's"
   fi
-  PYTHONPATH=$root:$home/fallback:$home/site python3 "$here/vllm_engine.py" \
-    --out "$dir/vllm_engine.json" --steps "$steps" --max-new-tokens "$new_tokens" \
-    --max-model-len $((prompt_len + new_tokens)) &&
+  PYTHONPATH=$root:$home/fallback:$home/vllm "$py" "$here/vllm_engine.py" "${args[@]}" &&
     echo fallback >"$home/state/transformers"
 }
 
-do_gputests() {
-  python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" --timeout 200
+do_plain() {
+  if [[ -n ${REHEARSAL_DIR:-} ]]; then # its imports only: the loop needs the GPU
+    "$py" "$here/plain_loop_gpu.py" --help >/dev/null && echo "rehearsal: imports fine"
+    return $?
+  fi
+  "$py" "$here/plain_loop_gpu.py" --out "$res/plain/plain.json" --steps "$steps" \
+    --max-new-tokens "$new_tokens"
+}
+
+do_enginebench() {
+  if [[ -n ${REHEARSAL_DIR:-} ]]; then
+    echo "rehearsal: the bench needs the GPU"
+    return 0
+  fi
+  "$py" "$here/gpu_bench.py" --out "$res/enginebench/gpu_bench.json" \
+    --sections "${SECTIONS:-mover,ipc,ds2,zero3}" --deadline-s 240
+}
+
+do_pytest() { # FILE...: the gpu tests named (each skips what the machine lacks)
+  [[ $1 == *vllm* ]] && vllm_env
+  if [[ -n ${REHEARSAL_DIR:-} ]]; then
+    "$py" -m pytest --collect-only -q -p no:cacheprovider "$@"
+    return $?
+  fi
+  "$py" -m pytest "$@" -q -p no:cacheprovider -o addopts="" --timeout 200 \
+    --junitxml="$res/pytest_$(basename "$1" .py).xml"
 }
 
 # export what the step commands (run by `timeout` in a child shell) need
-export -f do_env do_run do_vllm_engine do_gputests gpu_gib
-export here root home res steps new_tokens tf_fallback base_path prompt_len
+export -f do_env do_run do_vllm_engine do_pytest do_plain do_enginebench gpu_gib has_bundle
+export -f vllm_env
+export here root home res steps new_tokens tf_fallback base_path prompt_len py vllm_eager
+export rehearsal
 
-run_step() { # NAME: the step's command, time-boxed
+run_step() { # NAME: the step's command, time-boxed, with its needs and the least time worth it
   case $1 in
-    unpack) step unpack 120 bash "$here/unpack.sh" ;;
-    env) step env 120 bash -c do_env ;;
-    plain)
-      step plain 300 python3 "$here/plain_loop_gpu.py" --out "$res/plain/plain.json" \
-        --steps "$steps" --max-new-tokens "$new_tokens"
-      ;;
-    vllm_engine) step vllm_engine 330 bash -c do_vllm_engine ;;
-    a | b | c | d)
-      step "${dirname[$1]}" 330 bash -c "$(declare -p common extra dirname); do_run $1"
-      if [[ $(cat "$res/${dirname[$1]}/rc" 2>/dev/null) != 0 ]]; then
+    unpack) step unpack 180 1 - 0 bash "$here/unpack.sh" ;;
+    env) step env 90 20 - 0 bash -c do_env ;;
+    plain) step plain 300 45 - 1 bash -c do_plain ;;
+    vllm_engine) step vllm_engine 300 60 vllm 1 bash -c do_vllm_engine ;;
+    gpu_vllm) step gpu_vllm 200 45 vllm 1 bash -c 'do_pytest tests/gpu/test_vllm_rollout_gpu.py' ;;
+    gputests) step gputests 240 45 - 1 bash -c 'do_pytest tests/gpu' ;;
+    a_fused | b_turns_ipc | c_vllm | d_deepspeed)
+      local needs=rest min=90
+      [[ $1 == c_vllm ]] && needs="vllm rest" && min=100
+      [[ $1 == d_deepspeed ]] && min=120
+      step "$1" 330 "$min" "$needs" 1 bash -c "$(declare -p common extra); do_run $1"
+      if [[ -f $res/$1/rc && $(cat "$res/$1/rc") != 0 ]]; then
         # A failed or killed run may leave Ray's processes holding GPU memory for the next
         # step; on the lent machine every Ray process is this script's.
-        python3 -c "import sys; sys.argv = ['ray', 'stop', '--force']
+        "$py" -c "import sys; sys.argv = ['ray', 'stop', '--force']
 from ray.scripts.scripts import main; main()" >/dev/null 2>&1 || true
       fi
       ;;
-    gputests) step gputests 240 bash -c do_gputests ;;
-    enginebench)
-      step enginebench 330 python3 "$here/gpu_bench.py" --out "$res/enginebench/gpu_bench.json" \
-        --sections "${SECTIONS:-mover,ipc,ds2,zero3}" --deadline-s 240
-      ;;
-    all) for s in env plain vllm_engine a b c d; do run_step "$s"; done ;;
+    enginebench) step enginebench 330 60 rest 1 bash -c do_enginebench ;;
     *)
       echo "run.sh: unknown step $1 (see the usage at the top of $0)" >&2
       return 2
@@ -214,8 +321,4 @@ if (($# == 0)); then
 fi
 for s in "$@"; do
   run_step "$s" || exit 2
-  if [[ $s == unpack && $(cat "$res/unpack/rc" 2>/dev/null) != 0 ]]; then
-    echo "run.sh: the bundle is not unpacked: the other steps need it" >&2
-    exit 2
-  fi
 done

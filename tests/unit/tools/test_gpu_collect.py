@@ -80,13 +80,30 @@ def test_plan_memory_reads_the_devices_profile():
 
 
 @pytest.mark.parametrize(
-    ("rc", "status"),
-    [("0\n", "ok"), ("124\n", "timeout"), ("1\n", "failed (rc 1)"), (None, "not run")],
+    ("files", "status"),
+    [
+        ({"rc": "0\n"}, "ok"),
+        ({"rc": "124\n"}, "timeout"),
+        ({"rc": "137\n"}, "timeout"),
+        ({"rc": "1\n"}, "failed (rc 1)"),
+        ({"rc.skipped": "needs the vllm bundle\n"}, "skipped: needs the vllm bundle"),
+        ({"rc.rehearsed": "rehearsed\n"}, "rehearsed"),
+        ({}, "not run"),
+    ],
 )
-def test_step_status(tmp_path, rc, status):
-    if rc is not None:
-        (tmp_path / "rc").write_text(rc)
+def test_step_status(tmp_path, files, status):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
     assert collect.step_status(tmp_path) == status
+
+
+def test_pytest_counts_read_the_junit_report(tmp_path):
+    xml = tmp_path / "pytest_x.xml"
+    xml.write_text(
+        '<?xml version="1.0"?><testsuites><testsuite name="pytest" errors="1" failures="2" '
+        'skipped="3" tests="10" time="1.0"></testsuite></testsuites>'
+    )
+    assert collect.pytest_counts(xml) == {"passed": 4, "failed": 2, "errors": 1, "skipped": 3}
 
 
 def test_targets_from_collected_results():
@@ -129,6 +146,9 @@ def test_collect_reads_a_run_directory(tmp_path):
     (run / "run").mkdir(parents=True)
     (run / "plan").mkdir()
     (run / "rc").write_text("0\n")
+    (run / "seconds").write_text("42\n")
+    switches = {"steps": 4, "max_new_tokens": 256, "vllm_eager": True}
+    (run / "switches.json").write_text(json.dumps(switches))
     (run / "cmd.txt").write_text("python -m rltrain model=qwen2_0_5b\n")
     (run / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
     (run / "run" / "summary.json").write_text(json.dumps({"status": "completed", "steps": 4}))
@@ -151,12 +171,20 @@ def test_collect_reads_a_run_directory(tmp_path):
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "rc").write_text("124\n")
     res = collect.collect(tmp_path, warmup=1)
-    assert res["steps"] == {"b_turns_ipc": "ok", "plain": "timeout"}
+    assert res["steps"] == {
+        "b_turns_ipc": {"status": "ok", "seconds": 42, "switches": switches},
+        "plain": {"status": "timeout"},
+    }
     rec = res["runs"]["b_turns_ipc"]
     assert rec["status"] == "ok" and rec["steps_recorded"] == 4
+    assert rec["switches"] == switches
     assert rec["memory"]["base_bytes"] == 1000
     assert rec["memory"]["peak_bytes"] == 8000
     assert rec["memory"]["by_stage_bytes"] == {"generate": 4000, "train": 8000}
     assert rec["memory"]["plan_over_measured_peak"] == pytest.approx(8200 / 8000)
     assert res["targets"]["plan_peak_within_5pct_b_turns_ipc"]["met"] is True
+    # each figure carries the short-run switches its run used
+    assert res["targets"]["plan_peak_within_5pct_b_turns_ipc"]["switches"] == switches
     assert res["plain"] is None
+    lines = collect.brief(res).splitlines()
+    assert lines[0].split() == ["b_turns_ipc", "ok", "in", "42", "s"]

@@ -1,0 +1,187 @@
+"""tools/gpu/lease.py (the lease plan) and rehearse.py (its rehearsal on a CPU stand-in).
+
+The plan is checked against the device tool's limits and the 12 minutes on the recorded layout
+of the real bundles; the rehearsal runs a two-call plan of tiny bundles through the real
+run.sh, unpack.sh and collect.py on a local stand-in: the calls' files as the tool sends them,
+the machine's files kept between calls only within the 30 s it stays warm, a cut-off call's
+results, and a call over the 64 MiB refused before it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from tiny_bundles import GPU_TOOLS, PART, ROOT
+
+sys.path.insert(0, str(GPU_TOOLS))
+import lease  # noqa: E402  (tools/gpu is not a package)
+import rehearse  # noqa: E402
+
+S = lease.STEP_BY_NAME
+
+
+def real_plan() -> lease.Plan:
+    return lease.make_plan(lease.layout_parts(json.loads(lease.LAYOUT.read_text())),
+                           lease.TREE_BUDGET_BYTES)  # fmt: skip
+
+
+def test_the_plan_fits_the_tool_and_12_minutes_in_the_order_of_value():
+    plan = real_plan()
+    assert [p for c in plan.calls for p in lease.check_call(c, plan.tree_bytes)] == []
+    assert lease.total_s(lease.table(plan)) <= lease.PLAN_BUDGET_S
+    assert lease.tree_bytes(ROOT) <= lease.TREE_BUDGET_BYTES
+    first, last = plan.calls[0], plan.calls[-1]
+    # the bundle-free steps run while the parts arrive; the trainer with vLLM, the most
+    # valuable figure, runs in the call that carries the last part, after the vLLM checks
+    assert first.steps[:3] == ("unpack", "env", "plain")
+    assert last.steps[:4] == ("unpack", "vllm_engine", "gpu_vllm", "c_vllm")
+    assert last.carry[-1] == ".gpu_bundle/rest"
+    ran = [s for c in plan.calls for s in c.steps if s != "unpack"]
+    assert set(ran) == {s.name for s in lease.STEPS} - {"unpack"}
+    # DeepSpeed only if time is left: the last call's deadline leaves it none by the estimates
+    rows = {r.item.split(":")[0]: r for r in lease.table(plan) if r.call == last.index}
+    assert rows["c_vllm"].runs and rows["a_fused"].runs and not rows["d_deepspeed"].runs
+    for call in plan.calls:
+        assert dict(call.env) == {"STEPS": "6", "VLLM_EAGER": "1"}
+        assert call.command().startswith(f"DEADLINE_S={call.deadline_s} STEPS=6 VLLM_EAGER=1 ")
+
+
+def test_the_readme_gives_the_plans_calls_and_table():
+    readme = (GPU_TOOLS / "README.md").read_text()
+    plan = real_plan()
+    assert lease.run_calls_text(plan) in readme
+    assert lease.markdown_table(plan, lease.table(plan)) in readme
+
+
+def test_parts_go_first_fit_with_their_manifests():
+    parts = (
+        [lease.Part("v", "m/v/manifest.json", 1)]
+        + [lease.Part("v", f"m/v/v.tar.xz.{i:03d}", 40) for i in range(3)]
+        + [lease.Part("r", "m/r/manifest.json", 1), lease.Part("r", "m/r/r.tar.xz.000", 30)]
+    )
+    groups = lease.assign_parts(parts, capacity=100)
+    assert [[p.path.rsplit("/", 1)[1] for p in g] for g in groups] == [
+        ["manifest.json", "v.tar.xz.000", "v.tar.xz.001"],
+        ["manifest.json", "v.tar.xz.002", "manifest.json", "r.tar.xz.000"],
+    ]
+    assert lease.carry_list(groups[1], parts) == ("m/v/manifest.json", "m/v/v.tar.xz.002",
+                                                  ".gpu_bundle/r")  # fmt: skip
+    with pytest.raises(ValueError, match="does not fit a call's"):
+        lease.assign_parts(parts, capacity=40)
+
+
+def tiny_plan(bundles) -> lease.Plan:
+    """The plan's layout on the tiny bundles: 4 parts a call, so vLLM takes two calls."""
+    parts = lease.read_parts(bundles["root"])
+    steps = [S["unpack"], S["vllm_engine"], S["c_vllm"], S["a_fused"]]
+    return lease.make_plan(parts, lease.TREE_BUDGET_BYTES, steps=2, selected=steps,
+                           capacity=4 * PART + 4096)  # fmt: skip
+
+
+def test_the_rehearsal_runs_the_calls_in_order_on_a_stand_in(tiny_bundles, tmp_path):
+    plan = tiny_plan(tiny_bundles)
+    assert [c.steps for c in plan.calls] == [
+        ("unpack",),
+        ("unpack", "vllm_engine", "c_vllm", "a_fused"),
+    ]
+    reports, rows = rehearse.rehearse(plan, ROOT, tiny_bundles["root"], tmp_path / "standin",
+                                      env={"REHEARSAL_PLAN": "0"})  # fmt: skip
+    one, two = reports
+    assert one.problems == () and two.problems == (), (one.problems, two.problems)
+    assert one.fresh_machine and not two.fresh_machine
+    assert one.rc == two.rc == 0
+    assert one.sent_bytes <= lease.TREE_LIMIT_BYTES and one.carry_paths == 5
+    assert one.steps["unpack"]["status"] == "ok"
+    assert two.steps == {
+        "unpack": two.steps["unpack"],
+        "vllm_engine": {**two.steps["vllm_engine"], "status": "rehearsed"},
+        "c_vllm": {**two.steps["c_vllm"], "status": "rehearsed"},
+        "a_fused": {**two.steps["a_fused"], "status": "rehearsed"},
+    }
+    assert two.steps["c_vllm"]["switches"]["vllm_eager"] is True
+    assert two.steps["c_vllm"]["switches"]["steps"] == 2
+    # the stand-in unpacked both bundles from what the two calls carried
+    home = tmp_path / "standin" / "machine" / "tmp" / "rltrain-gpu"
+    assert (home / "vllm" / "tinya" / "blob.bin").read_bytes() == tiny_bundles["payload"]
+    assert (home / "rest" / "tinyb" / "blob.bin").read_bytes() == tiny_bundles["rest_payload"]
+    assert two.out_files == ("logs.tar.xz", "results.json")
+    # the table: one start, the unpacks measured here, the GPU steps estimated
+    basis = {r.item.split(":")[0]: r.basis for r in rows if r.call == 2}
+    assert basis["unpack"].startswith("measured (rehearsal): CPU time")
+    assert basis["c_vllm"].startswith("estimate")
+    assert sum(r.item == "start a machine" for r in rows) == 1
+    assert rehearse.fits(reports, rows)
+
+
+def test_a_missed_warm_window_finds_a_fresh_machine(tiny_bundles, tmp_path):
+    """Past 30 s between calls the first call's parts are gone: the vLLM steps say so and
+    are skipped, the rest still runs, and the table pays a second start."""
+    plan = tiny_plan(tiny_bundles)
+    reports, rows = rehearse.rehearse(plan, ROOT, tiny_bundles["root"], tmp_path / "standin",
+                                      gaps_s=[31], env={"REHEARSAL_PLAN": "0"})  # fmt: skip
+    two = reports[1]
+    assert two.fresh_machine and two.rc == 0
+    for step in ("vllm_engine", "c_vllm"):
+        assert two.steps[step]["status"].startswith("skipped: needs the vllm bundle")
+    assert two.steps["a_fused"]["status"] == "rehearsed"
+    assert sum(r.item == "start a machine" for r in rows) == 2
+
+
+def test_a_call_cut_off_still_returns_what_it_measured(tiny_bundles, tmp_path):
+    """run.sh publishes after every step: a call killed in its second step, with everything
+    it started (as the tool kills a command past its timeout), hands back the first's."""
+    carry = (".gpu_bundle/rest",)
+    standin = rehearse.StandIn(tmp_path / "standin")
+    standin.fresh()
+    standin.receive(rehearse.travelling(ROOT, tiny_bundles["root"], carry), carry)
+    killer = tmp_path / "python"
+    killer.write_text(
+        "#!/bin/bash\n"
+        # the stand-in's session leader leads run.sh's process group (timeout's is its own)
+        'case "$*" in *plain_loop_gpu.py*) kill -KILL -- -"$(cut -d" " -f6 /proc/$$/stat)";; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    killer.chmod(0o755)
+    out = tmp_path / "out"
+    rc, _ = standin.run("bash tools/gpu/run.sh unpack plain", 60, out, {"PYTHON": str(killer)})
+    assert rc == -9
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"]["unpack"]["status"] == "ok"
+    assert "plain" not in results["steps"] or results["steps"]["plain"]["status"] == "not run"
+    assert (out / "logs.tar.xz").is_file()
+    assert rehearse.out_problems(out) == []
+
+
+def test_a_call_over_64_mib_is_refused_before_it_runs(tiny_bundles, tmp_path):
+    bundles = tmp_path / "bundles"
+    (bundles / "big").mkdir(parents=True)
+    with open(bundles / "big" / "big.bin", "wb") as f:
+        f.truncate(lease.TREE_LIMIT_BYTES)  # sparse: 64 MiB on paper, nothing on disk
+    call = lease.Call(1, (".gpu_bundle/big", ".gpu_bundle/nowhere"), lease.TREE_LIMIT_BYTES,
+                      ("unpack",), 60, ())  # fmt: skip
+    report = rehearse.rehearse_call(call, ROOT, bundles, rehearse.StandIn(tmp_path / "s"),
+                                    fresh=True, env={})  # fmt: skip
+    assert report.rc is None  # nothing ran
+    assert any("MiB travels, the limit is 64 MiB" in p for p in report.problems)
+    assert "call 1: carried path .gpu_bundle/nowhere does not exist here" in report.problems
+
+
+def test_out_limits_are_those_the_tool_returns(tmp_path):
+    out = tmp_path / "out"
+    (out / "a" / "b" / "c").mkdir(parents=True)
+    (out / "a" / "b" / "c" / "deep.txt").write_text("x")
+    (out / "bad name.txt").write_text("x")
+    for i in range(8):
+        (out / f"f{i}").write_text("x")
+    problems = rehearse.out_problems(out)
+    assert "$OUT holds 10 files, the tool returns 8" in problems
+    assert "$OUT/a/b/c/deep.txt is more than 2 folders down" in problems
+    assert "$OUT/bad name.txt: a name the tool does not return" in problems
+
+
+def test_every_call_fits_the_command_and_carry_limits():
+    long = lease.Call(1, tuple(f"p{i}" for i in range(9)), 0, ("x" * 2000,), 60, ())
+    problems = lease.check_call(long, 0)
+    assert any("command of" in p for p in problems) and "call 1: 9 carry paths" in problems
