@@ -2,7 +2,7 @@
 # Build the bundles the GPU machine needs beside its own packages, one per purpose, each
 # listed in tools/gpu/bundles/NAME.txt: "vllm" (vLLM 0.26.0 trimmed and what offline
 # LLM(...) imports: the vLLM steps), "rest" (Ray, Hydra, DeepSpeed: python -m rltrain) and
-# "fallback" (an older transformers, only if vLLM fails with the machine's). Each is installed
+# "fallback" (an older transformers, used only if vLLM fails with the machine's). Each is installed
 # for CPython 3.12 manylinux x86_64 into .gpu_bundle/stage/NAME, trimmed, and packed into
 # .gpu_bundle/NAME/: xz tar parts NAME.tar.xz.000, ... of at most --part-size bytes, with
 # manifest.json and SHA256SUMS. rltrain itself is not bundled: every device call carries the
@@ -11,10 +11,11 @@
 #
 # Usage: tools/gpu/build.sh [--bundle NAME]... [--out DIR] [--part-size BYTES] [--with-moe]
 #        tools/gpu/build.sh --tiny NAME=WHEEL_DIR... [--out DIR] [--part-size BYTES]
-#   --bundle     build this bundle (repeatable; default: vllm and rest, the lease plan's)
+#   --bundle     build this bundle (repeatable; default: vllm, rest and fallback, the plan's)
 #   --out        where wheels/, stage/ and the bundles go (default .gpu_bundle, gitignored)
-#   --part-size  largest part in bytes (default 60817408 = 58 MiB: a call carries 64 MiB,
-#                the working tree included; tools/gpu/lease.py checks each call's total)
+#   --part-size  largest part in bytes (default 62849024 = 60 MiB less 64 KiB: a call carries
+#                64 MiB, the working tree's 4 MiB budget included; tools/gpu/lease.py checks
+#                each call's total)
 #   --with-moe   keep vLLM's MoE kernels (_moe_C*: +40 MiB packed); dense models do without
 #   --tiny NAME=DIR  no registry: bundle NAME from the wheels in DIR as they are (CI's mode;
 #                repeatable)
@@ -23,7 +24,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 out=.gpu_bundle
-part_size=60817408
+part_size=62849024
 with_moe=0
 bundles=()
 tiny=()
@@ -38,7 +39,7 @@ while (($#)); do
   esac
 done
 if ((${#tiny[@]} == 0 && ${#bundles[@]} == 0)); then
-  bundles=(vllm rest)
+  bundles=(vllm rest fallback)
 fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -155,7 +156,8 @@ build_one() { # NAME [TINY_DIR]
   fi
   list=$here/bundles/$name.txt
   if [[ ! -f $list ]]; then
-    echo "build.sh: no bundle $name: the bundles are $(ls "$here/bundles" | sed 's/\.txt$//' | tr '\n' ' ')" >&2
+    echo "build.sh: no bundle $name: the bundles are" \
+      "$(ls "$here/bundles"/*.txt | xargs -n1 basename | sed 's/\.txt$//' | tr '\n' ' ')" >&2
     exit 2
   fi
   echo "== $name: download ($(pins "$list" | wc -l) pinned wheels) into $wheels"

@@ -60,7 +60,8 @@ TIMEOUT_OVER_DEADLINE_S = 30
 
 HERE = Path(__file__).resolve().parent
 LAYOUT = HERE / "bundles" / "layout.json"
-BUNDLE_ORDER = ("vllm", "rest")
+#: The bundles the plan carries, in the order their parts are assigned to calls.
+BUNDLE_ORDER = ("vllm", "rest", "fallback")
 
 
 @dataclass(frozen=True)
@@ -344,10 +345,13 @@ def make_plan(
     room = TREE_LIMIT_BYTES - tree if capacity is None else capacity
     groups = assign_parts(parts, room)
     placed = place_steps(groups, parts, selected)
-    env = (("STEPS", str(steps)), ("VLLM_EAGER", "1"))
+    base_env = (("STEPS", str(steps)), ("VLLM_EAGER", "1"))
     calls = []
     spent = overheads.start_s + overheads.give_back_s + overheads.gap_s * (len(groups) - 1)
     for i, (group, call_steps) in enumerate(zip(groups, placed, strict=True)):
+        # what earlier calls carried is gone if this call finds a fresh machine: say so at once
+        earlier = ",".join(dict.fromkeys(p.bundle for g in groups[:i] for p in g))
+        env = base_env + ((("STOP_WITHOUT", earlier),) if earlier else ())
         carried = sum(p.bytes for p in group)
         spent += transfer_s(tree + carried, overheads)
         if i < len(groups) - 1:
@@ -360,6 +364,31 @@ def make_plan(
         carry = carry_list(group, parts)
         calls.append(Call(i + 1, carry, carried, tuple(s.name for s in call_steps), deadline, env))
     return Plan(tuple(calls), tree, steps, overheads)
+
+
+def recovery_text(plan: Plan) -> str:
+    """The call to make when a call stops for want of what earlier calls carried (exit status
+    3: the next call came after the 30 s and found a fresh machine): it carries those parts
+    again and runs the stopped call's steps; the stopped call's own parts stay staged on the
+    machine, now warm. ``D`` is the device time left (``budget_left_s`` of the reply) less a
+    minute, at most 570."""
+    lines = []
+    for call in plan.calls:
+        stop = dict(call.env).get("STOP_WITHOUT")
+        if not stop:
+            continue
+        bundles = stop.split(",")
+        carry = [
+            c for earlier in plan.calls[: call.index - 1] for c in earlier.carry
+            if any(c.startswith(f".gpu_bundle/{b}") for b in bundles)
+        ]  # fmt: skip
+        env = " ".join(f"{k}={v}" for k, v in call.env if k != "STOP_WITHOUT")
+        command = f"DEADLINE_S=D {env} bash tools/gpu/run.sh {' '.join(call.steps)}"
+        lines.append(
+            f"- call {call.index} stopped: `run(command={json.dumps(command)}, "
+            f"carry={json.dumps(list(dict.fromkeys(carry)))}, timeout_s=D+30)`"
+        )
+    return "\n".join(lines)
 
 
 def transfer_s(nbytes: int, overheads: Overheads) -> float:
@@ -474,7 +503,7 @@ def load_parts(bundles_dir: Path) -> tuple[list[Part], str]:
 def record(bundles_dir: Path, machine: str) -> dict:
     """``bundles/layout.json`` from the built bundles' manifests."""
     out: dict = {"date": time.strftime("%Y-%m-%d"), "machine": machine, "bundles": {}}
-    for name in (*BUNDLE_ORDER, "fallback"):
+    for name in BUNDLE_ORDER:
         f = bundles_dir / name / "manifest.json"
         if not f.is_file():
             continue

@@ -7,31 +7,39 @@
 # $RLTRAIN_GPU_HOME/results while the machine is kept, and every call returns all of them.
 #
 # Usage (repository root, on the GPU machine): bash tools/gpu/run.sh STEP...
-#   unpack       stage the bundle parts this call carried, unpack the complete bundles
-#   env          the machine, versions, imports, the bundles' declared deps against it
-#   plain        the plain single-process loop (tools/gpu/plain_loop_gpu.py)        needs: -
-#   vllm_engine  the standalone vLLM engine and its sleep/wake (tools/gpu/vllm_engine.py) vllm
-#   gpu_vllm     tests/gpu/test_vllm_rollout_gpu.py: rltrain's vLLM generation backend   vllm
-#   c_vllm       python -m rltrain, vLLM rollout slept/woken by policy, IPC weights   vllm rest
-#   a_fused      python -m rltrain, fused torch workers                                   rest
-#   b_turns_ipc  python -m rltrain, actor and torch rollout taking turns over IPC         rest
-#   d_deepspeed  python -m rltrain, DeepSpeed ZeRO-2 offloaded after every stage          rest
-#   gputests     pytest tests/gpu (each test skips what this machine lacks)
-#   enginebench  tools/gpu/gpu_bench.py (state mover / IPC / DeepSpeed offload figures)   rest
-# Environment: DEADLINE_S (this call's budget, default 570: a step that cannot get its
-#   minimum is skipped, the others are cut to what is left), STEPS (8), NEW_TOKENS (256),
-#   VLLM_EAGER (1: vLLM without torch.compile or CUDA graphs, TORCH_COMPILE_DISABLE=1, for a
-#   short lease; 0: as compiled), TF_FALLBACK (auto: retry vLLM with the fallback bundle's
-#   transformers if it fails with the machine's; 1: always; 0: never), RLTRAIN_GPU_HOME
-#   (/tmp/rltrain-gpu), REHEARSAL (1: the CPU stand-in of tools/gpu/rehearse.py: GPU work is
-#   not run; what it needs is checked and the CPU part of it, the plan, is run; with
-#   REHEARSAL_PLAN=0 not even that).
+#   step         what                                                          needs bundles
+#   unpack       stage the parts this call carried, unpack the complete bundles -
+#   env          the machine, versions, imports, the bundles' declared deps     -
+#   plain        the plain single-process loop (tools/gpu/plain_loop_gpu.py)    -
+#   vllm_engine  the standalone vLLM engine, its sleep/wake (vllm_engine.py)    vllm
+#   gpu_vllm     tests/gpu/test_vllm_rollout_gpu.py: rltrain's vLLM backend     vllm
+#   c_vllm       python -m rltrain: vLLM rollout slept/woken, IPC weights       vllm rest
+#   a_fused      python -m rltrain: fused torch workers                         rest
+#   b_turns_ipc  python -m rltrain: actor and torch rollout take turns, IPC     rest
+#   d_deepspeed  python -m rltrain: DeepSpeed ZeRO-2 offloaded every stage      rest
+#   gputests     pytest tests/gpu (each test skips what this machine lacks)     -
+#   enginebench  tools/gpu/gpu_bench.py (mover / IPC / DeepSpeed offload)       rest
+# Environment:
+#   DEADLINE_S    this call's budget (570): a step that cannot get its minimum is skipped,
+#                 the others are cut to what is left
+#   STEPS         training steps of every run (8); NEW_TOKENS: tokens per response (256)
+#   VLLM_EAGER    1: vLLM without torch.compile or CUDA graphs (TORCH_COMPILE_DISABLE=1), for
+#                 a short lease; 0: as compiled
+#   TF_FALLBACK   auto: retry vLLM with the fallback bundle's transformers if it fails with
+#                 the machine's; 1: always; 0: never
+#   STOP_WITHOUT  bundles (comma-separated) that earlier calls began carrying: when one is not
+#                 complete after unpack, stop (exit status 3) for the recovery call
+#   REHEARSAL     1: the CPU stand-in of tools/gpu/rehearse.py: GPU work is not run; what it
+#                 needs is checked and its CPU part (the plans) run; REHEARSAL_PLAN=0: not even
+#                 that
+#   RLTRAIN_GPU_HOME  where parts, bundles and results stay (/tmp/rltrain-gpu)
 set -uo pipefail
 t_start=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 home=${RLTRAIN_GPU_HOME:-/tmp/rltrain-gpu}
+STOP_WITHOUT=${STOP_WITHOUT:-}
 res=$home/results
 out=${OUT:-$home/out}
 deadline=${DEADLINE_S:-570}
@@ -99,7 +107,8 @@ step() {
   for b in $needs; do
     [[ $b == - ]] && continue
     if ! has_bundle "$b"; then
-      skip "$name" "needs the $b bundle, which is not unpacked on this machine (carry its parts: tools/gpu/README.md)"
+      skip "$name" "needs the $b bundle, which is not unpacked on this machine (carry its \
+parts: tools/gpu/README.md)"
       publish
       return 0
     fi
@@ -319,6 +328,20 @@ if (($# == 0)); then
   echo "run.sh: name the steps to run (see the usage at the top of $0)" >&2
   exit 2
 fi
+# STOP_WITHOUT: bundles that earlier calls began carrying. Missing after this call's unpack,
+# the machine is a fresh one that lost them (the next call came after its 30 s): the steps are
+# not started, and the operator makes the recovery call at once (tools/gpu/README.md).
+steps_left=("$@")
 for s in "$@"; do
+  steps_left=("${steps_left[@]:1}")
   run_step "$s" || exit 2
+  [[ $s == unpack ]] || continue
+  for b in ${STOP_WITHOUT//,/ }; do
+    has_bundle "$b" && continue
+    why="not started: the $b bundle is incomplete here, so this machine is a fresh one that \
+lost what earlier calls carried: make the recovery call now (tools/gpu/README.md)"
+    for rest in "${steps_left[@]}"; do skip "$rest" "$why"; done
+    echo "run.sh: $why" >&2
+    exit 3
+  done
 done

@@ -37,21 +37,25 @@ def test_the_plan_fits_the_tool_and_12_minutes_in_the_order_of_value():
     # valuable figure, runs in the call that carries the last part, after the vLLM checks
     assert first.steps[:3] == ("unpack", "env", "plain")
     assert last.steps[:4] == ("unpack", "vllm_engine", "gpu_vllm", "c_vllm")
-    assert last.carry[-1] == ".gpu_bundle/rest"
+    assert last.carry[-2:] == (".gpu_bundle/rest", ".gpu_bundle/fallback")
     ran = [s for c in plan.calls for s in c.steps if s != "unpack"]
     assert set(ran) == {s.name for s in lease.STEPS} - {"unpack"}
     # DeepSpeed only if time is left: the last call's deadline leaves it none by the estimates
     rows = {r.item.split(":")[0]: r for r in lease.table(plan) if r.call == last.index}
     assert rows["c_vllm"].runs and rows["a_fused"].runs and not rows["d_deepspeed"].runs
-    for call in plan.calls:
-        assert dict(call.env) == {"STEPS": "6", "VLLM_EAGER": "1"}
-        assert call.command().startswith(f"DEADLINE_S={call.deadline_s} STEPS=6 VLLM_EAGER=1 ")
+    assert dict(first.env) == {"STEPS": "6", "VLLM_EAGER": "1"}
+    # the last call stops at once on a fresh machine, which lost the first call's vLLM part
+    assert dict(last.env) == {"STEPS": "6", "VLLM_EAGER": "1", "STOP_WITHOUT": "vllm"}
+    assert last.command().startswith(
+        f"DEADLINE_S={last.deadline_s} STEPS=6 VLLM_EAGER=1 STOP_WITHOUT=vllm bash tools/gpu/"
+    )
 
 
 def test_the_readme_gives_the_plans_calls_and_table():
     readme = (GPU_TOOLS / "README.md").read_text()
     plan = real_plan()
     assert lease.run_calls_text(plan) in readme
+    assert lease.recovery_text(plan) in readme
     assert lease.markdown_table(plan, lease.table(plan)) in readme
 
 
@@ -74,7 +78,7 @@ def test_parts_go_first_fit_with_their_manifests():
 
 def tiny_plan(bundles) -> lease.Plan:
     """The plan's layout on the tiny bundles: 4 parts a call, so vLLM takes two calls."""
-    parts = lease.read_parts(bundles["root"])
+    parts = lease.read_parts(bundles["root"], ("vllm", "rest"))
     steps = [S["unpack"], S["vllm_engine"], S["c_vllm"], S["a_fused"]]
     return lease.make_plan(parts, lease.TREE_BUDGET_BYTES, steps=2, selected=steps,
                            capacity=4 * PART + 4096)  # fmt: skip
@@ -115,18 +119,32 @@ def test_the_rehearsal_runs_the_calls_in_order_on_a_stand_in(tiny_bundles, tmp_p
     assert rehearse.fits(reports, rows)
 
 
-def test_a_missed_warm_window_finds_a_fresh_machine(tiny_bundles, tmp_path):
-    """Past 30 s between calls the first call's parts are gone: the vLLM steps say so and
-    are skipped, the rest still runs, and the table pays a second start."""
+def test_a_missed_warm_window_stops_for_the_recovery_call(tiny_bundles, tmp_path):
+    """Past 30 s between calls the first call's parts are gone: the second call stops after
+    its unpack (rc 3) with its steps marked not started, and the table pays a second start;
+    the recovery call, made within the window, carries them again and runs those steps."""
     plan = tiny_plan(tiny_bundles)
-    reports, rows = rehearse.rehearse(plan, ROOT, tiny_bundles["root"], tmp_path / "standin",
-                                      gaps_s=[31], env={"REHEARSAL_PLAN": "0"})  # fmt: skip
+    standin = tmp_path / "standin"
+    reports, rows = rehearse.rehearse(plan, ROOT, tiny_bundles["root"], standin, gaps_s=[31],
+                                      env={"REHEARSAL_PLAN": "0"})  # fmt: skip
     two = reports[1]
-    assert two.fresh_machine and two.rc == 0
-    for step in ("vllm_engine", "c_vllm"):
-        assert two.steps[step]["status"].startswith("skipped: needs the vllm bundle")
-    assert two.steps["a_fused"]["status"] == "rehearsed"
+    assert two.fresh_machine and two.rc == 3
+    for step in ("vllm_engine", "c_vllm", "a_fused"):
+        assert two.steps[step]["status"].startswith("skipped: not started: the vllm bundle")
     assert sum(r.item == "start a machine" for r in rows) == 2
+    assert not rehearse.fits(reports, rows)
+    # the recovery call, as the README gives it, on the machine call 2 left warm
+    text = lease.recovery_text(plan)
+    carry = tuple(json.loads(text.split("carry=", 1)[1].split(", timeout_s")[0]))
+    assert carry == plan.calls[0].carry
+    recovery = lease.Call(3, carry, 0, plan.calls[1].steps, 400, plan.calls[1].env[:2])
+    report = rehearse.rehearse_call(recovery, ROOT, tiny_bundles["root"],
+                                    rehearse.StandIn(standin), fresh=False,
+                                    env={"REHEARSAL_PLAN": "0"})  # fmt: skip
+    assert report.rc == 0, report.problems
+    assert [report.steps[s]["status"] for s in ("vllm_engine", "c_vllm", "a_fused")] == [
+        "rehearsed"
+    ] * 3
 
 
 def test_a_call_cut_off_still_returns_what_it_measured(tiny_bundles, tmp_path):
