@@ -65,6 +65,7 @@ def step_facts(step_dir: Path) -> dict[str, Any]:
     if timing.is_file():
         fields = timing.read_text().split()
         if len(fields) >= 3:
+            facts["wall_seconds"] = float(fields[0])
             facts["cpu_seconds"] = round(float(fields[1]) + float(fields[2]), 1)
     switches = step_dir / "switches.json"
     if switches.is_file():

@@ -69,6 +69,7 @@ class CallReport:
     wall_s: float = 0.0
     steps: Mapping[str, Mapping] = field(default_factory=dict)
     out_files: tuple[str, ...] = ()
+    overhead_s: float = 0.0  # the call's wall time outside its steps: publishing, bookkeeping
 
 
 def travelling(repo: Path, bundles: Path, carry: Sequence[str]) -> dict[str, Path]:
@@ -235,13 +236,15 @@ def rehearse_call(
     steps = json.loads(results.read_text())["steps"] if results.is_file() else {}
     if rc != 0:
         problems.append(f"call {call.index}: the command ended with rc {rc}")
+    mine = {s: steps[s] for s in call.steps if s in steps}
     return CallReport(
         **report,
         problems=tuple(problems),
         copy_s=round(copy_s, 2),
         rc=rc,
         wall_s=round(wall, 1),
-        steps={s: steps[s] for s in call.steps if s in steps},
+        steps=mine,
+        overhead_s=round(max(0.0, wall - sum(f.get("wall_seconds", 0) for f in mine.values())), 1),
         out_files=tuple(sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())),
     )
 
@@ -324,8 +327,8 @@ def report_text(plan: lease.Plan, reports: Sequence[CallReport], rows: Sequence[
             f"call {r.index}: sends {r.sent_bytes / lease.MIB:.1f} of 64 MiB, "
             f"{r.carry_paths} of 8 carry paths, command of {r.command_chars} of 2000 "
             f"characters, timeout {call.timeout_s} s; {'fresh' if r.fresh_machine else 'warm'} "
-            f"machine; copied in {r.copy_s} s; rc {r.rc} in {r.wall_s} s; "
-            f"$OUT: {', '.join(r.out_files) or '-'}"
+            f"machine; copied in {r.copy_s} s; rc {r.rc} in {r.wall_s} s, {r.overhead_s} s of it "
+            f"publishing and bookkeeping; $OUT: {', '.join(r.out_files) or '-'}"
         )
         for name, facts in r.steps.items():
             secs = f" ({facts['seconds']} s here)" if "seconds" in facts else ""

@@ -2,7 +2,7 @@
 # The measurements of a GPU lease, step by step (tools/gpu/lease.py gives the calls and the
 # order). Each step is time-boxed, skipped with its reason when this call lacks the bundle it
 # needs or the time it is worth, and followed at once by publishing every result so far to
-# $OUT (results.json from tools/gpu/collect.py, logs.tar.xz): a call cut off by the device
+# $OUT (results.json from tools/gpu/collect.py, logs.tar.gz): a call cut off by the device
 # tool still returns what it measured. Results of earlier calls stay in
 # $RLTRAIN_GPU_HOME/results while the machine is kept, and every call returns all of them.
 #
@@ -71,15 +71,16 @@ export PYTHONPATH=$base_path
 publish() { # every result so far into $OUT, each file replaced whole (a kill leaves the last)
   "$py" "$here/collect.py" "$res" --out "$out/results.json.part" >"$out/.collect.txt" 2>&1 &&
     mv "$out/results.json.part" "$out/results.json"
-  tar -C "$res" -cJf "$out/logs.tar.xz.part" --exclude=checkpoints --exclude='*.png' \
+  # gzip, not xz: this runs after every step, on device time
+  tar -C "$res" -czf "$out/logs.tar.gz.part" --exclude=checkpoints --exclude='*.png' \
     --exclude='*.pt' --exclude='*.safetensors' . 2>/dev/null &&
-    mv "$out/logs.tar.xz.part" "$out/logs.tar.xz"
+    mv "$out/logs.tar.gz.part" "$out/logs.tar.gz"
   rm -f "$out/.collect.txt"
 }
 finish() {
   publish
   "$py" "$here/collect.py" "$res" # the short table the reply's output tail ends with
-  echo "run.sh: $(($(date +%s) - t_start)) s; results in $out (results.json, logs.tar.xz)"
+  echo "run.sh: $(($(date +%s) - t_start)) s; results in $out (results.json, logs.tar.gz)"
 }
 trap finish EXIT
 

@@ -1,4 +1,5 @@
-"""The lease's vLLM steps run with the vllm bundle alone: no Ray, Hydra or DeepSpeed.
+"""The lease's vLLM steps run with the vllm bundle alone (no Ray, Hydra or DeepSpeed), and the
+plain baseline of its first call with the machine's own packages alone.
 
 The GPU machine gets vLLM and the rest (Ray, Hydra, DeepSpeed) as separate bundles, and the
 vLLM steps (tools/gpu/vllm_engine.py, tests/gpu/test_vllm_rollout_gpu.py) must run where
@@ -92,6 +93,44 @@ def test_the_vllm_steps_run_without_ray_hydra_or_deepspeed(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "imported: []"
+
+
+PLAIN = r"""
+import sys
+
+for name in {without!r}:
+    try:
+        __import__(name)
+    except ModuleNotFoundError:
+        continue
+    raise SystemExit(f"{{name}} is importable: the site folder leaves nothing out")
+sys.path.insert(0, {tools!r})
+import plain_loop_gpu
+
+sys.exit(plain_loop_gpu.main(["--out", "plain.json", "--device", "cpu", "--steps", "1",
+                              "--max-new-tokens", "3", "--batch", "2", "--samples", "2",
+                              "--model-yaml", {model!r}]))
+"""
+
+
+def test_the_plain_baseline_runs_on_the_machines_own_packages(tmp_path):
+    """The first call runs it before any bundle is unpacked: nothing beyond torch,
+    transformers and pyyaml (on the machine), and rltrain's checkout."""
+    without = (*WITHOUT, "omegaconf", "antlr4", "vllm")
+    script = PLAIN.format(
+        without=without, tools=str(GPU_TOOLS), model=str(ROOT / "conf/model/tiny_qwen2.yaml")
+    )
+    sites = site_without(tmp_path / "site", without)
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{sites}"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "plain.json").is_file()
 
 
 def test_the_vllm_bundle_holds_none_of_them():
