@@ -353,7 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="the stand-in's folder (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="write the reports and the table here")
     args = ap.parse_args(argv)
-    parts = lease.read_parts(args.bundles)
+    try:
+        parts = lease.read_parts(args.bundles)
+    except FileNotFoundError as exc:
+        print(f"rehearse: {exc.filename} is missing: build the bundles first "
+              f"(bash tools/gpu/build.sh)", file=sys.stderr)  # fmt: skip
+        return 2
     plan = lease.make_plan(parts, lease.TREE_BUDGET_BYTES, args.steps)
     gaps = [float(g) for g in args.gap_s.split(",") if g]
     env = {"REHEARSAL_PLAN": "0"} if args.no_plan else {}
