@@ -22,6 +22,18 @@ _WHOLE_MODEL_ENGINES = {
 }
 
 
+#: Where the NVIDIA driver lists the GPUs it found, one directory each.
+DRIVER_GPU_DIR = "/proc/driver/nvidia/gpus"
+
+
+def driver_gpu_count() -> int:
+    """GPUs the NVIDIA driver lists on this machine (0 without the driver); no torch, no NVML."""
+    try:
+        return len(os.listdir(DRIVER_GPU_DIR))
+    except OSError:
+        return 0
+
+
 def local_gpus_visible() -> bool:
     """Whether this machine shows a CUDA GPU to the driver (without importing torch).
 
@@ -29,10 +41,7 @@ def local_gpus_visible() -> bool:
     """
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
         return False
-    try:
-        return bool(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return False
+    return driver_gpu_count() > 0
 
 
 def vllm_installed() -> bool:

@@ -311,7 +311,7 @@ class EnvConfig:
 class SimulateConfig:
     """Modelled device time, added to the real compute, so that schedules and placements can be
     compared on CPU as they would behave on devices (benchmarks, sweeps, placement=auto). All
-    zero (off) by default."""
+    zero (off) by default; refused on real GPUs (docs/runtime.md)."""
 
     actor_latency_ms: float = 0.0  # per actor update (reasoning and embodied actors)
     rollout_latency_ms: float = 0.0  # per generate call of the reasoning rollout

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rltrain.config import resolve_offload
+from rltrain.config.device_checks import simulated_latency_problem
 from rltrain.config.schema import RunConfig
+from rltrain.errors import ConfigError
 from rltrain.placement.plan import Plan, build_plan
 from rltrain.placement.types import GIB, ClusterSpec
 from rltrain.runners.layout import RunLayout, check_launched, layout_for
@@ -167,6 +169,7 @@ def start_job(
     trace.configure(process="driver", enabled=run.logging.trace)
     with Cluster.start(run.cluster) as cluster:
         plan = build_plan(run, _simulated_memory(cluster.spec, run))  # the discovered cluster
+        refuse_simulated_latency(run, plan)
         launched = layout_for(run, plan)
         if layout is not None:
             check_launched(layout, launched)
@@ -196,6 +199,20 @@ def start_job(
         residency, resident = _residency(run, plan, groups)
         job = Job(run, launched, cluster, groups, residency, run_dir, resident)
         yield job
+
+
+def refuse_simulated_latency(run: RunConfig, plan: Plan) -> None:
+    """Refuse ``simulate.*`` latencies once Ray reports real GPUs (a joined cluster's devices are
+    only known now; a local machine's were checked before Ray started).
+
+    Raises:
+        ConfigError: naming the ``simulate.*`` keys set, before any worker starts.
+    """
+    gpus = sum(n.num_devices for n in plan.cluster.nodes if n.accelerator_type == "cuda")
+    if gpus:
+        problem = simulated_latency_problem(run, f"{gpus} CUDA GPU(s) that Ray reports")
+        if problem:
+            raise ConfigError(problem)
 
 
 def overlap(run: RunConfig) -> tuple[frozenset[str], ...]:

@@ -61,14 +61,60 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def local_gpu_count() -> int:
-    """GPUs on this machine as Ray detects them (0 on a CPU-only machine)."""
-    try:
-        from ray._private.accelerators import get_accelerator_manager_for_resource
+def nvml_gpu_count() -> int:
+    """GPUs NVML counts on this machine (the library Ray's own detection uses).
 
-        return int(get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators())
-    except Exception:  # detection failing means no usable GPU
+    Raises:
+        Exception: NVML's error when it cannot start (no driver library, a driver/library
+            mismatch, no permission): the caller decides whether that means "no GPU".
+    """
+    import ray._private.thirdparty.pynvml as pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def local_gpu_count() -> int:
+    """GPUs this machine gives the job: 0 on a machine without NVIDIA GPUs.
+
+    The NVIDIA driver's device list (``/proc/driver/nvidia/gpus``) says whether GPUs are
+    present; NVML says whether they can be used. Ray's own detection reports 0 when NVML fails,
+    which would make a GPU machine silently run on simulated devices, so a machine whose driver
+    lists GPUs that NVML cannot count is an error here. ``CUDA_VISIBLE_DEVICES`` limits the
+    count (an empty value hides every GPU, as for Ray and CUDA).
+
+    Raises:
+        ResourceError: the driver lists GPUs but NVML fails or counts none, naming the cause.
+    """
+    from rltrain.config.engine_checks import driver_gpu_count
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
         return 0
+    listed = driver_gpu_count()
+    try:
+        count = nvml_gpu_count()
+    except Exception as exc:  # noqa: BLE001 - NVML's errors have no common base we may import
+        if not listed:
+            return 0  # no NVIDIA driver, no GPU: a CPU machine
+        raise ResourceError(
+            f"this machine's NVIDIA driver lists {listed} GPU(s) (/proc/driver/nvidia/gpus) "
+            f"but NVML cannot use them ({type(exc).__name__}: {exc}): fix the driver install "
+            f"(nvidia-smi shows the same error), or hide the GPUs with CUDA_VISIBLE_DEVICES='' "
+            f"to run on simulated devices"
+        ) from None
+    if listed and count == 0:
+        raise ResourceError(
+            f"this machine's NVIDIA driver lists {listed} GPU(s) (/proc/driver/nvidia/gpus) "
+            f"but NVML counts none: check nvidia-smi and the container's device access, or "
+            f"hide the GPUs with CUDA_VISIBLE_DEVICES='' to run on simulated devices"
+        )
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip()]))
+    return count
 
 
 def _use_loopback() -> None:
@@ -380,14 +426,47 @@ def _measure_gpu_memory(entries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
         return {}
 
     @ray.remote(num_cpus=0, num_gpus=0)
-    def probe() -> int:
-        import torch
+    def probe() -> int | str:
+        from rltrain.scheduler.cluster import cuda_device_memory
 
-        count = torch.cuda.device_count()
-        return min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
+        try:
+            return cuda_device_memory()
+        except ResourceError as exc:  # reported by the driver, naming the node
+            return str(exc)
 
     refs = [
         probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
         for n in nodes
     ]
-    return dict(zip(nodes, ray.get(refs, timeout=120), strict=True))
+    out = dict(zip(nodes, ray.get(refs, timeout=120), strict=True))
+    broken = {n: v for n, v in out.items() if isinstance(v, str)}
+    if broken:
+        raise ResourceError(
+            "; ".join(f"node {n[:12]} reports GPUs to Ray, but {why}" for n, why in broken.items())
+        )
+    return out
+
+
+def cuda_device_memory() -> int:
+    """Memory of the smallest CUDA device this process sees, in bytes.
+
+    Raises:
+        ResourceError: torch cannot use CUDA here (not built with it, no driver, a driver too
+            old for its CUDA) or sees no device, naming the cause.
+    """
+    import torch
+
+    try:
+        torch.cuda.init()
+        count = torch.cuda.device_count()
+    except Exception as exc:  # noqa: BLE001 - torch raises several types for one cause
+        raise ResourceError(
+            f"torch cannot use CUDA there ({type(exc).__name__}: {exc}): install a CUDA build "
+            f"of torch matching the driver (torch.cuda.is_available() must be True)"
+        ) from None
+    if count == 0:
+        raise ResourceError(
+            "torch sees no CUDA device there (torch.cuda.device_count() == 0): check "
+            "CUDA_VISIBLE_DEVICES and the driver"
+        )
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(count))

@@ -17,7 +17,7 @@ import torch
 
 from rltrain.backends.host_allreduce import HostAllReduce
 from rltrain.backends.offload import StateMover
-from rltrain.errors import WorkerError
+from rltrain.errors import ResourceError, WorkerError
 from rltrain.scheduler import Worker
 from rltrain.telemetry import trace
 
@@ -26,10 +26,34 @@ from rltrain.telemetry import trace
 LEDGER_TOLERANCE_BYTES = 256 * 1024
 
 
+#: Set by the runtime in every worker: the accelerator type of its node (``cuda``, ``sim``, ...).
+ACCELERATOR_ENV = "RLTRAIN_ACCELERATOR"
+
+
 def compute_device(worker: Worker) -> torch.device:
-    """The torch device a worker computes on: its first GPU, or the CPU on simulated devices."""
-    if worker.devices and torch.cuda.is_available():
+    """The torch device a worker computes on: its first GPU, or the CPU on simulated devices.
+
+    Raises:
+        ResourceError: the worker was placed on real CUDA devices but torch cannot use CUDA in
+            its process (a CPU build of torch, a driver too old for it): computing on the CPU
+            instead would look like a very slow GPU run.
+    """
+    if not worker.devices:
+        return torch.device("cpu")
+    if torch.cuda.is_available():
         return torch.device("cuda", worker.devices[0])
+    if os.environ.get(ACCELERATOR_ENV) == "cuda":
+        try:
+            torch.cuda.init()
+            cause = "no CUDA device is visible"
+        except Exception as exc:  # noqa: BLE001 - torch raises several types for one cause
+            cause = f"{type(exc).__name__}: {exc}"
+        raise ResourceError(
+            f"{type(worker).__name__} rank {worker.rank} was placed on CUDA device(s) "
+            f"{list(worker.devices)} (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}) but torch cannot use CUDA in its "
+            f"process ({cause}): install a CUDA build of torch matching the driver on every node"
+        )
     return torch.device("cpu")
 
 
