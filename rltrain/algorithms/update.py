@@ -388,9 +388,22 @@ def micro_weights(response_mask: Tensor, parts: list[Tensor], loss_agg: str) -> 
     return [len(p) / rows for p in parts]
 
 
-def _clipped_step(
-    params: Iterable[Tensor], optimizer: torch.optim.Optimizer, grad_clip: float
-) -> float:
+def _backward(optimizer: Any, loss: Tensor) -> None:
+    """``loss.backward()``, through the optimizer's loss scale when it has one (fp16 masters:
+    :class:`~rltrain.backends.precision.MasterWeightOptimizer`)."""
+    scale = getattr(optimizer, "scale_loss", None)
+    (loss if scale is None else scale(loss)).backward()
+
+
+def _clipped_step(params: Iterable[Tensor], optimizer: Any, grad_clip: float) -> float:
+    """Clip the global gradient norm and step; returns the norm before clipping.
+
+    An optimizer over fp32 masters clips and steps itself (``clip_and_step``): it takes the
+    norm in fp32 and the loss scale out of it.
+    """
+    own = getattr(optimizer, "clip_and_step", None)
+    if own is not None:
+        return float(own(grad_clip))
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
     optimizer.step()
     return float(norm)
@@ -447,7 +460,7 @@ def accumulate_step(
         with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
             micro = trim_padding(mb if len(parts) == 1 else mb.select(part))
             loss, metrics = loss_fn(module, micro)
-            (loss * w).backward()
+            _backward(optimizer, loss * w)
         for k, v in metrics.items():
             sums[k] += w * v
     out = dict(sums)
@@ -459,7 +472,7 @@ def accumulate_step(
 
 def _step(params: Any, optimizer: torch.optim.Optimizer, loss: Tensor, grad_clip: float) -> float:
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    _backward(optimizer, loss)
     return _clipped_step(params, optimizer, grad_clip)
 
 

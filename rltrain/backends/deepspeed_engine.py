@@ -182,7 +182,9 @@ def build_ds_config(s: DeepSpeedSettings, world_size: int) -> dict[str, Any]:
         "train_batch_size": s.micro_batch_size * s.grad_accum_steps * world_size,
         "gradient_clipping": s.grad_clip,
         "zero_optimization": {"stage": s.zero_stage},
+        # Both 16-bit modes follow model.dtype (float16 is refused by check_deepspeed_limits).
         "bf16": {"enabled": s.dtype == "bfloat16"},
+        "fp16": {"enabled": s.dtype == "float16"},
         "zero_allow_untested_optimizer": True,
         # DeepSpeed prints throughput lines every N steps; rltrain has its own telemetry.
         "steps_per_print": 2**31 - 1,

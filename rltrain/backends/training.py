@@ -3,8 +3,9 @@
 The actor worker owns the data (its slice of the step's batch), the checkpoints and the
 residency calls; a :class:`TrainingEngine` owns the model, the optimizer and the update:
 
-- :class:`TorchEngine` (``actor.backend=torch``): torch AdamW, DistributedDataParallel over the
-  actor group's default process group (gradients averaged through shared memory between CPU
+- :class:`TorchEngine` (``actor.backend=torch``): torch AdamW (over fp32 master weights when
+  ``model.dtype`` is 16-bit: :mod:`~rltrain.backends.precision`), DistributedDataParallel over
+  the actor group's default process group (gradients averaged through shared memory between CPU
   ranks of one host, :mod:`~rltrain.backends.host_allreduce`),
   :func:`~rltrain.algorithms.update.ppo_update` with each minibatch's gradient accumulated over
   micro-batches of ``actor.micro_batch_size`` rows, or of at most
@@ -56,9 +57,16 @@ from rltrain.algorithms.update import (
 from rltrain.backends.host_allreduce import wrap_data_parallel
 from rltrain.backends.lora import is_lora, merged_weights, wrap_lora
 from rltrain.backends.offload import StateMover
+from rltrain.backends.precision import (
+    LossScale,
+    MasterWeightOptimizer,
+    needs_loss_scale,
+    needs_masters,
+)
 from rltrain.config import resolve_offload
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
+from rltrain.tasks.model import resolve_dtype
 
 #: The environment variable DeepSpeed's JIT builds cache their compiled ops under.
 EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
@@ -193,6 +201,51 @@ def build_adamw(
     )
 
 
+def build_optimizer(
+    model: torch.nn.Module,
+    run: RunConfig,
+    lr: float | None = None,
+    initial: dict[torch.nn.Parameter, torch.Tensor] | None = None,
+) -> Any:
+    """The optimizer a torch engine steps: torch AdamW over the trained parameters, over fp32
+    master copies of them when they are 16-bit (:mod:`~rltrain.backends.precision`; fp16 with
+    dynamic loss scaling).
+
+    Args:
+        model: the model, in its compute dtype (``model.dtype``).
+        run: the run config.
+        lr: overrides ``optimizer.lr`` (the critic's ``critic.lr``).
+        initial: fp32 values the masters start from, by parameter (see :class:`TorchEngine`).
+
+    Returns:
+        A ``torch.optim.AdamW``, or a :class:`~rltrain.backends.precision.MasterWeightOptimizer`.
+    """
+    if not needs_masters(model):
+        return build_adamw(model, run, lr)
+    o = run.optimizer
+
+    def adamw(masters: list[torch.Tensor]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
+            masters,
+            lr=o.lr if lr is None else lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+        )
+
+    trained = [p for p in model.parameters() if p.requires_grad]
+    scale = LossScale() if needs_loss_scale(model) else None
+    return MasterWeightOptimizer(trained, adamw, loss_scale=scale, initial=initial)
+
+
+def build_dtype(run: RunConfig) -> str:
+    """The dtype the actor's model is built in: float32 for the torch engine, which keeps the
+    unrounded values as its fp32 masters and casts the model to ``model.dtype`` itself
+    (:class:`TorchEngine`'s ``compute_dtype``); ``model.dtype`` for DeepSpeed, which casts the
+    model and makes its masters from the cast weights."""
+    return "float32" if run.actor.backend == "torch" else run.model.dtype
+
+
 def build_engine(
     run: RunConfig, model: torch.nn.Module, device: torch.device, micro_batch: int, minibatch: int
 ) -> TrainingEngine:
@@ -219,6 +272,7 @@ def build_engine(
             micro_batch,
             checkpointing=ckpt,
             max_tokens=run.actor.max_tokens_per_micro_batch,
+            compute_dtype=resolve_dtype(run.model.dtype),
         )
     if run.actor.backend == "deepspeed":
         return DeepSpeedEngine(run, model, device, micro_batch, minibatch)
@@ -243,6 +297,10 @@ class TorchEngine:
             gradient_checkpointing``).
         max_tokens: padded tokens per forward/backward (``actor.max_tokens_per_micro_batch``)
             instead of ``micro_batch`` rows; None: rows.
+        compute_dtype: cast the model to this dtype (``model.dtype``) after taking its fp32
+            trained weights as the optimizer's masters, so they start unrounded; None: the
+            model trains in the dtype it comes in (16-bit parameters then get masters copied
+            from their rounded values).
     """
 
     sharded_optimizer = False
@@ -259,6 +317,7 @@ class TorchEngine:
         lr: float | None = None,
         checkpointing: bool = False,
         max_tokens: int | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.settings = UpdateSettings.from_config(run)
         self.cluster = run.cluster
@@ -268,8 +327,20 @@ class TorchEngine:
         self.max_tokens = max_tokens
         if checkpointing:
             enable_gradient_checkpointing(model)
-        self.optimizer = build_adamw(model, run, lr)
-        self.scheduler = build_warmup(self.optimizer, run.optimizer.warmup_steps)
+        start = None
+        if compute_dtype is not None and compute_dtype != torch.float32:
+            # The fp32 weights stay referenced here (no copy) while the cast gives the
+            # parameters new 16-bit storages: they become the masters.
+            start = {
+                p: p.detach()
+                for p in model.parameters()
+                if p.requires_grad and p.dtype == torch.float32
+            }
+            model.to(compute_dtype)
+        self.optimizer = build_optimizer(model, run, lr, initial=start)
+        # The warmup acts on the torch optimizer's groups (the masters' under mixed precision).
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        self.scheduler = build_warmup(inner, run.optimizer.warmup_steps)
         self.mover = StateMover(model, self.optimizer, device=device)
         self.ddp: torch.nn.Module | None = None
 
@@ -298,6 +369,9 @@ class TorchEngine:
             max_tokens=self.max_tokens,
         )
         metrics[self.lr_metric] = lr
+        scale = getattr(self.optimizer, "loss_scale", None)
+        if scale is not None:  # fp16: the dynamic loss scale after the update
+            metrics[self.lr_metric.replace("/lr", "/loss_scale")] = scale.scale
         return metrics
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:

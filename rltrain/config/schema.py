@@ -156,7 +156,9 @@ class ModelConfig:
     # checkpoints do; a smaller one is refused)
     vocab_size: Optional[int] = None
     tie_word_embeddings: bool = False  # the LM head shares the input embedding's weights
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    # float32 | bfloat16 | float16: the compute dtype of every copy of the model; the torch
+    # actor and critic train fp32 master weights (float16 with loss scaling)
+    dtype: str = "float32"
     init_seed: int = 0  # seed of the random initialisation
     vocab_chars: Optional[str] = None  # built-in tokenizer alphabet; null: digits, "+-*/=(). "
 

@@ -15,12 +15,7 @@ import torch
 
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.update import UpdateSettings, add_advantages
-from rltrain.backends.training import (
-    StateSurface,
-    TrainingEngine,
-    build_adamw,
-    build_engine,
-)
+from rltrain.backends.training import StateSurface, TrainingEngine, build_dtype, build_engine
 from rltrain.backends.weight_sync.host import pack_to_host
 from rltrain.backends.weight_sync.transport import WeightSender
 from rltrain.config.schema import RunConfig
@@ -40,9 +35,6 @@ from rltrain.workers.common import (
     local_dir,
     seed_everything,
 )
-
-#: Kept for callers of the torch path: torch AdamW with the ``optimizer.*`` settings.
-build_optimizer = build_adamw
 
 
 class ActorWorker(Worker, ResidentState):
@@ -64,7 +56,7 @@ class ActorWorker(Worker, ResidentState):
         self.tokenizer = build_tokenizer(run.model)
         self.engine: TrainingEngine = build_engine(
             run,
-            build_model(run.model),
+            build_model(run.model, dtype=build_dtype(run)),  # the engine casts to model.dtype
             self.device,
             micro_batch=sizes.micro_batch,
             minibatch=sizes.samples_per_minibatch,

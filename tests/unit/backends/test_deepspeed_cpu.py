@@ -76,6 +76,7 @@ def test_ds_config() -> None:
     cfg = build_ds_config(s, world_size=2)
     assert cfg["train_batch_size"] == 24 and cfg["gradient_accumulation_steps"] == 3
     assert cfg["zero_optimization"] == {"stage": 2} and cfg["bf16"] == {"enabled": True}
+    assert cfg["fp16"] == {"enabled": False}
     assert cfg["gradient_clipping"] == 0.5 and "optimizer" not in cfg
     ds_adam = build_ds_config(DeepSpeedSettings(optimizer="deepspeed_adamw", lr=0.1), 1)
     assert ds_adam["optimizer"]["type"] == "AdamW" and ds_adam["optimizer"]["params"]["lr"] == 0.1
