@@ -31,6 +31,9 @@ class RolloutBatch(TensorRecord):
         values: ``[B, R]`` critic values of the state before each response token (PPO).
         advantages: ``[B, R]`` per-token advantages.
         returns: ``[B, R]`` value targets (PPO).
+        rollout_logprobs: ``[B, R]`` log-probs the rollout engine recorded while sampling (of
+            the distribution sampled: temperature and top-p applied); ``old_logprobs`` is
+            pi_old, which ``algorithm.old_logprobs`` takes from these or from a recompute.
     """
 
     prompt_ids: Tensor
@@ -44,6 +47,7 @@ class RolloutBatch(TensorRecord):
     values: Tensor | None = None
     advantages: Tensor | None = None
     returns: Tensor | None = None
+    rollout_logprobs: Tensor | None = None
 
     @property
     def size(self) -> int:

@@ -77,3 +77,39 @@ def compute_logprobs(
     if not with_entropy:
         return logp
     return logp, entropy_from_logits(logits) * mask
+
+
+class LogprobGap:
+    """The rollout/trainer log-prob gap: ``|log pi_trainer - log pi_rollout|`` over sampled
+    response tokens, accumulated over micro-batches (mean and max).
+
+    The parity check of ``rollout/logprob_gap_mean`` and ``rollout/logprob_gap_max``: both log
+    the same policy's probability of the same tokens, so with the same weights the gap is float
+    rounding, and anything larger is a numerics mismatch (or, with stale batches, the policy's
+    drift since sampling).
+    """
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.tokens = 0
+        self.max = 0.0
+
+    def add(self, trainer: Tensor, rollout: Tensor, response_mask: Tensor) -> None:
+        """Count one micro-batch: ``[b, R]`` trainer and rollout log-probs and the mask."""
+        keep = response_mask != 0
+        if not bool(keep.any()):
+            return
+        diff = (trainer.detach().float() - rollout.float()).abs()[keep]
+        self.total += float(diff.sum())
+        self.tokens += int(diff.numel())
+        self.max = max(self.max, float(diff.max()))
+
+    def metrics(self) -> dict[str, float]:
+        """``rollout/logprob_gap_mean``, ``_max`` and ``_tokens`` (empty before any token)."""
+        if not self.tokens:
+            return {}
+        return {
+            "rollout/logprob_gap_mean": self.total / self.tokens,
+            "rollout/logprob_gap_max": self.max,
+            "rollout/logprob_gap_tokens": float(self.tokens),
+        }

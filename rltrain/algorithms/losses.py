@@ -72,11 +72,13 @@ def policy_loss(
     clip_high: float = 0.2,
     loss_agg: str = "token_mean",
     norm_len: int | None = None,
+    is_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """PPO's clipped surrogate with separate lower and upper clip ranges.
 
     Per token, with ``ratio = exp(logprobs - old_logprobs)``:
-    ``max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))``, then aggregated.
+    ``w * max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))``, then aggregated;
+    ``w`` is the token's importance weight (:func:`truncated_is_weights`), 1 without one.
 
     Args:
         logprobs: ``[B, R]`` under the policy being trained (with grad).
@@ -87,6 +89,8 @@ def policy_loss(
         clip_high: upper clip range (``algorithm.clip_high``; larger is DAPO's clip-higher).
         loss_agg: see :func:`aggregate`.
         norm_len: see :func:`aggregate`.
+        is_weights: ``[B, R]`` per-token importance weights, no gradient (the truncated
+            ``pi_old / pi_rollout`` of ``algorithm.tis_cap``), or None.
 
     Returns:
         The loss and its diagnostics.
@@ -96,6 +100,8 @@ def policy_loss(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     mask = response_mask.to(per_token.dtype)
     with torch.no_grad():
         n = mask.sum().clamp(min=1.0)
@@ -104,6 +110,24 @@ def policy_loss(
         ratio_mean = (ratio * mask).sum() / n
     loss = aggregate(per_token, mask, loss_agg, norm_len)
     return PolicyLossOutput(loss, clip_frac, approx_kl, ratio_mean)
+
+
+def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
+    """Truncated importance weights of the tokens: ``min(pi_old / pi_rollout, cap)``.
+
+    They correct for the rollout sampling from ``pi_rollout`` (another engine's numerics, or
+    older weights) while the clipped ratio is taken against ``pi_old`` (verl's TIS). No
+    gradient flows through them.
+
+    Args:
+        old_logprobs: ``[B, R]`` log pi_old of the sampled tokens.
+        rollout_logprobs: ``[B, R]`` log pi_rollout, as the rollout recorded them.
+        cap: ``C`` (``algorithm.tis_cap``, at least 1).
+
+    Returns:
+        ``[B, R]`` weights in ``(0, cap]`` (masked tokens, whose log-probs are both 0, get 1).
+    """
+    return torch.exp(old_logprobs.detach() - rollout_logprobs).clamp(max=cap)
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:

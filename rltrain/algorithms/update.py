@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -25,8 +27,14 @@ from torch import Tensor
 from rltrain.algorithms.advantages import compute_advantages
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.critic import ValueModel, compute_values
-from rltrain.algorithms.logprobs import compute_logprobs
-from rltrain.algorithms.losses import aggregate, kl_penalty, policy_loss, value_loss
+from rltrain.algorithms.logprobs import LogprobGap, compute_logprobs
+from rltrain.algorithms.losses import (
+    aggregate,
+    kl_penalty,
+    policy_loss,
+    truncated_is_weights,
+    value_loss,
+)
 from rltrain.errors import ConfigError
 
 
@@ -56,10 +64,16 @@ class UpdateSettings:
     grad_clip: float = 1.0
     temperature: float = 1.0
     max_new_tokens: int = 4
+    old_logprobs: str = "recompute"
+    tis_cap: float | None = 2.0
 
     @classmethod
     def from_config(cls, run_cfg: Any) -> UpdateSettings:
-        """Collect the settings from a :class:`rltrain.config.schema.RunConfig`."""
+        """Collect the settings from a :class:`rltrain.config.schema.RunConfig`
+        (``old_logprobs`` with ``auto`` decided: :func:`~rltrain.config.numerics.
+        resolve_old_logprobs`)."""
+        from rltrain.config.numerics import resolve_old_logprobs
+
         a, o, r = run_cfg.algorithm, run_cfg.optimizer, run_cfg.rollout
         names = (
             "advantage_estimator norm_adv_by_std clip_low clip_high loss_agg entropy_coef kl_coef "
@@ -70,12 +84,19 @@ class UpdateSettings:
             grad_clip=o.grad_clip,
             temperature=r.temperature,
             max_new_tokens=r.max_new_tokens,
+            old_logprobs=resolve_old_logprobs(run_cfg),
+            tis_cap=a.tis_cap,
         )
 
     @property
     def uses_reference(self) -> bool:
         """True when a KL to the reference policy enters the reward or the loss."""
         return self.kl_coef > 0
+
+    @property
+    def steps_per_batch(self) -> int:
+        """Optimizer steps an update takes on one batch (epochs x minibatches)."""
+        return self.ppo_epochs * self.num_minibatches
 
 
 def minibatch_indices(
@@ -113,9 +134,12 @@ def add_advantages(batch: RolloutBatch, s: UpdateSettings) -> RolloutBatch:
         raise ConfigError("the rollout batch has no rewards: score it before the update")
     token_kl = None
     if s.kl_in == "reward" and s.kl_coef > 0:
-        if batch.ref_logprobs is None or batch.old_logprobs is None:
+        # The sampled tokens' log-probs known before the update: pi_old when it was computed
+        # (an inference component, LoRA's own pass), else the rollout's.
+        behaviour = batch.old_logprobs if batch.old_logprobs is not None else batch.rollout_logprobs
+        if batch.ref_logprobs is None or behaviour is None:
             raise ConfigError("algorithm.kl_in='reward' needs old and reference log-probs")
-        token_kl = s.kl_coef * kl_penalty(batch.old_logprobs, batch.ref_logprobs, s.kl_estimator)
+        token_kl = s.kl_coef * kl_penalty(behaviour, batch.ref_logprobs, s.kl_estimator)
     adv, returns = compute_advantages(
         s.advantage_estimator,
         batch.rewards,
@@ -131,16 +155,25 @@ def add_advantages(batch: RolloutBatch, s: UpdateSettings) -> RolloutBatch:
 
 
 def actor_loss(
-    model: torch.nn.Module, mb: RolloutBatch, s: UpdateSettings
+    model: torch.nn.Module,
+    mb: RolloutBatch,
+    s: UpdateSettings,
+    gap: LogprobGap | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The policy objective of one minibatch: clipped surrogate + KL loss - entropy bonus.
+
+    With ``old_logprobs=recompute`` and the rollout's log-probs present, each token's clipped
+    surrogate is weighted by ``min(pi_old / pi_rollout, tis_cap)`` (:func:`truncated_is_weights`;
+    not the KL or entropy terms).
 
     Args:
         model: the policy being trained.
         mb: a minibatch with ``advantages``; ``old_logprobs`` (if missing, the current
             log-probs, detached, stand in: exact for one on-policy step); ``ref_logprobs`` when
-            the KL is in the loss.
+            the KL is in the loss; ``rollout_logprobs`` when the rollout recorded them.
         s: the settings.
+        gap: counts this forward pass's log-probs against the rollout's (the first optimizer
+            step of an update, whose weights are the ones before it), or None.
 
     Returns:
         ``(loss, metrics)``; call ``loss.backward()``.
@@ -155,8 +188,21 @@ def actor_loss(
     )
     old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
     mask = mb.response_mask
+    if gap is not None and mb.rollout_logprobs is not None:
+        gap.add(logp, mb.rollout_logprobs, mask)
+    weights = None
+    if s.old_logprobs == "recompute" and s.tis_cap is not None and mb.rollout_logprobs is not None:
+        weights = truncated_is_weights(old, mb.rollout_logprobs, s.tis_cap)
     pg = policy_loss(
-        logp, old, mb.advantages, mask, s.clip_low, s.clip_high, s.loss_agg, s.max_new_tokens
+        logp,
+        old,
+        mb.advantages,
+        mask,
+        s.clip_low,
+        s.clip_high,
+        s.loss_agg,
+        s.max_new_tokens,
+        is_weights=weights,
     )
     entropy = aggregate(ent, mask, s.loss_agg, s.max_new_tokens)
     loss = pg.loss - s.entropy_coef * entropy
@@ -166,6 +212,12 @@ def actor_loss(
         "actor/approx_kl": pg.approx_kl.item(),
         "actor/entropy": entropy.item(),
     }
+    if weights is not None:
+        with torch.no_grad():
+            m = mask.to(weights.dtype)
+            n = m.sum().clamp(min=1.0)
+            metrics["actor/tis_weight_mean"] = float((weights * m).sum() / n)
+            metrics["actor/tis_clip_frac"] = float(((weights >= s.tis_cap) * m).sum() / n)
     if s.kl_in == "loss" and s.kl_coef > 0:
         if mb.ref_logprobs is None:
             raise ConfigError("algorithm.kl_in='loss' with kl_coef > 0 needs reference log-probs")
@@ -510,6 +562,56 @@ def behaviour_logprobs(
     return out
 
 
+def with_old_logprobs(
+    batch: RolloutBatch, s: UpdateSettings, recompute: Callable[[RolloutBatch], Tensor]
+) -> tuple[RolloutBatch, dict[str, float], LogprobGap | None]:
+    """pi_old for an update (``s.old_logprobs``), and the rollout/trainer log-prob gap.
+
+    - ``rollout``: the rollout's log-probs are pi_old.
+    - ``recompute``: pi_old given with the batch (the inference component's) is kept; else,
+      when the update takes more than one optimizer step, ``recompute`` computes it with the
+      weights before the update (its seconds are ``actor/old_logprobs_s``); else it stays
+      missing and the first step's forward pass, detached, is pi_old (same weights, no cost).
+
+    The gap compares the rollout's log-probs with the trainer's for the weights before the
+    update: pi_old itself when recomputed or given, otherwise the first optimizer step's
+    forward pass, which the returned :class:`LogprobGap` is for (its minibatch's tokens).
+
+    Args:
+        batch: the rows, with ``rollout_logprobs`` when the rollout recorded them.
+        s: the settings.
+        recompute: ``batch -> [B, R]`` log-probs under the model as it is now.
+
+    Returns:
+        ``(batch with old_logprobs set or left missing as above, metrics known now, the gap
+        counter for the first step or None)``.
+
+    Raises:
+        ConfigError: ``rollout`` without the rollout's log-probs.
+    """
+    metrics: dict[str, float] = {}
+    if s.old_logprobs == "rollout":
+        if batch.rollout_logprobs is None:
+            raise ConfigError(
+                "algorithm.old_logprobs='rollout' but the batch carries no rollout log-probs: "
+                "the rollout records them in every reasoning run; batches built by hand need "
+                "rollout_logprobs (or use algorithm.old_logprobs=recompute)"
+            )
+        batch = batch.replace(old_logprobs=batch.rollout_logprobs)
+    elif batch.old_logprobs is None and s.steps_per_batch > 1:
+        # Later steps must compare against the policy that sampled, not the updated one.
+        start = time.perf_counter()
+        batch = batch.replace(old_logprobs=recompute(batch))
+        metrics["actor/old_logprobs_s"] = time.perf_counter() - start
+    if batch.rollout_logprobs is None:
+        return batch, metrics, None
+    if s.old_logprobs == "recompute" and batch.old_logprobs is not None:
+        gap = LogprobGap()
+        gap.add(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask)
+        return batch, {**metrics, **gap.metrics()}, None
+    return batch, metrics, LogprobGap()
+
+
 def ppo_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -545,21 +647,22 @@ def ppo_update(
     Raises:
         ConfigError: a row is wider than ``max_tokens``.
     """
-    if batch.old_logprobs is None and (s.ppo_epochs > 1 or s.num_minibatches > 1):
-        # Later steps must compare against the policy that sampled, not the updated one.
-        old = behaviour_logprobs(model, batch, s, micro_batch, max_tokens)
-        batch = batch.replace(old_logprobs=old)
+    batch, known, gap = with_old_logprobs(
+        batch, s, lambda b: behaviour_logprobs(model, b, s, micro_batch, max_tokens)
+    )
     model.train()
     sums: dict[str, float] = defaultdict(float)
     steps = 0
     for _ in range(s.ppo_epochs):
         for idx in minibatch_indices(batch.size, s.num_minibatches, generator):
             mb = batch.select(idx)
+            # the first step's forward pass is at the weights before the update: the gap's
+            loss_fn = functools.partial(actor_loss, s=s, gap=gap if steps == 0 else None)
             metrics = accumulate_step(
                 model,
                 optimizer,
                 mb,
-                lambda m, micro: actor_loss(m, micro, s),
+                loss_fn,
                 micro_batch=micro_batch,
                 loss_agg=s.loss_agg,
                 grad_clip=s.grad_clip,
@@ -574,7 +677,11 @@ def ppo_update(
             for k, v in metrics.items():
                 sums[k] += v
             steps += 1
-    return {k: v / steps for k, v in sums.items()}
+    out = {k: v / steps for k, v in sums.items()}
+    out.update(known)
+    if gap is not None:
+        out.update(gap.metrics())
+    return out
 
 
 def value_update(

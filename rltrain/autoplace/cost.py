@@ -21,6 +21,12 @@ disaggregated, synchronous      ``G(k) + R + T(D-k) + S + O``
 disaggregated, ``max_staleness=1``  ``max(G(k), R + T(D-k) + S + O)`` (both sides at once)
 ==============================  ===========================================================
 
+``T`` includes the actor's pi_old forward pass where the profiled (synchronous) runs made one
+(``algorithm.old_logprobs``: recomputed, more than one optimizer step per batch, no inference
+component); a candidate with ``max_staleness=1`` that makes one where they did not adds its
+seconds ``P(k)`` (measured as ``actor/old_logprobs_s`` when the profile ran the pass, else a
+third of an epoch's training time: a forward pass without the backward).
+
 Embodied step: a pipelined rollout epoch, then the update: ``P + E + T(k) + S + M + O`` where
 ``P`` is RLinf's pipeline formula ``T_critical + (N - 1) * T_bottleneck`` over the
 ``N = steps x S`` items an env process pushes through simulator and policy (see
@@ -151,6 +157,9 @@ class ReasoningCosts:
         moves: offload and reload when actor and rollout share ``k`` devices.
         fused_overhead: a fused step's time beyond its ranks' own stages (the one call per
             step, the driver between steps).
+        old_logprobs: the actor's pi_old forward pass on ``k`` actor devices (``P``).
+        old_logprob_passes: pi_old passes per step of the profiled synchronous runs (``train``
+            includes them) and of an asynchronous candidate (``max_staleness=1``).
     """
 
     generate: Scaling
@@ -160,6 +169,15 @@ class ReasoningCosts:
     overhead: float = 0.0
     moves: Scaling = field(default_factory=lambda: Scaling(0.0))
     fused_overhead: float = 0.0
+    old_logprobs: Scaling = field(default_factory=lambda: Scaling(0.0))
+    old_logprob_passes: tuple[int, int] = (0, 0)
+
+    def train_at(self, k: int, staleness: int = 0) -> float:
+        """``T(k)``, plus ``P(k)`` per pi_old pass a candidate of this staleness makes beyond
+        the profiled runs' (module docstring)."""
+        sync, asynchronous = self.old_logprob_passes
+        extra = (asynchronous if staleness > 0 else sync) - sync
+        return self.train.at(k) + extra * self.old_logprobs.at(k)
 
 
 @dataclass(frozen=True)
@@ -227,7 +245,7 @@ def predict(cand: Candidate, costs: ReasoningCosts | EmbodiedCosts) -> Predictio
         raise TypeError(f"costs must be ReasoningCosts or EmbodiedCosts, not {type(costs)}")
     c = costs
     g = c.generate.at(cand.rollout_devices)
-    t = c.train.at(cand.actor_devices)
+    t = c.train_at(cand.actor_devices, cand.staleness)
     if cand.family == "collocated" and cand.fused:
         parts = {"generate": g, "reward": c.reward, "train": t, "overhead": c.fused_overhead}
         return Prediction(g + c.reward + t + c.fused_overhead, parts, "G + R + T + O_f")
@@ -329,9 +347,11 @@ def costs_from_dict(data: Mapping[str, Any]) -> ReasoningCosts | EmbodiedCosts:
     """
     d = dict(data)
     kind = d.pop("kind")
-    for key in ("generate", "train", "moves"):
+    for key in ("generate", "train", "moves", "old_logprobs"):
         if key in d:
             d[key] = Scaling(**d[key])
+    if "old_logprob_passes" in d:
+        d["old_logprob_passes"] = tuple(int(x) for x in d["old_logprob_passes"])
     if kind == "embodied":
         d["env_item"] = Linear(**d["env_item"])
         d["infer_item"] = Linear(**d["infer_item"])

@@ -97,7 +97,11 @@ def fused(reading: RunReading) -> bool:
     return "step" in reading.stages
 
 
-def fit_reasoning(runs: Sequence[tuple[Candidate, RunReading]]) -> ReasoningCosts:
+def fit_reasoning(
+    runs: Sequence[tuple[Candidate, RunReading]],
+    old_logprob_passes: tuple[int, int] = (0, 0),
+    ppo_epochs: int = 1,
+) -> ReasoningCosts:
     """The reasoning cost terms from the profiling runs.
 
     Generation is a point at the run's rollout devices, training at its actor devices. Memory
@@ -108,8 +112,15 @@ def fit_reasoning(runs: Sequence[tuple[Candidate, RunReading]]) -> ReasoningCost
     between steps come from the runs with separate processes; a fused run's overhead is its
     period beyond its ranks' own stage times (the one call per step included).
 
+    The actor's pi_old pass (``P``) is fitted to the runs' ``actor/old_logprobs_s`` when they
+    made one; else it is modelled as a third of one epoch's training time (a forward pass
+    without the backward, about a third of a forward and backward pass).
+
     Args:
         runs: ``(profiled layout, reading)`` of each profiling run.
+        old_logprob_passes: pi_old passes per step of the profiled (synchronous) runs and of an
+            asynchronous candidate (:func:`~rltrain.config.numerics.old_logprob_pass`).
+        ppo_epochs: ``algorithm.ppo_epochs`` (the modelled pass is one epoch's forward).
 
     Returns:
         The fitted costs.
@@ -137,14 +148,22 @@ def fit_reasoning(runs: Sequence[tuple[Candidate, RunReading]]) -> ReasoningCost
         turns_o.append(_overhead(r))
     readings = [r for _, r in runs]
     overhead = statistics.fmean(turns_o) if turns_o else statistics.fmean(fused_o)
+    trained = Scaling.fit(train)
+    passes = [(c.actor_devices, r.old_logprobs_s) for c, r in runs if r.old_logprobs_s > 0]
+    third = 3 * max(ppo_epochs, 1)
+    recompute = (
+        Scaling.fit(passes) if passes else Scaling(trained.fixed / third, trained.parallel / third)
+    )
     return ReasoningCosts(
         generate=Scaling.fit(gen),
-        train=Scaling.fit(train),
+        train=trained,
         reward=statistics.fmean(r.stages.get("reward", 0.0) for r in readings),
         sync=statistics.fmean(syncs) if syncs else 0.0,
         overhead=overhead,
         moves=Scaling.fit(moves),
         fused_overhead=statistics.fmean(fused_o) if fused_o else overhead,
+        old_logprobs=recompute,
+        old_logprob_passes=old_logprob_passes,
     )
 
 

@@ -35,7 +35,7 @@ from rltrain.errors import ConfigError, ResourceError
 log = logging.getLogger("rltrain")
 
 #: Bumped when the profile's content changes meaning (older cache files are then ignored).
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 #: Steps left out of each profiling run's timing (first calls, first allocations).
 WARMUP_STEPS = 1
 #: Config sections whose values change how long a stage takes (the cache key).
@@ -346,7 +346,19 @@ def _profiled_as(cand: Candidate) -> Candidate:
 def _fit(run: Any, made: Sequence[tuple[Candidate, RunReading]]) -> ReasoningCosts | EmbodiedCosts:
     if run.runner == "embodied":
         return fit_embodied(made, run.env.num_envs, run.env.rollout_steps)
-    return fit_reasoning(made)
+    return fit_reasoning(made, old_logprob_passes(run), run.algorithm.ppo_epochs)
+
+
+def old_logprob_passes(run: Any) -> tuple[int, int]:
+    """The actor's pi_old passes per step (``algorithm.old_logprobs``) in the profiling runs,
+    which are synchronous, and in a candidate with ``trainer.max_staleness=1``."""
+    from rltrain.config.numerics import old_logprob_pass
+
+    def at(staleness: int) -> int:
+        trainer = dataclasses.replace(run.trainer, max_staleness=staleness)
+        return int(old_logprob_pass(dataclasses.replace(run, trainer=trainer)))
+
+    return at(0), at(1)
 
 
 def _dir_name(cand: Candidate) -> str:

@@ -41,6 +41,8 @@ class RunReading:
         step_s: mean ``time/step_s`` (the sum of the stage timers).
         period_s: median start-to-start seconds of the timed steps; None without a trace.
         moves: ``"<component>/<offload|reload>"`` -> seconds per timed step.
+        old_logprobs_s: mean seconds per timed step of the actor's pi_old forward pass
+            (``actor/old_logprobs_s``; part of the ``train`` stage; 0 when it made none).
     """
 
     steps: int
@@ -48,6 +50,7 @@ class RunReading:
     step_s: float
     period_s: float | None = None
     moves: Mapping[str, float] = field(default_factory=dict)
+    old_logprobs_s: float = 0.0
 
     @property
     def seconds_per_step(self) -> float:
@@ -71,6 +74,7 @@ class RunReading:
             step_s=float(d["step_s"]),
             period_s=None if d.get("period_s") is None else float(d["period_s"]),
             moves=dict(d.get("moves", {})),
+            old_logprobs_s=float(d.get("old_logprobs_s", 0.0)),
         )
 
 
@@ -141,6 +145,7 @@ def read_run(run_dir: str, warmup: int = 1) -> RunReading:
     keys = sorted({k for r in rows for k in r if k.startswith("time/") and k != "time/step_s"})
     stages = {k[5:-2]: statistics.fmean(float(r.get(k) or 0.0) for r in rows) for k in keys}
     step_s = statistics.fmean(float(r.get("time/step_s") or 0.0) for r in rows)
+    old_lp = statistics.fmean(float(r.get("actor/old_logprobs_s") or 0.0) for r in rows)
     period, moves = None, {}
     trace_path = os.path.join(run_dir, "trace.json")
     if os.path.exists(trace_path):
@@ -148,7 +153,7 @@ def read_run(run_dir: str, warmup: int = 1) -> RunReading:
 
         starts, spans = step_windows(load_trace(trace_path))
         period, moves = _period_and_moves(starts, spans, warmup, len(rows))
-    return RunReading(len(rows), stages, step_s, period, moves)
+    return RunReading(len(rows), stages, step_s, period, moves, old_lp)
 
 
 def _period_and_moves(

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import torch
 
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.algorithms.logprobs import compute_logprobs
+from rltrain.algorithms.logprobs import LogprobGap, compute_logprobs
 from rltrain.algorithms.update import (
     UpdateSettings,
     actor_loss,
@@ -53,6 +53,7 @@ from rltrain.algorithms.update import (
     split_rows,
     trim_padding,
     value_update,
+    with_old_logprobs,
 )
 from rltrain.backends.host_allreduce import wrap_data_parallel
 from rltrain.backends.lora import is_lora, merged_weights, wrap_lora
@@ -559,32 +560,37 @@ class DeepSpeedEngine:
 
     def update(self, batch: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
         s, actor = self.settings, self.actor
-        if batch.old_logprobs is None and (s.ppo_epochs > 1 or s.num_minibatches > 1):
-            # Later steps compare against the policy that sampled, not the updated one.
-            if self.max_tokens is not None:
-                parts = self._agreed_parts(batch)
-                old = behaviour_logprobs(actor.engine, batch, s, 0, self.max_tokens, parts)
-            else:
-                with torch.no_grad():
-                    old = compute_logprobs(
-                        actor.engine,
-                        batch.input_ids,
-                        batch.attention_mask,
-                        batch.response_mask,
-                        temperature=s.temperature,
-                    )
-            batch = batch.replace(old_logprobs=old)
+        batch, known, gap = with_old_logprobs(batch, s, self._logprobs)
         sums: dict[str, float] = defaultdict(float)
         steps = 0
         lr = float(actor.engine.get_lr()[0])
         for _ in range(s.ppo_epochs):
             for idx in minibatch_indices(batch.size, s.num_minibatches, generator):
-                for k, v in self._step(batch.select(idx)).items():
+                first = gap if steps == 0 else None  # the weights before the update
+                for k, v in self._step(batch.select(idx), first).items():
                     sums[k] += v
                 steps += 1
         out = {k: v / steps for k, v in sums.items()}
+        out.update(known)
+        if gap is not None:
+            out.update(gap.metrics())
         out["actor/lr"] = lr
         return out
+
+    def _logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B, R]`` log-probs under the engine's weights now (pi_old's recompute)."""
+        s, engine = self.settings, self.actor.engine
+        if self.max_tokens is not None:
+            parts = self._agreed_parts(batch)
+            return behaviour_logprobs(engine, batch, s, 0, self.max_tokens, parts)
+        with torch.no_grad():
+            return compute_logprobs(
+                engine,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.response_mask,
+                temperature=s.temperature,
+            )
 
     def _agreed_parts(self, mb: RolloutBatch) -> int:
         """Token-budget micro-batches every rank runs on its minibatch: the most any rank needs.
@@ -600,7 +606,7 @@ class DeepSpeedEngine:
             parts = int(most.item())
         return parts
 
-    def _budget_step(self, mb: RolloutBatch) -> dict[str, float]:
+    def _budget_step(self, mb: RolloutBatch, gap: LogprobGap | None = None) -> dict[str, float]:
         """One optimizer step over micro-batches of ``actor.max_tokens_per_micro_batch`` tokens.
 
         The engine was built to accumulate one micro-batch per step (so it scales no loss);
@@ -614,7 +620,7 @@ class DeepSpeedEngine:
         for i, (part, w) in enumerate(zip(parts, weights, strict=True)):
 
             def loss_fn(engine: torch.nn.Module, micro: RolloutBatch, w: float = w) -> torch.Tensor:
-                loss, metrics = actor_loss(engine, micro, self.settings)
+                loss, metrics = actor_loss(engine, micro, self.settings, gap)
                 for k, v in metrics.items():
                     sums[k] += w * v
                 return loss * w
@@ -627,10 +633,11 @@ class DeepSpeedEngine:
             out["actor/grad_norm"] = float(norm)
         return out
 
-    def _step(self, mb: RolloutBatch) -> dict[str, float]:
-        """One optimizer step over the minibatch, split into the configured micro-batches."""
+    def _step(self, mb: RolloutBatch, gap: LogprobGap | None = None) -> dict[str, float]:
+        """One optimizer step over the minibatch, split into the configured micro-batches
+        (``gap`` counts their log-probs against the rollout's: the update's first step)."""
         if self.max_tokens is not None:
-            return self._budget_step(mb)
+            return self._budget_step(mb, gap)
         parts = torch.tensor_split(torch.arange(mb.size), self.ds_settings.grad_accum_steps)
         seen: list[dict[str, float]] = []
         # DeepSpeed divides every micro-batch's loss by their number; a token-mean loss must
@@ -641,7 +648,7 @@ class DeepSpeedEngine:
         scale = iter(w * n for w in weights)
 
         def loss_fn(engine: torch.nn.Module, micro: RolloutBatch) -> torch.Tensor:
-            loss, metrics = actor_loss(engine, micro, self.settings)
+            loss, metrics = actor_loss(engine, micro, self.settings, gap)
             seen.append(metrics)
             return loss * next(scale)
 

@@ -58,6 +58,9 @@ DYNAMIC_READERS: dict[str, tuple[str, ...]] = {
     "inference.pipeline_parallel_size": ("rltrain/placement/plan",),
     # placement=auto reads its section by name (AutoSettings)
     "placement.auto": ("rltrain/autoplace/settings",),
+    # decided once by rltrain.config.numerics.resolve_old_logprobs, which the update's settings
+    # and the cost model ask
+    "algorithm.old_logprobs": ("rltrain/algorithms/update", "rltrain/autoplace/profile"),
 }
 
 

@@ -196,6 +196,14 @@ class AlgorithmConfig:
     lam: float = 1.0  # GAE lambda
     value_clip: float = 0.2  # PPO value clipping
     value_coef: float = 0.5  # PPO value-loss weight
+    # where the clipped ratio's pi_old comes from: auto | recompute (the actor's log-probs
+    # before the update) | rollout (the rollout engine's, as sampled); auto recomputes when
+    # the rollout is not the actor's numerics (vLLM, 16-bit, LoRA, top_p < 1) or
+    # trainer.max_staleness >= 1 (docs/rl_core.md)
+    old_logprobs: str = "auto"
+    # truncated importance sampling with a recomputed pi_old: each token's policy loss is
+    # weighted by min(pi_old / pi_rollout, tis_cap) (at least 1); null: no correction
+    tis_cap: Optional[float] = 2.0
 
 
 # ------------------------------------------------------------------------------------------ task

@@ -513,4 +513,4 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
 
 
 # Checks kept in their own modules register themselves on import.
-from rltrain.config import device_checks, engine_checks  # noqa: E402, F401
+from rltrain.config import device_checks, engine_checks, numerics  # noqa: E402, F401

@@ -56,8 +56,7 @@ class GenerationPipeline:
 
     Args:
         runner: the runner whose rollout group, weights (``version``) and task are used; it
-            must offer ``job.stage(component)`` and ``submit_generation(step, expect,
-            behaviour)``.
+            must offer ``job.stage(component)`` and ``submit_generation(step, expect)``.
         max_staleness: ``k >= 1``.
         partial_rollout: ``finish`` or ``restart`` (``trainer.partial_rollout``).
 
@@ -148,7 +147,7 @@ class GenerationPipeline:
     def _submit(self, step: int, restarts: int = 0) -> InFlight:
         r = self.runner
         with r.job.stage("rollout"):
-            future = r.submit_generation(step, max(step - self.k, 0), behaviour=True)
+            future = r.submit_generation(step, max(step - self.k, 0))
         return InFlight(step, r.version, future, restarts)
 
     def _restart_stale(self) -> int:

@@ -320,21 +320,19 @@ class ReasoningRunner:
         k = self.sizes.prompts_per_rollout_rank
         return [prompts[r * k : (r + 1) * k] for r in range(self.sizes.rollout_dp)]
 
-    def submit_generation(self, step: int, expect_version: int, behaviour: bool = False) -> Any:
+    def submit_generation(self, step: int, expect_version: int) -> Any:
         """Start the step's generation on every rollout rank with the newest handed weights.
+
+        The rollout records the sampler's log-probs in every step: the actor logs their gap to
+        its own (``rollout/logprob_gap_*``), and takes them as pi_old or as the truncated
+        importance weights' denominator (``algorithm.old_logprobs``).
 
         Args:
             step: the step whose prompts are generated.
             expect_version: the oldest weight version the rollout may sample with.
-            behaviour: record the sampler's log-probs (an off-policy schedule takes the actor's
-                ratio against them).
         """
         weights = self.weights.get("rollout")
         args = [(prompts, step, weights, expect_version) for prompts in self.rank_prompts(step)]
-        # A KL in the reward needs the sampler's log-probs too (recorded while sampling).
-        alg = self.run.algorithm
-        if behaviour or (alg.kl_in == "reward" and alg.kl_coef > 0):
-            args = [a + (True,) for a in args]
         return self.g.rollout.call_each(RolloutWorker.generate, args)
 
     def learn(self, step: int, shards: list[Any], timer: StepTimer) -> dict[str, Any]:
@@ -464,10 +462,31 @@ def _mean(values: list[Any]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+#: The rollout/trainer log-prob gap's metrics (:class:`~rltrain.algorithms.logprobs.LogprobGap`).
+GAP_MEAN, GAP_MAX, GAP_TOKENS = (
+    "rollout/logprob_gap_mean",
+    "rollout/logprob_gap_max",
+    "rollout/logprob_gap_tokens",
+)
+
+
 def _mean_metrics(results: list[TrainResult]) -> dict[str, float]:
-    """Every metric averaged over the ranks."""
+    """Every metric averaged over the ranks; the log-prob gap's mean weighted by each rank's
+    tokens, its max the largest, its token count summed."""
     keys = sorted({k for r in results for k in r.metrics})
-    return {k: sum(r.metrics[k] for r in results) / len(results) for k in keys}
+    out: dict[str, float] = {}
+    for k in keys:  # over the ranks that report it (a rank may have no gap to report)
+        values = [r.metrics[k] for r in results if k in r.metrics]
+        out[k] = sum(values) / len(values)
+    tokens = sum(r.metrics.get(GAP_TOKENS, 0.0) for r in results)
+    if tokens:
+        out[GAP_MEAN] = (
+            sum(r.metrics.get(GAP_MEAN, 0.0) * r.metrics.get(GAP_TOKENS, 0.0) for r in results)
+            / tokens
+        )
+        out[GAP_MAX] = max(r.metrics.get(GAP_MAX, 0.0) for r in results)
+        out[GAP_TOKENS] = tokens
+    return out
 
 
 def data_parallel(groups) -> None:

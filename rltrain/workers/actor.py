@@ -139,8 +139,9 @@ class ActorWorker(Worker, ResidentState):
         """The batch with reference log-probs computed here when no reference component gave
         them: under LoRA the reference is the policy with its adapters disabled
         (:func:`~rltrain.backends.lora.reference_logprobs`). With ``algorithm.kl_in=reward``
-        missing behaviour log-probs are filled too (the policy as it is, adapters on).
-        Unchanged without LoRA, without the KL, or when the log-probs are there."""
+        behaviour log-probs are filled too (the policy as it is, adapters on) when the batch
+        has neither pi_old nor the rollout's. Unchanged without LoRA, without the KL, or when
+        the log-probs are there."""
         s = self.settings
         if self.run.actor.lora.rank <= 0 or s.kl_coef <= 0 or batch.ref_logprobs is not None:
             return batch
@@ -149,7 +150,7 @@ class ActorWorker(Worker, ResidentState):
 
         on, home = batch.to(self.device), batch.response_mask.device
         micro = self.sizes.micro_batch
-        if s.kl_in == "reward" and batch.old_logprobs is None:
+        if s.kl_in == "reward" and batch.old_logprobs is None and batch.rollout_logprobs is None:
             with eval_mode(self.model):  # no adapter dropout in behaviour log-probs
                 old = behaviour_logprobs(self.model, on, s, micro)
             batch = batch.replace(old_logprobs=old.to(home))

@@ -12,7 +12,14 @@ import torch.nn.functional as F
 
 from rltrain.algorithms.batch import RolloutBatch
 
-_PER_TOKEN = ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
+_PER_TOKEN = (
+    "old_logprobs",
+    "ref_logprobs",
+    "values",
+    "advantages",
+    "returns",
+    "rollout_logprobs",
+)
 
 
 def pad_tokens(x: torch.Tensor, length: int, value: float = 0, left: bool = False) -> torch.Tensor:

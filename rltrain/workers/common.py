@@ -87,9 +87,23 @@ def sample_prompts(worker: Any, prompts: list[str], step: int, **kwargs: Any) ->
     from rltrain.backends.generation import sample_seeded, sampling_seed
 
     seed = sampling_seed(worker.run, step, worker.rank)
-    return sample_seeded(
-        worker.model, worker.tokenizer, worker.params, worker.device, prompts, seed, **kwargs
+    return as_rollout_logprobs(
+        sample_seeded(
+            worker.model, worker.tokenizer, worker.params, worker.device, prompts, seed, **kwargs
+        )
     )
+
+
+def as_rollout_logprobs(batch: Any) -> Any:
+    """A generated batch with the engine's log-probs as ``rollout_logprobs``.
+
+    The generation engines record the sampled tokens' log-probs in ``old_logprobs``; what the
+    actor takes as pi_old is ``algorithm.old_logprobs``'s choice, so the rollout's numbers are
+    handed on under their own name and ``old_logprobs`` stays empty.
+    """
+    if batch.old_logprobs is None:
+        return batch
+    return batch.replace(rollout_logprobs=batch.old_logprobs, old_logprobs=None)
 
 
 def _walk(obj: Any, seen: set[int], out: dict[int, int], device: torch.device) -> None:

@@ -50,7 +50,8 @@ class FusedWorker(ActorWorker):
         times: dict[str, float] = {}
         t = time.perf_counter()
         with trace.span("generate", "rollout", self.device_labels):
-            batch = sample_prompts(self, prompts, step).to("cpu")
+            # the sampler's log-probs too: the parity check, and pi_old or the TIS weights
+            batch = sample_prompts(self, prompts, step, with_logprobs=True).to("cpu")
             if self.run.simulate.rollout_latency_ms:  # a slower device (simulate.*)
                 time.sleep(self.run.simulate.rollout_latency_ms / 1000)
         times["generate"], t = time.perf_counter() - t, time.perf_counter()

@@ -24,6 +24,7 @@ from rltrain.telemetry import trace
 from rltrain.workers.common import (
     ResidentState,
     WeightReceiver,
+    as_rollout_logprobs,
     compute_device,
 )
 
@@ -80,7 +81,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         step: int,
         weights: Any = None,
         expect_version: int | None = None,
-        behaviour_logprobs: bool = False,
+        behaviour_logprobs: bool = True,
     ) -> RolloutBatch | None:
         """Sample ``n`` responses for each prompt.
 
@@ -90,10 +91,11 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             weights: the newest weights handed over (host buckets, IPC payloads by actor rank,
                 or a collective version marker); loaded first unless already held.
             expect_version: refuse to sample with an older weight version than this.
-            behaviour_logprobs: also record the sampling policy's per-token log-probs as
-                ``old_logprobs`` (asynchronous training: the actor's clipped ratio must be
-                taken against the policy that sampled, which is older than the actor's). They
-                are those of the distribution sampled: temperature and top-p applied.
+            behaviour_logprobs: record the sampling policy's per-token log-probs as
+                ``rollout_logprobs`` (those of the distribution sampled: temperature and top-p
+                applied). The actor compares them with its own (the parity check), takes them
+                as pi_old with ``algorithm.old_logprobs=rollout``, and weighs its loss by them
+                (truncated importance sampling) with ``recompute``.
 
         Returns:
             A CPU batch of ``len(prompts) * n`` rows; ``None`` when the call was cancelled
@@ -105,11 +107,13 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         self._sync(weights, expect_version)
         with trace.span("generate", "rollout", self.device_labels):
             try:
-                batch = self.engine.generate(
-                    prompts,
-                    sampling_seed(self.run, step, self.rank),
-                    behaviour_logprobs,
-                    _cancelled,
+                batch = as_rollout_logprobs(
+                    self.engine.generate(
+                        prompts,
+                        sampling_seed(self.run, step, self.rank),
+                        behaviour_logprobs,
+                        _cancelled,
+                    )
                 )
                 if self.run.simulate.rollout_latency_ms:  # a slower device (simulate.*)
                     _sleep_unless_cancelled(self.run.simulate.rollout_latency_ms / 1000)

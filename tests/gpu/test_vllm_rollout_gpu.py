@@ -70,7 +70,7 @@ def test_vllm_rollout_sleeps_wakes_loads_over_ipc_and_generates() -> None:
     # The sampler's log-probs are the policy's: the new weights are what vLLM sampled with.
     b = batch.to("cuda")
     want = compute_logprobs(policy, b.input_ids, b.attention_mask, b.response_mask)
-    torch.testing.assert_close(batch.old_logprobs, want.float().cpu(), atol=0.1, rtol=0.05)
+    torch.testing.assert_close(batch.rollout_logprobs, want.float().cpu(), atol=0.1, rtol=0.05)
 
     # A second version after another sleep: wake weights, write, wake cache, generate.
     with torch.no_grad():
@@ -82,7 +82,7 @@ def test_vllm_rollout_sleeps_wakes_loads_over_ipc_and_generates() -> None:
     batch = worker.generate(PROMPTS, step=1, weights=weights, behaviour_logprobs=True)
     b = batch.to("cuda")
     want = compute_logprobs(policy, b.input_ids, b.attention_mask, b.response_mask)
-    torch.testing.assert_close(batch.old_logprobs, want.float().cpu(), atol=0.1, rtol=0.05)
+    torch.testing.assert_close(batch.rollout_logprobs, want.float().cpu(), atol=0.1, rtol=0.05)
     report = worker.memory_report()
     assert report["declared"] == sum(total.values())
     sender.release()

@@ -65,9 +65,19 @@ def sync_run(ray_session, tmp_path_factory) -> list[dict[str, Any]]:
 @pytest.mark.timeout(300)
 def test_max_staleness_zero_is_the_on_policy_synchronous_loop(sync_run):
     assert [r["step"] for r in sync_run] == [0, 1]
-    assert not any(k.startswith("rollout/") for r in sync_run for k in r)
-    # no behaviour log-probs: the ratio is exactly 1, so nothing is clipped and the KL is 0
+    assert not any(k in r for r in sync_run for k in ("rollout/staleness", "rollout/restarts"))
+    # pi_old is the actor's own: the ratio is exactly 1, so nothing is clipped and the KL is 0
     assert all(r["actor/approx_kl"] == 0.0 and r["actor/clip_frac"] == 0.0 for r in sync_run)
+
+
+@pytest.mark.timeout(300)
+def test_the_rollout_and_the_trainer_agree_on_the_log_probs_every_step(sync_run):
+    # the parity check, on by default: the torch rollout's log-probs (KV-cached decoding) and
+    # the actor's forward pass, same weights, same float32: equal up to rounding
+    for r in sync_run:
+        assert r["rollout/logprob_gap_tokens"] > 0
+        assert 0.0 <= r["rollout/logprob_gap_mean"] <= r["rollout/logprob_gap_max"] <= 1e-5
+        assert r["actor/tis_weight_mean"] == pytest.approx(1.0, abs=1e-5)
 
 
 @pytest.mark.timeout(300)
@@ -86,8 +96,14 @@ def test_disaggregated_max_staleness_one_overlaps_and_bounds_staleness(
     # step 0 samples with version 0 in both schedules: the same responses, the same rewards
     assert records[0]["reward/mean"] == sync_run[0]["reward/mean"]
     assert records[0]["response/length_mean"] == sync_run[0]["response/length_mean"]
-    # stale batches are corrected against the behaviour policy: the ratio moves off 1
-    assert all(r["actor/approx_kl"] > 0 for r in records[1:])
+    # stale batches (auto recomputes pi_old): the clipped ratio is taken against the actor's
+    # own log-probs, and each token is weighed by min(pi_old / pi_rollout, tis_cap) instead,
+    # pi_rollout being the older weights' (the gap measures how far they moved)
+    assert all(r["actor/approx_kl"] == 0.0 for r in records)
+    assert records[0]["rollout/logprob_gap_max"] <= 1e-5  # step 0: the same weights
+    for r in records[1:]:
+        assert r["rollout/logprob_gap_mean"] > 1e-4
+        assert r["actor/tis_weight_mean"] != pytest.approx(1.0, abs=1e-5)
     # the rollout generated step t + 1 while the actor trained step t
     gens = _spans(tmp_path, "generate", "rollout")
     trains = _spans(tmp_path, "train", "actor")

@@ -114,6 +114,8 @@ def test_fused_collocated_learns_what_taking_turns_learns(ray_session, tmp_path)
             # the turn-taking actor pads its rows to the widest rollout shard: float noise only
             assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-6), key
         assert {"time/generate_s", "time/reward_s", "time/train_s"} <= set(ra)
+        # the parity check, fused or not: the sampler's log-probs are the trainer's (rounding)
+        assert ra["rollout/logprob_gap_max"] <= 1e-5 and rb["rollout/logprob_gap_max"] <= 1e-5
     assert a[-1]["eval/accuracy"] == b[-1]["eval/accuracy"]
     trace = json.loads((tmp_path / "fused" / "trace.json").read_text())
     processes = {e["args"]["process"] for e in trace["traceEvents"] if e.get("ph") == "X"}

@@ -160,3 +160,25 @@ def test_predictions_are_finite_for_every_candidate():
         assert math.isfinite(predict(c, COSTS).seconds)
     for c in embodied_candidates(4, [1, 2, 4]):
         assert math.isfinite(predict(c, EMB).seconds)
+
+
+def test_an_asynchronous_candidate_adds_the_pi_old_pass_the_profile_did_not_make():
+    # the profiled synchronous runs took pi_old from the rollout (no pass); with
+    # max_staleness=1 it is recomputed: P(k) = 0.05 + 0.3/k on top of T(k)
+    costs = ReasoningCosts(
+        generate=Scaling(0.0, 0.2),
+        train=Scaling(0.2, 0.8),
+        old_logprobs=Scaling(0.05, 0.3),
+        old_logprob_passes=(0, 1),
+    )
+    sync = predict(Candidate("disaggregated", (0, 1), (1, 2)), costs)
+    assert sync.parts["train"] == pytest.approx(1.0)
+    async1 = predict(Candidate("disaggregated", (0, 1), (1, 2), staleness=1), costs)
+    assert async1.parts["train"] == pytest.approx(1.0 + 0.35)
+    assert async1.seconds == pytest.approx(max(0.2, 1.35))
+    # both make the pass (or neither): T as measured
+    same = ReasoningCosts(Scaling(0.0, 0.2), Scaling(0.2, 0.8), old_logprob_passes=(1, 1))
+    assert predict(Candidate("disaggregated", (0, 1), (1, 2), staleness=1), same).parts[
+        "train"
+    ] == pytest.approx(1.0)
+    assert costs_from_dict(costs_to_dict(costs)) == costs

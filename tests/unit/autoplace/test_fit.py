@@ -133,3 +133,24 @@ def test_fits_need_a_run():
         fit_reasoning([])
     with pytest.raises(ValueError):
         fit_embodied([], 16, 4)
+
+
+def test_fit_reasoning_measures_the_pi_old_pass_or_models_it():
+    stages = {"generate": 1.0, "train": 0.9, "reward": 0.0, "sync": 0.0}
+    two = RunReading(3, stages, 1.9, 2.0, {}, old_logprobs_s=0.2)
+    one = RunReading(3, {**stages, "train": 1.5}, 2.5, 2.6, {}, old_logprobs_s=0.35)
+    runs = [
+        (Candidate("disaggregated", (0, 2), (2, 3)), two),
+        (Candidate("disaggregated", (0, 1), (1, 3)), one),
+    ]
+    c = fit_reasoning(runs, old_logprob_passes=(1, 1), ppo_epochs=2)
+    # measured: (2, 0.2), (1, 0.35) -> 0.05 + 0.3/k
+    assert c.old_logprobs.fixed == pytest.approx(0.05)
+    assert c.old_logprobs.parallel == pytest.approx(0.3)
+    assert c.old_logprob_passes == (1, 1)
+    # not measured (the profile made no pass): a third of one of the 2 epochs' training time
+    plain = [(cand, RunReading(3, r.stages, r.step_s, r.period_s)) for cand, r in runs]
+    m = fit_reasoning(plain, old_logprob_passes=(0, 1), ppo_epochs=2)
+    # train: (2, 0.9), (1, 1.5) -> 0.3 + 1.2/k; P = that / 6
+    assert m.old_logprobs.at(1) == pytest.approx(1.5 / 6)
+    assert m.old_logprobs.at(2) == pytest.approx(0.9 / 6)

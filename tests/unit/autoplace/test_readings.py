@@ -75,3 +75,15 @@ def test_a_run_without_timed_steps_is_refused(tmp_path):
         read_run(str(tmp_path), warmup=1)
     with pytest.raises(ConfigError, match="logging.jsonl"):
         read_run(str(tmp_path / "missing"))
+
+
+def test_the_pi_old_pass_is_read_from_the_actors_metric(tmp_path):
+    _write_run(tmp_path, [(1.0, 1.0), (0.5, 0.25), (0.5, 0.25)], [])
+    assert read_run(str(tmp_path)).old_logprobs_s == 0.0  # no pass made
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for r, seconds in zip(rows, (0.5, 0.1, 0.3), strict=True):
+        r["actor/old_logprobs_s"] = seconds
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reading = read_run(str(tmp_path))  # step 1 is timed (step 0 warm-up, step 2 the last)
+    assert reading.old_logprobs_s == pytest.approx(0.1)
+    assert RunReading.from_dict(reading.to_dict()) == reading

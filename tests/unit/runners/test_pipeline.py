@@ -40,7 +40,7 @@ class _FakeRunner:
     def stage(self, component: str):
         return nullcontext()
 
-    def submit_generation(self, step: int, expect: int, behaviour: bool = False) -> _Future:
+    def submit_generation(self, step: int, expect: int) -> _Future:
         self.submitted.append((step, expect, self.version))
         self.futures.append(_Future())
         return self.futures[-1]
