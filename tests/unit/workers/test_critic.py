@@ -132,3 +132,22 @@ def test_checkpoint_round_trip_and_mismatches(critic, tmp_path):
     other.model.hidden_size, other.model.num_heads, other.model.num_kv_heads = 16, 2, 2
     with pytest.raises(ConfigError, match="critic of another model"):
         CriticWorker(other, derive_critic_sizes(other, 8, 1)).load(str(tmp_path / "ckpt"))
+
+
+def test_a_bf16_critic_trains_fp32_masters_and_keeps_its_head_in_fp32():
+    run = _run()
+    run.model.dtype = "bfloat16"
+    critic = CriticWorker(run, derive_critic_sizes(run, 8, 1))
+    opt = critic.engine.optimizer
+    head = critic.model.head.weight
+    assert head.dtype == torch.float32 and critic.model.backbone.dtype == torch.bfloat16
+    batch = _batch()
+    before = head.detach().clone()
+    critic.train(batch.replace(values=critic.values([batch])[0]), rewards=[REWARDS], step=0)
+    assert not torch.equal(before, head)
+    masters = dict(zip(map(id, opt.params), opt.masters, strict=True))
+    assert masters[id(head)] is head  # an fp32 parameter is its own master
+    trunk = next(p for p in critic.model.backbone.parameters())
+    assert masters[id(trunk)].dtype == torch.float32 and trunk.dtype == torch.bfloat16
+    report = critic.memory_report()
+    assert report["measured"] == report["declared"]
