@@ -29,14 +29,16 @@ from rltrain.backends.weight_sync.buckets import Bucket, load_bucket
 from rltrain.backends.weight_sync.collective import SyncGroup
 from rltrain.backends.weight_sync.host import HostBuckets, load_from_host
 from rltrain.backends.weight_sync.transport import CollectiveVersion, receive_versions
+from rltrain.config import seeds
 from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
 
 
 def sampling_seed(run: RunConfig, step: int, rank: int) -> int:
     """The seed of rollout rank ``rank``'s sampling at ``step``: a resumed run, and a fused
-    rank standing in for rollout rank ``rank``, sample exactly the same."""
-    return run.seed * 1_000_003 + step * 1_009 + rank
+    rank standing in for rollout rank ``rank``, sample exactly the same
+    (:func:`rltrain.config.seeds.sampling_seed`, in ``[0, 2**32)``)."""
+    return seeds.sampling_seed(run.seed, step, rank)
 
 
 def sample_seeded(

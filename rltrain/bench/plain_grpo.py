@@ -86,7 +86,9 @@ def batch_at(data: list, step: int, batch_size: int, seed: int) -> list:
     out = []
     for pos in range(step * batch_size, (step + 1) * batch_size):
         order = list(range(len(data)))
-        random.Random(seed * 1_000_003 + pos // len(data)).shuffle(order)
+        # Task.sample_batch's order (rltrain.config.seeds.epoch_order_seed), written out: this
+        # loop imports nothing from rltrain.
+        random.Random((seed * 1_000_003 + pos // len(data)) % 2**32).shuffle(order)
         out.append(data[order[pos % len(data)]])
     return out
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rltrain.config.schema import RunConfig
+from rltrain.config.seeds import eval_episode_seed
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.runners import loop
 from rltrain.runners.checkpoint import CheckpointManager, read_state
@@ -34,8 +35,6 @@ from rltrain.workers.embodied import EmbodiedActorWorker, EmbodiedRolloutWorker
 from rltrain.workers.env import EnvWorker, SpaceSpec, stage_to_rollout
 
 REQUIRED = ("actor", "rollout", "env")
-#: Seed offset of evaluation environments, away from the training environments' seeds.
-EVAL_SEED = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -259,7 +258,7 @@ class EmbodiedRunner:
                     EmbodiedRolloutWorker.evaluate,
                     self.weights_ref,
                     self.run.env.eval_episodes,
-                    self.run.seed * 7_777 + EVAL_SEED + step,
+                    eval_episode_seed(self.run.seed, step, self.run.env.eval_episodes),
                 )
                 .wait()[0]
             )

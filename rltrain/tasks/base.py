@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from rltrain.config.seeds import epoch_order_seed
 from rltrain.errors import ConfigError
 
 #: ``reward_fn(prompt, response, answer) -> float``; ``response`` is the decoded text the model
@@ -131,7 +132,7 @@ class Task:
 
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self.train)))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        random.Random(epoch_order_seed(self.seed, epoch)).shuffle(order)
         return order
 
     def canonical(self, prompt: str) -> str:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from rltrain.config.schema import MODEL_SIZE_FIELDS
+from rltrain.config.seeds import dataset_seed
 from rltrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ def word_problems(spec: Gsm8kTinySpec) -> tuple[list[dict[str, str]], list[dict[
         ``(train, eval)`` lists of ``{"question", "answer"}`` rows; ``answer`` is a one-line
         solution, a newline, and ``#### <number>``.
     """
-    rng = random.Random(spec.seed * 7919 + VERSION)
+    rng = random.Random(dataset_seed(spec.seed, VERSION))
     r = range(spec.max_number + 1)
     combos = [
         (t, n, x, a, b)

@@ -19,6 +19,7 @@ from rltrain.backends.training import StateSurface, TrainingEngine, build_dtype,
 from rltrain.backends.weight_sync.host import pack_to_host
 from rltrain.backends.weight_sync.transport import WeightSender
 from rltrain.config.schema import RunConfig
+from rltrain.config.seeds import minibatch_seed
 from rltrain.errors import ConfigError
 from rltrain.placement.sizes import BatchSizes
 from rltrain.scheduler import Worker
@@ -129,7 +130,7 @@ class ActorWorker(Worker, ResidentState):
         Returns:
             This rank's metrics and state sizes.
         """
-        gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + step)
+        gen = torch.Generator().manual_seed(minibatch_seed(self.run.seed, step))
         metrics = self.engine.update(self.own_reference(mine.to(self.device)), gen)
         if self.run.simulate.actor_latency_ms:  # a slower device (simulate.*)
             time.sleep(self.run.simulate.actor_latency_ms / 1000)

@@ -25,6 +25,7 @@ from rltrain.algorithms.critic import ValueModel, compute_values
 from rltrain.algorithms.update import UpdateSettings, add_advantages, micro_slices
 from rltrain.backends.training import StateSurface, TorchValueEngine
 from rltrain.config.schema import RunConfig
+from rltrain.config.seeds import critic_minibatch_seed
 from rltrain.errors import ConfigError
 from rltrain.placement.sizes import CriticSizes
 from rltrain.scheduler import Worker
@@ -176,7 +177,7 @@ class CriticWorker(Worker, ResidentState):
                 )
             n = self.sizes.samples_per_rank
             mine = batch.select(torch.arange(self.rank * n, (self.rank + 1) * n)).to(self.device)
-            gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + step + 7919)
+            gen = torch.Generator().manual_seed(critic_minibatch_seed(self.run.seed, step))
             metrics = self.engine.update(mine, gen)
             mask = mine.response_mask.float()
             tokens = mask.sum().clamp(min=1.0)

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from rltrain.algorithms.embodied_ppo import PPOSettings, build_transitions, ppo_epochs
 from rltrain.backends.offload import StateMover
 from rltrain.backends.weight_sync.host import HostBuckets, load_from_host, pack_to_host
+from rltrain.config import seeds
 from rltrain.config.schema import RunConfig
 from rltrain.scheduler import Worker
 from rltrain.telemetry import trace
@@ -130,7 +131,7 @@ def build_policy(run: RunConfig, spec: SpaceSpec) -> ActorCritic:
 
 def item_seed(seed: int, epoch: int, env_rank: int, stage: int, step: int) -> int:
     """The sampling seed of one observation item (independent of the serving rollout rank)."""
-    return (((seed * 1_000_003 + epoch) * 1_009 + env_rank) * 131 + stage) * 100_003 + step
+    return seeds.item_seed(seed, epoch, env_rank, stage, step)
 
 
 # ------------------------------------------------------------------------------------ workers
@@ -149,7 +150,7 @@ class EmbodiedRolloutWorker(Worker, ResidentState):
         self.model.requires_grad_(False)
         self.mover = StateMover(self.model, None, device=self.device)
         self.version = -1  # loads the actor's first export even though the init matches
-        self.rng = np.random.default_rng(run.seed * 6_151 + self.rank)
+        self.rng = np.random.default_rng(seeds.policy_rng_seed(run.seed, self.rank))
         self.link = ChannelLink(f"rollout rank {self.rank}")
 
     def _sync(self, weights: HostBuckets | None) -> None:
@@ -313,7 +314,7 @@ class EmbodiedActorWorker(Worker, ResidentState):
             rollouts = ray.get(list(rollout_refs))
             s = self.settings
             batch = build_transitions(self.model, rollouts, s.gamma, s.lam, self.device)
-            gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + iteration)
+            gen = torch.Generator().manual_seed(seeds.minibatch_seed(self.run.seed, iteration))
             first_lr = self.lr_at(iteration, self.optim_steps)
 
             def before_step() -> None:

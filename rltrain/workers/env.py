@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rltrain.config.schema import RunConfig
+from rltrain.config.seeds import env_rng_seed, env_stage_seed
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.scheduler import Worker
 from rltrain.telemetry import trace
@@ -286,12 +287,15 @@ class EnvWorker(Worker):
         self.run, self.spec, self.m = run, spec, envs_per_stage
         self.rollout_world = rollout_world
         self.num_stages = run.env.pipeline_stage_num
-        base = run.seed * 100_003 + self.rank * self.num_stages * envs_per_stage
         self.stages = [
-            _Stage(spec.env_id, envs_per_stage, base + s * envs_per_stage)
+            _Stage(
+                spec.env_id,
+                envs_per_stage,
+                env_stage_seed(run.seed, self.rank, self.num_stages, envs_per_stage, s),
+            )
             for s in range(self.num_stages)
         ]
-        self.rng = np.random.default_rng(run.seed * 7_919 + self.rank)
+        self.rng = np.random.default_rng(env_rng_seed(run.seed, self.rank))
         self._step_s = 0.0  # seconds inside env steps during the current epoch
         self.link = ChannelLink(f"env rank {self.rank}")
 

@@ -4,6 +4,7 @@ and it learns (a short run; the time-to-0.9 numbers live in the ``plain_grpo`` b
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -103,6 +104,11 @@ def test_script_model_and_data_order_match_rltrain(plain, run):
     for step in (0, 3, 17):
         want = [(e.prompt, e.answer) for e in task.sample_batch(step, 8)]
         assert plain.batch_at(data, step, 8, run.task.seed) == want
+    # the largest accepted task.seed too (its derived seed wraps into 32 bits on both sides)
+    big = dataclasses.replace(task, seed=2**32 - 1)
+    for step in (0, 40):
+        want = [(e.prompt, e.answer) for e in big.sample_batch(step, 8)]
+        assert plain.batch_at(data, step, 8, 2**32 - 1) == want
 
 
 def _rltrain_step(run, seed: int, train: bool) -> tuple[torch.nn.Module, torch.Tensor]:
