@@ -34,6 +34,9 @@ class RolloutBatch(TensorRecord):
         rollout_logprobs: ``[B, R]`` log-probs the rollout engine recorded while sampling (of
             the distribution sampled: temperature and top-p applied); ``old_logprobs`` is
             pi_old, which ``algorithm.old_logprobs`` takes from these or from a recompute.
+        truncated: ``[B]`` bool, True where the response reached ``rollout.max_new_tokens``
+            without an EOS (the token budget cut it), for a truncation mask or an overlong
+            penalty; set by both generation engines, None for batches not generated.
     """
 
     prompt_ids: Tensor
@@ -48,6 +51,7 @@ class RolloutBatch(TensorRecord):
     advantages: Tensor | None = None
     returns: Tensor | None = None
     rollout_logprobs: Tensor | None = None
+    truncated: Tensor | None = None
 
     @property
     def size(self) -> int:

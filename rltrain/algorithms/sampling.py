@@ -10,7 +10,7 @@ prompts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,7 +176,7 @@ def generate(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     params: SamplingParams,
-    eos_token_id: int,
+    eos_token_id: int | Collection[int],
     pad_token_id: int,
     generator: torch.Generator | None = None,
     *,
@@ -190,7 +190,8 @@ def generate(
         prompt_ids: ``[b, P]`` left-padded prompt ids.
         prompt_mask: ``[b, P]``.
         params: sampling parameters.
-        eos_token_id: stops a row; it is part of the response (its mask is 1).
+        eos_token_id: the EOS id, or several (a generation config's): sampling one stops a
+            row; it is part of the response (its mask is 1).
         pad_token_id: fills a row after its EOS.
         generator: the random source for sampling.
         with_logprobs: also record each response token's log-prob under the distribution it
@@ -200,7 +201,8 @@ def generate(
 
     Returns:
         A :class:`RolloutBatch` of ``B = b * n`` rows with ``group_size = n``; ``R`` is the
-        number of steps run (at most ``max_new_tokens``).
+        number of steps run (at most ``max_new_tokens``); ``truncated`` marks the rows that
+        sampled no EOS within ``max_new_tokens``.
 
     Raises:
         GenerationStopped: ``should_stop`` returned ``True``.
@@ -275,7 +277,7 @@ def _generate(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     params: SamplingParams,
-    eos_pad: tuple[int, int],
+    eos_pad: tuple[int | Collection[int], int],
     generator: torch.Generator | None,
     with_logprobs: bool,
     should_stop: Callable[[], bool] | None,
@@ -284,6 +286,7 @@ def _generate(
     ids = prompt_ids.repeat_interleave(params.n, dim=0)
     mask = prompt_mask.repeat_interleave(params.n, dim=0)
     batch, device = ids.shape[0], ids.device
+    eos = torch.tensor(sorted(eos_ids(eos_token_id)), dtype=torch.long, device=device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     rows = torch.arange(batch, device=device)  # full-batch index of each row still decoded
     tokens: list[Tensor] = []
@@ -313,7 +316,7 @@ def _generate(
         tok[rows] = held
         live.append(~done)
         tokens.append(tok)
-        done = done | (tok == eos_token_id)
+        done = done | torch.isin(tok, eos)
         if bool(done.all()):
             break
         finished = done[rows]
@@ -333,10 +336,20 @@ def _generate(
         response_mask=torch.stack(live, dim=1).float(),
         group_size=params.n,
         old_logprobs=torch.stack(logps, dim=1) if with_logprobs else None,
+        truncated=~done,
     )
 
 
-def decode_responses(tokenizer: Any, batch: RolloutBatch, eos_token_id: int) -> list[str]:
+def eos_ids(eos_token_id: int | Collection[int]) -> frozenset[int]:
+    """One EOS id or several, as a set."""
+    if isinstance(eos_token_id, int):
+        return frozenset((eos_token_id,))
+    return frozenset(int(t) for t in eos_token_id)
+
+
+def decode_responses(
+    tokenizer: Any, batch: RolloutBatch, eos_token_id: int | Collection[int]
+) -> list[str]:
     """The response texts, each cut before its EOS.
 
     Special tokens sampled mid-response (say ``<pad>``) stay in the text, so they cannot pass
@@ -345,15 +358,17 @@ def decode_responses(tokenizer: Any, batch: RolloutBatch, eos_token_id: int) -> 
     Args:
         tokenizer: the tokenizer that encoded the prompts.
         batch: a generated batch.
-        eos_token_id: the end-of-sequence id.
+        eos_token_id: the end-of-sequence id, or every id that ends a response (a generation
+            config's EOS ids beside the tokenizer's).
 
     Returns:
         ``B`` strings.
     """
+    stops = eos_ids(eos_token_id)
     rows = []
     for ids, m in zip(batch.response_ids.tolist(), batch.response_mask.tolist(), strict=True):
         kept = [t for t, keep in zip(ids, m, strict=True) if keep]
-        if kept and kept[-1] == eos_token_id:
+        if kept and kept[-1] in stops:
             kept = kept[:-1]
         rows.append(kept)
     return tokenizer.batch_decode(rows, skip_special_tokens=False)

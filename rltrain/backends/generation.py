@@ -12,13 +12,18 @@ residency interface; a :class:`GenerationEngine` owns the model copy and its dev
 Both load weights through the transport the plan chose (host buckets, CUDA IPC payloads, or a
 bucketed broadcast) and return :class:`~rltrain.algorithms.batch.RolloutBatch` rows in the same
 layout: ``n`` samples per prompt adjacent, prompts left-padded, responses right-padded after the
-EOS (which is part of the response), ``old_logprobs`` of the sampled distribution on request.
+EOS (which is part of the response), ``old_logprobs`` of the sampled distribution on request,
+``truncated`` where the token budget cut a response. Both stop on every EOS id of the model
+(:func:`eos_token_ids`: the tokenizer's and the generation config's), and a response holds only
+tokens the engine sampled.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -41,6 +46,27 @@ def sampling_seed(run: RunConfig, step: int, rank: int) -> int:
     return seeds.sampling_seed(run.seed, step, rank)
 
 
+def eos_token_ids(tokenizer: Any, model_path: str | None = None) -> tuple[int, ...]:
+    """Every id that ends a response: the tokenizer's EOS first, then the ``eos_token_id`` (an
+    id or a list) of ``model_path``'s ``generation_config.json``, which vLLM adds to its stop
+    ids and transformers' ``generate`` stops on (a chat checkpoint's end-of-turn and
+    end-of-text tokens, say).
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        model_path: the checkpoint directory (``model.path``), or None for a built model.
+    """
+    out = [int(tokenizer.eos_token_id)]
+    file = os.path.join(model_path, "generation_config.json") if model_path else None
+    if file and os.path.isfile(file):
+        with open(file) as f:
+            extra = json.load(f).get("eos_token_id")
+        for t in [extra] if isinstance(extra, int) else list(extra or ()):
+            if int(t) not in out:
+                out.append(int(t))
+    return tuple(out)
+
+
 def sample_seeded(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -48,6 +74,7 @@ def sample_seeded(
     device: torch.device,
     prompts: Sequence[str],
     seed: int,
+    eos_ids: Collection[int] | None = None,
     **kwargs: Any,
 ) -> RolloutBatch:
     """Sample ``params.n`` responses per prompt with the torch sampler, from ``seed``.
@@ -59,6 +86,7 @@ def sample_seeded(
         device: where the model is.
         prompts: the prompts.
         seed: the random stream's seed (:func:`sampling_seed`).
+        eos_ids: the ids that end a response (:func:`eos_token_ids`); None: the tokenizer's.
         kwargs: passed on to :func:`~rltrain.algorithms.sampling.generate`.
 
     Returns:
@@ -72,7 +100,7 @@ def sample_seeded(
         ids.to(device),
         mask.to(device),
         params,
-        tokenizer.eos_token_id,
+        tokenizer.eos_token_id if eos_ids is None else eos_ids,
         tokenizer.pad_token_id,
         torch.Generator(device=device).manual_seed(seed),
         **kwargs,
@@ -125,7 +153,8 @@ def greedy_accuracy_of(engine: Any, tokenizer: Any, task: Any, batch_size: int =
     """Share of the task's evaluation prompts whose greedy response earns the full reward.
 
     Args:
-        engine: anything with ``greedy_batch(prompts) -> RolloutBatch`` (the vLLM engine).
+        engine: anything with ``greedy_batch(prompts) -> RolloutBatch`` and ``eos_ids`` (the
+            vLLM engine).
         tokenizer: the policy's tokenizer.
         task: the task (``eval`` examples and ``reward``).
         batch_size: prompts per call.
@@ -139,7 +168,7 @@ def greedy_accuracy_of(engine: Any, tokenizer: Any, task: Any, batch_size: int =
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         batch = engine.greedy_batch([ex.prompt for ex in chunk])
-        texts = decode_responses(tokenizer, batch, tokenizer.eos_token_id)
+        texts = decode_responses(tokenizer, batch, engine.eos_ids)
         correct += sum(task.reward(ex.prompt, t) >= 1.0 for ex, t in zip(chunk, texts, strict=True))
     return correct / len(items)
 
@@ -216,6 +245,7 @@ class TorchGeneration(TorchReceiver):
 
         super().__init__(run, device)
         self.params = SamplingParams.from_rollout(run.rollout)
+        self.eos_ids = eos_token_ids(self.tokenizer, run.model.path)
 
     def generate(
         self,
@@ -231,6 +261,7 @@ class TorchGeneration(TorchReceiver):
             self.device,
             prompts,
             seed,
+            self.eos_ids,
             with_logprobs=with_logprobs,
             should_stop=should_stop,
         )
@@ -281,57 +312,60 @@ def model_weight_bytes(model_path: str, dtype: str) -> int:
 def batch_from_completions(
     prompt_ids: Sequence[Sequence[int]],
     completions: Sequence[Sequence[Any]],
-    eos_token_id: int,
     pad_token_id: int,
     with_logprobs: bool = False,
 ) -> RolloutBatch:
     """Lay vLLM's completions out as a rollout batch, as the torch sampler does.
 
+    Nothing is added that the engine did not sample. vLLM 0.26 returns the stop token it
+    sampled (any EOS id of :func:`eos_token_ids`) as the completion's last token, with the
+    log-prob it was sampled with: it stays, mask 1. A completion that ended on a stop token the
+    engine did not return ends there, without one. ``truncated`` is True exactly where vLLM
+    ended the completion at the token budget (``finish_reason == "length"``).
+
     Args:
         prompt_ids: the prompts' token ids (unpadded).
         completions: per prompt, its ``n`` :class:`~rltrain.backends.vllm_rollout.Completion`.
-        eos_token_id: ends a response (kept in it, mask 1); appended when vLLM stopped on it
-            without returning it.
         pad_token_id: pads prompts on the left and responses on the right.
-        with_logprobs: fill ``old_logprobs`` from the completions (an appended EOS, which
-            vLLM did not report, gets log-prob 0).
+        with_logprobs: fill ``old_logprobs`` from the completions.
 
     Returns:
         ``B = prompts x n`` rows, ``group_size = n``; ``P`` the longest prompt, ``R`` the
         longest response.
 
     Raises:
-        WorkerError: prompts with different numbers of completions, or none at all.
+        WorkerError: prompts with different numbers of completions, or none at all; a
+            completion without log-probs, or with one per token missing, when they were
+            asked for.
     """
     counts = {len(c) for c in completions}
     if len(counts) != 1 or 0 in counts:
         raise WorkerError(f"vLLM returned {sorted(counts)} completions per prompt; expected n")
     n = counts.pop()
     p_len = max(len(p) for p in prompt_ids)
-    rows: list[tuple[list[int], list[int], list[float]]] = []
-    for prompt, outs in zip(prompt_ids, completions, strict=True):
-        for c in outs:
-            ids = list(c.token_ids)
-            lps = list(c.logprobs) if with_logprobs and c.logprobs is not None else [0.0] * len(ids)
-            if c.stopped and (not ids or ids[-1] != eos_token_id):
-                ids.append(eos_token_id)
-                lps.append(0.0)
-            rows.append((list(prompt), ids, lps))
-    r_len = max(1, max(len(ids) for _, ids, _ in rows))
+    rows = [(list(p), c) for p, outs in zip(prompt_ids, completions, strict=True) for c in outs]
+    r_len = max(1, max(len(c.token_ids) for _, c in rows))
     b = len(rows)
     prompt_t = torch.full((b, p_len), pad_token_id, dtype=torch.long)
     prompt_m = torch.zeros((b, p_len), dtype=torch.long)
     resp_t = torch.full((b, r_len), pad_token_id, dtype=torch.long)
     resp_m = torch.zeros((b, r_len), dtype=torch.float32)
     logp = torch.zeros((b, r_len), dtype=torch.float32)
-    for i, (prompt, ids, lps) in enumerate(rows):
+    for i, (prompt, c) in enumerate(rows):
+        ids = list(c.token_ids)
         if prompt:
             prompt_t[i, p_len - len(prompt) :] = torch.tensor(prompt)
             prompt_m[i, p_len - len(prompt) :] = 1
         if ids:
             resp_t[i, : len(ids)] = torch.tensor(ids)
             resp_m[i, : len(ids)] = 1.0
-            logp[i, : len(ids)] = torch.tensor(lps, dtype=torch.float32)
+        if with_logprobs:
+            if c.logprobs is None or len(c.logprobs) != len(ids):
+                raise WorkerError(
+                    f"vLLM returned {len(c.logprobs or ())} log-probs for {len(ids)} tokens; "
+                    f"the rollout asked for the sampled token's log-prob at every position"
+                )
+            logp[i, : len(ids)] = torch.tensor(c.logprobs, dtype=torch.float32)
     return RolloutBatch(
         prompt_ids=prompt_t,
         prompt_mask=prompt_m,
@@ -339,6 +373,7 @@ def batch_from_completions(
         response_mask=resp_m,
         group_size=n,
         old_logprobs=logp if with_logprobs else None,
+        truncated=torch.tensor([c.truncated for _, c in rows], dtype=torch.bool),
     )
 
 
@@ -424,7 +459,8 @@ class VllmGeneration:
         self.sync_members = run.rollout.tensor_parallel_size
         self.tokenizer = build_tokenizer(run.model)
         path = model_dir_for_vllm(run, self.tokenizer)
-        settings = vllm_settings(run, path, self.tokenizer.eos_token_id, rank)
+        self.eos_ids = eos_token_ids(self.tokenizer, run.model.path)
+        settings = vllm_settings(run, path, self.eos_ids, rank)
         tp = max(1, settings.tensor_parallel_size)
         weights = -(-model_weight_bytes(path, run.model.dtype) // tp)
         total = torch.cuda.get_device_properties(self.device).total_memory
@@ -459,16 +495,14 @@ class VllmGeneration:
             seed=seed,
             logprobs=with_logprobs,
         )
-        tok = self.tokenizer
-        return batch_from_completions(ids, outs, tok.eos_token_id, tok.pad_token_id, with_logprobs)
+        return batch_from_completions(ids, outs, self.tokenizer.pad_token_id, with_logprobs)
 
     def greedy_batch(self, prompts: Sequence[str]) -> RolloutBatch:
         ids = self._prompt_ids(prompts)
         outs = self.engine.generate(
             ids, n=1, temperature=0.0, top_p=1.0, max_new_tokens=self.run.rollout.max_new_tokens
         )
-        tok = self.tokenizer
-        return batch_from_completions(ids, outs, tok.eos_token_id, tok.pad_token_id)
+        return batch_from_completions(ids, outs, self.tokenizer.pad_token_id)
 
     def evaluate(self, task: Any) -> float:
         return greedy_accuracy_of(self, self.tokenizer, task)
@@ -508,6 +542,7 @@ __all__ = [
     "VllmState",
     "batch_from_completions",
     "build_generation",
+    "eos_token_ids",
     "greedy_accuracy_of",
     "is_collective",
     "model_dir_for_vllm",

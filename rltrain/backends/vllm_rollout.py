@@ -24,19 +24,41 @@ with a ``worker_extension_cls``, ``logprobs_mode``); it has not yet run on a GPU
 Behaviour log-probs come from vLLM's sampler: the engine is built with
 ``logprobs_mode="processed_logprobs"``, so a sampled token's log-prob is taken after temperature
 and top-p, i.e. under the distribution it was drawn from (what the torch engine records).
+
+**The engine core runs in the rollout process.** vLLM V1 by default runs its engine core in a
+process of its own and sends every ``LLM.collective_rpc`` argument there through its msgpack
+encoder (``vllm/v1/serial_utils.py``), which refuses functions (a CUDA-IPC handle's rebuild
+function) unless ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, turns dataclasses into dicts, and
+decodes a tensor argument of a utility call as a plain ``[dtype, shape, buffer index]`` list.
+None of the weight payloads would arrive. So, as verl's in-worker engines do, the rollout sets
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (:data:`ENGINE_ENV`) before building the engine: vLLM
+0.26.0's ``LLMEngine.from_engine_args`` reads it and builds an ``InprocClient``, whose calls are
+plain Python calls. With tensor parallelism the engine's workers are still processes of their own
+(``distributed_executor_backend="mp"``); vLLM hands them ``collective_rpc`` arguments pickled
+(``MessageQueue``), which carries every payload here. ``tests/vllm_contract/`` runs these
+arguments, the sampling parameters, the prompts and the outputs through vLLM 0.26.0's own code.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rltrain.config.offload import OffloadPolicy, resolve_offload
+from rltrain.config.seeds import engine_seed
 from rltrain.errors import ConfigError, ResourceError
 
 #: Qualified name vLLM imports inside each of its workers to add our weight-loading methods.
 WORKER_EXTENSION = "rltrain.backends.vllm_rollout.WeightSyncExtension"
+
+#: Set in the rollout process before vLLM builds its engine: the engine core stays in this
+#: process (see the module docstring), so weight payloads reach the workers as Python objects.
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+#: vLLM's finish reasons (``CompletionOutput.finish_reason``) for a stop token and the budget.
+FINISH_STOP, FINISH_LENGTH = "stop", "length"
 
 
 def import_vllm() -> Any:
@@ -108,8 +130,9 @@ class VllmSettings:
         enable_prefix_caching: share KV blocks across prompts of a group.
         max_model_len: the longest prompt + completion, or None for the model's.
         load_format: ``auto``, or ``dummy`` for random weights (synced from the actor later).
-        eos_token_id: stops a completion (the tokenizer is not loaded by vLLM: prompts arrive
-            as token ids, so stopping is by id).
+        stop_token_ids: the EOS ids that end a completion (the tokenizer's and the generation
+            config's; vLLM loads no tokenizer: prompts arrive as token ids, so stopping is by
+            id).
     """
 
     model_path: str
@@ -121,7 +144,75 @@ class VllmSettings:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     load_format: str = "auto"
-    eos_token_id: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+def engine_kwargs(settings: VllmSettings) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM(...)`` for one engine.
+
+    Args:
+        settings: the engine's settings.
+
+    Returns:
+        Arguments vLLM 0.26.0's ``LLM`` takes (its own or ``EngineArgs`` fields).
+    """
+    return {
+        "model": settings.model_path,
+        "skip_tokenizer_init": True,  # prompts arrive as ids; rltrain decodes with its tokenizer
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        # One engine per rollout process, which spans its TP devices: vLLM's own processes,
+        # not a Ray cluster of its own inside ours.
+        "distributed_executor_backend": "mp" if settings.tensor_parallel_size > 1 else None,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "dtype": settings.dtype,
+        "seed": settings.seed,
+        "enable_sleep_mode": settings.sleep_level > 0,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "max_model_len": settings.max_model_len,
+        "load_format": settings.load_format,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": WORKER_EXTENSION,
+    }
+
+
+def sampling_kwargs(
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    seed: int | None,
+    logprobs: bool,
+    stop_token_ids: Sequence[int],
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.SamplingParams(...)`` for one generate call.
+
+    Args:
+        n: completions per prompt.
+        temperature / top_p / max_new_tokens: the sampling settings (``temperature=0`` is
+            greedy in vLLM).
+        seed: the request's seed (:func:`~rltrain.config.seeds.sampling_seed`), or None.
+        logprobs: also return each sampled token's log-prob (``logprobs=0``: the sampled
+            token's only).
+        stop_token_ids: the EOS ids; vLLM keeps the one it stopped on in ``token_ids``.
+    """
+    return {
+        "n": n,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_tokens": max_new_tokens,
+        "seed": seed,
+        "logprobs": 0 if logprobs else None,
+        "stop_token_ids": list(stop_token_ids) or None,
+        "detokenize": False,
+    }
+
+
+def keep_engine_in_process() -> None:
+    """Make the vLLM engine built next in this process keep its engine core here
+    (:data:`ENGINE_ENV`; see the module docstring). vLLM reads the variable when the engine is
+    built (and caches it from then on), so this runs before ``vllm.LLM(...)``."""
+    os.environ.update(ENGINE_ENV)
 
 
 @dataclass(frozen=True)
@@ -129,15 +220,27 @@ class Completion:
     """One sampled completion as vLLM returned it.
 
     Attributes:
-        token_ids: the generated tokens (the stopping EOS included when vLLM stopped on it).
+        token_ids: the generated tokens. vLLM 0.26 keeps the stop token it sampled (an EOS id
+            or one of ``stop_token_ids``) as the last of them.
         logprobs: the sampled tokens' log-probs (processed: temperature and top-p applied),
-            or None when not asked for.
-        stopped: True when the completion ended on a stop token, False at ``max_tokens``.
+            one per token, or None when not asked for.
+        finish_reason: vLLM's: ``stop`` (a stop token), ``length`` (``max_tokens`` or the
+            model's length reached), or another (``abort``, ...).
     """
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None
-    stopped: bool
+    finish_reason: str | None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the completion ended on a stop token."""
+        return self.finish_reason == FINISH_STOP
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the token budget cut the completion before any stop token."""
+        return self.finish_reason == FINISH_LENGTH
 
 
 class VllmRollout:
@@ -154,27 +257,13 @@ class VllmRollout:
     def __init__(self, settings: VllmSettings) -> None:
         if settings.sleep_level not in (0, 1, 2):
             raise ConfigError(f"vLLM sleep_level={settings.sleep_level} must be 0, 1 or 2")
+        keep_engine_in_process()
         vllm = import_vllm()
         require_gpus(settings.tensor_parallel_size)
         self.settings = settings
         self._vllm = vllm
-        self.llm = vllm.LLM(
-            model=settings.model_path,
-            skip_tokenizer_init=True,  # prompts arrive as ids; rltrain decodes with its tokenizer
-            tensor_parallel_size=settings.tensor_parallel_size,
-            # One engine per rollout process, which spans its TP devices: vLLM's own processes,
-            # not a Ray cluster of its own inside ours.
-            distributed_executor_backend="mp" if settings.tensor_parallel_size > 1 else None,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            dtype=settings.dtype,
-            seed=settings.seed,
-            enable_sleep_mode=settings.sleep_level > 0,
-            enable_prefix_caching=settings.enable_prefix_caching,
-            max_model_len=settings.max_model_len,
-            load_format=settings.load_format,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=WORKER_EXTENSION,
-        )
+        self.llm = vllm.LLM(**engine_kwargs(settings))
+        check_in_process(self.llm)
         self.asleep = False
         self.weights_asleep = False
 
@@ -277,32 +366,64 @@ class VllmRollout:
             For each prompt, ``n`` completions.
         """
         self.wake_kv_cache()
-        stop = [self.settings.eos_token_id] if self.settings.eos_token_id is not None else None
         params = self._vllm.SamplingParams(
-            n=n,
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_new_tokens,
-            seed=seed,
-            logprobs=0 if logprobs else None,  # 0: the sampled token's only
-            stop_token_ids=stop,
-            detokenize=False,
+            **sampling_kwargs(
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                seed=seed,
+                logprobs=logprobs,
+                stop_token_ids=self.settings.stop_token_ids,
+            )
         )
-        prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [[_completion(c, logprobs) for c in out.outputs] for out in outputs]
+        outputs = self.llm.generate(token_prompts(prompt_token_ids), params, use_tqdm=False)
+        return [[completion_of(c, logprobs) for c in out.outputs] for out in outputs]
 
 
-def _completion(c: Any, logprobs: bool) -> Completion:
+def check_in_process(llm: Any) -> None:
+    """Refuse an engine whose core runs in another process (the weight payloads would not
+    cross vLLM's encoder; see the module docstring).
+
+    Raises:
+        ConfigError: vLLM built a multiprocess client despite :data:`ENGINE_ENV` (vLLM was
+            imported and its environment cached before the rollout set it).
+    """
+    client = type(llm.llm_engine.engine_core).__name__
+    if client != "InprocClient":
+        raise ConfigError(
+            f"rollout.backend=vllm: vLLM's engine core runs behind a {client}, in another "
+            f"process, where the weight-sync payloads cannot go; rltrain sets "
+            f"VLLM_ENABLE_V1_MULTIPROCESSING=0 before building the engine, but vLLM had read "
+            f"its environment earlier in this process: do not build another vLLM engine in "
+            f"the rollout process first, or set VLLM_ENABLE_V1_MULTIPROCESSING=0 for it"
+        )
+
+
+def token_prompts(prompt_token_ids: Sequence[Sequence[int]]) -> list[dict[str, list[int]]]:
+    """The prompts as vLLM's ``TokensPrompt`` dicts (no text: vLLM loads no tokenizer)."""
+    return [{"prompt_token_ids": [int(t) for t in p]} for p in prompt_token_ids]
+
+
+def completion_of(c: Any, logprobs: bool) -> Completion:
+    """Read one of vLLM's ``CompletionOutput`` records.
+
+    Args:
+        c: the output: ``token_ids``, ``logprobs`` (one ``{token id: Logprob}`` per generated
+            token, holding at least the sampled token; a list or vLLM's ``FlatLogprobs``) and
+            ``finish_reason``.
+        logprobs: whether log-probs were asked for.
+    """
     ids = tuple(int(t) for t in c.token_ids)
     lps = None
     if logprobs:
-        # One {token id: Logprob} per generated token, holding at least the sampled token.
         lps = tuple(float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True))
-    return Completion(ids, lps, getattr(c, "finish_reason", None) == "stop")
+    return Completion(ids, lps, c.finish_reason)
 
 
-def vllm_settings(run: Any, model_path: str, eos_token_id: int, rank: int = 0) -> VllmSettings:
+def vllm_settings(
+    run: Any, model_path: str, stop_token_ids: Sequence[int], rank: int = 0
+) -> VllmSettings:
     """The engine settings of one rollout process of a run.
 
     ``rollout.max_model_len`` (null: ``task.max_prompt_length + rollout.max_new_tokens``) is
@@ -314,8 +435,8 @@ def vllm_settings(run: Any, model_path: str, eos_token_id: int, rank: int = 0) -
     Args:
         run: the run config.
         model_path: a directory with the model's ``config.json``.
-        eos_token_id: the tokenizer's EOS id.
-        rank: the rollout rank (seeds the engine).
+        stop_token_ids: the EOS ids (:func:`~rltrain.backends.generation.eos_token_ids`).
+        rank: the rollout rank (seeds the engine: :func:`~rltrain.config.seeds.engine_seed`).
     """
     r = run.rollout
     policy = resolve_offload(run.placement.offload.get("rollout"), "placement.offload.rollout")
@@ -324,11 +445,11 @@ def vllm_settings(run: Any, model_path: str, eos_token_id: int, rank: int = 0) -
         tensor_parallel_size=r.tensor_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization,
         dtype=run.model.dtype,
-        seed=run.seed * 1_000_003 + rank,
+        seed=engine_seed(run.seed, rank),
         sleep_level=sleep_level_for(policy, weights_resynced_on_wake=False),
         max_model_len=r.max_model_len or run.task.max_prompt_length + r.max_new_tokens,
         load_format="dummy",
-        eos_token_id=eos_token_id,
+        stop_token_ids=tuple(stop_token_ids),
     )
 
 

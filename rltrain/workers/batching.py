@@ -20,6 +20,7 @@ _PER_TOKEN = (
     "returns",
     "rollout_logprobs",
 )
+_PER_ROW = ("rewards", "truncated")
 
 
 def pad_tokens(x: torch.Tensor, length: int, value: float = 0, left: bool = False) -> torch.Tensor:
@@ -55,8 +56,10 @@ def concat_batches(shards: Sequence[RolloutBatch], pad_token_id: int) -> Rollout
         "response_mask": torch.cat([pad_tokens(s.response_mask, r_len) for s in shards]),
         "group_size": shards[0].group_size,
     }
-    if all(s.rewards is not None for s in shards):
-        fields["rewards"] = torch.cat([s.rewards for s in shards])
+    for name in _PER_ROW:
+        values = [getattr(s, name) for s in shards]
+        if all(v is not None for v in values):
+            fields[name] = torch.cat(values)
     for name in _PER_TOKEN:
         values = [getattr(s, name) for s in shards]
         if all(v is not None for v in values):

@@ -35,6 +35,7 @@ class FusedWorker(ActorWorker):
         super().__init__(run, sizes)
         self.params = SamplingParams.from_rollout(run.rollout)
         self.rule = RuleReward(run)
+        self.eos_ids = self.rule.eos_ids  # the rollout's stop ids (eos_token_ids)
 
     def step(self, prompts: list[str], step: int) -> tuple[TrainResult, Scores]:
         """Generate, score and train on this rank's prompts.
@@ -51,7 +52,9 @@ class FusedWorker(ActorWorker):
         t = time.perf_counter()
         with trace.span("generate", "rollout", self.device_labels):
             # the sampler's log-probs too: the parity check, and pi_old or the TIS weights
-            batch = sample_prompts(self, prompts, step, with_logprobs=True).to("cpu")
+            batch = sample_prompts(
+                self, prompts, step, eos_ids=self.eos_ids, with_logprobs=True
+            ).to("cpu")
             if self.run.simulate.rollout_latency_ms:  # a slower device (simulate.*)
                 time.sleep(self.run.simulate.rollout_latency_ms / 1000)
         times["generate"], t = time.perf_counter() - t, time.perf_counter()

@@ -80,6 +80,23 @@ def test_generate_stops_each_row_at_eos_and_pads_after():
     assert b.response_ids.tolist() == [[5, 1, 0, 0], [5, 6, 7, 1], [1, 0, 0, 0]]
     assert b.response_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
     assert lm.calls == 4  # stopped once every row had its EOS, before max_new_tokens
+    assert b.truncated.tolist() == [False, False, False]
+
+
+def test_generate_flags_rows_cut_by_the_budget_and_stops_on_every_eos_id():
+    eos, end_of_text, pad = 1, 2, 0
+    lm = ScriptedLM([[5, 2, 6], [5, 6, 7], [1, 7, 7]])
+    ids, mask = T([[3], [3], [3]]), T([[1], [1], [1]])
+    params = SamplingParams(max_new_tokens=3, greedy=True)
+    b = generate(lm, ids, mask, params, (eos, end_of_text), pad, with_logprobs=True)
+    # row 0 ends on the generation config's end-of-text id, row 2 on the tokenizer's EOS: both
+    # keep the id they sampled; row 1 reached max_new_tokens without one
+    assert b.response_ids.tolist() == [[5, 2, 0], [5, 6, 7], [1, 0, 0]]
+    assert b.response_mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0]]
+    assert b.truncated.dtype == torch.bool and b.truncated.tolist() == [False, True, False]
+    # one eos id only: row 0 runs on past its end-of-text token and is cut by the budget
+    one = generate(ScriptedLM(lm.script), ids, mask, params, eos, pad)
+    assert one.truncated.tolist() == [True, True, False]
 
 
 def test_generate_repeats_each_prompt_n_times_in_adjacent_rows(model, tokenizer):
@@ -131,6 +148,8 @@ def test_decode_cuts_at_eos_and_keeps_sampled_specials(tokenizer):
         response_mask=T([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
     )
     assert decode_responses(tokenizer, b, tokenizer.eos_token_id) == ["7", "7<pad>7"]
+    # with several EOS ids a response ends at whichever it sampled
+    assert decode_responses(tokenizer, b, (tokenizer.eos_token_id, seven)) == ["7", "7<pad>"]
 
 
 def test_greedy_accuracy_scores_the_eval_prompts(tokenizer):

@@ -1,7 +1,10 @@
-"""Generation engines on CPU: vLLM's completions laid out as the torch sampler's batch, the
-vLLM residency surface over a stand-in engine, and the torch engine's weight loads."""
+"""Generation engines on CPU: vLLM's completions laid out as the torch sampler's batch (vLLM's
+own output processing runs in tests/vllm_contract/), the vLLM residency surface over a stand-in
+engine (for the sleep/wake bookkeeping only), and the torch engine's weight loads."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -13,34 +16,64 @@ from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
 
 EOS, PAD = 1, 0
+END = 2  # a generation config's second EOS id (a chat model's end-of-text beside end-of-turn)
 
 
 def test_completions_become_a_left_padded_prompt_right_padded_response_batch():
     prompts = [[5, 6, 7], [8]]
     completions = [
         [
-            Completion((3, EOS), (-0.5, -0.25), True),
-            Completion((4, 4, 4), (-1.0, -2.0, -3.0), False),
+            Completion((3, EOS), (-0.5, -0.25), "stop"),
+            Completion((4, 4, 4), (-1.0, -2.0, -3.0), "length"),
         ],
-        # stopped on EOS without vLLM returning it: the EOS is appended with log-prob 0
-        [Completion((9,), (-0.125,), True), Completion((EOS,), (-0.75,), True)],
+        [Completion((9, END), (-0.125, -0.0625), "stop"), Completion((EOS,), (-0.75,), "stop")],
     ]
-    b = batch_from_completions(prompts, completions, EOS, PAD, with_logprobs=True)
+    b = batch_from_completions(prompts, completions, PAD, with_logprobs=True)
     assert b.group_size == 2 and b.size == 4
     assert b.prompt_ids.tolist() == [[5, 6, 7], [5, 6, 7], [PAD, PAD, 8], [PAD, PAD, 8]]
     assert b.prompt_mask.tolist() == [[1, 1, 1], [1, 1, 1], [0, 0, 1], [0, 0, 1]]
-    assert b.response_ids.tolist() == [[3, EOS, PAD], [4, 4, 4], [9, EOS, PAD], [EOS, PAD, PAD]]
+    # a stop on the generation config's end-of-text id keeps that id and its sampled
+    # log-prob; no tokenizer EOS is appended after it
+    assert b.response_ids.tolist() == [[3, EOS, PAD], [4, 4, 4], [9, END, PAD], [EOS, PAD, PAD]]
     assert b.response_mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0]]
     assert b.old_logprobs.tolist() == [
         [-0.5, -0.25, 0.0],
         [-1.0, -2.0, -3.0],
-        [-0.125, 0.0, 0.0],
+        [-0.125, -0.0625, 0.0],
         [-0.75, 0.0, 0.0],
     ]
-    plain = batch_from_completions(prompts, completions, EOS, PAD)
+    assert b.truncated.tolist() == [False, True, False, False]
+    plain = batch_from_completions(prompts, completions, PAD)
     assert plain.old_logprobs is None
     with pytest.raises(WorkerError, match="completions per prompt"):
-        batch_from_completions(prompts, [completions[0], completions[1][:1]], EOS, PAD)
+        batch_from_completions(prompts, [completions[0], completions[1][:1]], PAD)
+
+
+def test_nothing_is_appended_that_the_engine_did_not_sample():
+    # an engine that stopped without returning its stop token: the row ends where the
+    # returned tokens end (no EOS the policy would be trained on without having sampled it)
+    c = [[Completion((9,), (-0.125,), "stop"), Completion((9, 9), (-0.5, -0.5), "length")]]
+    b = batch_from_completions([[8]], c, PAD, with_logprobs=True)
+    assert b.response_ids.tolist() == [[9, PAD], [9, 9]]
+    assert b.response_mask.tolist() == [[1, 0], [1, 1]]
+    assert b.old_logprobs.tolist() == [[-0.125, 0.0], [-0.5, -0.5]]
+    assert b.truncated.tolist() == [False, True]
+    with pytest.raises(WorkerError, match="0 log-probs for 1 tokens"):
+        batch_from_completions([[8]], [[Completion((9,), None, "stop")]], PAD, True)
+
+
+def test_eos_ids_are_the_tokenizers_and_the_generation_configs(tmp_path):
+    from types import SimpleNamespace
+
+    from rltrain.backends.generation import eos_token_ids
+
+    tok = SimpleNamespace(eos_token_id=EOS)
+    assert eos_token_ids(tok, None) == (EOS,)
+    assert eos_token_ids(tok, str(tmp_path)) == (EOS,)  # no generation_config.json
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [END, EOS]}))
+    assert eos_token_ids(tok, str(tmp_path)) == (EOS, END)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": END}))
+    assert eos_token_ids(tok, str(tmp_path)) == (EOS, END)
 
 
 class _Engine:
