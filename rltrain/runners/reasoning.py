@@ -436,6 +436,9 @@ class ReasoningRunner:
             "reward/std": float(r.std()),
             "response/length_mean": float(tokens.mean()),
         }
+        for sc in scores:  # counts per shard: response/truncated, reward/truncated
+            for key, n in sc.counts.items():
+                out[key] = out.get(key, 0) + n
         out.update(_mean_metrics(results))  # fused ranks time their stages (time/<stage>_s)
         out.update({f"time/{k}_s": v for k, v in times.items()})
         total = sum(times.values())

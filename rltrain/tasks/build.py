@@ -16,7 +16,7 @@ from typing import Any
 from rltrain.errors import ConfigError
 from rltrain.tasks.arithmetic import arithmetic_examples
 from rltrain.tasks.base import Example, RewardFn, Task, exact_match, import_reward_fn, split_eval
-from rltrain.tasks.chat import render_prompts, use_chat_template
+from rltrain.tasks.chat import conversation, render_prompts, use_chat_template
 from rltrain.tasks.dataset import MAX_LISTED, Rows, read_rows
 
 #: ``task.name`` values that are reasoning tasks (``gym`` runs with ``runner=embodied``).
@@ -323,3 +323,41 @@ def assemble(cfg: Any, tokenizer: Any, problems: list[str], tokenizer_key: str =
     if eval_ex is not None:
         held, same = tuple(eval_ex), False
     return collect(problems, lambda: Task(cfg.name, kept, held, same, cfg.seed, reward_fn, aliases))
+
+
+def prompt_conversations(
+    cfg: Any, tokenizer: Any, tokenizer_key: str = ""
+) -> dict[str, list[dict[str, str]]]:
+    """Each of the task's prompts, as the policy is given it, mapped to the conversation it was
+    rendered from (a reward model with a chat template of its own renders that conversation
+    again: ``reward.kind=model``).
+
+    A string prompt is one user message; with the chat template ``task.system_prompt`` goes
+    first, as :func:`~rltrain.tasks.chat.render_prompts` puts it.
+
+    Args:
+        cfg: a :class:`rltrain.config.schema.TaskConfig`.
+        tokenizer: the policy's tokenizer.
+        tokenizer_key: where the tokenizer came from, for messages.
+
+    Returns:
+        Rendered prompt -> its messages (``{role, content}``), for the training and evaluation
+        prompts.
+
+    Raises:
+        ConfigError: the task's rows cannot be read or rendered (as :func:`assemble` reports).
+    """
+    problems: list[str] = []
+    sources = [s for s in read_sources(cfg, problems) if s is not None]
+    raw = [list(s.prompts) for s in sources]
+    chat = collect(problems, lambda: use_chat_template(cfg.chat_template, tokenizer, tokenizer_key))
+    _render(sources, cfg, tokenizer, tokenizer_key, problems)
+    if problems:
+        raise ConfigError(problems)
+    system = cfg.system_prompt if chat else None
+    out: dict[str, list[dict[str, str]]] = {}
+    for src, prompts in zip(sources, raw, strict=True):
+        for rendered, prompt in zip(src.prompts, prompts, strict=True):
+            if rendered not in out:
+                out[rendered] = conversation(prompt, system)
+    return out

@@ -76,6 +76,21 @@ def _messages(prompt: Any, system_prompt: str | None) -> list[dict[str, str]] | 
     return messages
 
 
+def conversation(prompt: Any, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The messages of one prompt, as :func:`render_prompts` renders them with a chat
+    template: a string is one user message; ``system_prompt`` goes first unless the prompt's
+    messages start with their own.
+
+    Raises:
+        ConfigError: the prompt is neither a string nor a list of ``{role, content}``
+            messages ending with a turn that is not the assistant's.
+    """
+    messages = _messages(prompt, system_prompt)
+    if isinstance(messages, str):
+        raise ConfigError(messages)
+    return messages
+
+
 def render_prompts(
     prompts: Sequence[Any],
     tokenizer: Any,

@@ -3,29 +3,45 @@ model (``reward.kind=model``: a local Hugging Face sequence-classification check
 
 - :class:`RewardWorker`: the task's rule (:class:`RuleReward`).
 - :class:`RewardModelWorker`: ``AutoModelForSequenceClassification`` and its tokenizer from
-  ``reward.model_path`` score the text of prompt + response, ``reward.micro_batch_size``
-  sequences per forward pass, on the reward's placed devices (CPU when it is placed on a node
-  only); the model is resident state, moved off its devices by ``placement.offload.reward``
-  like any other component's.
+  ``reward.model_path`` score each row's conversation, ``reward.micro_batch_size`` sequences
+  per forward pass, on the reward's placed devices (CPU when it is placed on a node only); the
+  model is resident state, moved off its devices by ``placement.offload.reward`` like any
+  other component's.
+
+What the reward model reads (:class:`ModelReward`): the conversation the row continues (the
+prompt's messages: ``task.system_prompt`` and the user's turn, not the policy's chat markup)
+with the response as the assistant's turn, rendered by the reward model's **own** tokenizer and
+chat template (``apply_chat_template``, no generation prompt), as verl's reward-model worker does
+when the two tokenizers differ. A reward model without a chat template reads the prompt as the
+policy was given it followed by the response. The response is the text up to (not including)
+the EOS the policy sampled. Sequences longer than the reward model's context (the smaller of its
+``max_position_embeddings`` and its tokenizer's ``model_max_length``) are cut on the right, as
+verl and OpenRLHF cut reward-model inputs by default, so the classifier reads the last token that
+fits; every cut row is counted in the step's ``reward/truncated``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import decode_responses
+from rltrain.backends.generation import eos_token_ids
 from rltrain.backends.offload import StateMover
 from rltrain.config.schema import RunConfig
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, WorkerError
 from rltrain.scheduler import Worker
-from rltrain.tasks import build_task, build_tokenizer
+from rltrain.tasks import build_task, build_tokenizer, tokenizer_source
+from rltrain.tasks.build import prompt_conversations
 from rltrain.telemetry import trace
 from rltrain.wire import TensorRecord
 from rltrain.workers.common import ResidentState, compute_device, fetch
+
+#: A tokenizer's ``model_max_length`` at or above this is transformers' "no limit" sentinel.
+NO_LIMIT = 10**9
 
 
 @dataclass(frozen=True)
@@ -35,10 +51,21 @@ class Scores(TensorRecord):
     Attributes:
         rewards: ``[b]`` float rewards.
         response_tokens: ``[b]`` generated tokens per row (EOS included).
+        counts: per-shard counts the step sums into its metrics: ``response/truncated`` (rows
+            the token budget cut, when the batch says) and, for a reward model,
+            ``reward/truncated`` (rows cut to its context).
     """
 
     rewards: torch.Tensor
     response_tokens: torch.Tensor
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def batch_counts(batch: RolloutBatch) -> dict[str, int]:
+    """The counts every scorer reports for a batch (see :attr:`Scores.counts`)."""
+    if batch.truncated is None:
+        return {}
+    return {"response/truncated": int(batch.truncated.sum())}
 
 
 class RuleReward:
@@ -51,16 +78,17 @@ class RuleReward:
     def __init__(self, run: RunConfig) -> None:
         self.tokenizer = build_tokenizer(run.model)
         self.task = build_task(run.task, self.tokenizer)
+        self.eos_ids = eos_token_ids(self.tokenizer, run.model.path)
 
     def score_batch(self, batch: RolloutBatch) -> torch.Tensor:
         """``[B]`` rewards of one batch."""
         prompts = self.tokenizer.batch_decode(batch.prompt_ids.tolist(), skip_special_tokens=True)
-        texts = decode_responses(self.tokenizer, batch, self.tokenizer.eos_token_id)
+        texts = decode_responses(self.tokenizer, batch, self.eos_ids)
         return torch.tensor([self.task.reward(p, t) for p, t in zip(prompts, texts, strict=True)])
 
     def scores(self, batch: RolloutBatch) -> Scores:
         """The rewards and response lengths of one batch."""
-        return Scores(self.score_batch(batch), batch.response_mask.sum(dim=1))
+        return Scores(self.score_batch(batch), batch.response_mask.sum(dim=1), batch_counts(batch))
 
 
 class RewardWorker(Worker):
@@ -84,26 +112,75 @@ class RewardWorker(Worker):
             return [self.rule.scores(b) for b in fetch(shards)]
 
 
-def batch_texts(tokenizer: Any, batch: RolloutBatch) -> list[str]:
-    """Prompt + response text of every row (the response cut before its EOS), as a reward
-    model reads them.
+@dataclass(frozen=True)
+class Turns:
+    """What a reward model scores for one row.
+
+    Attributes:
+        messages: the prompt's conversation with the response as the assistant's last turn.
+        text: the prompt as the policy was given it, followed by the response (what a reward
+            model without a chat template reads).
+    """
+
+    messages: tuple[dict[str, str], ...]
+    text: str
+
+
+class PolicyRows:
+    """Turns rollout rows back into conversations: the task's prompt messages and the decoded
+    response.
 
     Args:
-        tokenizer: the policy's tokenizer.
-        batch: a generated batch.
+        run: the checked run config (the policy's tokenizer and task).
     """
-    prompts = tokenizer.batch_decode(batch.prompt_ids.tolist(), skip_special_tokens=True)
-    texts = decode_responses(tokenizer, batch, tokenizer.eos_token_id)
-    return [p + t for p, t in zip(prompts, texts, strict=True)]
+
+    def __init__(self, run: RunConfig) -> None:
+        self.tokenizer = build_tokenizer(run.model)
+        key = tokenizer_source(run.model)
+        self.task = build_task(run.task, self.tokenizer, key)
+        self.conversations = prompt_conversations(run.task, self.tokenizer, key)
+        self.eos_ids = eos_token_ids(self.tokenizer, run.model.path)
+
+    def turns(self, batch: RolloutBatch) -> list[Turns]:
+        """Every row's :class:`Turns`.
+
+        Raises:
+            WorkerError: a row's prompt is not one of the task's.
+        """
+        read = self.tokenizer.batch_decode(batch.prompt_ids.tolist(), skip_special_tokens=True)
+        responses = decode_responses(self.tokenizer, batch, self.eos_ids)
+        out = []
+        for prompt, response in zip(read, responses, strict=True):
+            try:
+                held = self.task.canonical(prompt)
+            except KeyError:
+                raise WorkerError(
+                    f"reward model: a rollout row's prompt {prompt!r:.80} is not one of the "
+                    f"task's prompts"
+                ) from None
+            messages = (*self.conversations[held], {"role": "assistant", "content": response})
+            out.append(Turns(messages, held + response))
+        return out
+
+
+def context_length(model: Any, tokenizer: Any) -> int | None:
+    """The longest sequence a reward model reads: the smaller of its config's
+    ``max_position_embeddings`` and its tokenizer's ``model_max_length`` (None: no limit
+    known)."""
+    limits = [getattr(model.config, "max_position_embeddings", None)]
+    limits.append(getattr(tokenizer, "model_max_length", None))
+    known = [int(n) for n in limits if isinstance(n, int) and 0 < n < NO_LIMIT]
+    return min(known) if known else None
 
 
 class ModelReward:
-    """A sequence-classification reward model: one score per text.
+    """A sequence-classification reward model: one score per conversation, read with its own
+    tokenizer and chat template, cut on the right to its context (see the module docstring).
 
     Args:
         path: the checkpoint directory (``reward.model_path``): model and tokenizer.
         device: where the model computes.
-        micro_batch: texts per forward pass (``reward.micro_batch_size``).
+        micro_batch: sequences per forward pass (``reward.micro_batch_size``).
 
     Raises:
         ConfigError: the checkpoint does not load as a sequence classifier, or has more than
@@ -136,17 +213,44 @@ class ModelReward:
         self.model.requires_grad_(False)
         self.device = device
         self.micro_batch = max(1, micro_batch)
+        self.context = context_length(model, self.tokenizer)
+        self.chat = bool(getattr(self.tokenizer, "chat_template", None))
+
+    def render(self, turns: Turns) -> str:
+        """The text of one row as this reward model reads it (see the module docstring)."""
+        if not self.chat:
+            return turns.text
+        return self.tokenizer.apply_chat_template(
+            list(turns.messages), tokenize=False, add_generation_prompt=False
+        )
+
+    def encode(self, rows: list[Turns]) -> tuple[list[list[int]], int]:
+        """Token ids of every row, cut on the right to :attr:`context`, and how many were cut.
+
+        A rendered chat template holds its own special tokens (no second BOS is added); plain
+        text gets the tokenizer's.
+        """
+        ids = self.tokenizer([self.render(t) for t in rows], add_special_tokens=not self.chat)[
+            "input_ids"
+        ]
+        cut = 0
+        if self.context is not None:
+            cut = sum(len(r) > self.context for r in ids)
+            ids = [r[: self.context] for r in ids]
+        return [list(r) for r in ids], cut
 
     @torch.no_grad()
-    def score_texts(self, texts: list[str]) -> torch.Tensor:
-        """``[len(texts)]`` float scores, ``micro_batch`` texts per forward pass."""
+    def score(self, rows: list[Turns]) -> tuple[torch.Tensor, int]:
+        """``[len(rows)]`` float scores, ``micro_batch`` rows per forward pass, and the number
+        of rows cut to the context."""
+        ids, cut = self.encode(rows)
         out = []
-        for i in range(0, len(texts), self.micro_batch):
-            enc = self.tokenizer(
-                texts[i : i + self.micro_batch], padding=True, return_tensors="pt"
+        for i in range(0, len(ids), self.micro_batch):
+            enc = self.tokenizer.pad(
+                {"input_ids": ids[i : i + self.micro_batch]}, padding=True, return_tensors="pt"
             ).to(self.device)
             out.append(self.model(**enc).logits[:, 0].float().cpu())
-        return torch.cat(out) if out else torch.zeros(0)
+        return (torch.cat(out) if out else torch.zeros(0)), cut
 
 
 class RewardModelWorker(Worker, ResidentState):
@@ -158,7 +262,7 @@ class RewardModelWorker(Worker, ResidentState):
 
     def __init__(self, run: RunConfig) -> None:
         self.device = compute_device(self)
-        self.policy_tokenizer = build_tokenizer(run.model)
+        self.rows = PolicyRows(run)
         self.scorer = ModelReward(
             str(run.reward.model_path), self.device, run.reward.micro_batch_size
         )
@@ -169,6 +273,7 @@ class RewardModelWorker(Worker, ResidentState):
         with trace.span("reward", "reward", self.device_labels):
             out = []
             for b in fetch(shards):
-                rewards = self.scorer.score_texts(batch_texts(self.policy_tokenizer, b))
-                out.append(Scores(rewards, b.response_mask.sum(dim=1)))
+                rewards, cut = self.scorer.score(self.rows.turns(b))
+                counts = {**batch_counts(b), "reward/truncated": cut}
+                out.append(Scores(rewards, b.response_mask.sum(dim=1), counts))
             return out

@@ -190,6 +190,10 @@ def test_reward_model_scores_what_the_run_logs(ray_session, tmp_path, monkeypatc
         want = _model_scores(rm, texts)
         torch.testing.assert_close(step["scores"], want, rtol=1e-5, atol=1e-5)
         assert record["reward/mean"] == pytest.approx(float(want.mean()), abs=1e-5)
+        # every row fits the reward model's 64 positions; the budget cut some responses
+        assert record["reward/truncated"] == 0
+        cut = sum(int(b.truncated.sum()) for b in step["shards"])
+        assert record["response/truncated"] == cut
     assert len({float(s["scores"].std()) for s in seen}) > 1  # real, varying scores
 
 
