@@ -5,8 +5,9 @@ One function per term, each with its formula, so the plan's prediction and the r
 ``k`` devices (a rollout engine with tensor parallelism) holds ``1/k`` of each term on each.
 
 Terms (state kinds): ``weights``, ``grads``, ``optimizer``, ``kv_cache`` (these may be offloaded
-by policy), ``activations`` (only while the component runs) and ``context`` (the per-process
-device context: CUDA's, about 0.5 GiB; none on simulated devices).
+by policy), ``activations`` (only while the component runs), ``weight_sync`` (the actor's CUDA-IPC
+export buckets, in the ``sync`` stage only) and ``context`` (the per-process device context:
+CUDA's, about 0.5 GiB; none on simulated devices).
 """
 
 from __future__ import annotations
@@ -348,3 +349,18 @@ def vllm_max_model_len(run: Any, d: ModelDims) -> int:
 def kv_bytes_per_token(d: ModelDims, shards: int = 1) -> int:
     """KV cache per token of one sequence: ``2·L·kv_dim·bytes(dtype) / shards`` (TP)."""
     return _div(2 * d.num_layers * d.kv_dim * dtype_bytes(d.dtype), shards)
+
+
+#: The actor's CUDA-IPC export buckets: held from an export until every receiver on its GPU
+#: has loaded them (rltrain.backends.weight_sync.ipc), planned in the ``sync`` stage only.
+EXPORT_KIND = "weight_sync"
+
+#: Kinds a process holds only while a stage that uses them runs (not state it keeps).
+TRANSIENT_KINDS = ("activations", EXPORT_KIND)
+
+
+def ipc_export_bytes(params: int, dtype: str, shards: int = 1) -> int:
+    """The actor's IPC export buckets (``weight_sync``): one packed copy of the weights it
+    exports, ``ceil(params · bytes(dtype) / shards)`` (shards = tp·pp); freed once every
+    receiver has loaded them."""
+    return weight_bytes(params, dtype, shards)

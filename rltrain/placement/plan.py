@@ -40,6 +40,7 @@ from rltrain.placement.constraints import (
 from rltrain.placement.types import GIB, ClusterSpec, Placement
 
 _ALL = frozenset(mem.KINDS)
+_EXPORT = frozenset({"weights", mem.EXPORT_KIND})  # the actor's side of a weight sync
 
 #: Stages of one step per runner: (stage, {component: state kinds it uses while running}).
 STAGES: dict[str, tuple[tuple[str, Mapping[str, frozenset[str]]], ...]] = {
@@ -48,7 +49,7 @@ STAGES: dict[str, tuple[tuple[str, Mapping[str, frozenset[str]]], ...]] = {
         ("reward", {"reward": _ALL}),
         ("logprob", {"reference": _ALL, "inference": _ALL}),
         ("train", {"actor": _ALL, "critic": _ALL}),
-        ("sync", {"actor": frozenset({"weights"}), "rollout": frozenset({"weights"})}),
+        ("sync", {"actor": _EXPORT, "rollout": frozenset({"weights"})}),
     ),
     "embodied": (
         ("generate", {"env": _ALL, "rollout": _ALL}),
@@ -537,7 +538,13 @@ def _predict(
                     terms_cache[tkey] = component_terms(
                         run, comp, cp.get_world_size(comp), ndev, node, dims
                     )
-                per_proc.append((comp, ndev, terms_cache[tkey]))
+                terms = terms_cache[tkey]
+                if comp == "actor" and ipc_export_here(run, node, sig):
+                    params = mem.param_count(dims)
+                    mp = run.actor.tensor_parallel_size * run.actor.pipeline_parallel_size
+                    export = mem.ipc_export_bytes(params, dims.dtype, mp)
+                    terms = {**terms, mem.EXPORT_KIND: export}
+                per_proc.append((comp, ndev, terms))
             record = records[key] = DeviceMemory(
                 capacity_bytes=node.device_memory_bytes,
                 accelerator_type=node.accelerator_type,
@@ -548,6 +555,16 @@ def _predict(
             )
         out[dev] = record
     return out
+
+
+def ipc_export_here(run: Any, node: Any, load: tuple[tuple[str, int], ...]) -> bool:
+    """Whether an actor process on a device with this load may export CUDA-IPC buckets: a
+    CUDA device it shares with a weight receiver, under ``weight_sync.transport`` ``ipc`` or
+    ``auto`` (which picks IPC where every receiver GPU hosts an actor rank; planned wherever
+    it might, so the plan never under-counts)."""
+    if node.accelerator_type != "cuda" or run.weight_sync.transport not in ("auto", "ipc"):
+        return False
+    return any(c in ("rollout", "inference") for c, _ in load)
 
 
 def micro_batch(run: Any, micro: int, dp: int) -> int:
@@ -666,7 +683,7 @@ def _stage_memory(
             share = -(-b // ndev)
             if kind in uses or kind == "context":
                 status = "active" if uses else "pinned"
-            elif kind == "activations":
+            elif kind in mem.TRANSIENT_KINDS:
                 continue  # freed when the component's stage ends
             elif not policy.may_offload(kind):
                 status = "pinned"

@@ -29,7 +29,7 @@ from rltrain.telemetry import trace
 from rltrain.workers.common import ResidentState
 
 #: Kinds of predicted memory that exist only while the component's stage runs.
-TRANSIENT_KINDS = ("activations", "kv_cache")
+TRANSIENT_KINDS = ("activations", "kv_cache", "weight_sync")
 
 
 @dataclass

@@ -198,10 +198,24 @@ class ActorWorker(Worker, ResidentState):
                 return None
             return sender.export(self.engine.named_weights(), version)
 
-    def release_weights(self, receiver: str) -> None:
-        """(ipc) Free the device buckets published for ``receiver``."""
-        if receiver in self._senders:
-            self._senders[receiver].release()
+    def release_weights(
+        self, receiver: str, version: int | None = None, receiver_rank: int | None = None
+    ) -> int:
+        """(ipc) ``receiver_rank`` of ``receiver`` loaded ``version`` (a receiver calls this
+        through the handle its payload carries): free the device buckets every receiver has
+        loaded. With no version: free all of ``receiver``'s (the run ends).
+
+        Returns:
+            Device bytes freed.
+        """
+        if receiver not in self._senders:
+            return 0
+        return self._senders[receiver].release(version, receiver_rank)
+
+    def transient_bytes(self) -> dict[str, int]:
+        """Device bytes beside the engine's state: IPC buckets not yet loaded by every
+        receiver (``weight_sync``)."""
+        return {"weight_sync": sum(s.device_bytes for s in self._senders.values())}
 
     def flush_weight_sync(self, timeout_s: float | None = None) -> None:
         """(collective) Wait until every version queued for broadcast was taken."""

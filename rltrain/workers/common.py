@@ -178,6 +178,12 @@ class ResidentState:
         with trace.span("reload", self.group_name, self.device_labels):
             return self.mover.reload([k for k in kinds if k != "kv_cache"])
 
+    def transient_bytes(self) -> dict[str, int]:
+        """Device bytes the worker holds now beside its mover's state, by kind (the actor's
+        IPC buckets between an export and its receivers' loads); declared in the ledger
+        check, planned as the stage's transient terms. None by default."""
+        return {}
+
     def state_bytes(self) -> dict[str, int]:
         """Bytes per state kind when fully resident (the ledger's ``total``)."""
         resident = self.mover.resident_bytes()
@@ -190,7 +196,8 @@ class ResidentState:
         Raises:
             WorkerError: the walk finds more device bytes than the declared state.
         """
-        declared = sum(self.mover.resident_bytes().values())
+        transient = self.transient_bytes()
+        declared = sum(self.mover.resident_bytes().values()) + sum(transient.values())
         measured = reachable_device_bytes(self, self.device)
         if measured > declared + LEDGER_TOLERANCE_BYTES:
             name = f"{os.environ.get('RLTRAIN_GROUP', type(self).__name__)} rank {self.rank}"
@@ -203,6 +210,7 @@ class ResidentState:
             "declared": declared,
             "measured": measured,
             "offloaded": sorted(self.mover.offloaded),
+            "transient": transient,
         }
 
     def memory_report_beside(self, engine: Any, what: str, why: str) -> dict[str, Any]:
@@ -220,20 +228,23 @@ class ResidentState:
             WorkerError: the worker holds device bytes outside the engine its ledger does not
                 declare.
         """
-        declared = sum(self.mover.resident_bytes().values())
+        transient = self.transient_bytes()
+        beside = sum(transient.values())  # declared, and held outside the engine
+        declared = sum(self.mover.resident_bytes().values()) + beside
         others = {k: v for k, v in vars(self).items() if v is not engine}
         outside = reachable_device_bytes(others, self.device)
-        if outside > LEDGER_TOLERANCE_BYTES:
+        if outside > beside + LEDGER_TOLERANCE_BYTES:
             name = f"{os.environ.get('RLTRAIN_GROUP', type(self).__name__)} rank {self.rank}"
             raise WorkerError(
-                f"{name} holds {outside} bytes on its device outside its {what} that its memory "
-                f"ledger does not declare: keep device tensors in the engine's state or free "
-                f"them after the stage"
+                f"{name} holds {outside - beside} bytes on its device outside its {what} that "
+                f"its memory ledger does not declare: keep device tensors in the engine's state "
+                f"or free them after the stage"
             )
         return {
             "declared": declared,
-            "measured": declared + outside,
+            "measured": declared - beside + outside,
             "offloaded": sorted(self.mover.offloaded),
+            "transient": transient,
             "engine_bytes": f"declared ({why})",
         }
 
@@ -338,6 +349,7 @@ class WeightReceiver:
     def _sync(self, weights: Any, expect: int | None) -> None:
         from rltrain.backends.weight_sync.transport import (
             CollectiveVersion,
+            acknowledge_ipc,
             payload_for,
             weight_version,
         )
@@ -351,6 +363,9 @@ class WeightReceiver:
             elif target != self.version:
                 with trace.span("sync", self.group_name, self.device_labels):
                     self.engine.load(payload_for(weights, self._feeders))
+                    # IPC: the actor frees its buckets now, before this worker allocates more
+                    timeout = self.run.cluster.collective_timeout_s  # type: ignore[attr-defined]
+                    acknowledge_ipc(weights, self._feeders, self.rank, timeout)
                 self.version = target
         if expect is not None and self.version < expect:
             raise WorkerError(

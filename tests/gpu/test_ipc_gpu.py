@@ -1,4 +1,5 @@
-"""CUDA IPC weight sync between two processes on one GPU (torch.multiprocessing, no Ray)."""
+"""CUDA IPC weight sync between two processes on one GPU (torch.multiprocessing, no Ray): bit
+exact, and the sender's buckets freed once the receiver acknowledged its load."""
 
 from __future__ import annotations
 
@@ -52,7 +53,14 @@ def test_ipc_sync_between_two_processes_is_bit_exact() -> None:
             assert written == len(got) == 5
             for name, p in model.named_parameters():
                 assert torch.equal(got[name], p.detach().cpu()), name
-        sender.release()
+            # the receiver has let go of the handles: acknowledging frees the buckets for real
+            # (no block left in torch's IPC limbo), and the driver gets the memory back
+            held = sender.nbytes
+            assert held == payload.nbytes
+            allocated = torch.cuda.memory_allocated()
+            assert sender.acknowledge(0, version) == held and sender.nbytes == 0
+            assert torch.cuda.memory_allocated() == allocated - held
+        assert sender.release() == 0
         inbox.put(None)
     finally:
         proc.join(timeout=TIMEOUT_S)

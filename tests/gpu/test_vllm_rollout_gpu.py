@@ -2,7 +2,8 @@
 over CUDA IPC, wake the KV cache, generate (skipped without CUDA or vLLM).
 
 The actor's side lives in this test's process (a policy on cuda:0 publishing IPC buckets); vLLM's
-engine core runs in its own process, which opens the handles, as a collocated rollout would.
+engine core runs in this process too, as in a rollout worker (``VLLM_ENABLE_V1_MULTIPROCESSING=0``:
+the weight payloads are Python objects, never encoded), and its worker opens the handles.
 """
 
 from __future__ import annotations
@@ -85,4 +86,8 @@ def test_vllm_rollout_sleeps_wakes_loads_over_ipc_and_generates() -> None:
     torch.testing.assert_close(batch.rollout_logprobs, want.float().cpu(), atol=0.1, rtol=0.05)
     report = worker.memory_report()
     assert report["declared"] == sum(total.values())
-    sender.release()
+    assert type(worker.engine.engine.llm.llm_engine.engine_core).__name__ == "InprocClient"
+    # outside Ray nobody acknowledges the loads: both versions' buckets are still held
+    held = sender.device_bytes
+    assert held == 2 * weights[0].nbytes
+    assert sender.release() == held and sender.device_bytes == 0

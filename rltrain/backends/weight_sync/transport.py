@@ -7,10 +7,11 @@ choose_transport`); this module moves the bytes:
   returns what the driver hands the receivers: :class:`~.host.HostBuckets` (``host``), an
   :class:`~.ipc.IpcPayload` (``ipc``) or a :class:`CollectiveVersion` marker (``collective``:
   the bytes go by broadcast, so only the version number travels through the driver).
-- A receiver loads what it was handed with :func:`load_weights`, through a ``loader(bucket,
-  flat) -> tensors written`` of its engine (a torch model copies by name; vLLM slices per TP
-  shard), or, for ``collective``, receives every version the sender broadcast up to the one it
-  was handed (:func:`receive_versions`).
+- A receiver loads what it was handed through a ``loader(bucket, flat) -> tensors written`` of
+  its engine (a torch model copies by name; vLLM slices per TP shard), or, for ``collective``,
+  receives every version the sender broadcast up to the one it was handed
+  (:func:`receive_versions`); under ``ipc`` it then acknowledges the load
+  (:func:`acknowledge_ipc`), so the sender frees its device buckets.
 
 The collective sender snapshots the weights into its own buckets (so training may go on) and
 broadcasts them from a background thread, in version order: an asynchronous run's rollout takes a
@@ -175,6 +176,12 @@ class WeightSender:
         self._lock = threading.Lock()
 
     @property
+    def device_bytes(self) -> int:
+        """Device bytes this sender holds now (``ipc``: buckets not yet loaded by every
+        receiver; the ``weight_sync`` kind of the actor's ledger)."""
+        return self._ipc.nbytes if self._ipc is not None else 0
+
+    @property
     def sends(self) -> bool:
         """Whether this rank sends (the host transport exports from rank 0 only)."""
         return self.rank in self.choice.sources
@@ -199,7 +206,10 @@ class WeightSender:
             from rltrain.backends.weight_sync.ipc import IpcSender
 
             if self._ipc is None:
-                self._ipc = IpcSender(self.rank, self.bucket_bytes)
+                receivers = self.choice.receivers_of(self.rank) or (0,)
+                self._ipc = IpcSender(
+                    self.rank, self.bucket_bytes, receivers, _own_handle(), self.choice.receiver
+                )
             return self._ipc.publish(list(named), version)
         if name == "collective":
             if self._collective is None:
@@ -211,15 +221,82 @@ class WeightSender:
             return CollectiveVersion(version)
         return pack_to_host(named, version=version, bucket_bytes=self.bucket_bytes)
 
-    def release(self) -> None:
-        """(ipc) Free the device buckets once every receiver has loaded them."""
-        if self._ipc is not None:
-            self._ipc.release()
+    def release(self, version: int | None = None, receiver_rank: int | None = None) -> int:
+        """(ipc) ``receiver_rank`` loaded ``version``: free what every receiver has loaded;
+        with no version, free every version's buckets (the run ends).
+
+        Returns:
+            Device bytes freed.
+        """
+        if self._ipc is None:
+            return 0
+        if version is None or receiver_rank is None:
+            return self._ipc.release()
+        return self._ipc.acknowledge(receiver_rank, version)
 
     def flush(self, timeout: float | None = None) -> None:
         """(collective) Wait until every version queued was broadcast."""
         if self._collective is not None:
             self._collective.flush(timeout)
+
+
+def _own_handle() -> Any:
+    """This actor's Ray handle (what IPC receivers acknowledge to), or None outside Ray."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        return ray.get_runtime_context().current_actor
+    except RuntimeError:  # a driver or task, not an actor
+        return None
+
+
+def acknowledge_ipc(
+    weights: Any,
+    feeders: Sequence[int],
+    receiver_rank: int,
+    timeout_s: float,
+    wait: Callable[[list[Any]], Any] | None = None,
+) -> int:
+    """(ipc) Tell every feeding actor rank that this receiver loaded its payload, and wait
+    until they have freed what every receiver has loaded (so the room is there before this
+    receiver allocates more: vLLM's KV cache wakes next).
+
+    Args:
+        weights: what the receiver was handed (actor rank -> IPC payload); anything else
+            (host buckets, a collective marker) needs no acknowledgement.
+        feeders: the actor ranks this receiver read from.
+        receiver_rank: this receiver's rank.
+        timeout_s: how long to wait for the actor ranks (``cluster.collective_timeout_s``).
+        wait: resolves the acknowledgement calls (``ray.get``; a test may pass another).
+
+    Returns:
+        The number of actor ranks acknowledged to.
+
+    Raises:
+        WorkerError: an actor rank did not answer within ``timeout_s``.
+    """
+    if not isinstance(weights, dict):
+        return 0
+    payloads = [weights[a] for a in feeders if getattr(weights[a], "owner", None) is not None]
+    calls = [p.owner.release_weights.remote(p.receiver, p.version, receiver_rank) for p in payloads]
+    if not calls:
+        return 0
+    if wait is None:
+        import ray
+
+        def wait(refs: list[Any]) -> Any:
+            return ray.get(refs, timeout=timeout_s)
+
+    try:
+        wait(calls)
+    except TimeoutError:
+        raise WorkerError(
+            f"weight sync: actor ranks {[p.sender_rank for p in payloads]} did not free their "
+            f"IPC buckets within {timeout_s} s (cluster.collective_timeout_s)"
+        ) from None
+    return len(calls)
 
 
 def payload_for(weights: Any, feeders: Sequence[int]) -> Any:

@@ -124,8 +124,23 @@ def test_memory_with_after_stage_offload():
     }
     assert gen.required_bytes == gen.peak_bytes == 9 * GIB  # 8 GiB vLLM + 2 contexts
     assert train.required_bytes == W + W + OPT + ACT + CTX + CTX == 5_505_302_528
-    assert sync.required_bytes == W + CTX + W + CTX == 1_610_944_512
+    # the actor's CUDA-IPC buckets (a packed copy of its weights) from its export until the
+    # rollout has loaded them: the sync stage only, beside both copies of the weights
+    assert terms(sync)[("actor", "weight_sync")] == (W, "active")
+    assert sync.required_bytes == W + W + CTX + W + CTX == 1_879_545_856
+    assert ("actor", "weight_sync") not in terms(gen) | terms(train)
     assert dm.peak_bytes == 9 * GIB
+
+
+def test_ipc_export_buckets_are_planned_only_where_ipc_may_run():
+    run = mid_run(actor=AFTER, rollout=ROLL_AFTER)
+    run.weight_sync.transport = "host"  # the object store: no device buckets
+    sync = build_plan(run, ClusterSpec.from_config(run.cluster)).memory[(0, 0)].stage("sync")
+    assert ("actor", "weight_sync") not in terms(sync)
+    run = mid_run(actor=AFTER, rollout=ROLL_AFTER)
+    run.cluster.simulate_devices = True  # simulated devices: no CUDA, no IPC
+    sync = build_plan(run, ClusterSpec.from_config(run.cluster)).memory[(0, 0)].stage("sync")
+    assert ("actor", "weight_sync") not in terms(sync)
 
 
 def test_memory_without_offload_keeps_idle_state_resident():
