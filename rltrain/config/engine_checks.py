@@ -88,6 +88,11 @@ def _parallel_sizes(cfg: RunConfig) -> Iterator[str]:
             )
 
 
+#: vLLM 0.26's ``SamplingParams`` raises a temperature in ``(0, 0.01)`` to 0.01
+#: (``vllm.sampling_params._MAX_TEMP``; tests/vllm_contract checks the value).
+VLLM_MIN_TEMPERATURE = 0.01
+
+
 @check
 def _rollout_engine(cfg: RunConfig) -> Iterator[str]:
     """``rollout.backend=vllm`` needs CUDA GPUs and the vllm package; vLLM-only keys need it."""
@@ -116,6 +121,12 @@ def _rollout_engine(cfg: RunConfig) -> Iterator[str]:
             f"rollout.max_model_len={r.max_model_len} sizes a vLLM engine, but rollout.backend="
             f"'torch' generates up to task.max_prompt_length + rollout.max_new_tokens; drop it "
             f"or use rollout.backend=vllm"
+        )
+    if r.backend == "vllm" and 0 < r.temperature < VLLM_MIN_TEMPERATURE:
+        yield (
+            f"rollout.temperature={r.temperature}: vLLM 0.26 samples with at least "
+            f"{VLLM_MIN_TEMPERATURE} (it raises anything lower), so the run would not sample what "
+            f"it says; use rollout.temperature >= {VLLM_MIN_TEMPERATURE}, or rollout.backend=torch"
         )
     if r.backend == "vllm" and r.max_model_len is not None:
         need = cfg.task.max_prompt_length + r.max_new_tokens

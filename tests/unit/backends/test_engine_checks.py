@@ -51,6 +51,11 @@ def test_vllm_is_refused_on_simulated_devices(monkeypatch):
     assert "tensor-parallel only" in text
     text = problems("rollout.backend=vllm", "rollout.max_model_len=8")
     assert "rollout.max_model_len=8 is shorter" in text
+    # vLLM would sample at 0.01 (tests/vllm_contract reads its rule): refused, not changed
+    text = problems("rollout.backend=vllm", "rollout.temperature=0.005")
+    assert "rollout.temperature=0.005: vLLM 0.26 samples with at least 0.01" in text
+    assert load("rollout.backend=vllm", "rollout.temperature=0.01").rollout.temperature == 0.01
+    assert load("rollout.temperature=0.005").rollout.temperature == 0.005  # the torch engine
 
 
 def test_options_an_engine_would_ignore():
