@@ -20,6 +20,7 @@ version when its next generation starts, without the actor waiting for it.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -241,10 +242,10 @@ class WeightSender:
 
 
 def _own_handle() -> Any:
-    """This actor's Ray handle (what IPC receivers acknowledge to), or None outside Ray."""
-    import ray
-
-    if not ray.is_initialized():
+    """This actor's Ray handle (what IPC receivers acknowledge to), or None outside Ray (Ray
+    is only looked up, never imported: a GPU check may run without it installed)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
         return None
     try:
         return ray.get_runtime_context().current_actor

@@ -127,3 +127,15 @@ def test_the_actor_ledger_declares_held_buckets_until_they_are_loaded() -> None:
     assert actor.state_bytes().keys() == {"weights", "grads", "optimizer"}  # not resident state
     assert actor.release_weights("rollout", 4, 0) == 1_500_000
     assert actor.memory_report()["transient"] == {"weight_sync": 0}
+
+
+def test_a_sender_outside_ray_never_imports_it() -> None:
+    # the GPU checks run the IPC export where Ray may not be installed: it is only looked up
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from rltrain.backends.weight_sync.transport import _own_handle; "
+        "assert _own_handle() is None and 'ray' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
