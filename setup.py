@@ -10,5 +10,5 @@ setup(
         "rltrain.conf",
     ],
     package_dir={"rltrain.conf": "conf"},
-    package_data={"rltrain.conf": ["*.yaml", "*/*.yaml"], "rltrain": ["py.typed"]},
+    package_data={"rltrain.conf": ["*.yaml", "*/*.yaml", "*/*/*.yaml"], "rltrain": ["py.typed"]},
 )

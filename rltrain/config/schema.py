@@ -331,6 +331,33 @@ class SimulateConfig:
     env_step_jitter_ms: float = 0.0  # U(0, jitter) added to each env step's latency
     env_policy_latency_ms: float = 0.0  # per observation the embodied policy infers
     env_policy_jitter_ms: float = 0.0  # U(0, jitter) added to each inference's latency
+    # per decoding step of a reasoning generate call: it waits this x its longest response (in
+    # tokens) on top of rollout_latency_ms, so response lengths cost modelled device time
+    rollout_token_latency_ms: float = 0.0
+
+
+@dataclass
+class WhatifConfig:
+    """The what-if step simulator behind mode=plan (rltrain.whatif): predict seconds per step,
+    per stage and per device, for this cluster or for hardware you do not have."""
+
+    # an accelerator of the catalogue (conf/whatif/devices: h100, h200, a100, l40s, b200, h20);
+    # null: the configured cluster's own devices (simulated ones with their simulate.* latencies)
+    hardware: Optional[str] = None
+    # the link between nodes (conf/whatif/links: infiniband, roce, ethernet, ...); null:
+    # infiniband with whatif.hardware, the host's memory on simulated devices
+    link: Optional[str] = None
+    steps: int = 20  # steps simulated; the prediction averages all but the first
+    train_utilization: float = 0.4  # share of the BF16 peak a training (and log-prob) pass reaches
+    # response lengths: max (every response runs to rollout.max_new_tokens) | uniform (1..max) |
+    # lognormal (mean response_length_mean, spread response_length_sigma, capped at the max)
+    response_length: str = "max"
+    response_length_mean: Optional[float] = None  # lognormal: mean tokens; null: half the max
+    response_length_sigma: float = 0.8  # lognormal: sigma of log length
+    # mode=plan also ranks placement=auto's candidate layouts by the simulator
+    rank_candidates: bool = True
+    # fit calibration factors from placement=auto's cached profiles of this run when present
+    calibrate: bool = True
 
 
 @dataclass
@@ -391,5 +418,6 @@ class RunConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    whatif: WhatifConfig = field(default_factory=WhatifConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

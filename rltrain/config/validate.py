@@ -514,3 +514,8 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
 
 # Checks kept in their own modules register themselves on import.
 from rltrain.config import device_checks, engine_checks, numerics  # noqa: E402, F401
+
+# The what-if simulator's section keeps its checks in their own module.
+from rltrain.config.whatif_checks import whatif_problems  # noqa: E402
+
+check(whatif_problems)
