@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -31,29 +30,12 @@ from rltrain.autoplace.fit import fit_embodied, fit_reasoning, profile_candidate
 from rltrain.autoplace.readings import RunReading, read_run
 from rltrain.autoplace.settings import AutoSettings
 from rltrain.errors import ConfigError, ResourceError
+from rltrain.whatif.profiles import PROFILE_VERSION, TIMING_SECTIONS, profile_key  # noqa: F401
 
 log = logging.getLogger("rltrain")
 
-#: Bumped when the profile's content changes meaning (older cache files are then ignored).
-PROFILE_VERSION = 2
 #: Steps left out of each profiling run's timing (first calls, first allocations).
 WARMUP_STEPS = 1
-#: Config sections whose values change how long a stage takes (the cache key).
-TIMING_SECTIONS = (
-    "simulate",
-    "model",
-    "task",
-    "cluster",
-    "actor",
-    "rollout",
-    "reward",
-    "reference",
-    "critic",
-    "inference",
-    "algorithm",
-    "env",
-    "weight_sync",
-)
 
 
 @dataclass(frozen=True)
@@ -110,46 +92,6 @@ class Profile:
 
 
 # -------------------------------------------------------------------------------- the cache
-def _section(run: Any, name: str) -> Any:
-    value = getattr(run, name, None)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return value
-
-
-def profile_key(run: Any) -> str:
-    """The cache key: a readable prefix (runner, model, task, cluster) and a hash of every
-    setting that changes stage times.
-
-    Args:
-        run: the run config.
-
-    Returns:
-        A file-name-safe key.
-    """
-    m, c = run.model, run.cluster
-    model = os.path.basename(str(m.path).rstrip("/")) if m.path else f"{m.family}-h{m.hidden_size}"
-    task = run.task.name if run.task.name != "gym" else run.task.env_id
-    extra = sorted(
-        n.strip()
-        for k in run.placement.component_placement
-        for n in str(k).split(",")
-        if n.strip() not in ("actor", "rollout", "env")
-    )
-    data = {s: _section(run, s) for s in TIMING_SECTIONS}
-    data.update(
-        runner=run.runner,
-        train_batch_size=run.trainer.train_batch_size,
-        components=extra,
-        version=PROFILE_VERSION,
-    )
-    digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
-    devices = c.devices_per_node if isinstance(c.devices_per_node, int) else "mixed"
-    prefix = f"{run.runner}-{model}-{task}-{c.num_nodes}x{devices}"
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in prefix)
-    return f"{safe}-{digest[:16]}"
-
-
 def cache_file(settings: AutoSettings, key: str) -> str:
     return os.path.join(settings.cache_path, f"{key}.json")
 

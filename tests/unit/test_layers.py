@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config", "wire"),
     ("telemetry",),
     ("placement",),
+    ("whatif",),
     ("tasks", "rewards"),
     ("algorithms",),
     ("scheduler",),

@@ -1,0 +1,358 @@
+"""The schedules of a step, as events in time: who works on which device, when.
+
+Each schedule mirrors one of :mod:`rltrain.runners.schedules` (and the embodied pipeline of
+:mod:`rltrain.runners.embodied`), stage for stage and in the same order, and records the spans a
+real run records (same names, components, device and process lanes), so a prediction is a
+timeline like a measured one:
+
+- :func:`fused_step`: every rank generates, scores and trains in one call; the update waits for
+  the slowest rank (its all-reduce).
+- :func:`turn_step`: the rollout generates (loading new weights first, taking its turn on shared
+  devices: offload and reload), then reward, log-probs, the update, the weight export.
+- :class:`Pipeline`: ``trainer.max_staleness = k``: the generations of the next ``k`` steps run
+  on the rollout while the actor learns; what happens to one still running when new weights
+  arrive is the partial-rollout policy (:data:`POLICIES`).
+- :func:`embodied_step`: env processes and rollout ranks pass pipeline items (a stage of
+  environments) back and forth, then the PPO update.
+
+Times are seconds from the simulation's start; spans are
+:class:`~rltrain.telemetry.trace.Span` records in microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltrain.telemetry.trace import Span
+from rltrain.whatif.workload import Proc, StepModel
+
+
+class Sink:
+    """Collects spans and per-step stage times."""
+
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+        self.step_starts: list[float] = []
+        self.stage_s: list[dict[str, float]] = []
+        self.tokens: list[float] = []
+
+    def add(self, name: str, proc: Proc | None, start: float, dur: float, lane: str = "") -> None:
+        if dur <= 0:
+            return
+        comp = proc.component if proc is not None else "driver"
+        devices = proc.devices if proc is not None else ()
+        lane = lane or (proc.lane if proc is not None else "driver")
+        self.spans.append(Span(name, comp, devices, lane, start * 1e6, dur * 1e6, 0))
+
+    def stage(self, name: str, seconds: float) -> None:
+        self.stage_s[-1][name] = self.stage_s[-1].get(name, 0.0) + seconds
+
+    def begin(self, t: float) -> None:
+        self.step_starts.append(t)
+        self.stage_s.append({})
+        self.tokens.append(0.0)
+
+
+def _all(m: StepModel, comp: str) -> tuple[Proc, ...]:
+    return tuple(m.procs.get(comp, ()))
+
+
+def _parallel(sink: Sink, m: StepModel, comp: str, name: str, t: float, dur: float) -> float:
+    """Every process of ``comp`` does ``dur`` from ``t``; returns the end."""
+    for p in _all(m, comp):
+        sink.add(name, p, t, dur)
+    return t + dur
+
+
+def fused_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
+    """One fused step from ``t``; returns when the next one starts."""
+    sink.begin(t)
+    c = m.calib
+    ranks = _all(m, "actor")
+    world = len(ranks)
+    start = t + c.call_s
+    ends = []
+    reward = m.reward() if m.sim else m.reward() / max(world, 1)
+    gens = []
+    for p, (g, tokens, _) in zip(ranks, m.generate_all(step, world), strict=True):
+        sink.add("generate", p, start, g)
+        sink.add("reward", p, start + g, reward)
+        sink.tokens[-1] += tokens
+        gens.append(g)
+        ends.append(start + g + reward)
+    train_start = max(ends)
+    train = m.train("actor")
+    for p in ranks:
+        sink.add("train", p, train_start, train)
+    end = train_start + train + c.call_s
+    sink.add("step", None, t, end - t)
+    sink.stage("step", end - t)
+    sink.stage("generate", max(gens))
+    sink.stage("reward", reward)
+    sink.stage("train", train)
+    return end + c.fused_overhead_s
+
+
+def _learn(m: StepModel, t: float, sink: Sink) -> float:
+    """The stages after generation (``ReasoningRunner.learn``): reward, log-probs, the critic,
+    the update, the weight export; returns the end."""
+    c = m.calib
+    for comp, name in (("reward", "reward"),):
+        if comp in m.procs:
+            r = m.reward()
+            t = _parallel(sink, m, comp, name, t + c.call_s, r)
+            sink.stage("reward", r + c.call_s)
+    for comp, name in (("reference", "reference"), ("inference", "inference")):
+        if comp in m.procs and (comp != "reference" or m.run.algorithm.kl_coef > 0):
+            d = m.logprob(comp)
+            t = _parallel(sink, m, comp, name, t + c.call_s, d)
+            sink.stage("logprob", d + c.call_s)
+    if "critic" in m.procs:
+        d = m.train("critic")
+        t = _parallel(sink, m, "critic", "train", t + c.call_s, d)
+        sink.stage("critic", d + c.call_s)
+    off, rel = m.moves()
+    if off or rel:  # the actor's turn: the rollout leaves, the actor comes back
+        _parallel(sink, m, "rollout", "offload", t, off)
+        t = _parallel(sink, m, "actor", "reload", t + off, rel)
+        sink.stage("moves", off + rel)
+    d = m.train("actor")
+    t = _parallel(sink, m, "actor", "train", t + c.call_s, d)
+    sink.stage("train", d + c.call_s)
+    s = m.sync() / 2  # the export here, the load at the rollout's next generate
+    t = _parallel(sink, m, "actor", "sync", t, s)
+    sink.stage("sync", s)
+    return t + c.call_s
+
+
+def _generate(
+    m: StepModel, step: int, t: float, sink: Sink, load: bool, moves: bool = True
+) -> tuple[float, list[float]]:
+    """The rollout's generate call from ``t`` on every rank: (end, per-rank ends)."""
+    c = m.calib
+    start = t + c.call_s
+    if moves:
+        off, rel = m.moves()
+        if off or rel:  # the rollout's turn: the actor leaves, the rollout comes back
+            _parallel(sink, m, "actor", "offload", start, off)
+            start = _parallel(sink, m, "rollout", "reload", start + off, rel)
+    load_s = m.sync() / 2 if load else 0.0
+    ranks = _all(m, "rollout")
+    ends = []
+    for p, (g, tokens, _) in zip(ranks, m.generate_all(step, len(ranks)), strict=True):
+        sink.add("sync", p, start, load_s)
+        sink.add("generate", p, start + load_s, g)
+        sink.tokens[-1] += tokens
+        ends.append(start + load_s + g)
+    return max(ends, default=start), ends
+
+
+def turn_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
+    """One synchronous step from ``t`` (``TurnSchedule``); returns when the next starts."""
+    sink.begin(t)
+    end, _ = _generate(m, step, t, sink, load=step > 0)
+    end += m.calib.call_s
+    sink.add("generate", None, t, end - t)
+    sink.stage("generate", end - t)
+    t = _learn(m, end, sink)
+    return t + m.calib.overhead_s
+
+
+# ------------------------------------------------------------------------------- pipelined
+@dataclass
+class Job:
+    """A generation submitted ahead: its step, weight version and per-rank (start, end)."""
+
+    step: int
+    version: int
+    work: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def end(self) -> float:
+        return max((e for _, e in self.work), default=0.0)
+
+
+#: ``trainer.partial_rollout`` -> what a generation still running at a weight swap does:
+#: ``(job, now) -> True`` to cancel it and run it again with the new weights. A policy that
+#: keeps the tokens made so far (``continue``) plugs in here with its own resubmission cost.
+POLICIES: dict[str, Callable[[Job, float], bool]] = {
+    "finish": lambda job, now: False,
+    "restart": lambda job, now: job.end > now,
+}
+
+
+class Pipeline:
+    """``PipelinedSchedule``: bounded staleness ``k`` over per-rank rollout queues.
+
+    Args:
+        m: the step model.
+        k: ``trainer.max_staleness``.
+        policy: ``trainer.partial_rollout``.
+        sink: where spans go.
+    """
+
+    def __init__(self, m: StepModel, k: int, policy: str, sink: Sink) -> None:
+        self.m, self.k, self.sink = m, k, sink
+        self.cancel = POLICIES[policy]
+        self.ranks = _all(m, "rollout")
+        self.free = [0.0] * len(self.ranks)
+        self.loaded = [0] * len(self.ranks)
+        self.queue: list[Job] = []
+        self.version = 0
+        self.next_step = 0
+        self.pending: dict[int, list[tuple[Proc, str, float, float]]] = {}
+
+    def _submit(self, step: int, t: float) -> Job:
+        m, c = self.m, self.m.calib
+        job = Job(step, self.version)
+        spans = []
+        gens = m.generate_all(step, len(self.ranks))
+        for i, p in enumerate(self.ranks):
+            start = max(self.free[i], t + c.call_s)
+            load = m.sync() / 2 if self.version > self.loaded[i] else 0.0
+            g = gens[i][0]
+            spans.append((p, "sync", start, load))
+            spans.append((p, "generate", start + load, g))
+            self.free[i] = start + load + g
+            self.loaded[i] = self.version
+            job.work.append((start, self.free[i]))
+        self.pending[step] = spans
+        return job
+
+    def fill(self, step: int, t: float, horizon: int) -> None:
+        """Restart what the policy cancels, then submit up to ``step + k``."""
+        stale = [j for j in self.queue if j.version < self.version and self.cancel(j, t)]
+        if stale:
+            for i in range(len(self.ranks)):
+                self.free[i] = t
+            for j in stale:  # keep the work done before the cancellation
+                self.pending[j.step] = [
+                    (p, n, a, min(d, max(t - a, 0.0))) for p, n, a, d in self.pending[j.step]
+                ]
+                self._flush(j.step)
+            self.queue = [self._submit(j.step, t) if j in stale else j for j in self.queue]
+        last = min(step + self.k, horizon - 1)
+        self.next_step = max(self.next_step, step)
+        while self.next_step <= last:
+            self.queue.append(self._submit(self.next_step, t))
+            self.next_step += 1
+
+    def _flush(self, step: int) -> None:
+        for p, name, a, d in self.pending.pop(step, []):
+            self.sink.add(name, p, a, d)
+
+    def step(self, step: int, t: float, horizon: int) -> float:
+        """One step from ``t``; returns when the next starts."""
+        m, sink = self.m, self.sink
+        sink.begin(t)
+        self.fill(step, t, horizon)
+        job = self.queue.pop(0)
+        self._flush(job.step)
+        end = max(t, job.end) + m.calib.call_s
+        sink.tokens[-1] += m.rows * m.lengths.mean()
+        sink.add("generate_wait", None, t, end - t)
+        sink.stage("generate", end - t)
+        t = _learn(m, end, sink)
+        self.version = step + 1
+        return t + m.calib.overhead_s
+
+    def close(self) -> None:
+        for j in self.queue:
+            self._flush(j.step)
+
+
+# -------------------------------------------------------------------------------- embodied
+def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
+    """One embodied step: the pipelined rollout epoch, then the PPO update and the sync."""
+    sink.begin(t)
+    env = m.run.env
+    envs = _all(m, "env") or (Proc("env", 0, (), 0),)
+    ranks = _all(m, "rollout")
+    stages, steps = max(env.pipeline_stage_num, 1), env.rollout_steps
+    per = env.num_envs / (len(envs) * stages)
+    e_item, i_item = m.env_item(per), m.infer_item(per)
+    start = t + m.calib.call_s + m.calib.epoch_extra_s / 2
+    env_free = [start] * len(envs)
+    roll_free = [start] * len(ranks)
+    ready = [[start] * stages for _ in envs]
+    for _ in range(steps):
+        for j in range(stages):
+            for e, proc in enumerate(envs):
+                a = max(env_free[e], ready[e][j])
+                sink.add("env_step", proc, a, e_item)
+                env_free[e] = a + e_item
+                q = (e * stages + j) % max(len(ranks), 1)
+                b = max(roll_free[q], env_free[e])
+                sink.add("generate", ranks[q], b, i_item)
+                roll_free[q] = b + i_item
+                ready[e][j] = roll_free[q]
+    end = max(max(env_free), max(roll_free), *(max(r) for r in ready))
+    end += m.calib.epoch_extra_s / 2 + m.calib.call_s
+    sink.tokens[-1] += env.num_envs * steps
+    sink.add("generate", None, t, end - t)
+    sink.stage("generate", end - t)
+    d = m.train("actor")
+    t = _parallel(sink, m, "actor", "train", end + m.calib.call_s, d)
+    sink.stage("train", d + m.calib.call_s)
+    s = m.sync()
+    t = _parallel(sink, m, "actor", "sync", t, s)
+    sink.stage("sync", s)
+    return t + m.calib.call_s + m.calib.overhead_s
+
+
+def simulate(
+    m: StepModel, steps: int, schedule: str, staleness: int = 0, policy: str = "finish"
+) -> Sink:
+    """Run ``steps`` steps of a schedule.
+
+    Args:
+        m: the step model.
+        steps: steps to simulate.
+        schedule: ``fused``, ``turns``, ``pipelined`` or ``embodied``.
+        staleness: ``k`` of the pipelined schedule.
+        policy: ``trainer.partial_rollout`` of the pipelined schedule.
+
+    Returns:
+        The sink: spans, step starts, per-step stage times and tokens. The end of the last step
+        is appended to ``step_starts``.
+    """
+    sink = Sink()
+    t = 0.0
+    if schedule == "pipelined":
+        pipe = Pipeline(m, max(staleness, 1), policy, sink)
+        for s in range(steps):
+            t = pipe.step(s, t, steps)
+        pipe.close()
+    else:
+        fn = {"fused": fused_step, "turns": turn_step, "embodied": embodied_step}[schedule]
+        for s in range(steps):
+            t = fn(m, s, t, sink)
+    sink.step_starts.append(t)
+    return sink
+
+
+def schedule_of(run: Any, fused: bool) -> tuple[str, int, str]:
+    """``(schedule, staleness, policy)`` the run's layout calls for (as
+    :func:`rltrain.runners.schedules.schedule_for` decides)."""
+    if run.runner == "embodied":
+        return "embodied", 0, "finish"
+    if fused:
+        return "fused", 0, "finish"
+    k = int(run.trainer.max_staleness)
+    if k > 0:
+        return "pipelined", k, str(run.trainer.partial_rollout)
+    return "turns", 0, "finish"
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``xs`` by linear interpolation."""
+    s = sorted(xs)
+    if not s:
+        return math.nan
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)

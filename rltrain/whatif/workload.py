@@ -1,0 +1,287 @@
+"""What one step asks of each process: the plan and the config turned into stage durations.
+
+:class:`StepModel` answers, for one step, how long each process's part takes on the chosen
+hardware: a rollout rank's generation (its requests' lengths drawn from the length model), the
+reward, log-prob passes, an actor rank's update, the weight sync, offload and reload. On a
+simulated device a stage's device time is its ``simulate.*`` latency (as the workers sleep it)
+plus the host work the calibration measured; on a catalogue device it is the roofline's
+(:mod:`rltrain.whatif.roofline`). The schedules (:mod:`rltrain.whatif.events`) order the parts.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltrain.config.offload import resolve_offload
+from rltrain.placement import memory as mem
+from rltrain.telemetry.trace import device_label
+from rltrain.whatif import lengths as lengths_mod
+from rltrain.whatif.calibrate import DEFAULT, Calibration
+from rltrain.whatif.hardware import SIM, Device, Link, link
+from rltrain.whatif.roofline import (
+    ModelCost,
+    forward_seconds,
+    generate_seconds,
+    train_seconds,
+)
+
+#: A rule reward's host time per scored response on a real cluster (string matching).
+RULE_REWARD_S_PER_ROW = 2e-4
+#: An embodied policy (a small MLP) per inference call on a real device: launch-bound.
+POLICY_CALL_S = 3e-4
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One planned process: component, rank, device lanes (empty: a node-only process)."""
+
+    component: str
+    rank: int
+    devices: tuple[str, ...]
+    node: int
+
+    @property
+    def lane(self) -> str:
+        return f"{self.component}[{self.rank}]"
+
+
+@dataclass
+class StepModel:
+    """Stage durations of one step on one hardware (see the module docstring).
+
+    Attributes:
+        run: the run config.
+        procs: component -> its processes in rank order.
+        device: the hardware (``SIM`` for simulated devices).
+        inter: the link between nodes.
+        calib: rltrain's runtime terms.
+        fused: actor, rollout and reward in one process per device.
+        lengths: the response-length model.
+        kv_tokens: KV-cache tokens one rollout process holds (from the plan).
+        shares: actor and rollout share devices (they take turns).
+        exact_ranks: simulate the decoding of only this many ranks per step (the ones holding
+            the longest and the most tokens); the others take the shortest of those. None:
+            every rank. A ranking needs only the slowest rank's time.
+    """
+
+    run: Any
+    procs: Mapping[str, tuple[Proc, ...]]
+    device: Device
+    inter: Link
+    calib: Calibration = DEFAULT
+    fused: bool = False
+    lengths: Any = None
+    kv_tokens: int = 0
+    shares: bool = False
+    exact_ranks: int | None = None
+    cost: ModelCost = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.dims = mem.model_dims(self.run.model)
+        self.cost = ModelCost.of(self.dims)
+        if self.lengths is None:
+            self.lengths = lengths_mod.from_config(self.run)
+        self.sim = self.device.simulated
+        r = self.run
+        self.rows = r.trainer.train_batch_size * r.rollout.n_samples_per_prompt
+        self.prompt = int(r.task.max_prompt_length) if not self.sim else 0
+        self.tp = max(int(r.rollout.tensor_parallel_size), 1)
+
+    # --------------------------------------------------------------------------- sizes
+    def world(self, component: str) -> int:
+        return len(self.procs.get(component, ()))
+
+    def rows_per(self, component: str) -> int:
+        return math.ceil(self.rows / max(self.world(component), 1))
+
+    def concurrency(self) -> int:
+        """Sequences one rollout engine decodes at once: its KV cache over one sequence."""
+        if self.kv_tokens <= 0:
+            return self.rows_per("rollout")
+        seq = self.prompt + self.lengths.mean()
+        return max(1, int(self.kv_tokens // max(seq, 1)))
+
+    def tokens(self) -> float:
+        """Tokens of a step's batch (prompts and responses)."""
+        return self.rows * (self.prompt + self.lengths.mean())
+
+    # --------------------------------------------------------------------------- stages
+    def generate_all(self, step: int, world: int) -> list[tuple[float, int, int]]:
+        """Every rollout rank's generate call of ``step`` (see :meth:`generate`)."""
+        if self.exact_ranks is None or world <= self.exact_ranks or self.sim:
+            return [self.generate(step, r, world) for r in range(world)]
+        drawn = [self._lengths(step, r, world) for r in range(world)]
+        k = max(self.exact_ranks // 2, 1)
+        by_max = sorted(range(world), key=lambda r: -max(drawn[r], default=0))[:k]
+        by_sum = sorted(range(world), key=lambda r: -sum(drawn[r]))[:k]
+        exact = {r: self._generate(drawn[r], world) for r in {*by_max, *by_sum}}
+        floor = min(exact.values())
+        return [exact.get(r, (floor[0], sum(drawn[r]), floor[2])) for r in range(world)]
+
+    def _lengths(self, step: int, rank: int, world: int) -> list[int]:
+        rng = random.Random((self.run.seed * 1_000_003 + step) * 65_537 + rank)
+        return self.lengths.sample(rng, math.ceil(self.rows / max(world, 1)))
+
+    def generate(self, step: int, rank: int, world: int) -> tuple[float, int, int]:
+        """A rollout rank's generate call: ``(seconds, response tokens, decoding steps)``.
+
+        Lengths are drawn per (step, rank) as the worker seeds its sampling, so a restarted
+        generation of the same step draws the same lengths.
+        """
+        return self._generate(self._lengths(step, rank, world), world)
+
+    def _generate(self, lens: list[int], world: int) -> tuple[float, int, int]:
+        sim = self.run.simulate
+        if self.sim:
+            steps = max(lens) if lens else 0
+            s = (sim.rollout_latency_ms + sim.rollout_token_latency_ms * steps) / 1000
+            return s + self.calib.generate_extra(world), sum(lens), steps
+        s, steps = generate_seconds(
+            self.device, self.cost, self.prompt, lens, self.concurrency(), self.tp
+        )
+        return s, sum(lens), steps
+
+    def reward(self) -> float:
+        """Scoring a step's batch (rule reward; a reward model as a log-prob pass)."""
+        if self.run.reward.kind == "model" and not self.sim:
+            world = max(self.world("reward"), 1)
+            return forward_seconds(self.device, self.cost, self.tokens() / world, self._u())
+        if self.sim:
+            return self.calib.reward_s
+        return RULE_REWARD_S_PER_ROW * self.rows / max(self.world("reward"), 1)
+
+    def logprob(self, component: str) -> float:
+        """A reference or inference rank's log-prob pass over its share of the batch."""
+        world = max(self.world(component), 1)
+        if self.sim:
+            return self.calib.call_s + self.calib.generate_extra(world) / 2
+        return forward_seconds(self.device, self.cost, self.tokens() / world, self._u())
+
+    def train(self, component: str = "actor") -> float:
+        """An actor (or critic) rank's update on its share of the batch."""
+        world = max(self.world(component), 1)
+        epochs = int(self.run.algorithm.ppo_epochs)
+        if self.sim:
+            knob = self.run.simulate.actor_latency_ms / 1000 if component == "actor" else 0.0
+            return knob + self.calib.train_extra(world)
+        dp_link = self._dp_link(component)
+        return train_seconds(
+            self.device, self.cost, self.tokens() / world, self._u(), world, dp_link, epochs
+        )
+
+    def sync(self) -> float:
+        """New weights from the actor to the rollout (the plan's transport)."""
+        if self.fused:
+            return 0.0
+        nbytes = self.cost.weight_bytes
+        if self.sim:
+            return self.calib.sync_s + HOST_SECONDS(nbytes)
+        actor_nodes = {p.node for p in self.procs.get("actor", ())}
+        roll_nodes = {p.node for p in self.procs.get("rollout", ())}
+        if self.shares:  # CUDA IPC on shared devices: a device-local copy
+            return nbytes / (self.device.bandwidth * 0.8)
+        lk = (
+            self.device.intra if actor_nodes == roll_nodes and len(actor_nodes) == 1 else self.inter
+        )
+        return lk.seconds(nbytes, hops=max(1, math.ceil(math.log2(max(self.world("rollout"), 2)))))
+
+    def moves(self) -> tuple[float, float]:
+        """``(offload, reload)`` seconds per step where components take turns on devices."""
+        if not self.shares or self.fused:
+            return 0.0, 0.0
+        run = self.run
+        policies = run.placement.offload or {}
+        total = 0.0
+        for comp in ("actor", "rollout"):
+            pol = resolve_offload(policies.get(comp), f"placement.offload.{comp}")
+            if not pol.enabled:
+                continue
+            nbytes = self._state_bytes(comp, pol.states)
+            lk = self.device.host
+            total += lk.seconds(nbytes)
+        return total / 2, total / 2
+
+    def _state_bytes(self, comp: str, states: Any) -> int:
+        n, dt = self.cost.params, self.dims.dtype
+        sizes = {
+            "weights": mem.weight_bytes(n, dt),
+            "grads": mem.grad_bytes(n, dt) if comp == "actor" else 0,
+            "optimizer": mem.optimizer_bytes(n, dt) if comp == "actor" else 0,
+            "kv_cache": 0,
+        }
+        return sum(sizes.get(s, 0) for s in states)
+
+    def _u(self) -> float:
+        w = getattr(self.run, "whatif", None)
+        return float(getattr(w, "train_utilization", 0.4) if w is not None else 0.4)
+
+    def _dp_link(self, component: str) -> Link:
+        nodes = {p.node for p in self.procs.get(component, ())}
+        return self.device.intra if len(nodes) <= 1 else self.inter
+
+    # --------------------------------------------------------------------------- embodied
+    def env_item(self, m: float) -> float:
+        """An env process stepping one pipeline stage of ``m`` environments once."""
+        sim = self.run.simulate
+        knob = m * (sim.env_step_latency_ms + sim.env_step_jitter_ms / 2) / 1000
+        return knob + self.calib.env_item_s + self.calib.env_per_env_s * m
+
+    def infer_item(self, m: float) -> float:
+        """A rollout rank inferring the actions of one stage's ``m`` observations."""
+        sim = self.run.simulate
+        if self.sim:
+            knob = m * (sim.env_policy_latency_ms + sim.env_policy_jitter_ms / 2) / 1000
+            return knob + self.calib.infer_item_s + self.calib.infer_per_env_s * m
+        return POLICY_CALL_S + forward_seconds(self.device, self.cost, m, self._u())
+
+
+def HOST_SECONDS(nbytes: float) -> float:  # noqa: N802 - a constant-like helper
+    """Seconds to move ``nbytes`` through the host (object store) on simulated devices."""
+    return SIM.host.seconds(nbytes, hops=0)
+
+
+def procs_of(plan: Any) -> dict[str, tuple[Proc, ...]]:
+    """component -> its processes, from a :class:`~rltrain.placement.plan.Plan`."""
+    out: dict[str, tuple[Proc, ...]] = {}
+    for comp in plan.components:
+        out[comp] = tuple(
+            Proc(
+                comp,
+                p.rank,
+                tuple(device_label(p.node_rank, d) for d in p.devices),
+                p.node_rank,
+            )
+            for p in plan.by_component[comp]
+        )
+    return out
+
+
+def kv_tokens(plan: Any, run: Any) -> int:
+    """KV-cache tokens one rollout process holds, from the plan's memory prediction."""
+    rollout = plan.by_component.get("rollout", ())
+    if not rollout:
+        return 0
+    p = rollout[0]
+    if not p.devices:
+        return 0
+    dm = plan.memory[(p.node_rank, p.devices[0])]
+    kv = 0
+    for stage in dm.stages:
+        if stage.stage == "generate":
+            kv = sum(
+                t.bytes for t in stage.terms if t.component == "rollout" and t.kind == "kv_cache"
+            )
+    per_token = mem.kv_bytes_per_token(mem.model_dims(run.model))
+    return int(kv * len(p.devices) // max(per_token, 1))
+
+
+def inter_link(run: Any, device: Device) -> Link:
+    """``whatif.link``, else InfiniBand for catalogue hardware, host memory when simulated."""
+    if device.simulated:
+        return device.intra
+    name = getattr(getattr(run, "whatif", None), "link", None) or "infiniband"
+    return link(name)
