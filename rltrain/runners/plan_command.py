@@ -48,8 +48,11 @@ def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Pl
     plan = build_plan(run, cluster, check_fit=False)
     _print(plan, max_rows)
     print(fusion_line(run, plan))
+    from rltrain.whatif.report import plan_prediction  # the step simulator (docs/whatif.md)
+
+    data = {**plan.to_dict(), **plan_prediction(run, plan, out_dir, _fusable)}
     with open(os.path.join(out_dir, "plan.json"), "w") as f:
-        json.dump(plan.to_dict(), f, indent=1)
+        json.dump(data, f, indent=1)
     with open(os.path.join(out_dir, "plan.svg"), "w") as f:
         f.write(svg(plan))
     print(f"wrote {os.path.join(out_dir, 'plan.json')} and plan.svg")
@@ -59,6 +62,14 @@ def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Pl
     if layout.resume_note:
         print(layout.resume_note)
     return plan
+
+
+def _fusable(run: Any, plan: Plan) -> bool:
+    """Whether the run's actor, rollout and reward run fused on this plan."""
+    from rltrain.runners.fusion import fusion_blockers
+
+    fuse = str(run.placement.fuse).lower()
+    return run.runner == "reasoning" and fuse != "false" and not fusion_blockers(run, plan)
 
 
 def fusion_line(run: Any, plan: Plan) -> str:

@@ -146,15 +146,31 @@ def render(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     lanes = layout(doc, processes)
     if not lanes:
         raise ConfigError("the trace has no spans and names no devices: nothing to draw")
-    window = max((b.start_s + b.dur_s for lane in lanes for b in lane.blocks), default=1.0) or 1.0
-    components = sorted({b.component for lane in lanes for b in lane.blocks})
     rows = sum(lane.tracks for lane in lanes)
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.45 * rows), dpi=100)
+    _draw_lanes(ax, lanes, None)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _draw_lanes(ax: Any, lanes: Sequence[Lane], window: float | None) -> float:
+    """Draw lanes on one axis (blocks, labels, busy shares, legend); returns the window."""
+    from matplotlib.patches import Patch
+
+    if window is None:
+        window = max((b.start_s + b.dur_s for ln in lanes for b in ln.blocks), default=1.0) or 1.0
+    components = sorted({b.component for lane in lanes for b in lane.blocks})
+    rows = sum(lane.tracks for lane in lanes)
     y, ticks, labels = 0.0, [], []
     for i, lane in enumerate(lanes):
         if i and lane.kind != lanes[i - 1].kind:  # a rule between device and process lanes
@@ -190,14 +206,7 @@ def render(
         fontsize=8,
         frameon=False,
     )
-    if title:
-        ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return window
 
 
 def _draw_block(
@@ -223,6 +232,91 @@ def _draw_block(
         )
 
 
+#: Driver spans that open a step (synchronous, asynchronous and fused steps).
+STEP_SPANS = ("generate", "generate_wait", "step")
+
+
+def step_starts(doc: Mapping[str, Any]) -> list[float]:
+    """Start times (s) of the driver's per-step spans, in order."""
+    return sorted(
+        i.start_us / 1e6
+        for i in intervals(doc)
+        if i.lane_kind == "process" and i.component == "driver" and i.name in STEP_SPANS
+    )
+
+
+def compare(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> str:
+    """Measured against predicted: the step period (median, the first step left out) and each
+    device's idle share over the steps after the first, as a text table."""
+    rows = []
+    shares = []
+    for doc in (measured, predicted):
+        starts = step_starts(doc)
+        gaps = [b - a for a, b in zip(starts[1:], starts[2:], strict=False)]
+        period = sorted(gaps)[len(gaps) // 2] if gaps else None
+        window = (starts[1] * 1e6, starts[-1] * 1e6) if len(starts) > 2 else None
+        summary = summarize(doc, trace_devices(doc), window_us=window)
+        shares.append({d: 1 - r["busy_fraction"] for d, r in summary["devices"].items()})
+        rows.append(period)
+    m, p = rows
+    head = "predicted vs measured (steps after the first)"
+    lines = [head, f"{'':<16} {'measured':>10} {'predicted':>10} {'error':>8}"]
+    if m and p:
+        lines.append(f"{'s/step':<16} {m:>10.4f} {p:>10.4f} {100 * (p - m) / m:>+7.1f}%")
+    for d in sorted(set(shares[0]) | set(shares[1]), key=lane_sort_key):
+        a, b = shares[0].get(d), shares[1].get(d)
+        fa = "-" if a is None else f"{100 * a:.1f}%"
+        fb = "-" if b is None else f"{100 * b:.1f}%"
+        diff = "" if a is None or b is None else f"{100 * (b - a):+.1f} pt"
+        lines.append(f"{'idle ' + d:<16} {fa:>10} {fb:>10} {diff:>8}")
+    return "\n".join(lines)
+
+
+def render_pair(
+    measured: Mapping[str, Any],
+    predicted: Mapping[str, Any],
+    out: str | Path,
+    processes: str = "deviceless",
+    title: str = "",
+) -> Path:
+    """Draw a measured and a predicted timeline one above the other, on one time scale.
+
+    Returns:
+        The path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lanes = [layout(measured, processes), layout(predicted, processes)]
+    windows = [
+        max((b.start_s + b.dur_s for ln in ls for b in ln.blocks), default=1.0) for ls in lanes
+    ]
+    window = max(windows) or 1.0
+    heights = [1.5 + 0.45 * sum(ln.tracks for ln in ls) for ls in lanes]
+    fig, axes = plt.subplots(
+        2, 1, figsize=(12, sum(heights)), dpi=100, gridspec_kw={"height_ratios": heights}
+    )
+    for ax, ls, name in zip(axes, lanes, ("measured", "predicted (rltrain.whatif)"), strict=True):
+        _draw_lanes(ax, ls, window)
+        ax.set_title(f"{name}{': ' + title if title and name == 'measured' else ''}", fontsize=10)
+    fig.tight_layout()
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _predicted_doc(path: str) -> dict[str, Any]:
+    """A predicted trace: a plan directory's ``plan_trace.json`` or a trace file."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "plan_trace.json"
+    return load_trace(p)
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m rltrain trace") -> int:
     """Render a run's trace to PNG and print its utilization table.
 
@@ -242,9 +336,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain trace") -
         default="deviceless",
         help="process lanes to draw after the devices (default: deviceless)",
     )
+    parser.add_argument(
+        "--predicted",
+        metavar="PLAN",
+        help="also draw the prediction of this run (a mode=plan directory holding "
+        "plan_trace.json, or a predicted trace file) under the measured timeline, and print "
+        "the step and each device's idle share side by side",
+    )
     args = parser.parse_args(argv)
     try:
         doc = load_trace(args.run)
+        predicted = _predicted_doc(args.predicted) if args.predicted else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -252,7 +354,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain trace") -
     out = Path(args.out) if args.out else (run if run.is_dir() else run.parent) / TRACE_PNG
     print(format_table(summarize(doc, trace_devices(doc)), processes=True))
     try:
-        path = render(doc, out, args.processes, title=str(run))
+        if predicted is not None:
+            print(compare(doc, predicted))
+            path = render_pair(doc, predicted, out, args.processes, title=str(run))
+        else:
+            path = render(doc, out, args.processes, title=str(run))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from rltrain.telemetry import trace
 from rltrain.workers.actor import ActorWorker
 from rltrain.workers.common import TrainResult, sample_prompts
 from rltrain.workers.reward import RuleReward, Scores
+from rltrain.workers.rollout import modelled_generate_s
 
 
 class FusedWorker(ActorWorker):
@@ -55,8 +56,9 @@ class FusedWorker(ActorWorker):
             batch = sample_prompts(
                 self, prompts, step, eos_ids=self.eos_ids, with_logprobs=True
             ).to("cpu")
-            if self.run.simulate.rollout_latency_ms:  # a slower device (simulate.*)
-                time.sleep(self.run.simulate.rollout_latency_ms / 1000)
+            wait = modelled_generate_s(self.run.simulate, batch)  # a slower device
+            if wait:
+                time.sleep(wait)
         times["generate"], t = time.perf_counter() - t, time.perf_counter()
         with trace.span("reward", "reward", self.device_labels):
             scores = self.rule.scores(batch)

@@ -115,8 +115,9 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                         _cancelled,
                     )
                 )
-                if self.run.simulate.rollout_latency_ms:  # a slower device (simulate.*)
-                    _sleep_unless_cancelled(self.run.simulate.rollout_latency_ms / 1000)
+                wait = modelled_generate_s(self.run.simulate, batch)  # a slower device
+                if wait:
+                    _sleep_unless_cancelled(wait)
             except GenerationStopped:
                 return None  # nobody reads a cancelled call's result
             return batch
@@ -142,6 +143,16 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         if self.engine.walk_sees_state:
             return super().memory_report()
         return self.memory_report_beside(self.engine, "generation engine", "vLLM's allocator")
+
+
+def modelled_generate_s(sim: Any, batch: Any) -> float:
+    """``simulate.*``'s device time of a generate call: ``rollout_latency_ms`` plus
+    ``rollout_token_latency_ms`` per decoding step (the batch's longest response)."""
+    seconds = sim.rollout_latency_ms / 1000
+    if sim.rollout_token_latency_ms and batch is not None:
+        steps = int(batch.response_mask.sum(dim=1).max()) if len(batch.response_mask) else 0
+        seconds += sim.rollout_token_latency_ms * steps / 1000
+    return seconds
 
 
 def _cancelled() -> bool:
