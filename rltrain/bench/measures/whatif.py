@@ -1,0 +1,454 @@
+"""The what-if simulator against real runs, its speed, and published figures of other frameworks.
+
+**Fidelity.** Each scenario is a real short run on simulated devices whose device time is
+modelled (``simulate.rollout_latency_ms`` per generate call, ``simulate.rollout_token_latency_ms``
+per decoding step, ``simulate.actor_latency_ms`` per update, ``simulate.env_*_ms`` per
+environment), so that on a 2-core machine the modelled time dominates the CPU work. The run's
+step period (median over the steps after the first) and each device's idle share (its timeline
+over those steps) are read back and compared with :func:`rltrain.whatif.predict.predict` on the
+same config. Scenarios span fused, taking-turns, disaggregated and hybrid layouts, synchronous
+and asynchronous (``max_staleness`` 1 and 2, ``partial_rollout`` finish and restart), response
+lengths (the token latency with 4 and 16 new tokens), 2, 4 and 8 simulated devices
+(``cluster.devices_per_node``: more devices than cores), and embodied pipelines (1, 2, 4 stages).
+Scenarios of one workload in several layouts form a *group*: the simulator's top pick there is
+compared with the measured best. Goals: step-time median error <= 5 %, p90 <= 10 %, idle shares
+within +-0.05, top pick within 3 % of the best in >= 90 % of groups.
+
+**Speed.** 100 steps of a 1,024-device cluster (128 nodes x 8 H100, Qwen2-0.5B shape, collocated)
+and a full ranking of the candidates of 64 devices, wall and CPU seconds.
+
+**On paper.** Published step times of other frameworks, predicted from their stated setups
+(:data:`PAPERS`): the ratio each paper reports against the simulator's.
+
+``--quick`` (CI) runs three short scenarios and the pure parts; the full run takes about half an
+hour on the 2-core VM (worker start-up dominates).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltrain.bench.harness import Case, Suite, measure
+
+#: The batch of the latency-knob scenarios: compute is a few ms next to the knobs.
+SMALL = ("trainer.train_batch_size=2", "rollout.n_samples_per_prompt=2")
+#: A generation-heavy and a training-heavy workload (ms per generate call, per update).
+GEN_HEAVY = ("simulate.rollout_latency_ms=600", "simulate.actor_latency_ms=200")
+TRAIN_HEAVY = ("simulate.rollout_latency_ms=250", "simulate.actor_latency_ms=500")
+#: Response lengths cost device time: 40 ms per decoding step.
+TOKENS = (
+    "simulate.rollout_latency_ms=200",
+    "simulate.actor_latency_ms=200",
+    "simulate.rollout_token_latency_ms=40",
+)
+COLLOC = ("placement=collocated",)
+TURNS = ("placement=collocated", "placement.fuse=false")
+SPLIT = ("placement=disaggregated",)
+HYBRID = ("placement=hybrid",)
+EMB = (
+    "env.num_envs=16",
+    "env.rollout_steps=6",
+    "simulate.env_step_latency_ms=15",
+    "simulate.env_policy_latency_ms=15",
+    "algorithm.ppo_epochs=1",
+    "algorithm.num_minibatches=1",
+)
+
+
+def _split(devices: int, rollout: int) -> tuple[str, ...]:
+    actor = f"0-{devices - rollout - 1}" if devices - rollout > 1 else "0"
+    roll = f"{devices - rollout}-{devices - 1}" if rollout > 1 else f"{devices - 1}"
+    return (
+        "placement=disaggregated",
+        f"placement.component_placement.actor='{actor}'",
+        f"placement.component_placement.rollout='{roll}'",
+        f"cluster.devices_per_node={devices}",
+    )
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One real run: its group (one workload), a name and the overrides."""
+
+    group: str
+    name: str
+    overrides: tuple[str, ...]
+    steps: int = 6
+
+
+def _reasoning() -> list[Scenario]:
+    out = []
+    for g, work in (("gen-heavy", GEN_HEAVY), ("train-heavy", TRAIN_HEAVY)):
+        base = (*work, *SMALL, "rollout.max_new_tokens=1")
+        out += [
+            Scenario(g, "fused", (*base, *COLLOC)),
+            Scenario(g, "turns", (*base, *TURNS)),
+            Scenario(g, "split", (*base, *SPLIT)),
+            Scenario(g, "hybrid", (*base, *HYBRID)),
+            Scenario(g, "split async1 finish", (*base, *SPLIT, "trainer.max_staleness=1")),
+            Scenario(
+                g,
+                "split async1 restart",
+                (*base, *SPLIT, "trainer.max_staleness=1", "trainer.partial_rollout=restart"),
+            ),
+            Scenario(g, "split async2 finish", (*base, *SPLIT, "trainer.max_staleness=2")),
+        ]
+    for tokens in (4, 16):
+        g = f"lengths-{tokens}"
+        base = (*TOKENS, *SMALL, f"rollout.max_new_tokens={tokens}")
+        out += [
+            Scenario(g, "fused", (*base, *COLLOC)),
+            Scenario(g, "split", (*base, *SPLIT)),
+            Scenario(g, "split async1 finish", (*base, *SPLIT, "trainer.max_staleness=1")),
+        ]
+    for devices in (4, 8):
+        g = f"devices-{devices}"
+        base = (
+            *GEN_HEAVY,
+            f"trainer.train_batch_size={3 * devices}",
+            "rollout.n_samples_per_prompt=2",
+            "rollout.max_new_tokens=1",
+        )
+        out += [
+            Scenario(g, "fused", (*base, *COLLOC, f"cluster.devices_per_node={devices}")),
+            Scenario(
+                g, f"split {devices // 2}+{devices // 2}", (*base, *_split(devices, devices // 2))
+            ),
+            Scenario(
+                g,
+                f"split {devices - devices // 4}+{devices // 4} async1",
+                (*base, *_split(devices, devices // 4), "trainer.max_staleness=1"),
+            ),
+        ]
+    return out
+
+
+def _embodied() -> list[Scenario]:
+    out = []
+    for stages in (1, 2, 4):
+        out.append(
+            Scenario(
+                "embodied",
+                f"collocated S={stages}",
+                ("experiment=cartpole_collocated", *EMB, f"env.pipeline_stage_num={stages}"),
+                steps=4,
+            )
+        )
+    out.append(
+        Scenario(
+            "embodied",
+            "disaggregated S=4",
+            ("experiment=cartpole_disaggregated", *EMB, "env.pipeline_stage_num=4"),
+            steps=4,
+        )
+    )
+    return out
+
+
+SCENARIOS: tuple[Scenario, ...] = (*_reasoning(), *_embodied())
+QUICK: tuple[Scenario, ...] = (
+    Scenario("quick", "fused", (*GEN_HEAVY, *SMALL, "rollout.max_new_tokens=1", *COLLOC), 4),
+    Scenario(
+        "quick",
+        "split async1 restart",
+        (
+            *GEN_HEAVY,
+            *SMALL,
+            "rollout.max_new_tokens=1",
+            *SPLIT,
+            "trainer.max_staleness=1",
+            "trainer.partial_rollout=restart",
+        ),
+        4,
+    ),
+    Scenario(
+        "quick-embodied",
+        "collocated S=2",
+        ("experiment=cartpole_collocated", *EMB, "env.pipeline_stage_num=2"),
+        3,
+    ),
+)
+#: Selects a subset of the full scenarios (comma-separated groups).
+GROUPS_ENV = "RLTRAIN_BENCH_WHATIF_GROUPS"
+
+
+@dataclass
+class Outcome:
+    """One scenario measured and predicted."""
+
+    scenario: Scenario
+    measured_s: float | None = None
+    predicted_s: float | None = None
+    idle_measured: dict[str, float] = field(default_factory=dict)
+    idle_predicted: dict[str, float] = field(default_factory=dict)
+    stages_measured: list[str] = field(default_factory=list)
+    stages_predicted: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> float | None:
+        if not self.measured_s or self.predicted_s is None:
+            return None
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def idle_error(self) -> float:
+        keys = set(self.idle_measured) & set(self.idle_predicted)
+        return max((abs(self.idle_measured[k] - self.idle_predicted[k]) for k in keys), default=0)
+
+
+def devices_of(s: Scenario) -> int:
+    """Simulated devices a scenario's cluster declares (``cluster.devices_per_node``)."""
+    for o in s.overrides:
+        if o.startswith("cluster.devices_per_node="):
+            return int(o.split("=", 1)[1])
+    return 2
+
+
+def read_measured(doc: Any) -> tuple[float | None, dict[str, float], list[str]]:
+    """A real run's step period (median after the first step), idle shares over those steps,
+    and its device stages in order of first appearance."""
+    from rltrain.telemetry.draw import step_starts
+    from rltrain.telemetry.timeline import summarize, trace_devices
+
+    starts = step_starts(doc)
+    gaps = [b - a for a, b in zip(starts[1:], starts[2:], strict=False)]
+    period = statistics.median(gaps) if gaps else None
+    window = (starts[1] * 1e6, starts[-1] * 1e6) if len(starts) > 2 else None
+    summary = summarize(doc, trace_devices(doc), window_us=window)
+    idle = {d: 1 - r["busy_fraction"] for d, r in summary["devices"].items()}
+    return period, idle, stage_order(doc)
+
+
+def stage_order(doc: Any) -> list[str]:
+    """The device stages of the steps after the first, in order of first appearance."""
+    from rltrain.telemetry.draw import step_starts
+    from rltrain.telemetry.timeline import intervals
+
+    starts = step_starts(doc)
+    lo = starts[1] * 1e6 if len(starts) > 2 else float("-inf")
+    hi = starts[-1] * 1e6 if len(starts) > 2 else float("inf")
+    order: list[str] = []
+    for i in sorted(intervals(doc), key=lambda i: (i.start_us, i.name)):
+        if i.lane_kind == "device" and lo <= i.start_us < hi and i.name not in order:
+            order.append(i.name)
+    return order
+
+
+def predicted(run: Any) -> tuple[Any, list[str]]:
+    """The simulator's prediction of a run (and its device stages in order)."""
+    from rltrain.placement.plan import build_plan
+    from rltrain.placement.types import ClusterSpec
+    from rltrain.runners.fusion import fusion_blockers
+    from rltrain.whatif.predict import predict
+    from rltrain.whatif.report import calibration
+
+    plan = build_plan(run, ClusterSpec.from_config(run.cluster), check_fit=False)
+    fuse = str(run.placement.fuse).lower()
+    fused = run.runner == "reasoning" and fuse != "false" and not fusion_blockers(run, plan)
+    p = predict(run, plan, fused=fused, calibration=calibration(run), steps=12)
+    return p, stage_order(p.trace)
+
+
+def run_scenario(s: Scenario, work: str) -> Outcome:
+    """Run one scenario for real and predict it."""
+    from rltrain.autoplace.profile import _entry
+    from rltrain.bench.measures.trainer import compose
+    from rltrain.telemetry.timeline import load_trace
+
+    name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in f"{s.group}-{s.name}")
+    out_dir = os.path.join(work, name)
+    run = compose(
+        "logging.progress=false",
+        "logging.trace=true",
+        "trainer.eval_every=0",
+        "trainer.save_every=0",
+        f"trainer.total_steps={s.steps}",
+        f"trainer.checkpoint_dir={out_dir}/ckpt",
+        *s.overrides,
+    )
+    if run.runner == "embodied":
+        import dataclasses
+
+        run = dataclasses.replace(
+            run, env=dataclasses.replace(run.env, target_return=None, eval_episodes=1)
+        )
+    o = Outcome(s)
+    p, o.stages_predicted = predicted(run)
+    o.predicted_s, o.idle_predicted = p.step_s, p.idle_share
+    _entry(run.runner)(run, out_dir)
+    o.measured_s, o.idle_measured, o.stages_measured = read_measured(load_trace(out_dir))
+    return o
+
+
+def figures(outcomes: Sequence[Outcome]) -> dict[str, float]:
+    """Median and p90 |error|, worst idle-share error, top-pick agreement over groups."""
+    from rltrain.whatif.events import percentile
+
+    errs = [abs(o.error) for o in outcomes if o.error is not None]
+    f: dict[str, float] = {"runs": float(len(errs))}
+    if errs:
+        f["median_abs_error_pct"] = 100 * statistics.median(errs)
+        f["p90_abs_error_pct"] = 100 * percentile(errs, 0.9)
+        f["max_idle_share_error"] = max(o.idle_error for o in outcomes)
+        f["idle_within_0.05_share"] = sum(o.idle_error <= 0.05 for o in outcomes) / len(outcomes)
+    groups: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        if o.measured_s and o.predicted_s is not None:
+            groups.setdefault(o.scenario.group, []).append(o)
+    picks = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        pick = min(members, key=lambda o: o.predicted_s)
+        best = min(o.measured_s for o in members)
+        picks.append(pick.measured_s <= 1.03 * best)
+    if picks:
+        f["groups"] = float(len(picks))
+        f["top_pick_within_3pct_share"] = sum(picks) / len(picks)
+    return f
+
+
+def speed() -> dict[str, float]:
+    """Simulating 100 steps of 1,024 H100s; a full ranking of 64 devices' candidates."""
+    import dataclasses
+
+    from rltrain.bench.measures.trainer import compose
+    from rltrain.placement.plan import build_plan
+    from rltrain.placement.types import ClusterSpec
+    from rltrain.whatif.predict import predict
+    from rltrain.whatif.report import rank
+
+    big = compose(
+        "cluster=ray",
+        "cluster.num_nodes=128",
+        "model=qwen2_0_5b",
+        "whatif.hardware=h100",
+        "whatif.response_length=lognormal",
+        "trainer.train_batch_size=1024",
+        "task.max_prompt_length=256",
+        "rollout.max_new_tokens=2048",
+        "actor.micro_batch_size=4",
+        "actor.gradient_checkpointing=true",
+    )
+    plan = build_plan(big, ClusterSpec.from_config(big.cluster), check_fit=False)
+    w0, c0 = time.perf_counter(), time.process_time()
+    predict(big, plan, steps=100, with_trace=False)
+    out = {
+        "sim_1024dev_100steps_wall_s": time.perf_counter() - w0,
+        "sim_1024dev_100steps_cpu_s": time.process_time() - c0,
+    }
+    mid = dataclasses.replace(big, cluster=dataclasses.replace(big.cluster, num_nodes=8))
+    w0, c0 = time.perf_counter(), time.process_time()
+    rows = rank(
+        mid,
+        ClusterSpec.from_config(mid.cluster),
+        lambda r, p: True,
+        __import__("rltrain.whatif.calibrate", fromlist=["DEFAULT"]).DEFAULT,
+    )
+    out.update(
+        rank_64dev_wall_s=time.perf_counter() - w0,
+        rank_64dev_cpu_s=time.process_time() - c0,
+        rank_64dev_candidates=len(rows),
+    )
+    return out
+
+
+def papers() -> dict[str, float]:
+    """Each published figure and the simulator's, as ``paper/<name>/{published,predicted}``."""
+    from rltrain.whatif.papers import FIGURES, reproduce
+
+    out: dict[str, float] = {}
+    for p in FIGURES:
+        got = reproduce(p)
+        out[f"paper/{p.name}/published"] = p.published
+        out[f"paper/{p.name}/predicted"] = got
+        out[f"paper/{p.name}/error_pct"] = 100 * (got - p.published) / p.published
+    return out
+
+
+def table(outcomes: Sequence[Outcome]) -> str:
+    lines = [
+        "| group | scenario | measured s/step | predicted | error | max idle error | "
+        "same stages in order |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        m = "-" if o.measured_s is None else f"{o.measured_s:.3f}"
+        e = "-" if o.error is None else f"{100 * o.error:+.1f} %"
+        same = o.stages_measured == o.stages_predicted
+        lines.append(
+            f"| {o.scenario.group} | {o.scenario.name} | {m} | {o.predicted_s:.3f} | "
+            f"{e} | {o.idle_error:.3f} | {same} |"
+        )
+    return "\n".join(lines)
+
+
+@measure(
+    "whatif",
+    "the what-if simulator against real runs (step and idle share per device), its "
+    "speed, and published figures of other frameworks predicted from their setups",
+)
+def whatif(quick: bool) -> Suite:
+    if quick:
+        chosen = list(QUICK)
+    else:
+        wanted = [g for g in os.environ.get(GROUPS_ENV, "").split(",") if g]
+        chosen = [s for s in SCENARIOS if not wanted or s.group in wanted]
+    work = tempfile.mkdtemp(prefix="rltrain-whatif-bench-")
+    outcomes: list[Outcome] = []
+    state: dict[str, Any] = {}
+    from rltrain.scheduler import Cluster
+
+    t0 = time.monotonic()
+
+    def scenarios() -> None:
+        # One local Ray per device count: a job plans on the devices Ray reports.
+        for s in sorted(chosen, key=devices_of):
+            if state.get("devices") != devices_of(s):
+                old = state.pop("cluster", None)
+                if old is not None:
+                    old.shutdown()
+                state["devices"] = devices_of(s)
+                state["cluster"] = Cluster.start({"devices_per_node": devices_of(s)})
+            outcomes.append(run_scenario(s, work))
+
+    def extras() -> dict[str, float]:
+        out = figures(outcomes)
+        out["fidelity_wall_s"] = time.monotonic() - t0
+        out.update(papers())
+        if not quick:
+            out.update(speed())
+        return out
+
+    def teardown() -> None:
+        import shutil
+
+        try:
+            print(table(outcomes), flush=True)
+        finally:
+            cluster = state.pop("cluster", None)
+            if cluster is not None:
+                cluster.shutdown()
+            shutil.rmtree(work, ignore_errors=True)
+
+    case = Case(f"{len(chosen)} real runs, measured and predicted", scenarios, warmup=0, repeats=1)
+    return Suite(
+        cases=(case,),
+        baseline=case.name,
+        warmup=0,
+        repeats=1,
+        note="The case runs every scenario end to end (start-up included): its time is how long "
+        "the fidelity run takes, not a speed figure. The figures are the extras: step-time "
+        "error median and p90 (goals 5 % and 10 %), the worst idle-share error (goal 0.05), "
+        "the simulator's top pick within 3 % of the measured best (goal >= 90 % of groups), "
+        "simulation speed (goal 100 steps of 1,024 devices <= 10 s, a ranking <= 60 s) and "
+        "the published figures against the predicted ones (goal +-20 %).",
+        extras=extras,
+        teardown=teardown,
+    )
