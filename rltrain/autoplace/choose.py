@@ -125,7 +125,9 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
     )
     text = render(rows, winner, header=f"placement=auto: {len(rows)} candidates; {origin}")
     shown = ordered(rows, winner)
-    ranking = [r.to_dict() for r in shown]
+    sim = simulated(run, shown, profile)
+    text += simulated_text(shown, sim)
+    ranking = [{**r.to_dict(), "simulated_s_per_step": sim.get(r.candidate.name)} for r in shown]
     _write(run_dir, ranking, profile, text, t1 - t0, t2 - t1)
     return AutoChoice(
         run=apply(run, winner.candidate),
@@ -137,6 +139,45 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
         search_s=t1 - t0,
         verify_s=t2 - t1,
     )
+
+
+#: Valid candidates the what-if simulator also predicts (fastest by the cost model first).
+SIMULATED = 8
+
+
+def simulated(run: Any, rows: list[Row], profile: Profile) -> dict[str, float]:
+    """The what-if simulator's seconds per step of the valid candidates, calibrated from the
+    same profile (a second opinion beside the cost model: :mod:`rltrain.whatif`)."""
+    from rltrain.placement.plan import build_plan
+    from rltrain.placement.types import ClusterSpec
+    from rltrain.whatif.calibrate import from_profile
+    from rltrain.whatif.predict import predict
+
+    calib = from_profile(costs_to_dict(profile.costs), run, profile.path or profile.key)
+    cluster = ClusterSpec.from_config(run.cluster)
+    out: dict[str, float] = {}
+    for r in [r for r in rows if r.status == "ok"][:SIMULATED]:
+        cand_run = apply(run, r.candidate)
+        plan = build_plan(cand_run, cluster, check_fit=False)
+        p = predict(
+            cand_run, plan, fused=r.candidate.fused, calibration=calib, steps=6, with_trace=False
+        )
+        out[r.candidate.name] = p.step_s
+    return out
+
+
+def simulated_text(rows: list[Row], sim: dict[str, float]) -> str:
+    """One line per simulated candidate: the cost model's and the simulator's s/step."""
+    if not sim:
+        return ""
+    lines = ["", "what-if simulator, calibrated from the same profile (s/step):"]
+    for r in rows:
+        if r.candidate.name in sim:
+            lines.append(
+                f"  {r.candidate.name:<52} cost model {r.seconds:.4f}  simulator "
+                f"{sim[r.candidate.name]:.4f}"
+            )
+    return "\n".join(lines)
 
 
 def _write(

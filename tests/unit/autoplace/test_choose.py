@@ -60,6 +60,11 @@ def test_choose_runs_the_fastest_valid_layout(tmp_path):
     doc = json.loads((tmp_path / "auto_placement.json").read_text())
     assert doc["winner"] == choice.winner.candidate.name and len(doc["ranking"]) == 5
     assert (tmp_path / "auto_placement.txt").read_text().strip() == choice.text
+    # the what-if simulator's second opinion, calibrated from the same profile: generation
+    # (1.2 s, all of it rltrain's host work here: no simulate.* latency) bounds the async step
+    sim = {r["candidate"]: r["simulated_s_per_step"] for r in doc["ranking"]}
+    assert sim[choice.winner.candidate.name] == pytest.approx(1.2, rel=0.05)
+    assert "what-if simulator, calibrated from the same profile" in choice.text
 
 
 def test_choose_excludes_what_does_not_fit(tmp_path):
