@@ -224,7 +224,7 @@ def run_for(s: Setup, layout: Layout, mean_response: float, utilization: float =
             response_length_mean=mean_response,
             response_length_sigma=1.0,
             train_utilization=utilization,
-            steps=6,
+            steps=4,
         ),
     )
 
@@ -246,7 +246,7 @@ def fit(s: Setup) -> tuple[float, float]:
     generation and update take the published seconds. Generation does not depend on the
     utilization (bisection on the mean); the update is inversely proportional to it."""
     lo, hi = 64.0, s.max_response / 2
-    for _ in range(30):
+    for _ in range(20):
         mid = (lo + hi) / 2
         gen = predict_layout(s, s.fit_layout, mid, 0.4).stages_s.get("generate", 0.0)
         lo, hi = (mid, hi) if gen < s.fit_generate_s else (lo, mid)
