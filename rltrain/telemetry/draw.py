@@ -272,6 +272,17 @@ def compare(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def from_first_step(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The trace from the start of its first step on (a run's start-up left out), so that a
+    run and its prediction share a time axis."""
+    starts = step_starts(doc)
+    if not starts:
+        return dict(doc)
+    first = starts[0] * 1e6
+    events = [e for e in doc["traceEvents"] if e.get("ph") != "X" or float(e.get("ts", 0)) >= first]
+    return {**doc, "traceEvents": events}
+
+
 def render_pair(
     measured: Mapping[str, Any],
     predicted: Mapping[str, Any],
@@ -279,7 +290,8 @@ def render_pair(
     processes: str = "deviceless",
     title: str = "",
 ) -> Path:
-    """Draw a measured and a predicted timeline one above the other, on one time scale.
+    """Draw a measured and a predicted timeline one above the other, on one time scale, each
+    from its first step.
 
     Returns:
         The path written.
@@ -289,7 +301,10 @@ def render_pair(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lanes = [layout(measured, processes), layout(predicted, processes)]
+    lanes = [
+        layout(from_first_step(measured), processes),
+        layout(from_first_step(predicted), processes),
+    ]
     windows = [
         max((b.start_s + b.dur_s for ln in ls for b in ln.blocks), default=1.0) for ls in lanes
     ]

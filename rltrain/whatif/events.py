@@ -45,7 +45,10 @@ class Sink:
         comp = proc.component if proc is not None else "driver"
         devices = proc.devices if proc is not None else ()
         lane = lane or (proc.lane if proc is not None else "driver")
-        self.spans.append(Span(name, comp, devices, lane, start * 1e6, dur * 1e6, 0))
+        # Rounded to 0.1 us at both ends, so that back-to-back spans touch exactly (sums of
+        # floats would otherwise overlap by a hair and draw on two rows).
+        a, b = round(start * 1e6, 1), round((start + dur) * 1e6, 1)
+        self.spans.append(Span(name, comp, devices, lane, a, b - a, 0))
 
     def stage(self, name: str, seconds: float) -> None:
         self.stage_s[-1][name] = self.stage_s[-1].get(name, 0.0) + seconds
