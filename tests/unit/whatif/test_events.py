@@ -60,7 +60,9 @@ def _periods(sink: Sink) -> list[float]:
 def _order(sink: Sink, step_start: float, step_end: float) -> list[tuple[str, str]]:
     """(component, span) in start order within one step, device and driver spans."""
     inside = [
-        s for s in sink.spans if step_start * 1e6 <= s.start_us < step_end * 1e6 and s.dur_us > 0
+        s
+        for s in sink.spans
+        if step_start * 1e6 - 1 <= s.start_us < step_end * 1e6 - 1 and s.dur_us > 0
     ]
     return [(s.component, s.name) for s in sorted(inside, key=lambda s: (s.start_us, s.name))]
 
