@@ -13,11 +13,10 @@ from typing import Any
 
 from rltrain.config.validate import AUTO_FAMILIES
 from rltrain.errors import ConfigError
+from rltrain.whatif.profiles import DEFAULT_CACHE_DIR  # where profiles are cached by default
 
 #: Layout families the search knows (the config's vocabulary).
 FAMILIES = AUTO_FAMILIES
-#: Where profiles are cached when ``placement.auto.cache_dir`` is null.
-DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "rltrain", "profiles")
 #: Pipeline stage counts tried for embodied runs when ``placement.auto.pipeline_stages`` is empty.
 DEFAULT_STAGES = (1, 2, 4, 8)
 
