@@ -34,6 +34,7 @@ class Calibration:
         infer_item_s: embodied: a rollout rank's work per item beyond its latency;
             ``infer_per_env_s`` per environment.
         epoch_extra_s: embodied: an epoch's start and drain beyond the pipeline.
+        move_s: an offload or a reload call beyond its bytes (simulated devices).
         source: ``default`` or the profile it was fitted from.
     """
 
@@ -51,6 +52,7 @@ class Calibration:
     infer_item_s: float = 0.003
     infer_per_env_s: float = 0.0
     epoch_extra_s: float = 0.05
+    move_s: float = 0.01
     source: str = "default"
 
     def generate_extra(self, k: int) -> float:

@@ -117,7 +117,7 @@ def _learn(m: StepModel, t: float, sink: Sink) -> float:
         d = m.train("critic")
         t = _parallel(sink, m, "critic", "train", t + c.call_s, d)
         sink.stage("critic", d + c.call_s)
-    off, rel = m.moves()
+    off, rel = m.move("rollout"), m.move("actor")
     if off or rel:  # the actor's turn: the rollout leaves, the actor comes back
         _parallel(sink, m, "rollout", "offload", t, off)
         t = _parallel(sink, m, "actor", "reload", t + off, rel)
@@ -138,10 +138,11 @@ def _generate(
     c = m.calib
     start = t + c.call_s
     if moves:
-        off, rel = m.moves()
+        off, rel = m.move("actor"), m.move("rollout")
         if off or rel:  # the rollout's turn: the actor leaves, the rollout comes back
             _parallel(sink, m, "actor", "offload", start, off)
             start = _parallel(sink, m, "rollout", "reload", start + off, rel)
+            sink.stage("moves", off + rel)
     load_s = m.sync() / 2 if load else 0.0
     ranks = _all(m, "rollout")
     ends = []
@@ -278,21 +279,24 @@ def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
     per = env.num_envs / (len(envs) * stages)
     e_item, i_item = m.env_item(per), m.infer_item(per)
     start = t + m.calib.call_s + m.calib.epoch_extra_s / 2
+    load = m.sync() / 2 if step > 0 else 0.0  # the rollout loads the newest weights first
+    for p in ranks:
+        sink.add("sync", p, start, load)
     env_free = [start] * len(envs)
-    roll_free = [start] * len(ranks)
-    ready = [[start] * stages for _ in envs]
+    roll_free = [start + load] * len(ranks)
+    ready = [[start] * stages for _ in envs]  # each stage's observations (reset: at once)
     for _ in range(steps):
         for j in range(stages):
             for e, proc in enumerate(envs):
-                a = max(env_free[e], ready[e][j])
-                sink.add("env_step", proc, a, e_item)
-                env_free[e] = a + e_item
                 q = (e * stages + j) % max(len(ranks), 1)
-                b = max(roll_free[q], env_free[e])
-                sink.add("generate", ranks[q], b, i_item)
-                roll_free[q] = b + i_item
-                ready[e][j] = roll_free[q]
-    end = max(max(env_free), max(roll_free), *(max(r) for r in ready))
+                a = max(roll_free[q], ready[e][j])  # the rollout infers the stage's actions
+                sink.add("generate", ranks[q], a, i_item)
+                roll_free[q] = a + i_item
+                b = max(env_free[e], roll_free[q])  # then its env process steps it
+                sink.add("env_step", proc, b, e_item)
+                env_free[e] = b + e_item
+                ready[e][j] = env_free[e]
+    end = max(max(env_free), max(roll_free))
     end += m.calib.epoch_extra_s / 2 + m.calib.call_s
     sink.tokens[-1] += env.num_envs * steps
     sink.add("generate", None, t, end - t)
@@ -300,9 +304,9 @@ def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
     d = m.train("actor")
     t = _parallel(sink, m, "actor", "train", end + m.calib.call_s, d)
     sink.stage("train", d + m.calib.call_s)
-    s = m.sync()
+    s = m.sync() / 2  # the export; the load opens the next epoch
     t = _parallel(sink, m, "actor", "sync", t, s)
-    sink.stage("sync", s)
+    sink.stage("sync", s + load)
     return t + m.calib.call_s + m.calib.overhead_s
 
 

@@ -18,7 +18,7 @@ from rltrain.telemetry.timeline import chrome_trace_with_devices, covered, merge
 from rltrain.whatif import hardware as hw
 from rltrain.whatif.calibrate import DEFAULT, Calibration
 from rltrain.whatif.events import Sink, schedule_of, simulate
-from rltrain.whatif.workload import StepModel, inter_link, kv_tokens, procs_of
+from rltrain.whatif.workload import StepModel, inter_link, kv_tokens, moved_bytes, procs_of
 
 #: ``plan.json``'s key for the prediction.
 PREDICTED = "predicted"
@@ -142,6 +142,7 @@ def predict(
         kv_tokens=kv_tokens(plan, run),
         shares=shares,
         exact_ranks=exact_ranks,
+        moved=moved_bytes(plan) if shares else {},
     )
     schedule, k, policy = schedule_of(run, fused)
     sink = simulate(model, steps, schedule, k, policy)

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rltrain.config.offload import resolve_offload
 from rltrain.placement import memory as mem
 from rltrain.telemetry.trace import device_label
 from rltrain.whatif import lengths as lengths_mod
@@ -63,6 +62,9 @@ class StepModel:
         lengths: the response-length model.
         kv_tokens: KV-cache tokens one rollout process holds (from the plan).
         shares: actor and rollout share devices (they take turns).
+        moved: component -> bytes it moves off (and back onto) a device per step where it
+            takes turns (the plan's ``offloaded`` terms: ``after_stage`` always, ``on_demand``
+            only where the device lacks the room).
         exact_ranks: simulate the decoding of only this many ranks per step (the ones holding
             the longest and the most tokens); the others take the shortest of those. None:
             every rank. A ranking needs only the slowest rank's time.
@@ -78,6 +80,7 @@ class StepModel:
     kv_tokens: int = 0
     shares: bool = False
     exact_ranks: int | None = None
+    moved: Mapping[str, int] = field(default_factory=dict)
     cost: ModelCost = field(init=False)
 
     def __post_init__(self) -> None:
@@ -189,31 +192,13 @@ class StepModel:
         )
         return lk.seconds(nbytes, hops=max(1, math.ceil(math.log2(max(self.world("rollout"), 2)))))
 
-    def moves(self) -> tuple[float, float]:
-        """``(offload, reload)`` seconds per step where components take turns on devices."""
-        if not self.shares or self.fused:
-            return 0.0, 0.0
-        run = self.run
-        policies = run.placement.offload or {}
-        total = 0.0
-        for comp in ("actor", "rollout"):
-            pol = resolve_offload(policies.get(comp), f"placement.offload.{comp}")
-            if not pol.enabled:
-                continue
-            nbytes = self._state_bytes(comp, pol.states)
-            lk = self.device.host
-            total += lk.seconds(nbytes)
-        return total / 2, total / 2
-
-    def _state_bytes(self, comp: str, states: Any) -> int:
-        n, dt = self.cost.params, self.dims.dtype
-        sizes = {
-            "weights": mem.weight_bytes(n, dt),
-            "grads": mem.grad_bytes(n, dt) if comp == "actor" else 0,
-            "optimizer": mem.optimizer_bytes(n, dt) if comp == "actor" else 0,
-            "kv_cache": 0,
-        }
-        return sum(sizes.get(s, 0) for s in states)
+    def move(self, component: str) -> float:
+        """Seconds ``component`` spends offloading (or, the same again, reloading) per step."""
+        nbytes = self.moved.get(component, 0) if not self.fused else 0
+        if not nbytes:
+            return 0.0
+        fixed = self.calib.move_s if self.sim else 0.0
+        return fixed + self.device.host.seconds(nbytes)
 
     def _u(self) -> float:
         w = getattr(self.run, "whatif", None)
@@ -257,6 +242,21 @@ def procs_of(plan: Any) -> dict[str, tuple[Proc, ...]]:
             )
             for p in plan.by_component[comp]
         )
+    return out
+
+
+def moved_bytes(plan: Any) -> dict[str, int]:
+    """component -> the most bytes of its state the plan has off a device in some stage
+    (what it offloads and reloads each step), for actor and rollout."""
+    out: dict[str, int] = {}
+    for dm in {id(m): m for m in plan.memory.values()}.values():
+        for stage in dm.stages:
+            per: dict[str, int] = {}
+            for t in stage.terms:
+                if t.status == "offloaded" and t.component in ("actor", "rollout"):
+                    per[t.component] = per.get(t.component, 0) + t.bytes
+            for comp, b in per.items():
+                out[comp] = max(out.get(comp, 0), b)
     return out
 
 

@@ -137,7 +137,7 @@ def _embodied() -> list[Scenario]:
                 "embodied",
                 f"collocated S={stages}",
                 ("experiment=cartpole_collocated", *EMB, f"env.pipeline_stage_num={stages}"),
-                steps=4,
+                steps=5,
             )
         )
     out.append(
@@ -145,7 +145,7 @@ def _embodied() -> list[Scenario]:
             "embodied",
             "disaggregated S=4",
             ("experiment=cartpole_disaggregated", *EMB, "env.pipeline_stage_num=4"),
-            steps=4,
+            steps=5,
         )
     )
     return out
@@ -176,6 +176,10 @@ QUICK: tuple[Scenario, ...] = (
 )
 #: Selects a subset of the full scenarios (comma-separated groups).
 GROUPS_ENV = "RLTRAIN_BENCH_WHATIF_GROUPS"
+#: Real runs per scenario in a full run (the second pass in reverse order); the faster reading
+#: counts, as in bench auto_placement: a shared machine's load comes and goes.
+PASSES_ENV = "RLTRAIN_BENCH_WHATIF_PASSES"
+PASSES = 2
 
 
 @dataclass
@@ -286,6 +290,13 @@ def run_scenario(s: Scenario, work: str) -> Outcome:
     return o
 
 
+def same_cycle(measured: Sequence[str], predicted: Sequence[str]) -> bool:
+    """Whether two steps' stage orders are the same cycle: the same stages, one order a
+    rotation of the other (where the window opens inside a step depends on timing)."""
+    a, b = list(measured), list(predicted)
+    return len(a) == len(b) and any(a[i:] + a[:i] == b for i in range(max(len(a), 1)))
+
+
 def figures(outcomes: Sequence[Outcome]) -> dict[str, float]:
     """Median and p90 |error|, worst idle-share error, top-pick agreement over groups."""
     from rltrain.whatif.events import percentile
@@ -297,6 +308,9 @@ def figures(outcomes: Sequence[Outcome]) -> dict[str, float]:
         f["p90_abs_error_pct"] = 100 * percentile(errs, 0.9)
         f["max_idle_share_error"] = max(o.idle_error for o in outcomes)
         f["idle_within_0.05_share"] = sum(o.idle_error <= 0.05 for o in outcomes) / len(outcomes)
+        f["same_stage_cycle_share"] = sum(
+            same_cycle(o.stages_measured, o.stages_predicted) for o in outcomes
+        ) / len(outcomes)
     groups: dict[str, list[Outcome]] = {}
     for o in outcomes:
         if o.measured_s and o.predicted_s is not None:
@@ -381,7 +395,11 @@ def table(outcomes: Sequence[Outcome]) -> str:
     for o in outcomes:
         m = "-" if o.measured_s is None else f"{o.measured_s:.3f}"
         e = "-" if o.error is None else f"{100 * o.error:+.1f} %"
-        same = o.stages_measured == o.stages_predicted
+        same = (
+            "yes"
+            if same_cycle(o.stages_measured, o.stages_predicted)
+            else f"measured {o.stages_measured}, predicted {o.stages_predicted}"
+        )
         lines.append(
             f"| {o.scenario.group} | {o.scenario.name} | {m} | {o.predicted_s:.3f} | "
             f"{e} | {o.idle_error:.3f} | {same} |"
@@ -407,16 +425,25 @@ def whatif(quick: bool) -> Suite:
 
     t0 = time.monotonic()
 
+    passes = 1 if quick else int(os.environ.get(PASSES_ENV, PASSES))
+
     def scenarios() -> None:
         # One local Ray per device count: a job plans on the devices Ray reports.
-        for s in sorted(chosen, key=devices_of):
-            if state.get("devices") != devices_of(s):
-                old = state.pop("cluster", None)
-                if old is not None:
-                    old.shutdown()
-                state["devices"] = devices_of(s)
-                state["cluster"] = Cluster.start({"devices_per_node": devices_of(s)})
-            outcomes.append(run_scenario(s, work))
+        best: dict[Scenario, Outcome] = {}
+        ordered = sorted(chosen, key=devices_of)
+        for i in range(passes):
+            for s in ordered if i % 2 == 0 else ordered[::-1]:
+                if state.get("devices") != devices_of(s):
+                    old = state.pop("cluster", None)
+                    if old is not None:
+                        old.shutdown()
+                    state["devices"] = devices_of(s)
+                    state["cluster"] = Cluster.start({"devices_per_node": devices_of(s)})
+                o = run_scenario(s, os.path.join(work, f"pass{i}"))
+                kept = best.get(s)
+                if kept is None or (o.measured_s or 1e9) < (kept.measured_s or 1e9):
+                    best[s] = o
+        outcomes.extend(best[s] for s in chosen)
 
     def extras() -> dict[str, float]:
         out = figures(outcomes)
@@ -437,7 +464,12 @@ def whatif(quick: bool) -> Suite:
                 cluster.shutdown()
             shutil.rmtree(work, ignore_errors=True)
 
-    case = Case(f"{len(chosen)} real runs, measured and predicted", scenarios, warmup=0, repeats=1)
+    case = Case(
+        f"{len(chosen)} scenarios x {passes} real run(s), measured and predicted",
+        scenarios,
+        warmup=0,
+        repeats=1,
+    )
     return Suite(
         cases=(case,),
         baseline=case.name,

@@ -133,10 +133,18 @@ def test_embodied_epoch_follows_the_pipeline_formula():
     }
     m = _model(run, procs=procs)
     sink = simulate(m, 2, "embodied")
-    # m = 4 / (1 x 2) = 2 environments per stage: e = 20 ms, i = 40 ms; with 2 stages and one
-    # rollout rank the rollout is the bottleneck (q i / S = 40 ms): RLinf's formula
+    # m = 4 / (1 x 2) = 2 environments per stage: e = 20 ms, i = 40 ms; each stage is inferred
+    # (from its reset observations), then stepped, 3 times. With 2 stages and one rollout rank
+    # the rollout is the bottleneck (q i / S = 40 ms): RLinf's formula
     # T_crit + (N - 1) T_b = 60 + 5 x 40 = 260 ms, here the exact event order gives the same.
     epoch = sink.stage_s[0]["generate"]
     assert epoch == pytest.approx(0.26, abs=1e-9)
+    first = sorted(
+        (s for s in sink.spans if s.component in ("env", "rollout")), key=lambda s: s.start_us
+    )
+    assert first[0].name == "generate"
+    step0 = next(s for s in first if s.name == "env_step")
+    assert step0.start_us == pytest.approx(first[0].start_us + first[0].dur_us)
+    # the second epoch opens with the rollout loading the weights the first update exported
     names = {s.name for s in sink.spans if s.component in ("env", "rollout")}
-    assert names == {"env_step", "generate"}
+    assert names == {"env_step", "generate", "sync"}
