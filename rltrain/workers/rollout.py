@@ -147,7 +147,15 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
 
 def modelled_generate_s(sim: Any, batch: Any) -> float:
     """``simulate.*``'s device time of a generate call: ``rollout_latency_ms`` plus
-    ``rollout_token_latency_ms`` per decoding step (the batch's longest response)."""
+    ``rollout_token_latency_ms`` per decoding step (the batch's longest response).
+
+    Args:
+        sim: the ``simulate`` section.
+        batch: the call's batch (its ``response_mask``), or None.
+
+    Returns:
+        Seconds to wait (0 when the knobs are off).
+    """
     seconds = sim.rollout_latency_ms / 1000
     if sim.rollout_token_latency_ms and batch is not None:
         steps = int(batch.response_mask.sum(dim=1).max()) if len(batch.response_mask) else 0
