@@ -218,5 +218,3 @@ def ppo_epochs(
                 sums[key] = sums.get(key, 0.0) + float(v)
             count += 1
     return {k: v / count for k, v in sums.items()}
-
-

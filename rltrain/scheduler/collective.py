@@ -118,9 +118,9 @@ def join_collective(
 
 # ------------------------------------------------------------------ driver side
 def _rendezvous(first: WorkerGroup[Any], world_size: int, timeout_s: float) -> tuple[str, int]:
-    return first.host_call("_rltrain_open_store", world_size, timeout_s, ranks=[0]).wait(
-        timeout_s
-    )[0]
+    return first.host_call("_rltrain_open_store", world_size, timeout_s, ranks=[0]).wait(timeout_s)[
+        0
+    ]
 
 
 def init_group_process_group(

@@ -28,6 +28,8 @@ class Calibration:
         generate_extra_s: a generate call's host work beyond the modelled device time, on one
             device; ``generate_parallel_s`` is the share of it more devices divide
             (``extra(k) = fixed + parallel / k``, as placement=auto fits it).
+        decode_step_s: a simulated device's host work per decoding step (a tiny model's
+            token loop on the CPU).
         train_extra_s: an update's host work beyond the modelled device time, likewise.
         env_item_s: embodied: an env process's work per pipeline item beyond its latency;
             ``env_per_env_s`` per environment in the item.
@@ -45,6 +47,7 @@ class Calibration:
     reward_s: float = 0.004
     generate_extra_s: float = 0.005
     generate_parallel_s: float = 0.0
+    decode_step_s: float = 0.002
     train_extra_s: float = 0.01
     train_parallel_s: float = 0.0
     env_item_s: float = 0.002

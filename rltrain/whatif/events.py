@@ -279,6 +279,11 @@ def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
     per = env.num_envs / (len(envs) * stages)
     e_item, i_item = m.env_item(per), m.infer_item(per)
     start = t + m.calib.call_s + m.calib.epoch_extra_s / 2
+    off, rel = m.move("actor"), m.move("rollout")
+    if off or rel:  # the epoch's turn: the actor leaves, the rollout comes back
+        _parallel(sink, m, "actor", "offload", start, off)
+        start = _parallel(sink, m, "rollout", "reload", start + off, rel)
+        sink.stage("moves", off + rel)
     load = m.sync() / 2 if step > 0 else 0.0  # the rollout loads the newest weights first
     for p in ranks:
         sink.add("sync", p, start, load)
@@ -301,6 +306,11 @@ def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
     sink.tokens[-1] += env.num_envs * steps
     sink.add("generate", None, t, end - t)
     sink.stage("generate", end - t)
+    off, rel = m.move("rollout"), m.move("actor")
+    if off or rel:  # the update's turn: the rollout leaves, the actor comes back
+        _parallel(sink, m, "rollout", "offload", end, off)
+        end = _parallel(sink, m, "actor", "reload", end + off, rel)
+        sink.stage("moves", off + rel)
     d = m.train("actor")
     t = _parallel(sink, m, "actor", "train", end + m.calib.call_s, d)
     sink.stage("train", d + m.calib.call_s)

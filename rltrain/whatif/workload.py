@@ -142,7 +142,8 @@ class StepModel:
         if self.sim:
             steps = max(lens) if lens else 0
             s = (sim.rollout_latency_ms + sim.rollout_token_latency_ms * steps) / 1000
-            return s + self.calib.generate_extra(world), sum(lens), steps
+            host = self.calib.generate_extra(world) + self.calib.decode_step_s * steps
+            return s + host, sum(lens), steps
         s, steps = generate_seconds(
             self.device, self.cost, self.prompt, lens, self.concurrency(), self.tp
         )

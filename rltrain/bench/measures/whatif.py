@@ -230,18 +230,21 @@ def read_measured(doc: Any) -> tuple[float | None, dict[str, float], list[str]]:
 
 
 def stage_order(doc: Any) -> list[str]:
-    """The device stages of the steps after the first, in order of first appearance."""
+    """Each device's stages over the steps after the first, in order of first appearance on
+    that device, as ``"<device>: a > b"`` strings (devices in order)."""
     from rltrain.telemetry.draw import step_starts
-    from rltrain.telemetry.timeline import intervals
+    from rltrain.telemetry.timeline import intervals, lane_sort_key
 
     starts = step_starts(doc)
     lo = starts[1] * 1e6 if len(starts) > 2 else float("-inf")
     hi = starts[-1] * 1e6 if len(starts) > 2 else float("inf")
-    order: list[str] = []
+    per: dict[str, list[str]] = {}
     for i in sorted(intervals(doc), key=lambda i: (i.start_us, i.name)):
-        if i.lane_kind == "device" and lo <= i.start_us < hi and i.name not in order:
-            order.append(i.name)
-    return order
+        if i.lane_kind == "device" and lo <= i.start_us < hi:
+            names = per.setdefault(i.lane, [])
+            if i.name not in names:
+                names.append(i.name)
+    return [f"{d}: {' > '.join(per[d])}" for d in sorted(per, key=lane_sort_key)]
 
 
 def predicted(run: Any) -> tuple[Any, list[str]]:
@@ -291,10 +294,16 @@ def run_scenario(s: Scenario, work: str) -> Outcome:
 
 
 def same_cycle(measured: Sequence[str], predicted: Sequence[str]) -> bool:
-    """Whether two steps' stage orders are the same cycle: the same stages, one order a
-    rotation of the other (where the window opens inside a step depends on timing)."""
-    a, b = list(measured), list(predicted)
-    return len(a) == len(b) and any(a[i:] + a[:i] == b for i in range(max(len(a), 1)))
+    """Whether each device cycles through the same stages in the same order: per device, one
+    order a rotation of the other (where the window opens inside a step depends on timing)."""
+    if len(measured) != len(predicted):
+        return False
+    for m, p in zip(measured, predicted, strict=True):
+        (dm, _, sm), (dp, _, sp) = m.partition(": "), p.partition(": ")
+        a, b = sm.split(" > "), sp.split(" > ")
+        if dm != dp or len(a) != len(b) or not any(a[i:] + a[:i] == b for i in range(len(a))):
+            return False
+    return True
 
 
 def figures(outcomes: Sequence[Outcome]) -> dict[str, float]:

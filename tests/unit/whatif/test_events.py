@@ -24,6 +24,7 @@ CAL = Calibration(
     sync_s=0.02,
     reward_s=0.01,
     generate_extra_s=0.0,
+    decode_step_s=0.0,
     train_extra_s=0.0,
     env_item_s=0.0,
     infer_item_s=0.0,
