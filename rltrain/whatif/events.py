@@ -117,18 +117,30 @@ def _learn(m: StepModel, t: float, sink: Sink) -> float:
         d = m.train("critic")
         t = _parallel(sink, m, "critic", "train", t + c.call_s, d)
         sink.stage("critic", d + c.call_s)
-    off, rel = m.move("rollout"), m.move("actor")
-    if off or rel:  # the actor's turn: the rollout leaves, the actor comes back
-        _parallel(sink, m, "rollout", "offload", t, off)
-        t = _parallel(sink, m, "actor", "reload", t + off, rel)
-        sink.stage("moves", off + rel)
+    rel = m.move("actor")
+    if rel:  # the actor's turn: it comes back (the rollout left after generating)
+        t = _parallel(sink, m, "actor", "reload", t, rel)
+        sink.stage("moves", rel)
     d = m.train("actor")
     t = _parallel(sink, m, "actor", "train", t + c.call_s, d)
     sink.stage("train", d + c.call_s)
-    s = m.sync() / 2  # the export here, the load at the rollout's next generate
-    t = _parallel(sink, m, "actor", "sync", t, s)
-    sink.stage("sync", s)
+    t = _export(sink, m, t)
+    off = m.move("actor")
+    if off:  # and leaves again once its weights are out
+        t = _parallel(sink, m, "actor", "offload", t, off)
+        sink.stage("moves", off)
     return t + c.call_s
+
+
+def _export(sink: Sink, m: StepModel, t: float) -> float:
+    """The actor's half of the weight sync: rank 0 packs and hands over the new weights (the
+    rollout loads them at its next generate)."""
+    s = m.sync() / 2
+    ranks = _all(m, "actor")
+    if ranks:
+        sink.add("sync", ranks[0], t, s)
+    sink.stage("sync", s)
+    return t + s
 
 
 def _generate(
@@ -137,12 +149,10 @@ def _generate(
     """The rollout's generate call from ``t`` on every rank: (end, per-rank ends)."""
     c = m.calib
     start = t + c.call_s
-    if moves:
-        off, rel = m.move("actor"), m.move("rollout")
-        if off or rel:  # the rollout's turn: the actor leaves, the rollout comes back
-            _parallel(sink, m, "actor", "offload", start, off)
-            start = _parallel(sink, m, "rollout", "reload", start + off, rel)
-            sink.stage("moves", off + rel)
+    rel = m.move("rollout") if moves else 0.0
+    if rel:  # the rollout's turn: it comes back (the actor left after its update)
+        start = _parallel(sink, m, "rollout", "reload", start, rel)
+        sink.stage("moves", rel)
     load_s = m.sync() / 2 if load else 0.0
     ranks = _all(m, "rollout")
     ends = []
@@ -151,7 +161,12 @@ def _generate(
         sink.add("generate", p, start + load_s, g)
         sink.tokens[-1] += tokens
         ends.append(start + load_s + g)
-    return max(ends, default=start), ends
+    end = max(ends, default=start)
+    off = m.move("rollout") if moves else 0.0
+    if off:  # and leaves once it has generated
+        end = _parallel(sink, m, "rollout", "offload", end, off)
+        sink.stage("moves", off)
+    return end, ends
 
 
 def turn_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
@@ -279,11 +294,10 @@ def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
     per = env.num_envs / (len(envs) * stages)
     e_item, i_item = m.env_item(per), m.infer_item(per)
     start = t + m.calib.call_s + m.calib.epoch_extra_s / 2
-    off, rel = m.move("actor"), m.move("rollout")
-    if off or rel:  # the epoch's turn: the actor leaves, the rollout comes back
-        _parallel(sink, m, "actor", "offload", start, off)
-        start = _parallel(sink, m, "rollout", "reload", start + off, rel)
-        sink.stage("moves", off + rel)
+    rel = m.move("rollout")
+    if rel:  # the epoch's turn: the rollout comes back (the actor left after its update)
+        start = _parallel(sink, m, "rollout", "reload", start, rel)
+        sink.stage("moves", rel)
     load = m.sync() / 2 if step > 0 else 0.0  # the rollout loads the newest weights first
     for p in ranks:
         sink.add("sync", p, start, load)
@@ -314,9 +328,12 @@ def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
     d = m.train("actor")
     t = _parallel(sink, m, "actor", "train", end + m.calib.call_s, d)
     sink.stage("train", d + m.calib.call_s)
-    s = m.sync() / 2  # the export; the load opens the next epoch
-    t = _parallel(sink, m, "actor", "sync", t, s)
-    sink.stage("sync", s + load)
+    t = _export(sink, m, t)  # the load opens the next epoch
+    sink.stage("sync", load)
+    off = m.move("actor")
+    if off:  # the actor leaves once its weights are out
+        t = _parallel(sink, m, "actor", "offload", t, off)
+        sink.stage("moves", off)
     return t + m.calib.call_s + m.calib.overhead_s
 
 
