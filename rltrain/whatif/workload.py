@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rltrain.config.numerics import old_logprob_pass
+from rltrain.config.seeds import sampling_seed
 from rltrain.placement import memory as mem
 from rltrain.telemetry.trace import device_label
 from rltrain.whatif import lengths as lengths_mod
@@ -126,7 +128,7 @@ class StepModel:
         return [exact.get(r, (floor[0], sum(drawn[r]), floor[2])) for r in range(world)]
 
     def _lengths(self, step: int, rank: int, world: int) -> list[int]:
-        rng = random.Random((self.run.seed * 1_000_003 + step) * 65_537 + rank)
+        rng = random.Random(sampling_seed(self.run.seed, step, rank))  # as the rollout seeds
         return self.lengths.sample(rng, math.ceil(self.rows / max(world, 1)))
 
     def generate(self, step: int, rank: int, world: int) -> tuple[float, int, int]:
@@ -166,16 +168,19 @@ class StepModel:
         return forward_seconds(self.device, self.cost, self.tokens() / world, self._u())
 
     def train(self, component: str = "actor") -> float:
-        """An actor (or critic) rank's update on its share of the batch."""
+        """An actor (or critic) rank's update on its share of the batch, with the actor's own
+        pi_old forward pass where the run makes one (``algorithm.old_logprobs``)."""
         world = max(self.world(component), 1)
         epochs = int(self.run.algorithm.ppo_epochs)
         if self.sim:
             knob = self.run.simulate.actor_latency_ms / 1000 if component == "actor" else 0.0
             return knob + self.calib.train_extra(world)
         dp_link = self._dp_link(component)
-        return train_seconds(
-            self.device, self.cost, self.tokens() / world, self._u(), world, dp_link, epochs
-        )
+        tokens = self.tokens() / world
+        seconds = train_seconds(self.device, self.cost, tokens, self._u(), world, dp_link, epochs)
+        if component == "actor" and old_logprob_pass(self.run):  # pi_old before the update
+            seconds += forward_seconds(self.device, self.cost, tokens, self._u())
+        return seconds
 
     def sync(self) -> float:
         """New weights from the actor to the rollout (the plan's transport)."""
