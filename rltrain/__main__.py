@@ -11,16 +11,24 @@ package ``rltrain.conf`` otherwise (the wheel ships ``conf/`` under that name).
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
 
-import hydra
-from omegaconf import DictConfig
+from rltrain.scheduler.interrupts import EXIT_INTERRUPTED, interrupted, listen_for_interrupts
 
-from rltrain.config.store import register_configs
-from rltrain.errors import RltrainError
+listen_for_interrupts()  # first, before the slow imports: Ctrl-C works from the first moment
+
+try:
+    import importlib
+    from collections.abc import Callable, Sequence
+
+    import hydra
+    from omegaconf import DictConfig
+
+    from rltrain.config.store import register_configs
+    from rltrain.errors import RltrainError
+except KeyboardInterrupt:  # Ctrl-C while starting up
+    raise SystemExit(EXIT_INTERRUPTED) from None
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG_PATH = (
@@ -52,7 +60,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
     try:
         return run(cfg)
     except RltrainError as exc:
-        if not refused_run(exc):  # a sweep's job: the launcher records and reports it
+        if interrupted(exc) or not refused_run(exc):  # Ctrl-C, or a sweep's job
             raise
         _STATE["refused"] = exc
         return None
@@ -90,7 +98,13 @@ def main() -> None:
     Hydra prints its own errors and exits 1; asking it to re-raise lets us print one message that
     names the key, the value and the fix, and exit 2. Set HYDRA_FULL_ERROR=1 for tracebacks.
     """
-    argv = sys.argv[1:]
+    try:
+        _main(sys.argv[1:])
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _main(argv: list[str]) -> None:
     command = subcommand(argv)
     if command is not None:
         sys.exit(command())
@@ -99,25 +113,60 @@ def main() -> None:
 
         print(help_text(CONFIG_PATH, _program()))
         sys.exit(0)
+    if "--version" in argv:
+        print(version_text())
+        sys.exit(0)
     from rltrain.config.errors import explain
 
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         hydra_main()
-    except KeyboardInterrupt:
-        sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - classified below, re-raised when not ours
+        if interrupted(exc):  # a failure while Ctrl-C was being handled is the Ctrl-C
+            sys.exit(EXIT_INTERRUPTED)
         message = explain(exc)
         if message is None and not _STATE["entered"]:
             message = explain_command_line(exc)
         if message is None or user_full_error:
             raise
+        if not _STATE["entered"] and "-m" not in argv and "--multirun" not in argv:
+            message = _with_the_rest(message, argv, exc)
         print(f"rltrain: error: {message}", file=sys.stderr)
         sys.exit(2)
     if _STATE["refused"] is not None:
         print(f"rltrain: error: {_STATE['refused']}", file=sys.stderr)
         sys.exit(2)
+
+
+def _with_the_rest(message: str, argv: list[str], exc: BaseException) -> str:
+    """``message`` with the command line's other problems, all in one report."""
+    from rltrain.app import problems_beside
+
+    try:
+        more = problems_beside(argv, CONFIG_PATH, exc)
+    except Exception:  # noqa: BLE001 - a second look must never hide the first problem
+        more = []
+    problems = [message, *(m for m in more if m != message)]
+    if len(problems) == 1:
+        return message
+    return f"{len(problems)} configuration problems:\n" + "\n".join(f"  - {p}" for p in problems)
+
+
+def version_text() -> str:
+    """``rltrain <version>``, with the versions of the libraries it runs on (from their
+    installed metadata, so nothing heavy is imported)."""
+    from importlib import metadata
+
+    from rltrain import __version__
+
+    parts = []
+    for dist in ("hydra-core", "ray", "torch", "transformers"):
+        try:
+            parts.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{dist} not installed")
+    return f"rltrain {__version__} ({', '.join(parts)})"
 
 
 def explain_command_line(exc: BaseException) -> str:

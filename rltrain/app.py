@@ -9,9 +9,8 @@ import shutil
 
 from omegaconf import DictConfig
 
-from rltrain.config import load_config
 from rltrain.config.schema import RunConfig
-from rltrain.errors import ConfigError, RltrainError, WorkerError
+from rltrain.errors import ConfigError, PlacementError, RltrainError, WorkerError
 
 log = logging.getLogger("rltrain")
 
@@ -34,7 +33,10 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
     When a worker fails (it raised, its process died, its node left) and
     ``trainer.max_restarts`` allows, the job is torn down and started again from its latest
     checkpoint (the steps since it are redone and their records replaced); each restart is
-    logged and listed in the summary under ``restarts``.
+    logged and listed in the summary under ``restarts``, and the summary describes the whole
+    run (every attempt). A deterministic failure is not retried: a worker raising a
+    configuration or programming error (:data:`DETERMINISTIC`), or the same error at the same
+    step as the previous attempt, ends the run at once.
 
     Args:
         run_cfg: the checked run config.
@@ -46,29 +48,149 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
         The job summary.
 
     Raises:
-        WorkerError: a worker failed and no restart is left.
+        WorkerError: a worker failed and no restart is left, or restarting cannot help.
+        KeyboardInterrupt: Ctrl-C (also when a failure surfaced while it was being handled).
     """
+    import time
+
+    from rltrain.runners import loop
+    from rltrain.scheduler.interrupts import interrupted
     from rltrain.telemetry.metrics import check_trackers
-    from rltrain.telemetry.summary import write_job_summary
+    from rltrain.telemetry.summary import across_attempts, write_job_summary
 
     check_trackers(run_cfg.logging)
     restarts: list[dict] = []
+    attempts: list[dict] = []
     attempt = run_cfg
     while True:
+        began = time.monotonic()
+        loop.LAST_FIT.clear()  # a failure before the first step leaves it empty
         try:
             summary = _train_once(attempt, out_dir, layout)
+            attempts.append(_attempt(len(attempts) + 1, began, str(summary.get("status"))))
             break
-        except WorkerError as exc:
+        except BaseException as exc:
+            _discard_unpublished(run_cfg, out_dir)
+            if interrupted(exc) and not isinstance(exc, KeyboardInterrupt):
+                raise KeyboardInterrupt from exc  # the interrupt, not what failed meanwhile
+            if not isinstance(exc, WorkerError):
+                raise
+            failed = _attempt(len(attempts) + 1, began, "failed", cause=_cause(exc))
+            failed["failed_step"] = failed["done_steps"]  # the step running when it failed
+            attempts.append(failed)
+            _stop_if_deterministic(run_cfg, exc, attempts, restarts)
             if len(restarts) >= run_cfg.trainer.max_restarts:
                 raise
             restarts.append(_restart_point(run_cfg, out_dir, exc, len(restarts) + 1))
             trainer = dataclasses.replace(run_cfg.trainer, resume=restarts[-1]["checkpoint"])
             attempt = dataclasses.replace(run_cfg, trainer=trainer)
     if restarts:
+        summary = across_attempts(summary, _records(out_dir), attempts)
         summary["restarts"] = restarts
     write_job_summary(out_dir, summary)
     print_summary(summary, out_dir)
     return summary
+
+
+#: Exceptions a worker raises the same way on every replay of a step: resuming is exact (same
+#: data, same seeds), so a restart would only pay the start-up again.
+DETERMINISTIC = (
+    ConfigError,
+    PlacementError,
+    TypeError,
+    AttributeError,
+    NameError,
+    ImportError,
+    NotImplementedError,
+    SyntaxError,
+    AssertionError,
+)
+
+
+def _cause(exc: WorkerError) -> str:
+    """What failed, in one line: the worker's exception type and message, or its death."""
+    cause = exc.cause
+    if cause is not None:
+        inner = getattr(cause, "cause", None) or cause  # Ray wraps the worker's exception
+        text = (str(inner).strip().splitlines() or [""])[-1]
+        return f"{type(inner).__name__}: {text}".strip().rstrip(":") + f" in {exc.where}"
+    return (str(exc).strip().splitlines() or ["a worker failed"])[0]
+
+
+def _signature(cause: str) -> str:
+    """A cause without the numbers that change between attempts (pids, addresses, ids)."""
+    import re
+
+    return re.sub(r"0x[0-9a-f]+|\b[0-9a-f]{12,}\b|\d+", "#", cause)
+
+
+def _attempt(n: int, began: float, status: str, cause: str = "") -> dict:
+    """One attempt's record: its steps and training seconds (from the loop), wall seconds."""
+    import time
+
+    from rltrain.runners.loop import last_fit
+
+    progress = last_fit()
+    record = {
+        "attempt": n,
+        "status": status,
+        "first_step": progress.first_step if progress else None,
+        "done_steps": progress.done_steps if progress else None,
+        "training_s": progress.seconds if progress else 0.0,
+        "wall_s": time.monotonic() - began,
+    }
+    if cause:
+        record["cause"] = cause
+    return record
+
+
+def _stop_if_deterministic(
+    run_cfg: RunConfig, exc: WorkerError, attempts: list[dict], restarts: list[dict]
+) -> None:
+    """End the run now when a restart would fail the same way.
+
+    Raises:
+        WorkerError: naming the failure and why it is not retried (only when
+            ``trainer.max_restarts`` would otherwise retry it).
+    """
+    if len(restarts) >= run_cfg.trainer.max_restarts:
+        return  # nothing would be spent: the failure is reported as it is
+    cause = exc.cause
+    inner = getattr(cause, "cause", None) or cause
+    why = ""
+    if isinstance(inner, DETERMINISTIC):
+        why = (
+            f"a {type(inner).__name__} raised by a worker fails the same way on every replay "
+            f"(resuming is exact)"
+        )
+    elif len(attempts) >= 2:
+        before, now = attempts[-2], attempts[-1]
+        same = _signature(before.get("cause", "")) == _signature(now.get("cause", ""))
+        if same and before.get("failed_step") == now.get("failed_step"):
+            why = f"the same failure happened at step {now.get('failed_step')} twice"
+    if why:
+        raise WorkerError(
+            f"not restarting (trainer.max_restarts={run_cfg.trainer.max_restarts}, "
+            f"{len(restarts)} used): {why}: fix the cause: {attempts[-1].get('cause')}\n{exc}"
+        ) from None
+
+
+def _discard_unpublished(run_cfg: RunConfig, out_dir: str) -> None:
+    """Remove checkpoint writes an interrupted or failed attempt left unpublished."""
+    from rltrain.runners.checkpoint import CheckpointManager
+
+    root = run_cfg.trainer.checkpoint_dir or os.path.join(out_dir, "checkpoints")
+    try:
+        CheckpointManager(root).discard_unpublished()
+    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the failure being raised
+        log.warning("could not remove unpublished checkpoint writes under %s: %s", root, exc)
+
+
+def _records(out_dir: str) -> list[dict]:
+    from rltrain.telemetry.metrics import read_metrics
+
+    path = os.path.join(out_dir, "metrics.jsonl")
+    return read_metrics(path) if os.path.exists(path) else []
 
 
 def _train_once(run_cfg: RunConfig, out_dir: str, layout) -> dict:
@@ -109,6 +231,18 @@ def _restart_point(run_cfg: RunConfig, out_dir: str, exc: WorkerError, count: in
     }
 
 
+#: What a finished run may have written into its directory, as the summary lists it.
+OUTPUTS = (
+    "metrics.jsonl",
+    "summary.json",
+    "reward_curve.png",
+    "trace.json",
+    "utilization.json",
+    "checkpoints/",
+    "rltrain.log",
+)
+
+
 def print_summary(summary: dict, out_dir: str) -> None:
     """A one-screen summary of a finished run."""
     from rich.console import Console
@@ -125,10 +259,8 @@ def print_summary(summary: dict, out_dir: str) -> None:
         table.add_row(f"s/step {stage}", f"{secs:.4f}")
     console = Console(stderr=True)
     console.print(table)
-    console.print(
-        f"outputs: {out_dir} (metrics.jsonl, summary.json, reward_curve.png, "
-        f"trace.json, checkpoints/)"
-    )
+    written = [name for name in OUTPUTS if os.path.exists(os.path.join(out_dir, name.rstrip("/")))]
+    console.print(f"outputs: {out_dir} ({', '.join(written) or 'none'})")
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -145,12 +277,18 @@ def run(cfg: DictConfig) -> float | None:
         PlacementError / ResourceError: the placement cannot be laid out or does not fit.
     """
     _refuse_private_preset()
-    run_cfg = load_config(cfg)
+    _apply_command_line(cfg)
     out_dir = run_dir()
+    run_cfg = _checked(cfg, out_dir)
     if run_cfg.runner == "reasoning" and run_cfg.task.generate:
         from rltrain.tasks import prepare_task
 
         prepare_task(run_cfg)  # before the plan reads model.path's config.json
+    from rltrain.runners.layout import decide_for_user, run_notes
+
+    run_cfg, chosen = decide_for_user(run_cfg)  # micro-batches left null: the largest that fits
+    for line in chosen:
+        print(line)
     if run_cfg.placement.mode == "auto":  # rltrain chooses: profile, predict, rank
         from rltrain.autoplace import choose
 
@@ -162,18 +300,72 @@ def run(cfg: DictConfig) -> float | None:
     if run_cfg.mode == "plan":
         from rltrain.runners.plan_command import plan_command
 
-        plan_command(run_cfg, out_dir)
+        plan = plan_command(run_cfg, out_dir)
+        for note in run_notes(run_cfg, plan):
+            print(note)
         return None
     from rltrain.runners.layout import preflight
     from rltrain.telemetry.summary import objective
 
     layout = preflight(run_cfg, out_dir)  # everything that can fail before Ray, at once
+    for note in layout.notes:
+        log.warning(note)
     if layout.resume_note:
         log.info(layout.resume_note)
+    for difference in layout.resume_differences:
+        log.warning(difference)
     if run_cfg.trainer.resume == "auto":  # the runners resume from the checkpoint found here
         trainer = dataclasses.replace(run_cfg.trainer, resume=layout.resume)
         run_cfg = dataclasses.replace(run_cfg, trainer=trainer)
     return objective(train(run_cfg, out_dir, layout))
+
+
+def _checked(cfg: DictConfig, out_dir: str | None) -> RunConfig:
+    """The config checked; when it fails, the problems preflight finds are reported with its
+    own (as far as a config with problems can be laid out), so one run lists everything.
+
+    Raises:
+        ConfigError: every problem found.
+    """
+    from rltrain.config.validate import check_config
+
+    run_cfg, problems = check_config(cfg)
+    if not problems:
+        return run_cfg
+    raise ConfigError(problems + _layout_problems(run_cfg, out_dir, problems))
+
+
+def _layout_problems(run_cfg: RunConfig, out_dir: str | None, known: list[str]) -> list[str]:
+    """Preflight's problems of a config that already failed its checks, new ones only.
+
+    Nothing is written: a task that generates its data is left out (its checks would write
+    it first), and the checks run as a plan's.
+    """
+    from rltrain.runners.layout import preflight
+
+    if run_cfg.task.generate:
+        return []
+    found: list[str] = []
+    try:
+        preflight(dataclasses.replace(run_cfg, mode="plan"), out_dir)
+    except ConfigError as exc:
+        found = list(exc.problems)
+    except RltrainError as exc:
+        found = [str(exc)]
+    except Exception:  # noqa: BLE001 - a config with problems may not lay out at all
+        return []
+    return [p for p in found if p not in known]
+
+
+def _apply_command_line(cfg: DictConfig) -> None:
+    """What the command line means beyond Hydra's merge (``placement.offload={}`` empties the
+    shipped policies: :mod:`rltrain.config.overrides`)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rltrain.config.overrides import apply_empty_mappings
+
+    if HydraConfig.initialized():
+        apply_empty_mappings(cfg, HydraConfig.get().overrides.task)
 
 
 def _refuse_private_preset() -> None:
@@ -230,3 +422,89 @@ def _remove_if_untouched(path: str) -> bool:
             break
         parent = os.path.dirname(parent)
     return True
+
+
+#: Overrides a second look leaves alone: Hydra's own settings and launcher flags.
+_NOT_CHECKED = ("hydra.", "hydra/", "+hydra", "~hydra")
+
+
+def problems_beside(overrides: list[str], config_path: str, failed: BaseException) -> list[str]:
+    """The other problems of a command line whose override Hydra refused while composing.
+
+    Hydra stops at the first override it cannot merge (a value of the wrong type, a key that
+    needs ``+``); the config checks never see the rest. Here the refused overrides are left
+    out one by one, the remainder is composed again, and every check that runs before Ray
+    (the config checks, then the layout's) reports on it, so one command lists everything.
+    Nothing is written and nothing starts.
+
+    Args:
+        overrides: the command line's overrides.
+        config_path: the primary config's location (``rltrain.__main__.CONFIG_PATH``).
+        failed: what Hydra raised for the command line.
+
+    Returns:
+        The further problems (each naming key, value and fix), not repeating the first.
+    """
+    from rltrain.config.errors import explain
+
+    rest = [o for o in overrides if not o.startswith(_NOT_CHECKED) and not o.startswith("-")]
+    found: list[str] = []
+    exc: BaseException | None = failed
+    for _ in range(len(rest) + 1):
+        bad = _refused_override(rest, exc) if exc is not None else None
+        if bad is None:
+            break
+        rest.remove(bad)
+        try:
+            cfg = _compose(config_path, rest)
+        except Exception as again:  # noqa: BLE001 - the next refused override, explained below
+            message = explain(again)
+            if message is None:
+                return found
+            found.append(message)
+            exc = again
+            continue
+        return found + _checks_of(cfg)
+    return found
+
+
+def _refused_override(overrides: list[str], exc: BaseException) -> str | None:
+    """The override a composition error names (None when it names none of them)."""
+    text = str(exc)
+    named = [o for o in overrides if f"override {o}" in text or f"'{_key(o)}'" in text]
+    return named[0] if len(named) == 1 else None
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _compose(config_path: str, overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    if config_path.startswith("pkg://"):
+        init = initialize_config_module(config_path[len("pkg://") :], version_base="1.3")
+    else:
+        init = initialize_config_dir(os.path.abspath(config_path), version_base="1.3")
+    with init:
+        return compose(config_name="config", overrides=overrides)
+
+
+def _checks_of(cfg: DictConfig) -> list[str]:
+    """Problems of a composed config: the config checks, then (when they pass and the task
+    writes nothing) everything preflight finds, as a plan would."""
+    from rltrain.runners.layout import preflight
+
+    cfg.mode = "plan"  # the checks of a plan write nothing
+    try:
+        run_cfg = _checked(cfg, None)
+        if run_cfg.task.generate:
+            return []  # its checks would write the generated data first
+        preflight(run_cfg, None)
+    except ConfigError as exc:
+        return list(exc.problems)
+    except RltrainError as exc:
+        return [str(exc)]
+    return []

@@ -34,4 +34,12 @@ class ResourceError(RltrainError, RuntimeError):
 
 
 class WorkerError(RltrainError, RuntimeError):
-    """A remote worker failed; the message identifies group, rank, node, devices and traceback."""
+    """A remote worker failed; the message identifies group, rank, node, devices and traceback.
+
+    Attributes:
+        cause: the exception the worker raised (None when its process died, or unknown).
+        where: ``group 'actor' rank 1 'train'``-style words naming the failed call ("" unknown).
+    """
+
+    cause: BaseException | None = None
+    where: str = ""

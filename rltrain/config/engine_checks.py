@@ -12,6 +12,7 @@ import importlib.util
 import os
 from collections.abc import Iterator
 
+from rltrain.config.files import REWARD_HEADS, checkpoint_config, checkpoint_problems
 from rltrain.config.schema import RunConfig
 from rltrain.config.validate import check
 
@@ -181,6 +182,8 @@ def _reward_engine(cfg: RunConfig) -> Iterator[str]:
                 f"config.json): save the reward model with model.save_pretrained(dir) and its "
                 f"tokenizer with tokenizer.save_pretrained(dir)"
             )
+        elif path:
+            yield from checkpoint_problems("reward.model_path", path, REWARD_HEADS)
 
 
 @check
@@ -208,14 +211,59 @@ def _inference_component(cfg: RunConfig) -> Iterator[str]:
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def _layer_shapes(cfg: RunConfig) -> dict[str, tuple[int, int]] | None:
+    """``(in, out)`` of each Linear layer ``actor.lora.target_modules`` may name, from the
+    model fields or ``model.path``'s config.json (None when the sizes are unknown)."""
+    m = cfg.model
+    if m.path is not None and not cfg.task.generate:
+        config = checkpoint_config(m.path) or {}
+        try:
+            hidden = int(config["hidden_size"])
+            inter = int(config["intermediate_size"])
+            heads = int(config["num_attention_heads"])
+            kv = int(config.get("num_key_value_heads") or heads)
+        except (KeyError, TypeError, ValueError):
+            return None
+    else:
+        hidden, inter, heads, kv = m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads
+    if min(hidden, inter, heads, kv) <= 0:
+        return None
+    kv_dim = kv * (hidden // heads)
+    return {
+        "q_proj": (hidden, hidden),
+        "k_proj": (hidden, kv_dim),
+        "v_proj": (hidden, kv_dim),
+        "o_proj": (hidden, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+
+
+def _lora_rank(cfg: RunConfig, targets: list[str]) -> Iterator[str]:
+    """A rank above a targeted layer's ``min(in, out)`` adds parameters and no capacity."""
+    shapes = _layer_shapes(cfg)
+    if not shapes or not targets:
+        return
+    name = min(targets, key=lambda t: min(shapes[t]))
+    limit = min(shapes[name])
+    rank = cfg.actor.lora.rank
+    if rank > limit:
+        yield (
+            f"actor.lora.rank={rank} is above what the smallest targeted layer can use "
+            f"({name}: {shapes[name][0]} x {shapes[name][1]}, rank at most {limit}): a LoRA "
+            f"update's rank is at most min(in, out); set actor.lora.rank <= {limit} (8-64 is "
+            f"usual)"
+        )
+
+
 @check
 def _lora(cfg: RunConfig) -> Iterator[str]:
     """LoRA adapters (``actor.lora.*``): values, and the engines that can train them."""
     lora, a = cfg.actor.lora, cfg.actor
     if lora.rank < 0:
         yield f"actor.lora.rank={lora.rank} must be >= 0 (0: train the full model)"
-    if lora.rank <= 0:
-        return
+    # The values are checked with LoRA off too: a bad one is wrong before it is switched on.
     if not lora.alpha > 0:
         yield f"actor.lora.alpha={lora.alpha!r} must be > 0 (the adapters' scale is alpha/rank)"
     if not 0 <= lora.dropout < 1:
@@ -228,6 +276,9 @@ def _lora(cfg: RunConfig) -> Iterator[str]:
             f"decoder layer, some of {list(LORA_TARGETS)}"
             + (f" ({unknown} is not one)" if unknown else "")
         )
+    if lora.rank <= 0:
+        return
+    yield from _lora_rank(cfg, [t for t in targets if t in LORA_TARGETS])
     if cfg.runner != "reasoning":
         yield (
             f"actor.lora.rank={lora.rank} with runner={cfg.runner!r}: LoRA adapts the reasoning "

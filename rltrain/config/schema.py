@@ -157,10 +157,19 @@ class ModelConfig:
     vocab_size: Optional[int] = None
     tie_word_embeddings: bool = False  # the LM head shares the input embedding's weights
     # float32 | bfloat16 | float16: the compute dtype of every copy of the model; the torch
-    # actor and critic train fp32 master weights (float16 with loss scaling)
-    dtype: str = "float32"
+    # actor and critic train fp32 master weights (float16 with loss scaling); null: model.path's
+    # torch_dtype (config.json), else float32
+    dtype: Optional[str] = None
     init_seed: int = 0  # seed of the random initialisation
     vocab_chars: Optional[str] = None  # built-in tokenizer alphabet; null: digits, "+-*/=(). "
+
+    def __post_init__(self) -> None:
+        # dtype null follows the checkpoint, decided when the record is made, so that every
+        # reader (the plan, the engines, the workers) sees a concrete dtype
+        if self.dtype is None:
+            from rltrain.config.files import model_dtype
+
+            self.dtype = model_dtype(self.path, None)
 
 
 @dataclass
@@ -256,7 +265,9 @@ class ActorConfig:
     backend: str = "torch"  # torch | deepspeed
     tensor_parallel_size: int = 1  # 1 only: the torch and DeepSpeed engines do not shard by TP
     pipeline_parallel_size: int = 1  # 1 only: no pipeline parallelism in the training engines
-    micro_batch_size: int = 64  # sequences per forward/backward
+    # sequences per forward/backward; null: the largest that fits, chosen by the plan (one size
+    # for every micro-batch key left null, at most a rank's rows per optimizer step; printed)
+    micro_batch_size: Optional[int] = None
     # tokens (prompt + response, padded) per forward/backward: micro-batches formed by a token
     # budget instead of micro_batch_size rows; null: fixed micro_batch_size rows
     max_tokens_per_micro_batch: Optional[int] = None
@@ -284,25 +295,27 @@ class InferenceConfig:
 
     tensor_parallel_size: int = 1  # 1 only: the inference worker holds the whole model
     pipeline_parallel_size: int = 1  # 1 only
-    micro_batch_size: int = 64  # sequences per forward
+    micro_batch_size: Optional[int] = None  # sequences per forward; null: chosen by the plan
 
 
 @dataclass
 class ReferenceConfig:
-    micro_batch_size: int = 64  # sequences per forward
+    micro_batch_size: Optional[int] = None  # sequences per forward; null: chosen by the plan
 
 
 @dataclass
 class RewardConfig:
     kind: str = "rule"  # rule (the task's reward function) | model
     model_path: Optional[str] = None  # reward model checkpoint when kind=model
-    micro_batch_size: int = 16  # kind=model: sequences per forward
+    # kind=model: sequences per forward; null: chosen by the plan
+    micro_batch_size: Optional[int] = None
 
 
 @dataclass
 class CriticConfig:
     lr: float = 1e-3  # critic learning rate
-    micro_batch_size: int = 64  # sequences per forward/backward
+    # sequences per forward/backward; null: chosen by the plan
+    micro_batch_size: Optional[int] = None
 
 
 @dataclass

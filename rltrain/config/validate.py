@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -17,6 +18,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, ValidationError
 
+from rltrain.config.files import (
+    POLICY_HEADS,
+    checkpoint_dir_problems,
+    checkpoint_problems,
+)
 from rltrain.config.offload import policy_config, resolve_offload
 from rltrain.config.schema import COMPONENTS, MODEL_SIZE_FIELDS, RunConfig
 from rltrain.errors import ConfigError
@@ -45,6 +51,23 @@ def load_config(cfg: DictConfig | dict[str, Any] | RunConfig) -> RunConfig:
 
     Raises:
         ConfigError: listing every missing key and every failed cross-field check.
+    """
+    run, problems = check_config(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return run
+
+
+def check_config(cfg: DictConfig | dict[str, Any] | RunConfig) -> tuple[RunConfig, list[str]]:
+    """:func:`load_config`, returning the cross-field problems instead of raising them (so a
+    caller can add the problems of later checks to the same report).
+
+    Returns:
+        ``(run, problems)``: the config as dataclass objects, and every cross-field problem.
+
+    Raises:
+        ConfigError: the config cannot be built at all (an unresolvable interpolation, a value
+            of the wrong type, a required key without a value).
     """
     if isinstance(cfg, RunConfig):
         run = cfg
@@ -79,9 +102,7 @@ def load_config(cfg: DictConfig | dict[str, Any] | RunConfig) -> RunConfig:
         run = OmegaConf.to_object(node)
     problems = _typed_offload(run)
     problems += [p for c in _CHECKS for p in c(run)]
-    if problems:
-        raise ConfigError(problems)
-    return run
+    return run, problems
 
 
 def _typed_offload(run: RunConfig) -> list[str]:
@@ -191,6 +212,16 @@ def _cluster(cfg: RunConfig) -> Iterator[str]:
                 f"{c.devices_per_node} is beyond any real cluster (at most {MAX_DEVICES:,} "
                 f"devices): give the nodes and devices per node this job should use"
             )
+    if isinstance(d, list) and all(isinstance(x, int) for x in d) and sum(d) == 0:
+        on_devices = _placed_on_devices(cfg.placement.component_placement)
+        if on_devices:
+            yield (
+                f"cluster.devices_per_node={c.devices_per_node!r} gives the cluster no devices, "
+                f"but placement.component_placement puts {on_devices} on devices: set "
+                f"cluster.devices_per_node to at least 1 (simulated devices on a machine "
+                f"without GPUs), or place them on a node group ({{node_group: node, placement: "
+                f"'0'}})"
+            )
     if c.cpus_per_node is not None:
         yield from _positive("cluster.cpus_per_node", c.cpus_per_node)
     labels = [g.label for g in c.node_groups]
@@ -202,6 +233,16 @@ def _cluster(cfg: RunConfig) -> Iterator[str]:
         yield f"cluster.node_groups labels {dup} are used twice: labels must be unique"
 
 
+def _placed_on_devices(component_placement: Any) -> list[str]:
+    """Components placed on the cluster's devices (a range, or ``node_group: cluster``)."""
+    out = []
+    for key, value in (component_placement or {}).items():
+        group = value.get("node_group") if isinstance(value, dict) else None
+        if group in (None, "cluster"):
+            out.append(str(key))
+    return out
+
+
 @check
 def _placement(cfg: RunConfig) -> Iterator[str]:
     p = cfg.placement
@@ -209,8 +250,8 @@ def _placement(cfg: RunConfig) -> Iterator[str]:
         yield from _one_of(
             "placement.mode", p.mode, ("collocated", "disaggregated", "hybrid", "auto")
         )
-    if p.mode == "auto":
-        yield from auto_problems(p.auto)
+    # placement.auto.* is checked whatever the mode: a bad value is wrong before it is used
+    yield from auto_problems(p.auto, writes=p.mode == "auto" and cfg.mode == "train")
     if not p.component_placement:
         yield "placement.component_placement is empty: place at least the actor, e.g. actor: all"
     for key in p.component_placement:
@@ -234,14 +275,25 @@ def _placement(cfg: RunConfig) -> Iterator[str]:
 AUTO_FAMILIES = ("collocated", "disaggregated", "hybrid")
 
 
-def auto_problems(a: Any) -> Iterator[str]:
+def auto_problems(a: Any, writes: bool = False) -> Iterator[str]:
     """``placement.auto.*`` (placement=auto), each problem with the key and the fix.
 
     Args:
         a: the ``placement.auto`` section (an ``AutoPlacementConfig``); None yields nothing.
+        writes: the profiles will be written to ``placement.auto.cache_dir`` (a training run
+            of ``placement=auto``): the directory must be writable.
     """
     if a is None:
         return
+    if writes and a.cache_dir:
+        for problem in checkpoint_dir_problems(
+            a.cache_dir, probe=True, key="placement.auto.cache_dir"
+        ):
+            yield problem.replace(
+                "point placement.auto.cache_dir at a writable directory",
+                "point placement.auto.cache_dir at a writable directory (null: "
+                "~/.cache/rltrain/profiles)",
+            )
     if a.profile_steps < 2:
         yield (
             f"placement.auto.profile_steps={a.profile_steps}: profiling needs >= 2 steps (the "
@@ -284,6 +336,8 @@ def _model(cfg: RunConfig) -> Iterator[str]:
                 f"model.path={m.path!r} has no config.json, so it is not a Hugging Face "
                 f"checkpoint: point it at the directory that holds config.json"
             )
+        else:
+            yield from checkpoint_problems("model.path", m.path, POLICY_HEADS)
     if m.vocab_size is not None:
         yield from _positive("model.vocab_size", m.vocab_size)
     if m.tokenizer_path is not None and not os.path.isdir(m.tokenizer_path):
@@ -382,7 +436,9 @@ def _components(cfg: RunConfig) -> Iterator[str]:
         "reward.micro_batch_size",
     ):
         section, name = key.split(".")
-        yield from _positive(key, getattr(getattr(cfg, section), name))
+        value = getattr(getattr(cfg, section), name)
+        if value is not None:  # null: chosen by the plan
+            yield from _positive(key, value)
     yield from _token_budget(cfg)
     for key in dataclasses.fields(cfg.simulate):
         yield from _positive(f"simulate.{key.name}", getattr(cfg.simulate, key.name), zero_ok=True)
@@ -456,8 +512,35 @@ def _importable(key: str, spec: str) -> Iterator[str]:
     except ImportError as exc:
         yield f"{key}={spec!r}: cannot import module {module_name!r} ({exc}); fix the name"
         return
-    if not callable(getattr(module, attr, None)):
+    fn = getattr(module, attr, None)
+    if not callable(fn):
         yield f"{key}={spec!r}: module {module_name!r} has no callable {attr!r}"
+        return
+    problem = reward_signature_problem(key, spec, fn)
+    if problem:
+        yield problem
+
+
+def reward_signature_problem(key: str, spec: str, fn: Callable[..., Any]) -> str:
+    """Why ``fn`` cannot be called as a reward, ``fn(prompt, response, answer)`` ("" if it can).
+
+    Bound against its signature, so nothing is called; a callable without a readable
+    signature (some built-ins) passes here and is called when the task is checked.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return ""
+    try:
+        signature.bind("prompt", "response", "answer")
+    except TypeError as exc:
+        name = spec.partition(":")[2] or "reward"
+        return (
+            f"{key}={spec!r} cannot be called as a reward, {name}(prompt, response, answer) "
+            f"({exc}; its signature is {name}{signature}): give a function "
+            f"def {name}(prompt: str, response: str, answer: str) -> float"
+        )
+    return ""
 
 
 @check
@@ -475,6 +558,7 @@ def _task(cfg: RunConfig) -> Iterator[str]:
                 f"task.path={t.path!r} does not exist: give a local .jsonl, .json or .parquet "
                 f"file or a datasets.save_to_disk directory"
             )
+    yield from _unread_task_keys(t)
     yield from _positive("task.max_prompt_length", t.max_prompt_length)
     yield from _positive("task.num_train", t.num_train, zero_ok=True)
     yield from _positive("task.num_eval", t.num_eval, zero_ok=True)
@@ -486,6 +570,38 @@ def _task(cfg: RunConfig) -> Iterator[str]:
         yield f"runner='embodied' needs task.name='gym' (got {t.name!r}): use an experiment preset"
     if cfg.runner == "reasoning" and t.name == "gym":
         yield "task.name='gym' needs runner=embodied"
+
+
+def _unread_task_keys(t: Any) -> Iterator[str]:
+    """Keys the chosen task would ignore: a data file given to a task that generates its
+    prompts (the run would train the built-in task instead), and the other way round."""
+    from rltrain.config.schema import TaskConfig
+
+    defaults = TaskConfig()
+    if t.name in ("arithmetic", "gym"):
+        makes = "generates its own prompts" if t.name == "arithmetic" else "runs an environment"
+        for key in ("path", "eval_path"):
+            value = getattr(t, key)
+            if value:
+                yield (
+                    f"task.{key}={value!r} is read by task.name=jsonl, but task.name="
+                    f"{t.name!r} {makes} and would train on that instead: add task.name=jsonl "
+                    f"to train on the file, or drop task.{key}"
+                )
+        for key in ("prompt_key", "answer_key"):
+            value = getattr(t, key)
+            if value != getattr(defaults, key):
+                yield (
+                    f"task.{key}={value!r} names a field of a data file (task.name=jsonl); "
+                    f"task.name='arithmetic' has none: add task.name=jsonl task.path=..., or "
+                    f"drop task.{key}"
+                )
+    elif t.name == "jsonl" and t.max_operand != defaults.max_operand:
+        yield (
+            f"task.max_operand={t.max_operand} sizes the built-in arithmetic task; task.name="
+            f"'jsonl' reads its prompts from task.path: drop task.max_operand (or use "
+            f"task.name=arithmetic)"
+        )
 
 
 @check
@@ -507,6 +623,7 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
         yield from _positive("trainer.time_budget_s", t.time_budget_s)
     if t.target_accuracy is not None and not 0 < t.target_accuracy <= 1:
         yield f"trainer.target_accuracy={t.target_accuracy} must be in (0, 1]"
+    yield from checkpoint_dir_problems(t.checkpoint_dir, probe=cfg.mode == "train")
     local = t.resume is not None and "://" not in t.resume
     if t.resume not in (None, "auto") and local and not os.path.exists(t.resume):
         yield (f"trainer.resume={t.resume!r} is neither 'auto' nor an existing checkpoint path")

@@ -37,6 +37,7 @@ from rltrain.placement.constraints import (
     check_nccl_group_devices,
     check_weight_sync_layout,
 )
+from rltrain.placement.sizes import UNCHOSEN_MICRO_BATCH
 from rltrain.placement.types import GIB, ClusterSpec, Placement
 
 _ALL = frozenset(mem.KINDS)
@@ -567,7 +568,7 @@ def ipc_export_here(run: Any, node: Any, load: tuple[tuple[str, int], ...]) -> b
     return any(c in ("rollout", "inference") for c, _ in load)
 
 
-def micro_batch(run: Any, micro: int, dp: int) -> int:
+def micro_batch(run: Any, micro: int | None, dp: int) -> int:
     """Sequences one forward (and backward) holds: the component's micro-batch, but no more
     rows than a rank gets per optimizer step in a reasoning run
     (``ceil(train_batch_size · n_samples_per_prompt / dp) // num_minibatches``, as the runner's
@@ -581,6 +582,8 @@ def micro_batch(run: Any, micro: int, dp: int) -> int:
     Returns:
         The rows of one micro-batch, at least 1.
     """
+    if micro is None:  # not chosen yet (rltrain.placement.micro_batches chooses at the start)
+        micro = UNCHOSEN_MICRO_BATCH
     if run.runner != "reasoning":
         return max(1, micro)
     rows = mem.rollout_batch_per_process(
@@ -773,6 +776,7 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
             shorten = True
             sec = getattr(run, t.component, None)
             micro = getattr(sec, "micro_batch_size", 1) if sec is not None else 1
+            micro = UNCHOSEN_MICRO_BATCH if micro is None else micro
             ways = []
             budget = getattr(sec, "max_tokens_per_micro_batch", None)
             if t.component == "actor" and budget is not None:  # rows do not bound it then

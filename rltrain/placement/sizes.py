@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
 
+#: A micro-batch size left null that nothing has chosen yet counts as this many rows, in the
+#: plan and in the batch sizes (a plan built straight from a config; a run chooses its sizes
+#: first: rltrain.placement.micro_batches).
+UNCHOSEN_MICRO_BATCH = 64
+
 
 @dataclass(frozen=True)
 class BatchSizes:
@@ -87,7 +92,7 @@ def derive_sizes(run: RunConfig, actor_world: int, rollout_world: int) -> BatchS
         samples_per_actor_rank=per_actor,
         minibatches=mb,
         samples_per_minibatch=per_actor // mb,
-        micro_batch=min(run.actor.micro_batch_size, per_actor // mb),
+        micro_batch=min(run.actor.micro_batch_size or UNCHOSEN_MICRO_BATCH, per_actor // mb),
     )
 
 
@@ -128,7 +133,7 @@ def derive_critic_sizes(run: RunConfig, samples_per_step: int, critic_world: int
             ``critic.micro_batch_size`` is not positive.
     """
     dp, mb = max(critic_world, 1), run.algorithm.num_minibatches
-    if run.critic.micro_batch_size <= 0:
+    if run.critic.micro_batch_size is not None and run.critic.micro_batch_size <= 0:
         raise ConfigError(
             f"critic.micro_batch_size={run.critic.micro_batch_size} must be positive (rows per "
             f"forward/backward of the critic)"
@@ -146,5 +151,5 @@ def derive_critic_sizes(run: RunConfig, samples_per_step: int, critic_world: int
         dp=dp,
         samples_per_rank=per_rank,
         samples_per_minibatch=per_rank // mb,
-        micro_batch=min(run.critic.micro_batch_size, per_rank // mb),
+        micro_batch=min(run.critic.micro_batch_size or UNCHOSEN_MICRO_BATCH, per_rank // mb),
     )

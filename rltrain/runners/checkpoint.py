@@ -95,7 +95,11 @@ class CheckpointManager:
             ResourceError: the checkpoint directory cannot be written (the previous checkpoint
                 and ``latest`` are left as they were).
         """
-        with self._writing(f"write checkpoint {pending.final_path}"):
+        from rltrain.scheduler.interrupts import deferred_interrupts
+
+        # Ctrl-C waits for the rename and the pointer: the checkpoint is published whole or not
+        # at all, and no temporary file is left behind.
+        with deferred_interrupts(), self._writing(f"write checkpoint {pending.final_path}"):
             with self.fs.open(posixpath.join(pending.path, STATE_FILE), "w") as f:
                 json.dump({**state, "step": pending.step}, f, indent=1)
             manifest = self._manifest(pending.path)
@@ -111,6 +115,24 @@ class CheckpointManager:
             self.fs.mv(tmp_latest, posixpath.join(self.root, LATEST))
         self._prune()
         return self._url(final)
+
+    def discard_unpublished(self) -> list[str]:
+        """Remove what interrupted or failed writes left: temporary checkpoint directories and
+        pointer files that were never published (the published ones are untouched).
+
+        Returns:
+            The removed paths.
+        """
+        if not self.fs.exists(self.root):
+            return []
+        stale = [
+            p
+            for p in self.fs.ls(self.root, detail=False)
+            if posixpath.basename(p).startswith((".tmp-step-", f".{LATEST}-"))
+        ]
+        for path in stale:
+            self.fs.rm(path, recursive=True)
+        return stale
 
     def latest(self) -> str | None:
         """Path of the newest complete, intact checkpoint, or None when there is none.
@@ -262,9 +284,30 @@ def read_state(checkpoint: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------- resuming
 #: The config sections that make two runs the same experiment: a checkpoint of one is a valid
-#: start for the other. Placement, cluster, optimizer and trainer settings may change between
-#: invocations (moving workers, extending a run) without changing the experiment.
-EXPERIMENT_KEYS = ("runner", "seed", "model", "task", "algorithm")
+#: start for the other, and ``trainer.resume=auto`` continues only checkpoints of its own
+#: experiment. Placement and cluster may change between invocations (moving workers).
+EXPERIMENT_KEYS = ("runner", "seed", "model", "task", "algorithm", "reward")
+
+#: Training settings a resumed run may change (a learning-rate schedule by hand, a longer
+#: response budget, more samples): each difference from the checkpoint's is printed before
+#: the run continues. ``trainer.total_steps`` is left out: extending a run is the common case.
+SETTING_KEYS = (
+    "optimizer",
+    "critic.lr",
+    "rollout.n_samples_per_prompt",
+    "rollout.temperature",
+    "rollout.top_p",
+    "rollout.max_new_tokens",
+    "trainer.train_batch_size",
+    "trainer.max_staleness",
+    "trainer.partial_rollout",
+    "actor.micro_batch_size",
+    "actor.max_tokens_per_micro_batch",
+    "actor.gradient_checkpointing",
+    "env.num_envs",
+    "env.rollout_steps",
+    "env.lr_final_fraction",
+)
 
 
 @dataclass(frozen=True)
@@ -274,10 +317,14 @@ class Resume:
     Attributes:
         path: the checkpoint to resume from, or None to start at step 0.
         note: one line saying what was found where (printed at start).
+        differences: one line per training setting (:data:`SETTING_KEYS`) or, for a checkpoint
+            named by path, experiment setting that differs from the checkpoint's (printed as
+            warnings before the run continues).
     """
 
     path: str | None
     note: str = ""
+    differences: tuple[str, ...] = ()
 
 
 def model_fingerprint(run: Any) -> str:
@@ -301,16 +348,9 @@ def model_fingerprint(run: Any) -> str:
     return out
 
 
-def experiment_key(config: Any) -> str | None:
-    """The identity of a run's experiment (:data:`EXPERIMENT_KEYS`), from a config.
-
-    Args:
-        config: a :class:`~rltrain.config.schema.RunConfig`, or a composed config as saved by
-            Hydra (``.hydra/config.yaml``), possibly of an older rltrain.
-
-    Returns:
-        A canonical JSON string; None when the config cannot be read as a run config.
-    """
+def _plain_run(config: Any) -> dict[str, Any] | None:
+    """A run config (a RunConfig, or a composed config as Hydra saved it, possibly of an
+    older rltrain) as plain, resolved data; None when it is not one."""
     from omegaconf import OmegaConf
 
     from rltrain.config.schema import RunConfig
@@ -320,11 +360,100 @@ def experiment_key(config: Any) -> str | None:
         plain = OmegaConf.to_container(node, resolve=True)
     except Exception:  # noqa: BLE001 - another program's or version's config: not ours
         return None
-    key = {k: plain.get(k) for k in EXPERIMENT_KEYS}
+    model = plain.get("model") or {}
+    if model.get("dtype") is None:  # null follows the checkpoint, as load_config decides it
+        from rltrain.config.files import model_dtype
+
+        model["dtype"] = model_dtype(model.get("path"), None)
+    return plain
+
+
+def _select(plain: dict[str, Any], key: str) -> Any:
+    value: Any = plain
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def experiment_identity(config: Any) -> dict[str, Any] | None:
+    """The identity of a run's experiment (:data:`EXPERIMENT_KEYS`, and LoRA's adapters).
+
+    Args:
+        config: a :class:`~rltrain.config.schema.RunConfig`, or a composed config as saved by
+            Hydra (``.hydra/config.yaml``).
+
+    Returns:
+        Plain data; None when the config cannot be read as a run config.
+    """
+    plain = _plain_run(config)
+    if plain is None:
+        return None
+    identity = {k: plain.get(k) for k in EXPERIMENT_KEYS}
     lora = (plain.get("actor") or {}).get("lora") or {}
     if (lora.get("rank") or 0) > 0:  # adapters are another experiment's checkpoints
-        key["actor.lora"] = lora
-    return json.dumps(key, sort_keys=True, default=str)
+        identity["actor.lora"] = lora
+    return identity
+
+
+def experiment_key(config: Any) -> str | None:
+    """:func:`experiment_identity` as a canonical JSON string (None when unreadable)."""
+    identity = experiment_identity(config)
+    return None if identity is None else json.dumps(identity, sort_keys=True, default=str)
+
+
+def training_settings(config: Any) -> dict[str, Any]:
+    """The run's :data:`SETTING_KEYS`, flattened (``{"optimizer.lr": 0.0003, ...}``)."""
+    plain = _plain_run(config) or {}
+    return dict(_flat({k: _select(plain, k) for k in SETTING_KEYS}))
+
+
+def training_record(run: Any) -> dict[str, Any]:
+    """What a checkpoint records of the run that wrote it (compared on resume)."""
+    return {"experiment": experiment_identity(run), "settings": training_settings(run)}
+
+
+def _flat(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _flat(v, f"{prefix}{k}.")
+    else:
+        yield prefix[:-1], value
+
+
+def differences(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``key: <checkpoint's> in the checkpoint, <now> now`` for every key whose value differs.
+
+    Args:
+        recorded: what the checkpoint recorded (nested or flat).
+        now: the same for this run.
+    """
+    a, b = dict(_flat(recorded)), dict(_flat(now))
+    return [
+        f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
+
+
+def _recorded(path: str) -> tuple[dict | None, dict | None]:
+    """The experiment and training settings a checkpoint was written with.
+
+    Read from its trainer state; a checkpoint that records none (written by an older rltrain)
+    is read through the config of the run directory holding it, when there is one.
+    """
+    state = read_state(path)
+    if "experiment" in state or "settings" in state:
+        return state.get("experiment"), state.get("settings")
+    hydra_config = os.path.join(os.path.dirname(os.path.dirname(path)), ".hydra", "config.yaml")
+    if "://" in path or not os.path.isfile(hydra_config):
+        return None, None
+    from omegaconf import OmegaConf
+
+    try:
+        saved = OmegaConf.load(hydra_config)
+    except Exception:  # noqa: BLE001 - unreadable: nothing recorded
+        return None, None
+    return experiment_identity(saved), training_settings(saved)
 
 
 def _earlier_runs(run_dir: str) -> list[str]:
@@ -337,18 +466,28 @@ def _earlier_runs(run_dir: str) -> list[str]:
     return sorted(d for d in dirs if os.path.abspath(d) != here)
 
 
-def _latest_of_experiment(run: Any, run_dir: str) -> tuple[str, float] | None:
-    """The newest checkpoint written by an earlier run of the same experiment."""
+@dataclass(frozen=True)
+class _Found:
+    """Earlier runs' checkpoints: the newest of this experiment, and the others passed over."""
+
+    best: tuple[str, float] | None
+    others: tuple[tuple[str, list[str]], ...]  # (checkpoint, how its experiment differs)
+
+
+def _latest_of_experiment(run: Any, run_dir: str) -> _Found:
+    """The newest checkpoint written by an earlier run of the same experiment.
+
+    Each earlier run is judged by what its checkpoint records (else by its saved config).
+    """
     from omegaconf import OmegaConf
 
-    key = experiment_key(run)
+    identity = experiment_identity(run)
     best: tuple[str, float] | None = None
+    others: list[tuple[str, list[str]]] = []
     for other in _earlier_runs(run_dir):
         try:
             saved = OmegaConf.load(os.path.join(other, ".hydra", "config.yaml"))
         except Exception:  # noqa: BLE001 - an unreadable file is not a run of ours
-            continue
-        if experiment_key(saved) != key:
             continue
         root = OmegaConf.select(saved, "trainer.checkpoint_dir") or os.path.join(
             other, "checkpoints"
@@ -356,10 +495,14 @@ def _latest_of_experiment(run: Any, run_dir: str) -> tuple[str, float] | None:
         latest = CheckpointManager(str(root)).latest() if os.path.isdir(str(root)) else None
         if latest is None:
             continue
+        recorded = _recorded(latest)[0] or experiment_identity(saved)
+        if recorded != identity:
+            others.append((latest, differences(recorded or {}, identity or {})))
+            continue
         when = os.path.getmtime(os.path.join(latest, STATE_FILE))
         if best is None or when > best[1]:
             best = (latest, when)
-    return best
+    return _Found(best, tuple(others))
 
 
 def resolve_resume(run: Any, run_dir: str | None) -> Resume:
@@ -368,18 +511,24 @@ def resolve_resume(run: Any, run_dir: str | None) -> Resume:
     ``auto`` takes the newest checkpoint of this run's checkpoint directory
     (``trainer.checkpoint_dir``, else ``<run dir>/checkpoints``); when that holds none and no
     ``trainer.checkpoint_dir`` is set, the newest checkpoint of an earlier run of the same
-    experiment (:func:`experiment_key`) among the run directories beside this one — so running
+    experiment (:data:`EXPERIMENT_KEYS`) among the run directories beside this one — so running
     the same command again after a crash resumes, although Hydra gave it a new run directory.
+    Only checkpoints of the same experiment are resumed by ``auto``; where the training
+    settings (:data:`SETTING_KEYS`) differ from the checkpoint's, each difference is listed.
+    A checkpoint named by path is resumed whatever its experiment (its differences listed),
+    unless it holds another model.
 
     Args:
         run: the checked run config.
         run_dir: this run's output directory; None skips the search of earlier runs.
 
     Returns:
-        The decision, with a line saying what was found where.
+        The decision, with a line saying what was found where (also when nothing was).
 
     Raises:
-        ConfigError: a given path holds no checkpoint, or one of another model.
+        ConfigError: a given path holds no checkpoint, or one of another model; ``auto`` finds
+            another experiment's checkpoint in this run's own checkpoint directory; the
+            checkpoint is at or past ``trainer.total_steps`` (nothing left to train).
     """
     resume = run.trainer.resume
     if resume is None:
@@ -392,34 +541,74 @@ def resolve_resume(run: Any, run_dir: str | None) -> Resume:
                 f"step-NNNNNN directory, or resume=auto"
             )
         _check_model(run, path, "trainer.resume")
-        return Resume(path, f"resuming from {path} (step {read_state(path).get('step')})")
+        _check_steps(run, path, f"trainer.resume={resume!r}")
+        return _resume_from(run, path, f"resuming from {path}", identity_too=True)
     own = run.trainer.checkpoint_dir or (
         os.path.join(run_dir, "checkpoints") if run_dir is not None else None
     )
     if own is not None:
-        fs, root = fsspec.core.url_to_fs(own)
-        manager = CheckpointManager(own)
-        path = manager.latest() if fs.exists(root) else None
-        if path is None and fs.exists(root) and manager.published():
-            raise ConfigError(
-                f"trainer.resume=auto: every checkpoint in {own} is damaged ("
-                + "; ".join(f"{p}: {manager.verify(p)}" for p in manager.published())
-                + "): restore one, give trainer.resume=<path> of a good one, or "
-                "trainer.resume=null to start fresh"
-            )
+        path = _own_latest(own)
         if path is not None:
             _check_model(run, path, "trainer.resume=auto found")
-            step = read_state(path).get("step")
-            return Resume(path, f"trainer.resume=auto: resuming from {path} (step {step})")
+            _check_experiment(run, path, own)
+            _check_steps(run, path, f"trainer.resume=auto found {path!r}")
+            return _resume_from(run, path, f"trainer.resume=auto: resuming from {path}")
+    found = _Found(None, ())
     if run.trainer.checkpoint_dir is None and run_dir is not None:
         found = _latest_of_experiment(run, run_dir)
-        if found is not None:
-            step = read_state(found[0]).get("step")
-            return Resume(
-                found[0],
-                f"trainer.resume=auto: resuming from {found[0]} (step {step}), the newest "
-                f"checkpoint of an earlier run of this experiment",
+        if found.best is not None:
+            path = found.best[0]
+            _check_steps(run, path, f"trainer.resume=auto found {path!r}")
+            return _resume_from(
+                run,
+                path,
+                f"trainer.resume=auto: resuming from {path}, the newest checkpoint of an "
+                f"earlier run of this experiment",
             )
+    return Resume(None, _nothing_found(run, run_dir, own, found))
+
+
+def _own_latest(own: str) -> str | None:
+    """The newest intact checkpoint of the run's own checkpoint directory.
+
+    Raises:
+        ConfigError: every checkpoint there is damaged.
+    """
+    try:
+        fs, root = fsspec.core.url_to_fs(own)
+    except ImportError as exc:
+        from rltrain.config.files import filesystem_missing
+
+        raise ConfigError(filesystem_missing("trainer.checkpoint_dir", own, exc)) from None
+    manager = CheckpointManager(own)
+    path = manager.latest() if fs.exists(root) else None
+    if path is None and fs.exists(root) and manager.published():
+        raise ConfigError(
+            f"trainer.resume=auto: every checkpoint in {own} is damaged ("
+            + "; ".join(f"{p}: {manager.verify(p)}" for p in manager.published())
+            + "): restore one, give trainer.resume=<path> of a good one, or "
+            "trainer.resume=null to start fresh"
+        )
+    return path
+
+
+def _resume_from(run: Any, path: str, note: str, identity_too: bool = False) -> Resume:
+    """The decision to resume ``path``, with every setting that differs from its own."""
+    step = read_state(path).get("step")
+    experiment, settings = _recorded(path)
+    diffs: list[str] = []
+    if identity_too and experiment is not None:
+        diffs += differences(experiment, experiment_identity(run) or {})
+    if settings is not None:
+        diffs += differences(settings, training_settings(run))
+    lines = tuple(f"resuming with a setting changed: {d}" for d in diffs)
+    if experiment is None and settings is None:
+        lines = (f"{path} records no training settings: they are not compared",)
+    return Resume(path, f"{note} (step {step})", lines)
+
+
+def _nothing_found(run: Any, run_dir: str | None, own: str | None, found: _Found) -> str:
+    """What ``auto`` looked at when it found nothing to resume."""
     where = own if own is not None else "the checkpoint directory"
     beside = (
         f" or in earlier runs of this experiment beside {run_dir}"
@@ -427,7 +616,43 @@ def resolve_resume(run: Any, run_dir: str | None) -> Resume:
         else ""
     )
     note = f"trainer.resume=auto: no checkpoint in {where}{beside}; starting at step 0"
-    return Resume(None, note)
+    if found.others:
+        listed = "; ".join(f"{p} ({', '.join(d[:2]) or 'unreadable'})" for p, d in found.others[:3])
+        more = f" and {len(found.others) - 3} more" if len(found.others) > 3 else ""
+        note += (
+            f". Checkpoints of other experiments were not resumed: {listed}{more} (give "
+            f"trainer.resume=<path> to continue one of them anyway)"
+        )
+    return note
+
+
+def _check_experiment(run: Any, path: str, own: str) -> None:
+    """Refuse to continue another experiment's checkpoint found by ``auto`` in the run's own
+    checkpoint directory (a ``trainer.checkpoint_dir`` shared between experiments)."""
+    recorded = _recorded(path)[0]
+    if recorded is None:
+        return
+    diffs = differences(recorded, experiment_identity(run) or {})
+    if diffs:
+        raise ConfigError(
+            f"trainer.resume=auto found {path!r} in {own}, written by another experiment ("
+            + "; ".join(diffs[:4])
+            + (f"; {len(diffs) - 4} more" if len(diffs) > 4 else "")
+            + "): give this experiment its own trainer.checkpoint_dir, continue that "
+            f"checkpoint on purpose with trainer.resume={path}, or set trainer.resume=null"
+        )
+
+
+def _check_steps(run: Any, path: str, what: str) -> None:
+    """Refuse a checkpoint that leaves no step to train (nothing would run after Ray starts)."""
+    step = int(read_state(path).get("step", 0))
+    total = run.trainer.total_steps
+    if step >= total:
+        raise ConfigError(
+            f"{what} is at step {step}, and trainer.total_steps={total}: nothing is left to "
+            f"train. Raise trainer.total_steps above {step} to train on (e.g. "
+            f"trainer.total_steps={step + total}), or set trainer.resume=null to start afresh"
+        )
 
 
 def _check_model(run: Any, path: str, what: str) -> None:

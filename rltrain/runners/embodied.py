@@ -27,7 +27,7 @@ from rltrain.config.schema import RunConfig
 from rltrain.config.seeds import eval_episode_seed
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.runners import loop
-from rltrain.runners.checkpoint import CheckpointManager, read_state
+from rltrain.runners.checkpoint import CheckpointManager, read_state, training_record
 from rltrain.runners.job import Job, start_job
 from rltrain.runners.loop import StepTimer
 from rltrain.telemetry import trace
@@ -269,7 +269,8 @@ class EmbodiedRunner:
         with self.job.stage("actor"):
             pending = self.ckpt.begin(step)
             self.g["actor"].execute_on(0).call(EmbodiedActorWorker.save, pending.path).wait()
-        return self.ckpt.commit(pending, {"model": _fingerprint(self.run, self.spec)})
+        record = {"model": _fingerprint(self.run, self.spec), **training_record(self.run)}
+        return self.ckpt.commit(pending, record)
 
     def resume(self) -> int:
         """Load ``trainer.resume``'s checkpoint; returns the update to start from."""
@@ -432,6 +433,7 @@ def run_embodied(run: RunConfig, run_dir: str, layout: Any = None) -> dict[str, 
     from rltrain.runners.layout import preflight
 
     layout = layout if layout is not None else preflight(run)
+    run = layout.run if layout.run is not None else run  # with the plan's choices
     builders = {
         "actor": lambda lay: EmbodiedActorWorker.create_group(run, lay.spec),
         "rollout": lambda lay: EmbodiedRolloutWorker.create_group(run, lay.spec),

@@ -160,6 +160,8 @@ def start_job(
     Raises:
         ResourceError: the launched layout differs from ``layout``.
     """
+    if layout is not None and layout.run is not None:
+        run = layout.run  # with what the plan chose (micro-batch sizes left null)
     os.makedirs(run_dir, exist_ok=True)
     if run.cluster.address is None:
         # A private local Ray on loopback: no auth token under ~/.ray, gloo on lo.

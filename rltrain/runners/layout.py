@@ -39,6 +39,12 @@ class RunLayout:
         spec: the environment's spaces (embodied runs), else None.
         resume: the checkpoint the run resumes from (``trainer.resume`` resolved), or None.
         resume_note: one line on what ``trainer.resume`` resolved to and why.
+        resume_differences: the training settings that differ from the checkpoint's, one
+            line each (printed before the run continues).
+        run: the config the layout was made for, every value the plan decides filled in
+            (micro-batch sizes left null); None where the caller's config is already that.
+        notes: what the run should say before it starts (choices made for the user, work
+            that runs somewhere the user may not expect), one line each.
     """
 
     plan: Any
@@ -49,6 +55,9 @@ class RunLayout:
     spec: Any = None
     resume: str | None = None
     resume_note: str = ""
+    resume_differences: tuple[str, ...] = ()
+    run: Any = None
+    notes: tuple[str, ...] = ()
 
     def world_sizes(self) -> dict[str, int]:
         """Processes per component."""
@@ -128,7 +137,29 @@ def input_problems(run: RunConfig, run_dir: str | None) -> tuple[Problems, Any]:
     if check_task is not None and run.runner == "reasoning":
         _collect(problems, lambda: problems.extend(check_task(run)))
     resume = _collect(problems, lambda: resolve_resume(run, run_dir))
+    problems += checkpoint_weights_problems(run)
     return problems, resume
+
+
+def checkpoint_weights_problems(run: RunConfig) -> list[str]:
+    """Checkpoints training loads without their weights (``mode=plan`` plans from their
+    config.json alone, so it accepts them)."""
+    import os
+
+    from rltrain.config.files import weights_problems
+
+    if run.mode != "train":
+        return []
+    found = []
+    if run.model.path and not run.task.generate and os.path.isdir(run.model.path):
+        found += weights_problems("model.path", run.model.path)
+    if (
+        run.reward.kind == "model"
+        and run.reward.model_path
+        and os.path.isdir(run.reward.model_path)
+    ):
+        found += weights_problems("reward.model_path", run.reward.model_path)
+    return found
 
 
 def plan_problems(run: RunConfig, plan: Any) -> tuple[Problems, dict[str, Any]]:
@@ -342,6 +373,7 @@ def preflight(run: RunConfig, run_dir: str | None = None, plan: Any = None) -> R
     from rltrain.placement.plan import build_plan
     from rltrain.placement.types import ClusterSpec
 
+    run, chosen = decide_for_user(run)
     problems, resume = input_problems(run, run_dir)
     if plan is None:
         plan = _collect(
@@ -355,5 +387,41 @@ def preflight(run: RunConfig, run_dir: str | None = None, plan: Any = None) -> R
         plan=plan,
         resume=resume.path if resume is not None else None,
         resume_note=resume.note if resume is not None else "",
+        resume_differences=resume.differences if resume is not None else (),
+        run=run,
+        notes=tuple(chosen) + run_notes(run, plan),
         **parts,
     )
+
+
+def decide_for_user(run: RunConfig) -> tuple[RunConfig, list[str]]:
+    """Fill in what the config leaves to rltrain: micro-batch sizes left null, the largest
+    whose plan fits (:mod:`rltrain.placement.micro_batches`).
+
+    Returns:
+        ``(run, notes)``: the run with every such value set (the same object when none was
+        left), and a line saying what was chosen (none when nothing was).
+    """
+    from rltrain.placement.micro_batches import choose_micro_batches
+
+    run, choice = choose_micro_batches(run)
+    line = choice.describe()
+    return run, [line] if line else []
+
+
+def run_notes(run: RunConfig, plan: Any) -> tuple[str, ...]:
+    """What a run should say before it starts about where its work runs.
+
+    A reward model placed on no device (the shipped placements put the rule reward on node 0's
+    CPU) runs on CPU: said, with the fix, since a model there is much slower than on a device.
+    """
+    notes = []
+    if run.reward.kind == "model" and "reward" in plan.components:
+        if not any(p.devices for p in plan.by_component["reward"]):
+            notes.append(
+                f"reward.kind=model: the reward model ({run.reward.model_path}) runs on the "
+                f"CPU of its node, because placement.component_placement.reward places it on "
+                f"no device; give it one to run it there (e.g. "
+                f"placement.component_placement.reward=0)"
+            )
+    return tuple(notes)

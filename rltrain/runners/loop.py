@@ -123,6 +123,31 @@ class Cadence:
         )
 
 
+@dataclass(frozen=True)
+class Progress:
+    """What one call of :func:`fit` got through, also when it failed.
+
+    Attributes:
+        first_step: the step it started from (the resumed step).
+        done_steps: the steps completed by its end (``first_step`` + the steps it took).
+        seconds: its training seconds (from its first step to its end).
+    """
+
+    first_step: int
+    done_steps: int
+    seconds: float
+
+
+#: The :class:`Progress` of the latest :func:`fit` of this process (None before any): a run
+#: restarted after a failure reads the failed attempt's progress here.
+LAST_FIT: list[Progress] = []
+
+
+def last_fit() -> Progress | None:
+    """The :class:`Progress` of the latest :func:`fit` in this process, or None."""
+    return LAST_FIT[-1] if LAST_FIT else None
+
+
 class StopSignal:
     """SIGTERM asks the loop to finish the step, write a checkpoint and stop."""
 
@@ -195,6 +220,7 @@ def fit(
                     break
             clean = True
         finally:
+            LAST_FIT[:] = [Progress(start, done_steps, time.monotonic() - t0)]
             metrics.close()
             schedule.end(done_steps, clean)
     plot_curves(metrics.records, f"{run_dir}/reward_curve.png")

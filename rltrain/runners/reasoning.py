@@ -35,7 +35,12 @@ from rltrain.backends.weight_sync.choice import TransportChoice, choose_transpor
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.runners import loop
-from rltrain.runners.checkpoint import CheckpointManager, model_fingerprint, read_state
+from rltrain.runners.checkpoint import (
+    CheckpointManager,
+    model_fingerprint,
+    read_state,
+    training_record,
+)
 from rltrain.runners.job import Job, start_job
 from rltrain.runners.layout import RECEIVERS, RunLayout, preflight
 from rltrain.runners.loop import StepTimer
@@ -162,7 +167,8 @@ class ReasoningRunner:
         if self.g.critic is not None:
             with self.job.stage("critic"):
                 self.g.critic.call(CriticWorker.save, pending.path).wait()
-        return self.ckpt.commit(pending, {"model": model_fingerprint(self.run)})
+        record = {"model": model_fingerprint(self.run), **training_record(self.run)}
+        return self.ckpt.commit(pending, record)
 
     def evaluation_due(self, step: int, record: dict[str, Any]) -> bool:
         return loop.Cadence.of(self.run.trainer).every_eval(step)
@@ -516,6 +522,7 @@ def run_reasoning(run: RunConfig, run_dir: str, layout: RunLayout | None = None)
             launched job's layout differing from the checked one.
     """
     layout = layout if layout is not None else preflight(run)
+    run = layout.run if layout.run is not None else run  # with the plan's choices
     builders = worker_builders(run, layout.fused)
     with start_job(run, run_dir, builders, layout, on_launch=data_parallel) as job:
         runner = ReasoningRunner(job)

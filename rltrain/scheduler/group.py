@@ -339,6 +339,8 @@ class WorkerGroup(Generic[W]):
             message + "\nThe group and the groups sharing a collective with it were torn down."
         )
         err.worker = info  # type: ignore[attr-defined]
+        err.cause = getattr(exc, "cause", None) if not died else None
+        err.where = f"group {self.name!r} rank {rank} {method!r}"
         return err
 
     def _node_neighbours(self, info: WorkerInfo) -> str:

@@ -128,5 +128,9 @@ def check_task(run: Any) -> list[str]:
             f"({tokenizer_source(run.model)}): give at least {len(tokenizer)}, or null for "
             f"exactly the tokenizer's size"
         )
-    assemble(run.task, tokenizer, problems, tokenizer_source(run.model))
+    task = assemble(run.task, tokenizer, problems, tokenizer_source(run.model))
+    if task is not None and not problems:
+        from rltrain.tasks.reward_check import reward_problems
+
+        problems += reward_problems(run, task, tokenizer)
     return problems

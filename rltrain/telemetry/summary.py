@@ -19,6 +19,12 @@ as a blank cell in the report):
 ``status``                      ``completed`` | ``stopped`` | ``failed`` | free text
 ==============================  ==========================================================
 
+After restarts (``trainer.max_restarts``) the summary describes the whole run
+(:func:`across_attempts`): ``steps`` from the first attempt's start to the last step, ``wall_s``
+the training seconds of every attempt (redone steps included), ``steps_per_s`` their ratio, the
+per-step measures over every recorded step, and ``attempts`` lists each attempt. The peak memory
+is the final attempt's (a failed attempt's job is gone before it can report one).
+
 No Ray, no torch: this module is imported by the launcher process and by jobs.
 """
 
@@ -173,4 +179,45 @@ def read_job_summary(run_dir: str | os.PathLike[str] | None) -> dict[str, Any] |
         return None
     out = {key: None for key in SUMMARY_FIELDS}
     out.update(data)
+    return out
+
+
+def across_attempts(
+    last: Mapping[str, Any], records: list[Mapping[str, Any]], attempts: list[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The summary of a run that was restarted, over every attempt.
+
+    Args:
+        last: the final attempt's summary (as its runner wrote it).
+        records: the run's ``metrics.jsonl`` records (one per step: a restart replaces the
+            records of the steps it redoes).
+        attempts: one record per attempt, oldest first, each with ``first_step``,
+            ``done_steps`` and ``training_s`` (as :func:`rltrain.app.train` keeps them).
+
+    Returns:
+        ``last`` with the whole run's ``steps``, ``wall_s``, ``steps_per_s``,
+        ``seconds_per_stage``, ``tokens_per_s`` and ``env_steps_per_s``, plus ``attempts``.
+    """
+    out = dict(last)
+    firsts = [a["first_step"] for a in attempts if a.get("first_step") is not None]
+    done = [a["done_steps"] for a in attempts if a.get("done_steps") is not None]
+    steps = max(done) - min(firsts) if firsts and done else last.get("steps")
+    seconds = sum(float(a.get("training_s") or 0.0) for a in attempts)
+    per_step_env = None
+    if last.get("env_steps_per_s") and last.get("steps_per_s"):
+        per_step_env = last["env_steps_per_s"] / last["steps_per_s"]
+    out["steps"] = steps
+    out["wall_s"] = seconds
+    out["steps_per_s"] = steps / seconds if steps and seconds else None
+    if per_step_env is not None and out["steps_per_s"] is not None:
+        out["env_steps_per_s"] = per_step_env * out["steps_per_s"]
+    stages = {k for r in records for k in r if k.startswith("time/") and k != "time/step_s"}
+    if stages:
+        out["seconds_per_stage"] = {
+            k[5:-2]: sum(float(r.get(k) or 0.0) for r in records) / len(records) for k in stages
+        }
+    tokens = [r["perf/tokens_per_s"] for r in records if r.get("perf/tokens_per_s") is not None]
+    if tokens:
+        out["tokens_per_s"] = sum(tokens) / len(tokens)
+    out["attempts"] = [dict(a) for a in attempts]
     return out

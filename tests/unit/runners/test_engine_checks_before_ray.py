@@ -42,11 +42,17 @@ def test_an_explicit_transport_the_plan_cannot_serve(no_ray, tmp_path):
 
 
 def test_a_reward_model_on_two_processes(no_ray, tmp_path):
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2).save_pretrained(
-        str(tmp_path / "rm")
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        vocab_size=32,
+        num_labels=1,
     )
+    LlamaForSequenceClassification(config).save_pretrained(str(tmp_path / "rm"))
     run = compose_run(
         "reward.kind=model",
         f"reward.model_path={tmp_path / 'rm'}",
