@@ -264,7 +264,8 @@ def print_summary(summary: dict, out_dir: str) -> None:
 
 
 def run(cfg: DictConfig) -> float | None:
-    """Check the config and run the job it describes.
+    """Check the config and run the job it describes; in a Hydra job, what the terminal shows
+    is also written to the run directory's ``rltrain.log``.
 
     Args:
         cfg: the composed Hydra config.
@@ -276,6 +277,19 @@ def run(cfg: DictConfig) -> float | None:
         ConfigError: when the config or the run's inputs fail a check; nothing has started yet.
         PlacementError / ResourceError: the placement cannot be laid out or does not fit.
     """
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return _run(cfg)
+    from rltrain.telemetry.runlog import run_log
+
+    out_dir = run_dir()
+    os.makedirs(out_dir, exist_ok=True)
+    with run_log(os.path.join(out_dir, f"{HydraConfig.get().job.name}.log")):
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> float | None:
     _refuse_private_preset()
     _apply_command_line(cfg)
     out_dir = run_dir()

@@ -193,9 +193,13 @@ def start_job(
         # Groups start at once: a worker's start-up (imports, model build) is seconds of one
         # core, and one group waiting for the previous made start-up the sum instead of the max.
         names = [c for c in plan.components if c in workers]
-        with ThreadPoolExecutor(max_workers=max(len(names), 1)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(len(names), 1))
+        try:
             futures = {c: pool.submit(launch, c) for c in names}
-        groups: dict[str, WorkerGroup[Any]] = {c: f.result() for c, f in futures.items()}
+            groups: dict[str, WorkerGroup[Any]] = {c: f.result() for c, f in futures.items()}
+        finally:
+            # Ctrl-C or a failed launch: leave now, the cluster's teardown ends the others
+            pool.shutdown(wait=False, cancel_futures=True)
         if on_launch is not None:
             on_launch(groups)
         residency, resident = _residency(run, plan, groups)

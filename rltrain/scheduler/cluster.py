@@ -381,23 +381,29 @@ class Cluster:
         self._groups, self._channels, self._reservations = [], [], []
 
     def shutdown(self) -> None:
-        """Release everything and stop Ray if this cluster started it (idempotent)."""
+        """Release everything and stop Ray if this cluster started it (idempotent).
+
+        Ctrl-C waits until it is done (then raises): a teardown cut short leaves processes.
+        """
         if self._closed:
             return
         self._closed = True
         import ray
 
-        try:
-            if ray.is_initialized():
-                self.release()
-        finally:
-            if self._owns_ray:
-                ray.shutdown()
-                if self._local_cluster is not None:
-                    self._local_cluster.shutdown()
-                if self._temp_dir:
-                    shutil.rmtree(self._temp_dir, ignore_errors=True)
-            self._finalizer.detach()
+        from rltrain.scheduler.interrupts import deferred_interrupts
+
+        with deferred_interrupts():
+            try:
+                if ray.is_initialized():
+                    self.release()
+            finally:
+                if self._owns_ray:
+                    ray.shutdown()
+                    if self._local_cluster is not None:
+                        self._local_cluster.shutdown()
+                    if self._temp_dir:
+                        shutil.rmtree(self._temp_dir, ignore_errors=True)
+                self._finalizer.detach()
 
     @staticmethod
     def _atexit_release(ref: weakref.ref[Cluster]) -> None:

@@ -26,12 +26,14 @@ from rltrain.telemetry.palette import COMPONENT_COLORS, component_color  # noqa:
 from rltrain.telemetry.timeline import (
     TRACE_PNG,
     format_table,
+    headline,
     intervals,
     lane_sort_key,
     load_trace,
     stage_kind,
     summarize,
     trace_devices,
+    training_window,
 )
 
 
@@ -332,6 +334,31 @@ def _predicted_doc(path: str) -> dict[str, Any]:
     return load_trace(p)
 
 
+def window_note(doc: Mapping[str, Any]) -> str:
+    """Which window the table above measures, beside the one ``summary.json`` uses.
+
+    The table covers the whole trace, worker start-up included; ``summary.json`` and
+    ``utilization.json`` start where start-up ends (:func:`~rltrain.telemetry.timeline.
+    training_window`), so their busy shares are higher on a short run.
+    """
+    whole = summarize(doc, trace_devices(doc))
+    window = training_window(doc)
+    text = f"window: the whole trace, {whole['window_s']:.3f} s (worker start-up included)"
+    if window is None:
+        return text + "; summary.json and utilization.json use the same window"
+    trained = headline(summarize(doc, trace_devices(doc), window_us=window))
+    busy = trained.get("busy_fraction_mean")
+    busy_text = (
+        f", devices busy {100 * busy:.0f}% on average (utilization.busy_fraction_mean {busy:.3f})"
+        if busy is not None
+        else ""
+    )
+    return (
+        f"{text}; summary.json and utilization.json measure from the end of worker start-up: "
+        f"{(window[1] - window[0]) / 1e6:.3f} s{busy_text}"
+    )
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m rltrain trace") -> int:
     """Render a run's trace to PNG and print its utilization table.
 
@@ -368,6 +395,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain trace") -
     run = Path(args.run)
     out = Path(args.out) if args.out else (run if run.is_dir() else run.parent) / TRACE_PNG
     print(format_table(summarize(doc, trace_devices(doc)), processes=True))
+    print(window_note(doc))
     try:
         if predicted is not None:
             print(compare(doc, predicted))

@@ -121,9 +121,11 @@ class MetricsLogger:
         if self._bar is None:
             from rich.console import Console
 
-            console = Console(stderr=True)
+            from rltrain.telemetry.runlog import terminal
+
+            console = Console(file=terminal(sys.stderr))  # redraws stay out of rltrain.log
             if console.is_terminal:
-                self._bar = _LiveBar(console, total)
+                self._bar = _LiveBar(console, total, self._start)
             else:
                 self._bar = _LineBar(total, self._start)
         self._bar.update(step, text, evaluated=any(k.startswith("eval/") for k in record))
@@ -166,7 +168,8 @@ def _status(record: dict[str, Any]) -> str:
 class _LiveBar:
     """One rich progress bar, redrawn in place."""
 
-    def __init__(self, console: Any, total: int) -> None:
+    def __init__(self, console: Any, total: int, start: float) -> None:
+        self.lines = _LineBar(total, start)
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -190,6 +193,11 @@ class _LiveBar:
 
     def update(self, step: int, status: str, evaluated: bool) -> None:
         self.progress.update(self.task, completed=step, status=status)
+        line = self.lines.line(step, status, evaluated)
+        if line:
+            from rltrain.telemetry.runlog import log_only
+
+            log_only(line)  # the run's log gets the lines a log file would
 
     def stop(self) -> None:
         self.progress.stop()
@@ -202,10 +210,17 @@ class _LineBar:
         self.total, self.start = total, start
         self.every = max(1, total // 10)
 
-    def update(self, step: int, status: str, evaluated: bool) -> None:
+    def line(self, step: int, status: str, evaluated: bool) -> str:
+        """The line for ``step`` ("" at the steps the cadence skips)."""
         if step == 1 or step % self.every == 0 or evaluated or step == self.total:
             head = f"step {step}/{self.total} | {time.monotonic() - self.start:6.1f}s"
-            print(f"{head} | {status}" if status else head, file=sys.stderr, flush=True)
+            return f"{head} | {status}" if status else head
+        return ""
+
+    def update(self, step: int, status: str, evaluated: bool) -> None:
+        line = self.line(step, status, evaluated)
+        if line:
+            print(line, file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         return None

@@ -487,12 +487,23 @@ def write_run_timeline(
     out.mkdir(parents=True, exist_ok=True)
     doc = chrome_trace_with_devices(spans, devices)
     _atomic_write(out / TRACE_FILE, json.dumps(doc))
-    launched = [s.start_us + s.dur_us for s in spans if s.name == "launch"]
-    end = max((s.start_us + s.dur_us for s in spans), default=0.0)
-    window = (max(launched), end) if launched and max(launched) < end else None
-    summary = summarize(spans, devices, window_us=window)
+    summary = summarize(spans, devices, window_us=training_window(spans))
     _atomic_write(out / UTILIZATION_FILE, json.dumps(_finite(summary), indent=1))
     return summary
+
+
+def training_window(trace: Any) -> tuple[float, float] | None:
+    """The window ``utilization.json`` and ``summary.json`` measure: from the end of the last
+    worker start-up (``launch`` span) to the trace's end; None when there is no start-up to
+    leave out (the whole trace then).
+
+    Args:
+        trace: spans, a Chrome-trace document or its events (see :func:`intervals`).
+    """
+    ivs = intervals(trace)
+    launched = [i.end_us for i in ivs if i.name == "launch"]
+    end = max((i.end_us for i in ivs), default=0.0)
+    return (max(launched), end) if launched and max(launched) < end else None
 
 
 def read_utilization(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
