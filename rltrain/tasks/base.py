@@ -186,7 +186,9 @@ def split_eval(
         ``(train, eval, eval_is_train)``.
 
     Raises:
-        ConfigError: the counts are negative or leave no training example.
+        ConfigError: the counts are negative, leave no training example, or ask for more
+            training examples than there are (as ``num_eval`` may not hold out more than
+            there are).
     """
     if num_eval < 0 or num_train < 0:
         raise ConfigError(
@@ -197,6 +199,14 @@ def split_eval(
         raise ConfigError(
             f"{key_prefix}.num_eval={num_eval} holds out every one of the task's "
             f"{len(examples)} prompts: choose fewer than {len(examples)}"
+        )
+    available = len(examples) - num_eval
+    if num_train > available:
+        held = f" ({num_eval} held out by {key_prefix}.num_eval)" if num_eval else ""
+        raise ConfigError(
+            f"{key_prefix}.num_train={num_train} is more than the {available} training prompts "
+            f"the task has ({len(examples)} prompts{held}): choose at most {available}, or 0 "
+            f"for all of them"
         )
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)

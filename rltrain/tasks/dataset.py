@@ -345,10 +345,34 @@ def read_rows(
     problems += _listed(
         odd, rows, f"the answer field {answer_key!r} holds a list or object: give a string"
     )
+    empty_prompts = [i for i, p in enumerate(prompts) if p is not None and _blank_prompt(p)]
+    problems += _listed(
+        empty_prompts,
+        rows,
+        f"the prompt ({prompt_key!r}) is empty: there is nothing to answer; give every row a "
+        f"prompt, or drop the row",
+    )
+    empty_answers = [i for i, a in enumerate(raw_answers) if isinstance(a, str) and not a.strip()]
+    problems += _listed(
+        empty_answers,
+        rows,
+        f"the answer ({answer_key!r}) is empty: no response could be scored right against it; "
+        f"give every row its reference answer, or drop the row",
+    )
     if problems:
         raise ConfigError(problems)
     rows.answers.extend(_answer_text(a) for a in raw_answers)
     return rows
+
+
+def _blank_prompt(prompt: Any) -> bool:
+    """A prompt with no text: an empty string, or messages whose contents are all empty."""
+    if isinstance(prompt, str):
+        return not prompt.strip()
+    if isinstance(prompt, (list, tuple)):
+        contents = [m.get("content") for m in prompt if isinstance(m, dict)]
+        return all(isinstance(c, str) and not c.strip() for c in contents)
+    return False
 
 
 def _is_json_lines(path: str) -> bool:
