@@ -286,7 +286,15 @@ def read_state(checkpoint: str) -> dict[str, Any]:
 #: The config sections that make two runs the same experiment: a checkpoint of one is a valid
 #: start for the other, and ``trainer.resume=auto`` continues only checkpoints of its own
 #: experiment. Placement and cluster may change between invocations (moving workers).
-EXPERIMENT_KEYS = ("runner", "seed", "model", "task", "algorithm", "reward")
+EXPERIMENT_KEYS = (
+    "runner",
+    "seed",
+    "model",
+    "task",
+    "algorithm",
+    "reward.kind",
+    "reward.model_path",
+)
 
 #: Training settings a resumed run may change (a learning-rate schedule by hand, a longer
 #: response budget, more samples): each difference from the checkpoint's is printed before
@@ -388,7 +396,7 @@ def experiment_identity(config: Any) -> dict[str, Any] | None:
     plain = _plain_run(config)
     if plain is None:
         return None
-    identity = {k: plain.get(k) for k in EXPERIMENT_KEYS}
+    identity = {k: _select(plain, k) for k in EXPERIMENT_KEYS}
     lora = (plain.get("actor") or {}).get("lora") or {}
     if (lora.get("rank") or 0) > 0:  # adapters are another experiment's checkpoints
         identity["actor.lora"] = lora

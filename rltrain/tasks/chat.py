@@ -17,10 +17,6 @@ from rltrain.errors import ConfigError
 #: How many bad rows a message lists before it only counts the rest.
 MAX_LISTED = 5
 
-#: Message roles a prompt may hold (the ones chat templates render; a template given another
-#: role drops it silently or renders it as text the model never saw in training).
-ROLES = ("system", "user", "assistant", "tool")
-
 
 def has_chat_template(tokenizer: Any) -> bool:
     """Whether a tokenizer carries a chat template."""
@@ -66,11 +62,6 @@ def _messages(prompt: Any, system_prompt: str | None) -> list[dict[str, str]] | 
                 return (
                     "a message list must hold {role, content} objects with string values, "
                     f"got {m!r}"
-                )
-            if m["role"] not in ROLES:
-                return (
-                    f"message role {m['role']!r} is not one a chat template knows: use "
-                    f"{list(ROLES)}"
                 )
             messages.append({"role": m["role"], "content": m["content"]})
         if messages[-1]["role"] == "assistant":

@@ -29,6 +29,10 @@ SUPPORTED = ".jsonl, .json, .parquet, or a directory saved with datasets' save_t
 #: How many bad rows a message lists before it only counts the rest.
 MAX_LISTED = 5
 
+#: Message roles a prompt may hold: the ones chat templates render (a template given another
+#: role drops it, or renders text the model never saw in training).
+ROLES = ("system", "user", "assistant", "tool")
+
 #: A ``DatasetDict`` directory's split read for each key, in order of preference.
 SPLITS = {"task.path": ("train",), "task.eval_path": ("test", "validation", "eval")}
 
@@ -352,6 +356,14 @@ def read_rows(
         f"the prompt ({prompt_key!r}) is empty: there is nothing to answer; give every row a "
         f"prompt, or drop the row",
     )
+    odd_roles = [i for i, p in enumerate(prompts) if _unknown_roles(p)]
+    problems += [
+        f"{rows.where(i)}: message roles {_unknown_roles(prompts[i])} are not ones a chat "
+        f"template renders: use {list(ROLES)}"
+        for i in odd_roles[:MAX_LISTED]
+    ]
+    if len(odd_roles) > MAX_LISTED:
+        problems.append(f"{key}={path!r}: {len(odd_roles) - MAX_LISTED} more rows like these")
     empty_answers = [i for i, a in enumerate(raw_answers) if isinstance(a, str) and not a.strip()]
     problems += _listed(
         empty_answers,
@@ -363,6 +375,14 @@ def read_rows(
         raise ConfigError(problems)
     rows.answers.extend(_answer_text(a) for a in raw_answers)
     return rows
+
+
+def _unknown_roles(prompt: Any) -> list[str]:
+    """The roles of a message-list prompt that are not in :data:`ROLES`."""
+    if not isinstance(prompt, (list, tuple)):
+        return []
+    roles = [m.get("role") for m in prompt if isinstance(m, dict)]
+    return [r for r in roles if isinstance(r, str) and r not in ROLES]
 
 
 def _blank_prompt(prompt: Any) -> bool:

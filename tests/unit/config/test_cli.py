@@ -88,3 +88,33 @@ def test_help_lists_public_options_modes_and_subcommands():
     for text in ("placement", "hybrid", "cartpole_hybrid", "mode=plan", "bench", "trace"):
         assert text in out.stdout
     assert "_cartpole " not in out.stdout and "rltrain_schema" not in out.stdout
+
+
+def test_version_is_rltraines():
+    out = run_cli("--version")
+    assert out.returncode == 0
+    assert out.stdout.startswith("rltrain 0.") and "hydra-core" in out.stdout
+
+
+def test_a_value_of_the_wrong_type_is_named_with_a_fix(tmp_path):
+    out = run_cli("mode=plan", "optimizer.betas=${seed}", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "AnyNode" not in out.stderr
+    assert "optimizer.betas=" in out.stderr and "e.g. optimizer.betas=[0.9,0.999]" in out.stderr
+
+
+def test_a_type_error_comes_with_every_other_problem(tmp_path):
+    out = run_cli("mode=plan", "cluster.num_nodes=two", "trainer.train_batch_size=3", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "2 configuration problems" in out.stderr
+    assert "cluster.num_nodes=two" in out.stderr and "trainer.train_batch_size=3" in out.stderr
+    assert list(tmp_path.iterdir()) == []  # the second look wrote nothing
+
+
+def test_an_empty_offload_mapping_lets_zero3_plan_on_the_default_placement(tmp_path):
+    pytest.importorskip("deepspeed")
+    zero3 = ("mode=plan", "actor.backend=deepspeed", "actor.zero_stage=3")
+    refused = run_cli(*zero3, cwd=tmp_path)
+    assert refused.returncode == 2 and "placement.offload.actor" in refused.stderr
+    out = run_cli(*zero3, "placement.offload={}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr

@@ -111,3 +111,19 @@ def test_cli_renders_a_run_dir_and_refuses_a_missing_trace(tmp_path):
     assert "node0/dev1" in out.stdout and "87.5%" in out.stdout  # dev0 busy 7 of 8 s
 
     assert render.main([str(tmp_path / "empty")]) == 2
+
+
+def test_the_table_states_its_window_beside_the_summarys():
+    # 10 s of worker start-up, then 2 s in which the device works 1.8 s
+    spans = [
+        sp("launch", "actor", [], "driver", 0, 10),
+        sp("train", "actor", ["node0/dev0"], "actor[0]", 10, 1.8),
+        sp("step", "driver", [], "driver", 10, 2),
+    ]
+    doc = doc_of(spans, ["node0/dev0"])
+    note = render.window_note(doc)
+    assert "the whole trace, 12.000 s (worker start-up included)" in note
+    assert "from the end of worker start-up: 2.000 s" in note
+    assert "busy 90% on average (utilization.busy_fraction_mean 0.900)" in note
+    summary = timeline.summarize(spans, ["node0/dev0"], window_us=timeline.training_window(spans))
+    assert timeline.headline(summary)["busy_fraction_mean"] == pytest.approx(0.9)
