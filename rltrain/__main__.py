@@ -27,17 +27,16 @@ try:
 
     from rltrain.config.store import register_configs
     from rltrain.errors import RltrainError
+
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    CONFIG_PATH = (
+        "pkg://rltrain.conf"
+        if os.path.isdir(os.path.join(_HERE, "conf"))
+        else os.path.join(os.path.dirname(_HERE), "conf")
+    )
+    register_configs()
 except KeyboardInterrupt:  # Ctrl-C while starting up
     raise SystemExit(EXIT_INTERRUPTED) from None
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-CONFIG_PATH = (
-    "pkg://rltrain.conf"
-    if os.path.isdir(os.path.join(_HERE, "conf"))
-    else os.path.join(os.path.dirname(_HERE), "conf")
-)
-
-register_configs()
 
 
 #: Set while the task function runs: an error raised before it is a command-line or composition

@@ -204,6 +204,19 @@ class Cluster:
 
     @classmethod
     def _start_local(cls, config: Any, runtime_env: dict | None) -> Cluster:
+        import time
+
+        began = time.time()
+        try:
+            return cls._start_local_ray(config, runtime_env)
+        except BaseException:
+            # Ctrl-C (or a failure) half-way through starting Ray: what it started so far must
+            # not outlive the driver (an agent still importing would wait a minute for its GCS)
+            _end(_children_since(began))
+            raise
+
+    @classmethod
+    def _start_local_ray(cls, config: Any, runtime_env: dict | None) -> Cluster:
         import ray
 
         _use_loopback()
@@ -398,12 +411,38 @@ class Cluster:
                     self.release()
             finally:
                 if self._owns_ray:
+                    started = self._started_processes()
                     ray.shutdown()
                     if self._local_cluster is not None:
                         self._local_cluster.shutdown()
+                    _end(started)
                     if self._temp_dir:
                         shutil.rmtree(self._temp_dir, ignore_errors=True)
                 self._finalizer.detach()
+
+    def _started_processes(self) -> list[Any]:
+        """Every process of the local Ray this cluster started, with their descendants (the
+        agents and workers its raylet started): ``ray.shutdown`` stops the ones Ray tracks,
+        and an agent still starting up when it does would wait a minute for its GCS."""
+        if _get(self.config, "address"):
+            return []  # a joined cluster's processes are not ours
+        import psutil
+        import ray._private.worker as ray_worker
+
+        nodes = [getattr(ray_worker, "_global_node", None)]
+        if self._local_cluster is not None:
+            nodes += list(self._local_cluster.list_all_nodes())
+        found: dict[int, Any] = {}
+        for node in nodes:
+            for infos in (getattr(node, "all_processes", None) or {}).values():
+                for info in infos:
+                    try:
+                        root = psutil.Process(info.process.pid)
+                        for p in (root, *root.children(recursive=True)):
+                            found[p.pid] = p
+                    except (psutil.Error, AttributeError):
+                        continue
+        return list(found.values())
 
     @staticmethod
     def _atexit_release(ref: weakref.ref[Cluster]) -> None:
@@ -416,6 +455,49 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _children_since(began: float) -> list[Any]:
+    """This process's descendants created at or after ``began`` (seconds since the epoch)."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.create_time() >= began - 1.0:  # create_time has a tick's resolution
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _alive(process: Any) -> bool:
+    """Running and not a zombie (a zombie is gone; only its parent's wait is left)."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _end(processes: list[Any], grace_s: float = 5.0) -> None:
+    """Terminate what is still running of ``processes``, then kill what outlives the grace."""
+    import psutil
+
+    alive = [p for p in processes if _alive(p)]
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.Error:
+            continue
+    _, stubborn = psutil.wait_procs(alive, timeout=grace_s)
+    for p in stubborn:
+        try:
+            p.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(stubborn, timeout=grace_s)
 
 
 def _measure_gpu_memory(entries: Sequence[Mapping[str, Any]]) -> dict[str, int]:

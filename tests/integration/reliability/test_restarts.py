@@ -3,7 +3,9 @@
 A rollout worker and, later in the same run, an actor worker are killed with SIGKILL. With
 ``trainer.max_restarts=2`` the driver tears the job down, starts it again from its latest
 checkpoint and finishes; every step's record then equals the uninterrupted run's (exact
-resume), and the summary lists both restarts with their cause and the step resumed from.
+resume), the summary lists both restarts with their cause and the step resumed from and
+describes the whole run, and each run's ``rltrain.log`` holds what its terminal showed. A worker
+raising a ``TypeError`` is not restarted at all: a replay would raise it again.
 """
 
 from __future__ import annotations
@@ -34,11 +36,23 @@ COMMON = [
 ]
 
 
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def broken_reward(prompt: str, response: str, answer: str) -> float:
+    """A reward with a bug: it pays the right answer and raises on any other response (the
+    check before Ray scores right answers and an empty one only, so it passes)."""
+    if response.strip() and response.strip() != answer.strip():
+        raise TypeError(f"broken_reward cannot score {response!r}")
+    return 1.0 if response.strip() == answer.strip() else 0.0
+
+
 def rltrain(run_dir: pathlib.Path, *overrides: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "rltrain", f"hydra.run.dir={run_dir}", *COMMON, *overrides]
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(HERE)) if p)
     return subprocess.Popen(
         cmd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -101,6 +115,14 @@ def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_p
     assert "RolloutWorker" in restarts[0]["cause"] or "rollout" in restarts[0]["cause"]
     assert "ActorWorker" in restarts[1]["cause"] or "actor" in restarts[1]["cause"]
     assert restarts[0]["resumed_from_step"] >= 2 and restarts[1]["resumed_from_step"] >= 4
+    # the whole run, not the last attempt: 8 steps from step 0, three attempts
+    assert summary["steps"] == 8
+    assert [a["status"] for a in summary["attempts"]] == ["failed", "failed", "completed"]
+    assert summary["wall_s"] >= sum(a["training_s"] for a in summary["attempts"][:2])
+    # each run's log holds what its terminal showed
+    assert "restart 2 of 2" in (faulty_dir / "rltrain.log").read_text()
+    steady_log = (tmp_path / "steady" / "rltrain.log").read_text()
+    assert "micro-batches chosen by the plan" in steady_log and "rltrain: completed" in steady_log
 
     expected = read_metrics(str(tmp_path / "steady" / "metrics.jsonl"))
     got = read_metrics(str(faulty_dir / "metrics.jsonl"))
@@ -119,3 +141,19 @@ def test_without_restarts_a_killed_worker_fails_the_run_naming_it(tmp_path):
     out = driver.stdout.read()
     assert "group 'rollout'" in out and "died" in out
     assert latest(tmp_path) is not None  # the last checkpoint stays usable
+
+
+def test_a_worker_error_a_replay_would_repeat_spends_no_restart(tmp_path):
+    driver = rltrain(
+        tmp_path, "trainer.max_restarts=2", "task.reward_fn=test_restarts:broken_reward"
+    )
+    try:
+        code = driver.wait(timeout=300)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    out = driver.stdout.read()
+    assert code != 0, out[-3000:]
+    assert "not restarting (trainer.max_restarts=2, 0 used)" in out, out[-3000:]
+    assert "TypeError: broken_reward cannot score" in out
+    assert "restart 1 of 2" not in out
