@@ -14,7 +14,12 @@ from __future__ import annotations
 import os
 import sys
 
-from rltrain.scheduler.interrupts import EXIT_INTERRUPTED, interrupted, listen_for_interrupts
+from rltrain.scheduler.interrupts import (
+    exit_interrupted,
+    interrupt_received,
+    interrupted,
+    listen_for_interrupts,
+)
 
 listen_for_interrupts()  # first, before the slow imports: Ctrl-C works from the first moment
 
@@ -36,7 +41,7 @@ try:
     )
     register_configs()
 except KeyboardInterrupt:  # Ctrl-C while starting up
-    raise SystemExit(EXIT_INTERRUPTED) from None
+    exit_interrupted()
 
 
 #: Set while the task function runs: an error raised before it is a command-line or composition
@@ -59,7 +64,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
     try:
         return run(cfg)
     except RltrainError as exc:
-        if interrupted(exc) or not refused_run(exc):  # Ctrl-C, or a sweep's job
+        if interrupted(exc) or interrupt_received() or not refused_run(exc):  # Ctrl-C, a sweep's
             raise
         _STATE["refused"] = exc
         return None
@@ -100,7 +105,7 @@ def main() -> None:
     try:
         _main(sys.argv[1:])
     except KeyboardInterrupt:
-        sys.exit(EXIT_INTERRUPTED)
+        exit_interrupted()
 
 
 def _main(argv: list[str]) -> None:
@@ -122,8 +127,8 @@ def _main(argv: list[str]) -> None:
     try:
         hydra_main()
     except Exception as exc:  # noqa: BLE001 - classified below, re-raised when not ours
-        if interrupted(exc):  # a failure while Ctrl-C was being handled is the Ctrl-C
-            sys.exit(EXIT_INTERRUPTED)
+        if interrupted(exc) or interrupt_received():  # a failure while Ctrl-C was handled
+            exit_interrupted()
         message = explain(exc)
         if message is None and not _STATE["entered"]:
             message = explain_command_line(exc)
@@ -133,6 +138,8 @@ def _main(argv: list[str]) -> None:
             message = _with_the_rest(message, argv, exc)
         print(f"rltrain: error: {message}", file=sys.stderr)
         sys.exit(2)
+    if interrupt_received():  # its exception was dropped somewhere: the command was still
+        exit_interrupted()  # interrupted
     if _STATE["refused"] is not None:
         print(f"rltrain: error: {_STATE['refused']}", file=sys.stderr)
         sys.exit(2)

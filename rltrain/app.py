@@ -54,7 +54,7 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
     import time
 
     from rltrain.runners import loop
-    from rltrain.scheduler.interrupts import interrupted
+    from rltrain.scheduler.interrupts import check_interrupt, interrupted
     from rltrain.telemetry.metrics import check_trackers
     from rltrain.telemetry.summary import across_attempts, write_job_summary
 
@@ -63,6 +63,7 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
     attempts: list[dict] = []
     attempt = run_cfg
     while True:
+        check_interrupt()  # never a restart after Ctrl-C, even one whose exception was dropped
         began = time.monotonic()
         loop.LAST_FIT.clear()  # a failure before the first step leaves it empty
         try:
@@ -319,9 +320,11 @@ def _run(cfg: DictConfig) -> float | None:
             print(note)
         return None
     from rltrain.runners.layout import preflight
+    from rltrain.scheduler.interrupts import check_interrupt
     from rltrain.telemetry.summary import objective
 
     layout = preflight(run_cfg, out_dir)  # everything that can fail before Ray, at once
+    check_interrupt()  # a Ctrl-C dropped during the checks: Ray is not started
     for note in layout.notes:
         log.warning(note)
     if layout.resume_note:

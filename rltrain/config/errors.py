@@ -63,9 +63,7 @@ def _wants(key: str) -> tuple[str, str] | None:
     elif isinstance(default, bool):
         example = str(default).lower()
     elif default is None or default is dataclasses.MISSING or isinstance(default, dict):
-        example = {int: "1", float: "0.5", bool: "true", list: "[]", dict: "{}"}.get(
-            origin, "..."
-        )
+        example = {int: "1", float: "0.5", bool: "true", list: "[]", dict: "{}"}.get(origin, "...")
     else:
         example = str(default)
     return words, f"{key}={example}"

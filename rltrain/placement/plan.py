@@ -719,6 +719,23 @@ def _stage_memory(
     return StageMemory(stage, tuple(terms), required, peak)
 
 
+def _half_precision_fix(stage: StageMemory, run: Any) -> tuple[int, str] | None:
+    """A float32 checkpoint: bfloat16 halves its weights, gradients and activations (the fp32
+    optimizer state stays). Offered for checkpoints (``model.path``), where real sizes make the
+    dtype matter; the tiny models built from the fields stay float32."""
+    if run is None or getattr(run.model, "dtype", None) != "float32" or not run.model.path:
+        return None
+    kinds = ("weights", "grads", "activations", "kv_cache")
+    halved = sum(t.bytes for t in stage.terms if t.kind in kinds and t.status != "offloaded") // 2
+    if not halved:
+        return None
+    return (
+        halved,
+        f"train in bfloat16: model.dtype=bfloat16 (now float32; halves weights, gradients and "
+        f"activations: frees about {_gib(halved)})",
+    )
+
+
 def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
     """Settings that would free room in a stage that does not fit, most effective first.
 
@@ -798,6 +815,9 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
                 f"{run.rollout.max_new_tokens})",
             )
         )
+    half = _half_precision_fix(stage, run)
+    if half is not None:
+        out.append(half)
     out.sort(key=lambda x: -x[0])
     fixes = [text for _, text in out[:3]]
     bigger = f"devices with more than {_gib(capacity + need)} (cluster.device_memory_gib)"

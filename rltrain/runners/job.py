@@ -24,6 +24,7 @@ from rltrain.placement.plan import Plan, build_plan
 from rltrain.placement.types import GIB, ClusterSpec
 from rltrain.runners.layout import RunLayout, check_launched, layout_for
 from rltrain.scheduler import Cluster, WorkerGroup
+from rltrain.scheduler.interrupts import check_interrupt
 from rltrain.scheduler.residency import ResidencyCoordinator, Resident
 from rltrain.telemetry import trace
 from rltrain.workers.common import ResidentState
@@ -170,6 +171,7 @@ def start_job(
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     trace.configure(process="driver", enabled=run.logging.trace)
     with Cluster.start(run.cluster) as cluster:
+        check_interrupt()  # a Ctrl-C dropped while Ray started
         plan = build_plan(run, _simulated_memory(cluster.spec, run))  # the discovered cluster
         refuse_simulated_latency(run, plan)
         launched = layout_for(run, plan)
@@ -204,6 +206,7 @@ def start_job(
             on_launch(groups)
         residency, resident = _residency(run, plan, groups)
         job = Job(run, launched, cluster, groups, residency, run_dir, resident)
+        check_interrupt()  # a Ctrl-C dropped while the workers started
         yield job
 
 

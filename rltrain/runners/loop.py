@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rltrain.config.schema import TrainerConfig
+from rltrain.scheduler.interrupts import check_interrupt
 from rltrain.telemetry.metrics import MetricsLogger, plot_curves
 
 
@@ -198,6 +199,7 @@ def fit(
     with StopSignal() as stop:
         try:
             for step in range(start, cadence.total_steps):
+                check_interrupt()  # one dropped by a finalizer is raised here, a step late
                 queue = (
                     schedule.queues_ahead and not stop.requested and cadence.quiet_after(step, t0)
                 )

@@ -1,11 +1,17 @@
 """Ctrl-C that is never lost: SIGINT always interrupts, and never half-way through a teardown.
 
-Three rules, each closing a way an interrupt went missing or left processes behind:
+Each rule closes a way an interrupt went missing or left processes behind:
 
 - :func:`listen_for_interrupts`: a process started with SIGINT ignored (a background job of a
   non-interactive shell, as CI runners and ``cmd &`` in scripts start them, inherits
-  ``SIG_IGN``; Python then installs no ``KeyboardInterrupt`` handler at all) gets Python's
-  handler back, so ``kill -INT`` and a terminal's Ctrl-C stop the run.
+  ``SIG_IGN``; Python then installs no ``KeyboardInterrupt`` handler at all) gets a handler,
+  so ``kill -INT`` and a terminal's Ctrl-C stop the run.
+- The handler also *records* the interrupt. Python raises ``KeyboardInterrupt`` wherever the
+  main thread happens to be, and where that is a finalizer or a weakref callback (the import
+  system's module locks have one) the exception is printed as "ignored" and dropped: the run
+  would go on. :func:`check_interrupt` raises it again at the loop's next step (and the
+  driver's other stage boundaries), and :func:`interrupt_received` makes the command exit 130
+  whatever happened to the exception.
 - :func:`deferred_interrupts`: code that must finish once started (stopping Ray, publishing a
   checkpoint) runs with SIGINT held; an interrupt that arrives meanwhile is raised as soon as
   it ends.
@@ -22,27 +28,60 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 #: The exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
 EXIT_INTERRUPTED = 130
 
 
+#: Set by the first SIGINT the handler sees (and by one held during a deferred block).
+_RECEIVED = threading.Event()
+
+
+def on_interrupt(signum: int, frame: Any) -> None:
+    """The SIGINT handler: record the interrupt, then raise ``KeyboardInterrupt`` as Python's
+    own handler does.
+
+    Raises:
+        KeyboardInterrupt: always.
+    """
+    _RECEIVED.set()
+    raise KeyboardInterrupt
+
+
 def listen_for_interrupts() -> bool:
-    """Give SIGINT Python's ``KeyboardInterrupt`` handler where it was inherited as ignored.
+    """Handle SIGINT with :func:`on_interrupt`, also where it was inherited as ignored.
 
     Only the main thread can set signal handlers; elsewhere nothing changes. A handler someone
-    installed on purpose (a callable) is kept.
+    installed on purpose (a callable other than Python's default) is kept.
 
     Returns:
-        True when the handler was restored (SIGINT had been ignored).
+        True when the handler was installed.
     """
     if threading.current_thread() is not threading.main_thread():
         return False
-    if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, None):
+    if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, None, signal.default_int_handler):
         return False
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, on_interrupt)
     return True
+
+
+def interrupt_received() -> bool:
+    """Whether SIGINT arrived in this process (under :func:`listen_for_interrupts`)."""
+    return _RECEIVED.is_set()
+
+
+def check_interrupt() -> None:
+    """Raise the interrupt again if one arrived and its exception was dropped on the way.
+
+    Call at points where stopping is safe (a step's start, between start-up stages); never in
+    clean-up code, which an interrupt being handled must be able to finish.
+
+    Raises:
+        KeyboardInterrupt: SIGINT arrived in this process.
+    """
+    if _RECEIVED.is_set():
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -60,13 +99,15 @@ def deferred_interrupts() -> Iterator[None]:
         yield
         return
     previous = signal.getsignal(signal.SIGINT)
-    if previous is not signal.default_int_handler:
+    if previous not in (signal.default_int_handler, on_interrupt):
         yield
         return
     received: list[int] = []
 
     def hold(signum: int, frame: Any) -> None:
         received.append(signum)
+        if previous is on_interrupt:
+            _RECEIVED.set()
 
     signal.signal(signal.SIGINT, hold)
     try:
@@ -75,6 +116,31 @@ def deferred_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if received:
         raise KeyboardInterrupt
+
+
+def exit_interrupted() -> NoReturn:
+    """End the process with status 130 (Ctrl-C), every exit handler run first.
+
+    ``sys.exit(130)`` is not enough: CPython remembers a ``KeyboardInterrupt`` that passed
+    through code run by ``exec``/``eval`` of a string (dataclasses build their methods that
+    way, so an import can be such code) and then ends the process with SIGINT itself, even
+    when the exception was caught. Here the ``atexit`` handlers (Ray's shutdown, logging's
+    flush, ``weakref.finalize``) run, the standard streams are flushed, and the process exits
+    with 130 directly.
+    """
+    import atexit
+    import os
+    import sys
+
+    try:
+        atexit._run_exitfuncs()  # noqa: SLF001 - what interpreter shutdown would run
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(EXIT_INTERRUPTED)
 
 
 def interrupted(exc: BaseException | None) -> bool:
