@@ -146,3 +146,26 @@ def _uses(plan: Any, run: Any, section: str) -> bool:
     if section not in plan.components:
         return False
     return section != "reward" or run.reward.kind == "model"
+
+
+def adopt_micro_batches(run: Any, decided: Any) -> Any:
+    """``run`` with the micro-batch sizes ``decided`` holds where ``run`` leaves them null.
+
+    Only those sizes are taken: everything else of ``run`` stands (a caller may have changed
+    other keys since, such as the checkpoint a restart resumes).
+
+    Args:
+        run: the config a job runs with.
+        decided: the config the layout was made for (:attr:`RunLayout.run`), or None.
+
+    Returns:
+        ``run`` itself when nothing is left null or nothing was decided; else a copy.
+    """
+    if decided is None:
+        return run
+    values = {
+        s: getattr(decided, s).micro_batch_size
+        for s in _auto(run)
+        if getattr(decided, s).micro_batch_size is not None
+    }
+    return _with(run, values) if values else run

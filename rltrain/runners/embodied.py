@@ -26,6 +26,7 @@ from typing import Any
 from rltrain.config.schema import RunConfig
 from rltrain.config.seeds import eval_episode_seed
 from rltrain.errors import ConfigError, WorkerError
+from rltrain.placement.micro_batches import adopt_micro_batches
 from rltrain.runners import loop
 from rltrain.runners.checkpoint import CheckpointManager, read_state, training_record
 from rltrain.runners.job import Job, start_job
@@ -433,7 +434,7 @@ def run_embodied(run: RunConfig, run_dir: str, layout: Any = None) -> dict[str, 
     from rltrain.runners.layout import preflight
 
     layout = layout if layout is not None else preflight(run)
-    run = layout.run if layout.run is not None else run  # with the plan's choices
+    run = adopt_micro_batches(run, layout.run)  # the sizes the plan chose
     builders = {
         "actor": lambda lay: EmbodiedActorWorker.create_group(run, lay.spec),
         "rollout": lambda lay: EmbodiedRolloutWorker.create_group(run, lay.spec),

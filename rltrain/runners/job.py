@@ -20,6 +20,7 @@ from rltrain.config import resolve_offload
 from rltrain.config.device_checks import simulated_latency_problem
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
+from rltrain.placement.micro_batches import adopt_micro_batches
 from rltrain.placement.plan import Plan, build_plan
 from rltrain.placement.types import GIB, ClusterSpec
 from rltrain.runners.layout import RunLayout, check_launched, layout_for
@@ -161,8 +162,8 @@ def start_job(
     Raises:
         ResourceError: the launched layout differs from ``layout``.
     """
-    if layout is not None and layout.run is not None:
-        run = layout.run  # with what the plan chose (micro-batch sizes left null)
+    if layout is not None:
+        run = adopt_micro_batches(run, layout.run)  # the sizes the plan chose
     os.makedirs(run_dir, exist_ok=True)
     if run.cluster.address is None:
         # A private local Ray on loopback: no auth token under ~/.ray, gloo on lo.

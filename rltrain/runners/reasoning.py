@@ -34,6 +34,7 @@ from typing import Any
 from rltrain.backends.weight_sync.choice import TransportChoice, choose_transport
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
+from rltrain.placement.micro_batches import adopt_micro_batches
 from rltrain.runners import loop
 from rltrain.runners.checkpoint import (
     CheckpointManager,
@@ -522,7 +523,7 @@ def run_reasoning(run: RunConfig, run_dir: str, layout: RunLayout | None = None)
             launched job's layout differing from the checked one.
     """
     layout = layout if layout is not None else preflight(run)
-    run = layout.run if layout.run is not None else run  # with the plan's choices
+    run = adopt_micro_batches(run, layout.run)  # the sizes the plan chose
     builders = worker_builders(run, layout.fused)
     with start_job(run, run_dir, builders, layout, on_launch=data_parallel) as job:
         runner = ReasoningRunner(job)

@@ -118,6 +118,10 @@ def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_p
     # the whole run, not the last attempt: 8 steps from step 0, three attempts
     assert summary["steps"] == 8
     assert [a["status"] for a in summary["attempts"]] == ["failed", "failed", "completed"]
+    # each restart really started from its checkpoint (the loop's own first step)
+    firsts = [a["first_step"] for a in summary["attempts"]]
+    assert firsts[0] == 0 and firsts[1] == restarts[0]["resumed_from_step"] >= 2
+    assert firsts[2] == restarts[1]["resumed_from_step"] >= 4
     assert summary["wall_s"] >= sum(a["training_s"] for a in summary["attempts"][:2])
     # each run's log holds what its terminal showed
     assert "restart 2 of 2" in (faulty_dir / "rltrain.log").read_text()

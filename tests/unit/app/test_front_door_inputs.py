@@ -297,3 +297,17 @@ def test_no_devices_is_blamed_on_the_cluster_key():
 def test_a_config_problem_comes_with_the_layouts_problems(no_ray):  # noqa: F811
     text = refused("trainer.train_batch_size=3", "placement.auto.profile_steps=1")
     assert "trainer.train_batch_size=3" in text and "placement.auto.profile_steps=1" in text
+
+
+def test_a_job_takes_only_the_chosen_micro_batches_from_its_layout():
+    import dataclasses
+
+    from rltrain.placement.micro_batches import adopt_micro_batches
+    from rltrain.runners.layout import decide_for_user
+
+    decided, _ = decide_for_user(load_config(compose_config()))
+    restart = load_config(compose_config())
+    restart.trainer = dataclasses.replace(restart.trainer, resume="/ckpt/step-000004")
+    run = adopt_micro_batches(restart, decided)
+    assert run.actor.micro_batch_size == 64  # the plan's choice ...
+    assert run.trainer.resume == "/ckpt/step-000004"  # ... and nothing else of the layout's
