@@ -9,8 +9,8 @@ unless rltrain restores it, and an interrupt would be lost.
 The stress test interrupts one tiny run per moment (each interrupt ends its run, so no run can
 serve two). The moments are drawn with a seeded RNG from every phase of a run: start-up before
 Ray, Ray starting, workers starting, training steps, checkpoint writes, and the teardown after
-the last step. Cost: one tiny run started per moment, mostly start-up; 8 moments take about as
-long as 8 short runs (1-2 minutes on an idle 2-core machine).
+the last step. Cost: one tiny run started per moment, mostly start-up: 8 moments took 96 s on the
+2-core development VM (2026-11-26, lightly loaded), the sweep test 22 s.
 """
 
 from __future__ import annotations
