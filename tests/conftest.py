@@ -36,3 +36,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
     return ROOT
+
+
+@pytest.fixture(autouse=True)
+def _sigint_state_per_test():
+    """Each test starts with the SIGINT handler and interrupt record the session began with.
+
+    An in-process run installs rltrain's SIGINT handler (it must, to never lose a Ctrl-C); left
+    in place it would change what later tests of the interrupt rules observe.
+    """
+    import signal
+
+    from rltrain.scheduler import interrupts
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    interrupts._RECEIVED.clear()
+    if before is not None:
+        signal.signal(signal.SIGINT, before)

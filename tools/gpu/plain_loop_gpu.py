@@ -71,7 +71,8 @@ def build_model(model_yaml: Path, device: torch.device) -> torch.nn.Module:
         torch.manual_seed(int(m.get("init_seed", 0)))
         with device:
             model = Qwen2ForCausalLM(cfg)
-    return model.to(dtype[m.get("dtype", "bfloat16")])
+    # model.dtype null follows the checkpoint; a built-in model has none, so bf16 as on GPU.
+    return model.to(dtype[m.get("dtype") or "bfloat16"])
 
 
 def response_mask(resp: torch.Tensor) -> torch.Tensor:

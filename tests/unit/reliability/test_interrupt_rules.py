@@ -110,6 +110,7 @@ def test_exit_130_after_an_interrupt_in_execd_code(exit_with, code, tmp_path):
 
 def test_a_deferred_block_finishes_then_raises():
     done = []
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with pytest.raises(KeyboardInterrupt):
         with deferred_interrupts():
             os.kill(os.getpid(), signal.SIGINT)
