@@ -43,14 +43,17 @@ def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Pl
             fitting, sizes, the dataset, the checkpoint to resume), after writing the plan.
     """
     out_dir = out_dir or run_dir()
+    planned, note = _planned_run(run)
     os.makedirs(out_dir, exist_ok=True)
     cluster = ClusterSpec.from_config(run.cluster)
-    plan = build_plan(run, cluster, check_fit=False)
+    plan = build_plan(planned, cluster, check_fit=False)
     _print(plan, max_rows)
+    if note:
+        print(note)
     print(fusion_line(run, plan))
     from rltrain.whatif.report import plan_prediction  # the step simulator (docs/whatif.md)
 
-    data = {**plan.to_dict(), **plan_prediction(run, plan, out_dir, _fusable)}
+    data = {**plan.to_dict(), **plan_prediction(planned, plan, out_dir, _fusable)}
     with open(os.path.join(out_dir, "plan.json"), "w") as f:
         json.dump(data, f, indent=1)
     with open(os.path.join(out_dir, "plan.svg"), "w") as f:
@@ -70,6 +73,27 @@ def _fusable(run: Any, plan: Plan) -> bool:
 
     fuse = str(run.placement.fuse).lower()
     return run.runner == "reasoning" and fuse != "false" and not fusion_blockers(run, plan)
+
+
+def _planned_run(run: Any) -> tuple[Any, str]:
+    """The run as planned, and a line when its model is not the one at ``model.path``.
+
+    A run that only plans writes nothing, so ``task.generate``'s checkpoint may not exist yet:
+    the plan is then sized from the model the generator will build from the ``model`` fields.
+    """
+    import dataclasses
+
+    from rltrain.tasks import planning_model
+
+    model = planning_model(run)
+    if model is run.model:
+        return run, ""
+    note = (
+        f"model: sized from the model fields (task.generate={run.task.generate!r} writes its "
+        f"data and checkpoint to model.path={run.model.path!r} when the run starts; mode=plan "
+        f"writes nothing, so the data set is checked then)"
+    )
+    return dataclasses.replace(run, model=model), note
 
 
 def fusion_line(run: Any, plan: Plan) -> str:

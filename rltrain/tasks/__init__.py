@@ -17,7 +17,13 @@ from rltrain.tasks.arithmetic import arithmetic_examples, build_arithmetic_task
 from rltrain.tasks.base import Example, RewardFn, Task, exact_match, import_reward_fn
 from rltrain.tasks.build import REASONING_TASKS, assemble
 from rltrain.tasks.chat import has_chat_template, render_prompts, use_chat_template
-from rltrain.tasks.checks import GENERATORS, check_task, prepare_task
+from rltrain.tasks.checks import (
+    GENERATORS,
+    check_task,
+    planning_model,
+    prepare_task,
+    writes_nothing,
+)
 from rltrain.tasks.dataset import SUPPORTED, read_rows
 from rltrain.tasks.file_task import build_file_task, read_examples
 from rltrain.tasks.tokenizer import (
@@ -45,12 +51,14 @@ __all__ = [
     "exact_match",
     "has_chat_template",
     "import_reward_fn",
+    "planning_model",
     "prepare_task",
     "read_examples",
     "read_rows",
     "render_prompts",
     "tokenizer_source",
     "use_chat_template",
+    "writes_nothing",
 ]
 
 

@@ -8,6 +8,8 @@ first, so one run of the command lists everything to fix.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any
 
 from rltrain.errors import ConfigError
@@ -19,47 +21,81 @@ from rltrain.tasks.tokenizer import build_tokenizer, tokenizer_source
 GENERATORS = ("gsm8k_tiny",)
 
 
+def writes_nothing(run: Any) -> bool:
+    """Whether the run only plans: ``mode=plan`` writes its plan files and nothing else.
+
+    ``placement=auto`` profiles short runs of the task to plan, so it needs the task's data:
+    there ``mode=plan`` writes it (the help says so).
+    """
+    return run.mode == "plan" and run.placement.mode != "auto"
+
+
 def prepare_task(run: Any) -> bool:
     """Write the synthetic data ``task.generate`` names, unless it is already there.
 
     ``task.generate=gsm8k_tiny`` writes the training and evaluation Parquet files to
     ``task.path`` and ``task.eval_path`` and a base chat checkpoint (model and tokenizer) to
     ``model.path``, built from the ``model`` fields (:mod:`rltrain.tasks.gsm8k_tiny`); sizes
-    come from ``task.params``. Safe to call from several processes at once (a file lock), and
-    cheap when the data is current.
+    come from ``task.params``. It never writes over a checkpoint or file it did not write
+    itself, and writes nothing at all when the run only plans (:func:`writes_nothing`). Safe
+    to call from several processes at once (a file lock), and cheap when the data is current.
 
     Args:
         run: a :class:`rltrain.config.schema.RunConfig`.
 
     Returns:
-        True when something was written.
+        True when the data was missing or stale: written now, or (when the run only plans)
+        still to be written by a run.
 
     Raises:
-        ConfigError: an unknown generator, a path it needs left unset, bad ``task.params``.
+        ConfigError: an unknown generator, a path it needs left unset, a path holding what the
+            generator did not write, bad ``task.params``.
     """
     t = run.task
     generate = t.generate
     if not generate:
         return False
-    if generate not in GENERATORS:
+    problems = _generator_problems(run)
+    if problems:
+        raise ConfigError(problems)
+    spec = Gsm8kTinySpec.from_params(dict(t.params), t.seed)
+    try:
+        chat = t.chat_template is not False  # null: the generated tokenizer has a template
+        return ensure_gsm8k_tiny(
+            t.path,
+            t.eval_path,
+            run.model.path,
+            spec,
+            run.model,
+            t.system_prompt,
+            chat,
+            dry_run=writes_nothing(run),
+            progress=run.logging.progress,
+        )
+    except OSError as exc:
         raise ConfigError(
+            f"task.generate={generate!r} could not write its data ({exc}): point "
+            f"task.params.data_dir (or task.path / task.eval_path / model.path) at a "
+            f"writable directory"
+        ) from None
+
+
+def _generator_problems(run: Any) -> list[str]:
+    """What stops ``task.generate`` before it looks at its paths."""
+    t, generate = run.task, run.task.generate
+    if generate not in GENERATORS:
+        return [
             f"task.generate={generate!r} is not a generator rltrain has: choose one of "
             f"{list(GENERATORS)}, or null to read existing files"
-        )
-    missing = [
-        key
-        for key, value in (
-            ("task.path", t.path),
-            ("task.eval_path", t.eval_path),
-            ("model.path", run.model.path),
-        )
-        if not value
-    ]
+        ]
+    paths = {"task.path": t.path, "task.eval_path": t.eval_path, "model.path": run.model.path}
     problems = [
         f"task.generate={generate!r} writes its data to {key}, which is not set: give it a "
         f"path (experiment=gsm8k_tiny sets all three under task.params.data_dir)"
-        for key in missing
+        for key, value in paths.items()
+        if not value
     ]
+    problems += _overlapping(generate, {k: v for k, v in paths.items() if v})
     if t.name != "jsonl":
         problems.append(
             f"task.generate={generate!r} writes data files, read with task.name='jsonl' "
@@ -71,20 +107,51 @@ def prepare_task(run: Any) -> bool:
             f"model.tokenizer_path={run.model.tokenizer_path!r} would replace it: set "
             f"model.tokenizer_path=null (or task.generate=null to use your own checkpoint)"
         )
-    if problems:
-        raise ConfigError(problems)
-    spec = Gsm8kTinySpec.from_params(dict(t.params), t.seed)
-    try:
-        chat = t.chat_template is not False  # null: the generated tokenizer has a template
-        return ensure_gsm8k_tiny(
-            t.path, t.eval_path, run.model.path, spec, run.model, t.system_prompt, chat
+    return problems
+
+
+def _overlapping(generate: str, paths: dict[str, str]) -> list[str]:
+    """Output paths that are the same, or one inside the checkpoint directory (the generator
+    would write one over the other)."""
+    where = {k: os.path.abspath(v) for k, v in paths.items()}
+    model = where.pop("model.path", None)
+    problems = []
+    if len(set(where.values())) < len(where):
+        problems.append(
+            f"task.generate={generate!r} writes task.path and task.eval_path, but both are "
+            f"{next(iter(where.values()))!r}: give them different files"
         )
-    except OSError as exc:
-        raise ConfigError(
-            f"task.generate={generate!r} could not write its data ({exc}): point "
-            f"task.params.data_dir (or task.path / task.eval_path / model.path) at a "
-            f"writable directory"
-        ) from None
+    for key, path in where.items():
+        if model is not None and (path == model or path.startswith(model.rstrip(os.sep) + os.sep)):
+            problems.append(
+                f"task.generate={generate!r} writes {key}={paths[key]!r} inside model.path="
+                f"{paths['model.path']!r}, which it replaces whole: put the data elsewhere"
+            )
+    return problems
+
+
+def planning_model(run: Any) -> Any:
+    """The ``model`` section the plan is sized from.
+
+    Where ``task.generate`` has not written the checkpoint at ``model.path`` yet (a run that
+    only plans writes nothing), the plan is sized from the model the generator would build:
+    the ``model`` fields, with the generated tokenizer's vocabulary.
+
+    Args:
+        run: a :class:`rltrain.config.schema.RunConfig` that passed the config checks.
+
+    Returns:
+        ``run.model``, or the model the generator would build.
+
+    Raises:
+        ConfigError: what :func:`prepare_task` refuses.
+    """
+    if not (run.task.generate and run.runner == "reasoning" and writes_nothing(run)):
+        return run.model  # a run writes the checkpoint before it is planned
+    if not prepare_task(run):  # (only looks: the run only plans)
+        return run.model
+    vocab = run.model.vocab_size or Gsm8kTinySpec.from_params(dict(run.task.params), 0).vocab_size
+    return dataclasses.replace(run.model, path=None, tokenizer_path=None, vocab_size=vocab)
 
 
 def check_task(run: Any) -> list[str]:
@@ -108,9 +175,11 @@ def check_task(run: Any) -> list[str]:
     if run.runner != "reasoning" or run.task.name == "gym":
         return []
     try:
-        prepare_task(run)
+        missing = prepare_task(run)
     except ConfigError as exc:
         return list(exc.problems)
+    if missing and writes_nothing(run):
+        return []  # mode=plan wrote nothing: the run writes the data, then checks it
     problems: list[str] = []
     tokenizer = collect(problems, lambda: build_tokenizer(run.model))
     if tokenizer is None:  # still report what is wrong with the files themselves

@@ -33,12 +33,13 @@ from typing import Any
 from rltrain.config.schema import MODEL_SIZE_FIELDS
 from rltrain.config.seeds import dataset_seed
 from rltrain.errors import ConfigError
+from rltrain.telemetry.progress import StageProgress
 
 log = logging.getLogger(__name__)
 
 #: Bumped when the problems or the checkpoint recipe change, so old caches are rewritten
 #: (it also seeds the problems).
-VERSION = 1
+VERSION = 2
 STAMP = "generated_by_rltrain.json"
 
 #: Special tokens: padding, and ChatML's turn markers (``<|im_end|>`` ends a response).
@@ -286,14 +287,94 @@ def _stamp(
     }
 
 
-def _current(stamp: dict[str, Any], model_dir: str) -> bool:
+#: Parquet schema metadata the generator writes into its data files: the proof, in the file
+#: itself, that the generator wrote it (and so may rewrite it).
+FILE_MARK = (b"rltrain.generator", b"gsm8k_tiny")
+
+
+def _held_stamp(model_dir: str) -> dict[str, Any] | None:
+    """The generator's stamp in ``model_dir``, or None when there is none (or it is unreadable)."""
     try:
         with open(os.path.join(model_dir, STAMP)) as f:
             held = json.load(f)
     except (OSError, ValueError):
+        return None
+    return held if isinstance(held, dict) and held.get("generator") == "gsm8k_tiny" else None
+
+
+def _marked(path: str) -> bool:
+    """Whether ``path`` is a Parquet file carrying :data:`FILE_MARK`."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except Exception:  # noqa: BLE001 - not a Parquet file (or unreadable): not the generator's
         return False
-    files = [stamp["train_path"], stamp["eval_path"], os.path.join(model_dir, "config.json")]
-    return held == stamp and all(os.path.isfile(f) for f in files)
+    return meta.get(FILE_MARK[0]) == FILE_MARK[1]
+
+
+def _file_is_ours(path: str, held: dict[str, Any] | None) -> bool:
+    """Whether the generator wrote the data file at ``path``.
+
+    Its own mark proves it; a file written before files were marked is proved by the stamp of
+    the checkpoint written with it, which names its path.
+    """
+    if _marked(path):
+        return True
+    legacy = held is not None and held.get("version") == 1
+    return legacy and os.path.abspath(path) in (held["train_path"], held["eval_path"])
+
+
+def foreign_outputs(
+    train_path: str, eval_path: str, model_dir: str, generate: str = "gsm8k_tiny"
+) -> list[str]:
+    """What the generator would overwrite without having written it: one message per path.
+
+    The generator writes only where it wrote before: a checkpoint directory holding its stamp,
+    data files holding its mark. Anything else already at one of its paths is the user's (a
+    checkpoint, a data set) and is never replaced or deleted.
+
+    Args:
+        train_path: ``task.path``.
+        eval_path: ``task.eval_path``.
+        model_dir: ``model.path``.
+        generate: the generator's name, for messages.
+
+    Returns:
+        Problem messages naming the key, the path and the fix; empty when every path is free or
+        the generator's own.
+    """
+
+    def fix(key: str) -> str:
+        return (
+            f"set task.generate=null to use it as it is, or point {key} at a path that does not "
+            f"exist yet (experiment=gsm8k_tiny puts all three under task.params.data_dir)"
+        )
+
+    problems = []
+    held = _held_stamp(model_dir)
+    if os.path.lexists(model_dir) and held is None:
+        problems.append(
+            f"model.path={model_dir!r} exists and task.generate={generate!r} did not write it (no "
+            f"{STAMP} in it), so the generator will not replace it: " + fix("model.path")
+        )
+    for key, path in (("task.path", train_path), ("task.eval_path", eval_path)):
+        if os.path.lexists(path) and not _file_is_ours(path, held):
+            problems.append(
+                f"{key}={path!r} exists and task.generate={generate!r} did not write it, so the "
+                f"generator will not overwrite it: " + fix(key)
+            )
+    return problems
+
+
+def _current(stamp: dict[str, Any], model_dir: str) -> bool:
+    held = _held_stamp(model_dir)
+    files = [stamp["train_path"], stamp["eval_path"]]
+    return (
+        held == stamp
+        and os.path.isfile(os.path.join(model_dir, "config.json"))
+        and all(os.path.isfile(f) and _marked(f) for f in files)
+    )
 
 
 def _write_parquet(rows: list[dict[str, str]], path: str) -> None:
@@ -304,9 +385,13 @@ def _write_parquet(rows: list[dict[str, str]], path: str) -> None:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".parquet", dir=directory)
     os.close(fd)
-    table = pa.table({k: [r[k] for r in rows] for k in ("question", "answer")})
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)  # readers never see a half-written file
+    try:
+        table = pa.table({k: [r[k] for r in rows] for k in ("question", "answer")})
+        pq.write_table(table.replace_schema_metadata(dict([FILE_MARK])), tmp)
+        os.replace(tmp, path)  # readers never see a half-written file
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _write_base_model(
@@ -316,6 +401,7 @@ def _write_base_model(
     model_cfg: Any,
     system_prompt: str | None,
     chat: bool,
+    progress: bool = False,
 ) -> None:
     """Save the model the ``model`` fields describe into ``directory`` (which holds the
     tokenizer), supervised on ``train``'s worked solutions.
@@ -347,15 +433,19 @@ def _write_base_model(
             (p, [*r, tok.eos_token_id])
             for p, r in zip(prompt_token_ids(tok, prompts), responses, strict=True)
         ]
-        losses = supervised_finetune(
-            model,
-            pairs,
-            tok.pad_token_id,
-            spec.sft_steps,
-            spec.sft_batch_size,
-            spec.sft_lr,
-            seed=spec.seed,
-        )
+        label = "gsm8k_tiny: supervising the base checkpoint"
+        log.info("%s (%d steps of %d solutions)", label, spec.sft_steps, spec.sft_batch_size)
+        with StageProgress(label, spec.sft_steps, progress) as bar:
+            losses = supervised_finetune(
+                model,
+                pairs,
+                tok.pad_token_id,
+                spec.sft_steps,
+                spec.sft_batch_size,
+                spec.sft_lr,
+                seed=spec.seed,
+                on_step=lambda _, loss: bar.advance(status=f"loss {loss:.3f}"),
+            )
         model.save_pretrained(directory)
         log.info(
             "gsm8k_tiny: base checkpoint supervised for %d steps (loss %.3f -> %.3f)",
@@ -376,8 +466,13 @@ def ensure_gsm8k_tiny(
     model_cfg: Any,
     system_prompt: str | None = None,
     chat: bool = True,
+    dry_run: bool = False,
+    progress: bool = False,
 ) -> bool:
     """Write the data set and the base checkpoint unless the same ones are already there.
+
+    Nothing is written or deleted at a path holding something the generator did not write
+    (:func:`foreign_outputs`): that is refused before anything happens.
 
     Args:
         train_path: the training Parquet file (``task.path``).
@@ -390,31 +485,76 @@ def ensure_gsm8k_tiny(
             the run's.
         chat: whether the run renders prompts with the chat template (``task.chat_template``;
             the generated tokenizer has one), so the supervised prompts are rendered the same.
+        dry_run: only check (``mode=plan``): write nothing, and say whether a run would write.
+        progress: show the supervised steps' progress (``logging.progress``); each stage is
+            logged either way.
 
     Returns:
-        True when something was written, False when the cache was current.
+        True when something was written (with ``dry_run``: would be), False when the cache was
+        current.
+
+    Raises:
+        ConfigError: a path holds a checkpoint or file the generator did not write.
     """
     stamp = _stamp(spec, train_path, eval_path, model_cfg, system_prompt, chat)
     if _current(stamp, model_dir):
         return False
-    with _locked(os.path.abspath(model_dir).rstrip("/") + ".lock"):
+    lock = os.path.abspath(model_dir).rstrip("/") + ".lock"
+    foreign = foreign_outputs(train_path, eval_path, model_dir)
+    if foreign and not os.path.exists(lock):  # no generator ever wrote here: refuse untouched
+        raise ConfigError(foreign)
+    if dry_run:
+        if foreign:  # another job of a sweep may be writing them now: wait for it, then look
+            with _locked(lock):
+                if _current(stamp, model_dir):
+                    return False
+                foreign = foreign_outputs(train_path, eval_path, model_dir)
+        if foreign:
+            raise ConfigError(foreign)
+        return True
+    with _locked(lock):
         if _current(stamp, model_dir):  # another job wrote it while we waited
             return False
-        train, evals = word_problems(spec)
-        _write_parquet(train, train_path)
-        _write_parquet(evals, eval_path)
-        corpus = [text for r in train for text in (r["question"], r["answer"])]
-        tok = build_bpe_tokenizer(corpus, spec.vocab_size)
-        parent = os.path.dirname(os.path.abspath(model_dir))
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".checkpoint-", dir=parent)
-        try:
-            tok.save_pretrained(tmp)
-            _write_base_model(tmp, train, spec, model_cfg, system_prompt, chat)
-            with open(os.path.join(tmp, STAMP), "w") as f:
-                json.dump(stamp, f, indent=1)
-            shutil.rmtree(model_dir, ignore_errors=True)
-            os.replace(tmp, model_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        foreign = foreign_outputs(train_path, eval_path, model_dir)
+        if foreign:
+            raise ConfigError(foreign)
+        _generate(
+            train_path, eval_path, model_dir, spec, model_cfg, system_prompt, chat, stamp, progress
+        )
     return True
+
+
+def _generate(
+    train_path: str,
+    eval_path: str,
+    model_dir: str,
+    spec: Gsm8kTinySpec,
+    model_cfg: Any,
+    system_prompt: str | None,
+    chat: bool,
+    stamp: dict[str, Any],
+    progress: bool,
+) -> None:
+    """Write everything (the caller holds the lock and has checked the paths are ours)."""
+    log.info(
+        "gsm8k_tiny: writing %d training and %d evaluation problems", spec.num_train, spec.num_eval
+    )
+    train, evals = word_problems(spec)
+    _write_parquet(train, train_path)
+    _write_parquet(evals, eval_path)
+    corpus = [text for r in train for text in (r["question"], r["answer"])]
+    log.info("gsm8k_tiny: training a %d-token BPE tokenizer", spec.vocab_size)
+    tok = build_bpe_tokenizer(corpus, spec.vocab_size)
+    parent = os.path.dirname(os.path.abspath(model_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".checkpoint-", dir=parent)
+    try:
+        tok.save_pretrained(tmp)
+        _write_base_model(tmp, train, spec, model_cfg, system_prompt, chat, progress)
+        with open(os.path.join(tmp, STAMP), "w") as f:
+            json.dump(stamp, f, indent=1)
+        if os.path.lexists(model_dir):  # the generator's own (checked): replaced whole
+            shutil.rmtree(model_dir)
+        os.replace(tmp, model_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

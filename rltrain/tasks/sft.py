@@ -9,7 +9,7 @@ instruct model.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -78,6 +78,7 @@ def supervised_finetune(
     batch_size: int,
     lr: float,
     seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Train ``model`` in place on random batches of ``pairs`` with AdamW.
 
@@ -89,6 +90,7 @@ def supervised_finetune(
         batch_size: examples per step, drawn without replacement within a step.
         lr: AdamW learning rate (constant).
         seed: which batches, in which order; the caller's global RNG is untouched.
+        on_step: called after every step with its number (from 1) and its loss (progress).
 
     Returns:
         The loss of every step, in order.
@@ -113,6 +115,8 @@ def supervised_finetune(
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(len(losses), losses[-1])
     finally:
         model.eval()
     return losses

@@ -178,3 +178,88 @@ def test_check_task_generates_then_the_task_builds_with_the_chat_template(tmp_pa
         "model.tokenizer_path=" in p and "set model.tokenizer_path=null" in p
         for p in check_task(run)
     )
+
+
+def _fingerprint(root: pathlib.Path) -> dict[str, tuple]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        out[str(p)] = (st.st_mtime_ns, p.read_bytes() if p.is_file() else sorted(os.listdir(p)))
+    return out
+
+
+def _users_files(root: pathlib.Path) -> tuple[str, str, str]:
+    """A reader's checkpoint directory and Parquet files, none written by the generator."""
+    import pyarrow as pa
+
+    ckpt = root / "my-checkpoint"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text('{"model_type": "qwen2"}')
+    table = pa.table({"question": ["1+1?"], "answer": ["#### 2"]})
+    for name in ("train.parquet", "test.parquet"):
+        pq.write_table(table, root / name)
+    return str(root / "train.parquet"), str(root / "test.parquet"), str(ckpt)
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_what_the_generator_did_not_write_is_refused_before_anything_happens(tmp_path, dry_run):
+    spec = Gsm8kTinySpec(num_train=50, num_eval=10, vocab_size=300, sft_steps=0)
+    train, test, ckpt = _users_files(tmp_path / "mine")
+    before = _fingerprint(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        ensure_gsm8k_tiny(train, test, ckpt, spec, _tiny_model(), dry_run=dry_run)
+    assert len(err.value.problems) == 3
+    for key, path in (("model.path", ckpt), ("task.path", train), ("task.eval_path", test)):
+        assert any(p.startswith(f"{key}={path!r} exists") for p in err.value.problems)
+    assert all("set task.generate=null" in p for p in err.value.problems)
+    assert _fingerprint(tmp_path) == before  # nothing written, replaced or deleted; no lock
+    # one path of the user's among the generator's own fresh ones: still refused, untouched
+    fresh = (str(tmp_path / "new/train.parquet"), str(tmp_path / "new/eval.parquet"))
+    with pytest.raises(ConfigError, match=r"model.path=.*my-checkpoint' exists") as err:
+        ensure_gsm8k_tiny(*fresh, ckpt, spec, _tiny_model(), dry_run=dry_run)
+    assert len(err.value.problems) == 1
+    assert _fingerprint(tmp_path) == before
+
+
+def test_a_plan_writes_nothing_and_a_file_the_user_put_in_place_is_refused(tmp_path):
+    spec = Gsm8kTinySpec(num_train=50, num_eval=10, vocab_size=300, sft_steps=0)
+    paths = (str(tmp_path / "train.parquet"), str(tmp_path / "eval.parquet"), str(tmp_path / "m"))
+    assert ensure_gsm8k_tiny(*paths, spec, _tiny_model(), dry_run=True) is True
+    assert list(tmp_path.iterdir()) == []
+    assert ensure_gsm8k_tiny(*paths, spec, _tiny_model()) is True
+    assert ensure_gsm8k_tiny(*paths, spec, _tiny_model(), dry_run=True) is False
+    # the generator's own files are rewritten when stale...
+    assert ensure_gsm8k_tiny(*paths, dataclasses.replace(spec, num_train=40), _tiny_model())
+    # ...but a file the user copied over one of them is the user's
+    _users_files(tmp_path / "mine")
+    os.replace(tmp_path / "mine" / "train.parquet", paths[0])
+    before = _fingerprint(tmp_path)
+    with pytest.raises(ConfigError, match=r"task.path=.*train.parquet' exists") as err:
+        ensure_gsm8k_tiny(*paths, spec, _tiny_model())
+    assert len(err.value.problems) == 1 and _fingerprint(tmp_path) == before
+
+
+def test_files_of_a_cache_written_before_files_were_marked_are_the_generators(tmp_path):
+    """A version-1 cache: its stamp names the data files it wrote (they carry no mark)."""
+    import pyarrow as pa
+
+    spec = Gsm8kTinySpec(num_train=50, num_eval=10, vocab_size=300, sft_steps=0)
+    paths = (str(tmp_path / "train.parquet"), str(tmp_path / "eval.parquet"), str(tmp_path / "m"))
+    for p in paths[:2]:
+        pq.write_table(pa.table({"question": ["q"], "answer": ["#### 1"]}), p)
+    os.mkdir(paths[2])
+    stamp = {"generator": "gsm8k_tiny", "version": 1, "train_path": paths[0], "eval_path": paths[1]}
+    (tmp_path / "m" / "generated_by_rltrain.json").write_text(json.dumps(stamp))
+    assert ensure_gsm8k_tiny(*paths, spec, _tiny_model()) is True
+    assert pq.read_table(paths[0]).num_rows == 50
+
+
+def test_generated_paths_that_overlap_are_refused(tmp_path):
+    run = RunConfig()
+    run.task.name, run.task.generate = "jsonl", "gsm8k_tiny"
+    run.task.path = run.task.eval_path = str(tmp_path / "data.parquet")
+    run.model.path = str(tmp_path)
+    problems = check_task(run)
+    assert any("both are" in p and "give them different files" in p for p in problems)
+    assert any("inside model.path=" in p for p in problems)
+    assert list(tmp_path.iterdir()) == []
