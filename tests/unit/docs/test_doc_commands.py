@@ -4,13 +4,16 @@ Each ``python -m rltrain ...`` command in a code block is composed and put throu
 checks training makes before Ray starts (:func:`rltrain.runners.layout.preflight`, which is what
 ``mode=plan`` runs; ``placement=auto`` commands, which profile on a cluster first, are checked as
 far as the config); a sweep is checked job by job. A command the docs print with an
-``rltrain: error:`` line must be refused with that text. Overrides quoted inline in the prose
+``rltrain: error:`` line must be refused with that text. Each is also run as ``mode=plan`` (the
+entry point's own code): it writes its plan files and nothing else, and the reader's files and
+rltrain's cache keep every byte and time stamp. Overrides quoted inline in the prose
 (`` `key=value` ``) must compose on the default config. Paths written ``/path/to/...`` stand for
 the reader's files: the test puts small real ones in their place.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 from collections.abc import Callable
@@ -19,6 +22,7 @@ import pytest
 from doc_commands import ROOT, DocCommand, all_commands, doc_files
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from user_files import chat_checkpoint, data_file, fingerprint
 
 from rltrain.config import load_config
 from rltrain.config.errors import explain
@@ -43,71 +47,31 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def placeholders(tmp_path_factory) -> dict[str, Callable[[str], str]]:
+def reader(tmp_path_factory) -> pathlib.Path:
+    """Where the reader's own files (the placeholders' stand-ins) live."""
+    return tmp_path_factory.mktemp("reader")
+
+
+@pytest.fixture(scope="module")
+def placeholders(reader) -> dict[str, Callable[[str], str]]:
     """``/path/to/...`` stand-ins: config key -> a function making a real file or directory."""
-    root = tmp_path_factory.mktemp("reader")
 
     def checkpoint(placeholder: str) -> str:
-        """A small chat checkpoint: a Qwen2 and a byte-level BPE tokenizer with a template."""
-        from transformers import Qwen2Config, Qwen2ForCausalLM
+        return str(chat_checkpoint(reader / "checkpoint"))
 
-        from rltrain.tasks.gsm8k_tiny import build_bpe_tokenizer
-
-        path = root / "checkpoint"
-        if not path.exists():
-            corpus = [f"{r['question']} {r['solution']}" for r in rows()]
-            tok = build_bpe_tokenizer(corpus, vocab_size=320)
-            config = Qwen2Config(
-                vocab_size=len(tok),
-                hidden_size=32,
-                intermediate_size=64,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                num_key_value_heads=2,
-                max_position_embeddings=1024,
-                pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id,
-            )
-            Qwen2ForCausalLM(config).save_pretrained(path)
-            tok.save_pretrained(path)
-        return str(path)
-
-    def rows() -> list[dict]:
-        # the field names the docs use for a reader's data set
-        return [
-            {
-                "prompt": f"{a}+{b}=",
-                "answer": str(a + b),
-                "question": f"{a}+{b}=",
-                "solution": str(a + b),
-            }
-            for a in range(20)
-            for b in range(20)
-        ]
-
-    def data_file(placeholder: str) -> str:
-        if placeholder.endswith(".parquet"):
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            path = root / "data.parquet"
-            pq.write_table(pa.Table.from_pylist(rows()), path)
-        else:
-            import json
-
-            path = root / "data.jsonl"
-            path.write_text("".join(json.dumps(r) + "\n" for r in rows()))
-        return str(path)
+    def data(placeholder: str) -> str:
+        suffix = ".parquet" if placeholder.endswith(".parquet") else ".jsonl"
+        return str(data_file(reader / f"data{suffix}"))
 
     def directory(placeholder: str) -> str:
-        return str(root)
+        return str(reader)
 
     return {
         "model.path": checkpoint,
         "model.tokenizer_path": checkpoint,
         "reward.model_path": checkpoint,
-        "task.path": data_file,
-        "task.eval_path": data_file,
+        "task.path": data,
+        "task.eval_path": data,
         "trainer.checkpoint_dir": directory,
     }
 
@@ -146,16 +110,63 @@ def _squash(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
+def _profiles(overrides: list[str]) -> bool:
+    """Whether the run places itself (``placement=auto``: it profiles on the cluster first)."""
+    try:
+        return load_config(compose_config(overrides)).placement.mode == "auto"
+    except Exception:  # noqa: BLE001 - a refused config places nothing
+        return False
+
+
+#: What ``mode=plan`` may leave in its run directory.
+PLAN_FILES = ["plan.json", "plan.svg"]
+
+
+def _plan_refusal(overrides: list[str], out_dir: pathlib.Path, monkeypatch) -> str | None:
+    """What ``python -m rltrain mode=plan <overrides>`` says, run as the entry point runs it
+    (:func:`rltrain.app.run`, into ``out_dir``); None when it plans."""
+    from rltrain import app
+
+    plan = [o for o in overrides if o.partition("=")[0].lstrip("+") != "mode"] + ["mode=plan"]
+    out_dir.mkdir()
+    monkeypatch.setattr(app, "run_dir", lambda: str(out_dir))
+    try:
+        app.run(compose_config(plan))
+    except Exception as exc:  # noqa: BLE001 - classified by explain, as the CLI does
+        message = explain(exc)
+        if message is None:
+            raise
+        return message
+    return None
+
+
 @pytest.mark.parametrize("command", RUNS, ids=[c.where for c in RUNS])
-def test_documented_command(command: DocCommand, placeholders, tmp_path):
-    for overrides in command.override_sets():
-        refusal = _refusal(_fill(overrides, placeholders), tmp_path)
+def test_documented_command(command: DocCommand, placeholders, reader, tmp_path, monkeypatch):
+    """Each command passes (or is refused as shown by) the checks made before Ray starts; in
+    ``mode=plan`` it writes its plan files and nothing else, anywhere: not a byte of the
+    reader's files (checkpoint, data, ``trainer.checkpoint_dir``) nor of rltrain's cache."""
+    cache = pathlib.Path(os.environ["RLTRAIN_CACHE"])
+    for i, overrides in enumerate(command.override_sets()):
+        filled = _fill(overrides, placeholders)
+        auto = _profiles(filled)  # mode=plan with placement=auto profiles first (it says so)
+        planned = None
+        if not auto:
+            # first, while task.generate's data may not exist yet: a plan writes none of it
+            before = fingerprint(reader), fingerprint(cache) if cache.exists() else None
+            out_dir = tmp_path / f"plan{i}"
+            planned = _plan_refusal(filled, out_dir, monkeypatch)
+            after = fingerprint(reader), fingerprint(cache) if cache.exists() else None
+            assert after == before, f"{command.where}: mode=plan wrote outside its run directory"
+            assert sorted(os.listdir(out_dir)) in ([], PLAN_FILES), f"{command.where}: {out_dir}"
+        refusal = _refusal(filled, tmp_path)
         if command.expect_error is None:
             assert refusal is None, f"{command.where}: {' '.join(overrides)} -> {refusal}"
+            assert planned is None, f"{command.where} in mode=plan: {planned}"
         else:
             shown = _squash(command.expect_error.split("...")[0]).strip()
             assert refusal is not None, f"{command.where} is shown failing but runs"
             assert shown in _squash(refusal), f"{command.where}: {refusal}"
+            assert auto or planned is not None, f"{command.where} plans but is shown failing"
 
 
 def test_documented_bench_measures_exist():
