@@ -98,7 +98,7 @@ def _compose(launcher: RltrainLauncher, overrides: Sequence[str], num: int) -> J
     task_cfg = copy.deepcopy(cfg)
     with read_write(task_cfg), open_dict(task_cfg):
         del task_cfg["hydra"]
-    return Job(num, list(overrides), cfg, job_needs(task_cfg), output_dir)
+    return Job(num, list(overrides), cfg, job_needs(task_cfg, output_dir), output_dir)
 
 
 def _flatten(node: Any, prefix: str) -> dict[str, Any]:
@@ -166,11 +166,20 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _message(exc: BaseException) -> str:
+    """The whole message of a refusal (every problem), the type name of anything else."""
+    from rltrain.errors import RltrainError
+
+    return str(exc) if isinstance(exc, RltrainError) else f"{type(exc).__name__}: {exc}"
+
+
 # ------------------------------------------------------------------------------------- drivers
 class _Drivers:
     """Starts job drivers and reports their exits on one queue (no polling)."""
 
-    def __init__(self, launcher: RltrainLauncher, session: _ray.RaySession, tmp: str) -> None:
+    def __init__(
+        self, launcher: RltrainLauncher, session: _ray.RaySession | None, tmp: str
+    ) -> None:
         self.launcher = launcher
         self.session = session
         self.tmp = tmp
@@ -193,7 +202,7 @@ class _Drivers:
         header = {
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),
-            "ray_address": self.session.address if job.needs.uses_ray else None,
+            "ray_address": self.session.address if job.needs.uses_ray and self.session else None,
             "namespace": f"rltrain-sweep-{os.getpid()}-job{job.num}",
             "runtime_env": self.runtime_env,
         }
@@ -207,9 +216,10 @@ class _Drivers:
         spec = self._spec(job)
         result = os.path.join(self.tmp, f"job{job.num}.result")
         env = dict(os.environ)
+        if self.session is not None:
+            env["RAY_ADDRESS"] = self.session.address
         env.update(
             {
-                "RAY_ADDRESS": self.session.address,
                 ENV_SLICE: (job.slice or DeviceSlice()).to_json(),
                 ENV_JOB: str(job.num),
                 ENV_SWEEP_DIR: os.path.abspath(str(job.sweep_config.hydra.sweep.dir)),
@@ -266,7 +276,7 @@ def _refuse_impossible(jobs: Sequence[Job], allocator: SliceAllocator) -> None:
         if exc is not None:
             job.ret = _failed(job, exc)
             job.error = _first_line(exc)
-            log.error("rltrain launcher: job #%s cannot run: %s", job.num, job.error)
+            log.error("rltrain launcher: job #%s cannot run: %s", job.num, _message(exc))
 
 
 def _run_all(launcher: RltrainLauncher, jobs: Sequence[Job], drivers: _Drivers, allocator) -> None:
@@ -306,9 +316,11 @@ def _run_all(launcher: RltrainLauncher, jobs: Sequence[Job], drivers: _Drivers, 
         raise
 
 
-def _release(launcher: RltrainLauncher, session: _ray.RaySession, job: Job, others: Any) -> None:
+def _release(
+    launcher: RltrainLauncher, session: _ray.RaySession | None, job: Job, others: Any
+) -> None:
     """Wait until Ray has freed what the ended job held (its actors and placement groups)."""
-    if not job.needs.uses_ray or session.gpus <= 0:
+    if not job.needs.uses_ray or session is None or session.gpus <= 0:
         return
     held = sum(len(o.slice.devices) for o in others if o.slice is not None)
     if not _ray.wait_devices_free(max(0.0, session.gpus - held), launcher.release_timeout_s):
@@ -397,12 +409,17 @@ def launch(
         capacity = {n.rank: n.num_devices for n in ClusterSpec.from_config(cluster).nodes}
     allocator = SliceAllocator(capacity)
     _refuse_impossible(jobs, allocator)
-    session = _ray.connect(OmegaConf.to_container(launcher.ray_cfg.init, resolve=True), cluster)
+    session = None
+    if any(j.ret is None and (j.needs.uses_ray or j.needs.cluster is None) for j in jobs):
+        init = OmegaConf.to_container(launcher.ray_cfg.init, resolve=True)
+        session = _ray.connect(init, cluster)  # not for jobs that only plan: they start no Ray
     log.info(
-        "rltrain launcher: %d jobs, %d at a time, on Ray %s; sweep dir %s",
+        "rltrain launcher: %d jobs, %d at a time, %s; sweep dir %s",
         len(jobs),
         launcher.max_concurrent_jobs,
-        session.address,
+        f"on Ray {session.address}"
+        if session is not None
+        else "no Ray (no job to run needs one)",
         sweep_dir,
     )
     tmp = tempfile.mkdtemp(prefix="rltrain-sweep-")

@@ -48,6 +48,21 @@ def _send_back(ret: Any, path: str) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _log_failure(num: Any, exc: BaseException) -> None:
+    """Show why job ``num`` failed, here, where the job's log captures it.
+
+    A refusal (an :class:`~rltrain.errors.RltrainError`: bad input, found before the job's Ray
+    work) is shown as its message alone, as a single run shows it; anything else with its
+    traceback, which does not survive pickling back to the launcher.
+    """
+    from rltrain.errors import RltrainError, WorkerError
+
+    if isinstance(exc, RltrainError) and not isinstance(exc, WorkerError):
+        log.error("job #%s refused: %s", num, exc)
+    else:
+        log.error("job #%s failed:\n%s", num, "".join(traceback.format_exception(exc)))
+
+
 def run(spec_path: str, result_path: str) -> int:
     """Run the job described by ``spec_path`` and write its JobReturn to ``result_path``.
 
@@ -85,13 +100,7 @@ def run(spec_path: str, result_path: str) -> int:
         job_subdir_key="hydra.sweep.subdir",
     )
     if ret.status == JobStatus.FAILED:
-        # The traceback does not survive pickling: show it here, where the job's log captures it.
-        exc = ret._return_value
-        log.error(
-            "job #%s failed:\n%s",
-            job["sweep_config"].hydra.job.num,
-            "".join(traceback.format_exception(exc)),
-        )
+        _log_failure(job["sweep_config"].hydra.job.num, ret._return_value)
     _send_back(ret, result_path)
     if header["ray_address"]:
         import ray

@@ -1,6 +1,7 @@
 """What a composed job needs from the cluster, from its placement plan.
 
-The one place the launcher asks rltrain's placement engine about a job (:func:`plan_devices`).
+The one place the launcher asks rltrain about a job (:func:`job_needs`): the checks a single run
+makes before Ray starts, and the devices its plan uses.
 Jobs of other Hydra apps (no ``cluster`` / ``placement`` sections) need no devices.
 """
 
@@ -42,34 +43,61 @@ def is_rltrain_config(cfg: DictConfig) -> bool:
     return all(key in cfg for key in _RLTRAIN_SECTIONS)
 
 
-def plan_devices(run: Any) -> tuple[frozenset[Device], str | None]:
-    """The devices a checked run config's plan uses, and the plan's mode.
-
-    The plan is resolved against the cluster the job's config describes (what ``mode=plan``
-    shows); ``build_plan`` also refuses a plan that does not fit in device memory.
-
-    Args:
-        run: a :class:`rltrain.config.RunConfig`.
-
-    Returns:
-        ``(devices, mode)``.
+def plan_mode(run: Any) -> str | None:
+    """The placement mode of a job that only plans (``mode=plan``), found without writing
+    anything: the plan on the job's configured cluster, sized as the plan command sizes it.
 
     Raises:
-        PlacementError, ResourceError, ConfigError: when the plan is impossible.
+        PlacementError, ConfigError: the placement cannot be laid out.
     """
+    import dataclasses
+
     from rltrain.placement.plan import build_plan
     from rltrain.placement.types import ClusterSpec
+    from rltrain.tasks import planning_model
 
-    plan = build_plan(run, ClusterSpec.from_config(run.cluster))
-    mode = getattr(plan.mode, "value", plan.mode)
-    return frozenset(plan.devices_used()), str(mode) if mode else None
+    planned = dataclasses.replace(run, model=planning_model(run))
+    plan = build_plan(planned, ClusterSpec.from_config(run.cluster), check_fit=False)
+    return str(getattr(plan.mode, "value", plan.mode) or "") or None
 
 
-def job_needs(task_cfg: DictConfig) -> JobNeeds:
-    """Check and plan one job.
+def checked_layout(run: Any, output_dir: str | None) -> Any:
+    """Every check a single run makes before Ray starts, for one training job.
+
+    ``task.generate``'s data is written first (as a single run does), then
+    :func:`rltrain.runners.layout.preflight` checks the inputs, the plan on the configured
+    cluster and every plan-dependent rule (sizes, components, engines, fit).
+
+    Args:
+        run: the job's checked :class:`rltrain.config.RunConfig`.
+        output_dir: the job's run directory (``trainer.resume=auto`` looks beside it).
+
+    Returns:
+        The job's :class:`~rltrain.runners.layout.RunLayout`.
+
+    Raises:
+        ConfigError, PlacementError, ResourceError: what the single run would refuse.
+    """
+    from rltrain.runners.layout import preflight
+
+    if run.runner == "reasoning" and run.task.generate:
+        from rltrain.tasks import prepare_task
+
+        prepare_task(run)  # the plan reads the checkpoint the generator writes
+    return preflight(run, output_dir)
+
+
+def job_needs(task_cfg: DictConfig, output_dir: str | None = None) -> JobNeeds:
+    """Check and plan one job, as a single run would before Ray starts.
+
+    A job that only plans (``mode=plan``) needs no devices and no Ray: it is checked when it
+    runs, as its plan command writes its plan first. Any other job goes through every check
+    of a single run (:func:`checked_layout`), so a job that would be refused fails at once,
+    with the same message.
 
     Args:
         task_cfg: the job's composed, resolved config without the ``hydra`` node.
+        output_dir: the job's run directory.
 
     Returns:
         The job's needs; ``error`` is set (and nothing else trusted) when the job can never run.
@@ -82,15 +110,17 @@ def job_needs(task_cfg: DictConfig) -> JobNeeds:
     cluster = dict(OmegaConf.to_container(task_cfg.cluster, resolve=True))  # type: ignore[arg-type]
     try:
         run = load_config(task_cfg)
-        if run.runner == "reasoning" and run.task.generate:
-            from rltrain.tasks import prepare_task
-
-            prepare_task(run)  # the plan reads the checkpoint the generator writes
         if run.mode == "plan":
-            # `mode=plan` prints the plan and exits without starting Ray.
-            _, mode = plan_devices(run)
-            return JobNeeds(placement_mode=mode, cluster=cluster)
-        devices, mode = plan_devices(run)
+            if run.runner == "reasoning" and run.task.generate:
+                from rltrain.tasks import prepare_task
+
+                prepare_task(run)  # only looks (a plan writes nothing): refuses a user's files
+            return JobNeeds(placement_mode=plan_mode(run), cluster=cluster)
+        layout = checked_layout(run, output_dir)
     except RltrainError as exc:
         return JobNeeds(cluster=cluster, error=exc)
-    return JobNeeds(devices=devices, placement_mode=mode, uses_ray=True, cluster=cluster)
+    plan = layout.plan
+    mode = str(getattr(plan.mode, "value", plan.mode) or "") or None
+    return JobNeeds(
+        devices=frozenset(plan.devices_used()), placement_mode=mode, uses_ray=True, cluster=cluster
+    )
