@@ -112,7 +112,7 @@ class Gsm8kTinySpec:
     num_eval: int = 200
     max_number: int = 9
     vocab_size: int = 512
-    sft_steps: int = 100
+    sft_steps: int = 150
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
     seed: int = 0

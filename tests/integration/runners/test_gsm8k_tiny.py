@@ -42,6 +42,9 @@ def test_gsm8k_tiny_generates_its_checkpoint_and_trains_from_it(tmp_path):
     sizes = ["task.params.num_train=256", "task.params.num_eval=8", "task.params.sft_steps=5"]
     out = rltrain(tmp_path / "run", cache, "experiment=gsm8k_tiny", *sizes)
     assert out.returncode == 0, out.stderr[-3000:]
+    shown = out.stdout + out.stderr  # each stage of the generator is logged as it starts
+    assert "gsm8k_tiny: writing 256 training and 8 evaluation problems" in shown
+    assert "gsm8k_tiny: supervising the base checkpoint (5 steps of 32 solutions)" in shown
     data = cache / "gsm8k_tiny"
     assert {p.name for p in data.iterdir()} >= {"train.parquet", "eval.parquet", "base_model"}
     assert (data / "base_model" / "tokenizer.json").is_file()  # a plain save_pretrained dir
