@@ -417,9 +417,7 @@ def launch(
         "rltrain launcher: %d jobs, %d at a time, %s; sweep dir %s",
         len(jobs),
         launcher.max_concurrent_jobs,
-        f"on Ray {session.address}"
-        if session is not None
-        else "no Ray (no job to run needs one)",
+        f"on Ray {session.address}" if session is not None else "no Ray (no job to run needs one)",
         sweep_dir,
     )
     tmp = tempfile.mkdtemp(prefix="rltrain-sweep-")
