@@ -12,7 +12,7 @@ import typing
 
 import pytest
 import torch
-from side import use_vllm
+from side import ROOT, use_vllm
 
 use_vllm()
 
@@ -89,6 +89,33 @@ def test_the_engine_arguments_are_vllms_own(engine_decision: dict, tp: int) -> N
     assert args.worker_extension_cls == WORKER_EXTENSION
     assert args.seed < 2**32  # vLLM seeds NumPy with it (contract_sampling checks NumPy's rule)
     assert args.distributed_executor_backend == ("mp" if tp > 1 else None)
+
+
+def test_the_gpu_baseline_builds_the_rollouts_engine(engine_decision: dict) -> None:
+    """tools/gpu/vllm_engine.py is what the rollout is measured against: the same engine."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "vllm_engine_baseline", ROOT / "tools" / "gpu" / "vllm_engine.py"
+    )
+    baseline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(baseline)
+    kwargs = baseline.baseline_engine_kwargs(
+        "/models/policy", max_model_len=300, gpu_memory_utilization=0.3, seed=1, enforce_eager=True
+    )
+    ours = engine_kwargs(_settings())
+    differs = {k for k in set(kwargs) | set(ours) if kwargs.get(k) != ours.get(k)}
+    # what the baseline sets on purpose (the qwen2_0_5b GPU runs: bf16, sleeping between
+    # steps); every other engine setting is the rollout's
+    on_purpose = {"worker_extension_cls", "enforce_eager", "seed", "max_model_len", "dtype"}
+    assert differs <= on_purpose | {"enable_sleep_mode"}, differs
+    assert kwargs["dtype"] == "bfloat16" and kwargs["enable_sleep_mode"] is True
+    assert "worker_extension_cls" not in kwargs and kwargs["load_format"] == "dummy"
+    keep_engine_in_process()
+    with pytest.raises(_Built):
+        LLM(**kwargs)
+    assert engine_decision["engine_args"].enforce_eager is True
+    assert engine_decision["multiprocess_mode"] is False
 
 
 def test_rltrain_keeps_the_engine_core_in_the_rollout_process(engine_decision: dict) -> None:

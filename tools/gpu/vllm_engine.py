@@ -71,6 +71,43 @@ def median_after(values: list[float], warmup: int) -> float | None:
     return statistics.median(kept) if kept else None
 
 
+def baseline_engine_kwargs(
+    model_dir: str,
+    *,
+    max_model_len: int,
+    gpu_memory_utilization: float,
+    seed: int,
+    enforce_eager: bool,
+) -> dict:
+    """The ``vllm.LLM(...)`` arguments of the baseline: rltrain's rollout's own
+    (:func:`rltrain.backends.vllm_rollout.engine_kwargs`, so the two differ only where said),
+    minus its worker extension (the baseline loads no weights), with random weights.
+
+    Args:
+        model_dir: the directory :func:`write_model_dir` wrote.
+        max_model_len: the engine's length budget.
+        gpu_memory_utilization: the device share (the rollout's default, 0.3).
+        seed: the engine's seed.
+        enforce_eager: no CUDA graphs / torch.compile (``VLLM_EAGER=1`` of tools/gpu/run.sh).
+
+    Returns:
+        Keyword arguments of vLLM 0.26.0's ``LLM``.
+    """
+    from rltrain.backends.vllm_rollout import VllmSettings, engine_kwargs
+
+    settings = VllmSettings(
+        model_path=model_dir,
+        gpu_memory_utilization=gpu_memory_utilization,
+        dtype="bfloat16",
+        seed=seed,
+        max_model_len=max_model_len,
+        load_format="dummy",
+    )
+    kwargs = engine_kwargs(settings)
+    del kwargs["worker_extension_cls"]
+    return kwargs | {"enforce_eager": enforce_eager}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -96,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     from memwatch import reader
     from vllm import LLM, SamplingParams
 
+    from rltrain.backends.vllm_rollout import keep_engine_in_process
     from rltrain.bench.plain_grpo import EOS
 
     used = reader(0)
@@ -112,20 +150,15 @@ def main(argv: list[str] | None = None) -> int:
         max_len = args.max_model_len or longest + args.max_new_tokens
         used_before = used()
         t0 = time.perf_counter()
-        # The engine settings rltrain's rollout uses (rltrain/backends/vllm_rollout.py), minus
-        # its worker extension: prompts as ids, prefix caching for the 16 samples of a prompt.
+        keep_engine_in_process()  # as the rollout does: the engine core in this process
         llm = LLM(
-            model=model_dir,
-            skip_tokenizer_init=True,
-            load_format="dummy",
-            dtype="bfloat16",
-            enable_sleep_mode=True,
-            enable_prefix_caching=True,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            max_model_len=max_len,
-            seed=args.seed,
-            enforce_eager=args.enforce_eager,
-            logprobs_mode="processed_logprobs",
+            **baseline_engine_kwargs(
+                model_dir,
+                max_model_len=max_len,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                seed=args.seed,
+                enforce_eager=args.enforce_eager,
+            )
         )
         result["engine_init_s"] = time.perf_counter() - t0
         result["used_bytes_before_engine"] = used_before
