@@ -8,9 +8,10 @@ instead write their gradients into one shared-memory file and each sums the rows
 
 - :meth:`HostAllReduce.connect` (collective, every rank of the process group): rank 0 makes a
   file in ``/dev/shm`` and every rank maps it; the file is unlinked as soon as every rank has
-  it mapped, so nothing is left behind when a process dies. When any rank cannot map it (ranks
-  on several hosts, separate ``/dev/shm`` namespaces, a CPU without x86's store ordering), every
-  rank gets ``None`` and gloo stays in use.
+  it mapped, so nothing is left behind when a process dies (a maker killed before that, its
+  pid in the file's name, has its file removed by the next maker). When any rank cannot map
+  it (ranks on several hosts, separate ``/dev/shm`` namespaces, a CPU without x86's store
+  ordering), every rank gets ``None`` and gloo stays in use.
 - :meth:`HostAllReduce.mean_` averages a tensor in place: write my row, raise my arrival
   counter, wait until every counter has arrived, sum the rows in rank order (so every rank gets
   bit-identical results and the replicas stay equal), divide by the world size. Two regions
@@ -26,6 +27,7 @@ gloo. DeepSpeed's CPU backend has a shared-memory all-reduce for the same reason
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import mmap
 import os
@@ -125,14 +127,18 @@ class HostAllReduce:
         shared: list[Any] = [None, None]
         if rank == 0:
             shared = _make_file(directory, size)
-        src = 0 if group is None else dist.get_global_rank(group, 0)
-        dist.broadcast_object_list(shared, src=src, group=group)
-        path, token = shared
-        buffer = _map(path, size, token) if path is not None else None
-        mapped = [False] * world
-        dist.all_gather_object(mapped, buffer is not None, group=group)
-        if rank == 0 and path is not None:
-            os.unlink(path)  # every rank has mapped it (or given up): nothing to leave behind
+        try:
+            src = 0 if group is None else dist.get_global_rank(group, 0)
+            dist.broadcast_object_list(shared, src=src, group=group)
+            path, token = shared
+            buffer = _map(path, size, token) if path is not None else None
+            mapped = [False] * world
+            dist.all_gather_object(mapped, buffer is not None, group=group)
+        finally:
+            if rank == 0 and shared[0] is not None:
+                # every rank has mapped it, given up, or failed: nothing to leave behind
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(shared[0])
         if not all(mapped):
             if buffer is not None:
                 buffer.close()
@@ -186,11 +192,35 @@ class HostAllReduce:
             time.sleep(_POLL_S)
 
 
+_PREFIX = "rltrain-allreduce-"
+
+
+def _sweep_stale(directory: str) -> None:
+    """Remove the files of makers that died between making and unlinking them (a process
+    killed in that window cannot clean up): each file's name carries its maker's pid."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX) :].split("-", 1)[0]
+        if not name.startswith(_PREFIX) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass  # alive under another user: theirs
+
+
 def _make_file(directory: str, size: int) -> list[Any]:
     """(rank 0) ``[path, token]`` of a new zeroed file of ``size`` bytes; ``[None, None]`` when
     it cannot be made (then no rank uses shared memory)."""
+    _sweep_stale(directory)
     try:
-        fd, path = tempfile.mkstemp(prefix="rltrain-allreduce-", dir=directory)
+        fd, path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=directory)
     except OSError:
         return [None, None]
     try:

@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rltrain.backends.deepspeed_engine import free_port
-from rltrain.backends.host_allreduce import HostAllReduce, _has_running_stats
+from rltrain.backends.host_allreduce import HostAllReduce, _has_running_stats, _make_file
 
 WORLD = 3
 TIMEOUT_S = 120
@@ -165,3 +165,17 @@ def test_shared_file_size_is_the_header_and_two_regions() -> None:
     # one 64-byte line for the token and one per rank, then two regions of world x row bytes
     assert HostAllReduce.file_bytes(3, 256) == 64 * 4 + 2 * 3 * 256
 
+
+
+def test_a_file_whose_maker_died_is_removed_by_the_next_maker(tmp_path) -> None:
+    child = mp.get_context("spawn").Process(target=os.getpid)
+    child.start()
+    child.join()
+    dead = tmp_path / f"rltrain-allreduce-{child.pid}-abc"  # killed before its unlink
+    alive = tmp_path / f"rltrain-allreduce-{os.getpid()}-def"
+    other = tmp_path / "rltrain-allreduce-notapid"
+    for f in (dead, alive, other):
+        f.write_bytes(b"x")
+    path, token = _make_file(str(tmp_path), 4096)
+    assert not dead.exists() and alive.exists() and other.exists()
+    assert os.path.basename(path).startswith(f"rltrain-allreduce-{os.getpid()}-") and token
