@@ -144,13 +144,15 @@ def check_deepspeed_limits(s: DeepSpeedSettings, *, on_gpu: bool) -> None:
             f"model.dtype={s.dtype!r} DeepSpeed keeps fp32 master weights in its own "
             f"mixed-precision optimizer, which neither offload_states (ZeRO only) nor rltrain's "
             f"mover can move: set actor.zero_stage to 1, 2 or 3, or model.dtype=float32 (or "
-            f"drop the actor's offload policy)"
+            f"drop the actor's offload policy: placement.offload.actor=null, or "
+            f"placement.offload={{}} for none at all)"
         )
     if moves and s.zero_stage == 3 and s.optimizer != "deepspeed_adamw":
         problems.append(
             f"placement.offload.actor with actor.zero_stage=3 needs DeepSpeed's own fused Adam "
-            f"(optimizer.name={s.optimizer!r}): set optimizer.name=deepspeed_adamw, or use "
-            f"actor.zero_stage=1/2"
+            f"(optimizer.name={s.optimizer!r}): set optimizer.name=deepspeed_adamw, use "
+            f"actor.zero_stage=1/2, or drop the actor's offload policy "
+            f"(placement.offload.actor=null; placement.offload={{}} for none at all)"
         )
     if s.zero_stage == 3 and s.optimizer == "deepspeed_adamw" and not on_gpu:
         problems.append(
