@@ -154,16 +154,17 @@ def _read(
 ) -> Prediction:
     from rltrain.telemetry.timeline import plan_devices
 
-    starts = sink.step_starts
+    starts, last = steady_window(sink.step_starts)
     first = 1 if steps > 1 else 0
     periods = [b - a for a, b in zip(starts[first:], starts[first + 1 :], strict=False)]
     step_s = statistics.fmean(periods) if periods else 0.0
-    names = sorted({k for d in sink.stage_s[first:] for k in d})
-    stages = {n: statistics.fmean(d.get(n, 0.0) for d in sink.stage_s[first:]) for n in names}
+    kept = sink.stage_s[first:last]
+    names = sorted({k for d in kept for k in d})
+    stages = {n: statistics.fmean(d.get(n, 0.0) for d in kept) for n in names}
     devices = plan_devices(plan)
     window = (starts[first] * 1e6, starts[-1] * 1e6)
     idle = idle_shares(sink.spans, devices, window)
-    tokens = statistics.fmean(sink.tokens[first:]) if sink.tokens[first:] else 0.0
+    tokens = statistics.fmean(sink.tokens[first:last]) if sink.tokens[first:last] else 0.0
     per_device = _tokens_per_device(m, tokens, step_s, devices)
     trace = predicted_trace(sink.spans, devices) if with_trace else {}
     return Prediction(
@@ -177,6 +178,20 @@ def _read(
         steps=steps,
         trace=trace,
     )
+
+
+def steady_window(starts: list[float]) -> tuple[list[float], int]:
+    """The step boundaries a run's steady state is read over, and the number of steps in it.
+
+    ``starts`` holds each simulated step's start and the end of the last. A measured run is read
+    from its step spans' starts (``rltrain trace``, the fidelity bench): the steps after the
+    first up to the *start* of the last, whose end no span marks. The last step is also where a
+    pipeline drains (no generation ahead of it), so the prediction is read the same way: with
+    four or more steps the last one is left out.
+    """
+    if len(starts) >= 5:
+        return starts[:-1], len(starts) - 2
+    return starts, len(starts) - 1
 
 
 #: Device lanes a predicted ``trace.json`` draws (a 1,024-device trace would be hundreds of MB);

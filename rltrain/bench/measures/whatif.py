@@ -20,8 +20,10 @@ and a full ranking of the candidates of 64 devices, wall and CPU seconds.
 **On paper.** Published step times of other frameworks, predicted from their stated setups
 (:data:`PAPERS`): the ratio each paper reports against the simulator's.
 
-``--quick`` (CI) runs three short scenarios; the full run takes about an hour on the 2-core VM
-while other work shares it (worker start-up dominates).
+``--quick`` (CI) starts no Ray: it predicts four short scenarios and reads each predicted
+timeline back with the reader of real runs, failing where the reading differs from the
+prediction (step, idle shares, stage cycle), and ranks 64 devices' candidates; a few seconds.
+The full run takes 20-35 minutes on the 2-core VM (worker start-up dominates).
 """
 
 from __future__ import annotations
@@ -152,8 +154,12 @@ def _embodied() -> list[Scenario]:
 
 
 SCENARIOS: tuple[Scenario, ...] = (*_reasoning(), *_embodied())
+#: ``--quick`` (CI): scenarios predicted and read back through the measured-run reader, no Ray
+#: (a real run costs a worker start-up of tens of seconds; the real runs' structure against
+#: the prediction is tests/integration/runners/test_whatif_structure.py's).
 QUICK: tuple[Scenario, ...] = (
     Scenario("quick", "fused", (*GEN_HEAVY, *SMALL, "rollout.max_new_tokens=1", *COLLOC), 4),
+    Scenario("quick", "turns", (*TOKENS, *SMALL, "rollout.max_new_tokens=4", *TURNS), 4),
     Scenario(
         "quick",
         "split async1 restart",
@@ -174,6 +180,9 @@ QUICK: tuple[Scenario, ...] = (
         3,
     ),
 )
+#: How far the measured-run reader may read a predicted timeline off the prediction's own
+#: figures (the step: a mean against a median of equal periods; idle: rounding to 0.1 us).
+QUICK_STEP_TOL, QUICK_IDLE_TOL = 0.01, 0.005
 #: Selects a subset of the full scenarios (comma-separated groups).
 GROUPS_ENV = "RLTRAIN_BENCH_WHATIF_GROUPS"
 #: Real runs per scenario in a full run (the second pass in reverse order); the faster reading
@@ -291,6 +300,66 @@ def run_scenario(s: Scenario, work: str) -> Outcome:
     _entry(run.runner)(run, out_dir)
     o.measured_s, o.idle_measured, o.stages_measured = read_measured(load_trace(out_dir))
     return o
+
+
+def replay_scenario(s: Scenario) -> Outcome:
+    """Predict one scenario and read the predicted timeline back with the reader of real runs
+    (:func:`read_measured`): the ``measured`` side of the outcome is the trace's reading."""
+    from rltrain.bench.measures.trainer import compose
+
+    run = compose("logging.progress=false", f"trainer.total_steps={s.steps}", *s.overrides)
+    o = Outcome(s)
+    p, o.stages_predicted = predicted(run)
+    o.predicted_s, o.idle_predicted = p.step_s, p.idle_share
+    o.measured_s, o.idle_measured, o.stages_measured = read_measured(p.trace)
+    return o
+
+
+def check_replay(o: Outcome) -> None:
+    """Raise unless the reader of real runs reads a predicted timeline as the prediction states
+    it: the same step, idle shares and device stage cycle (what the fidelity run compares).
+
+    Raises:
+        RuntimeError: naming the scenario and the figure that differs.
+    """
+    name = f"{o.scenario.group}/{o.scenario.name}"
+    if o.error is None or abs(o.error) > QUICK_STEP_TOL:
+        raise RuntimeError(f"{name}: trace reads {o.measured_s} s/step, predicted {o.predicted_s}")
+    if set(o.idle_measured) != set(o.idle_predicted) or o.idle_error > QUICK_IDLE_TOL:
+        raise RuntimeError(
+            f"{name}: trace idle shares {o.idle_measured}, predicted {o.idle_predicted}"
+        )
+    if not same_cycle(o.stages_measured, o.stages_predicted):
+        raise RuntimeError(f"{name}: trace stages {o.stages_measured} vs {o.stages_predicted}")
+
+
+def quick_speed() -> dict[str, float]:
+    """A ranking of 64 devices' candidates (wall and CPU seconds): the full run's speed path
+    on a smaller cluster."""
+    from rltrain.bench.measures.trainer import compose
+    from rltrain.placement.types import ClusterSpec
+    from rltrain.whatif.calibrate import DEFAULT
+    from rltrain.whatif.report import rank
+
+    run = compose(
+        "cluster=ray",
+        "cluster.num_nodes=8",
+        "model=qwen2_0_5b",
+        "whatif.hardware=h100",
+        "whatif.response_length=lognormal",
+        "trainer.train_batch_size=256",
+        "rollout.max_new_tokens=1024",
+        "actor.micro_batch_size=4",
+    )
+    w0, c0 = time.perf_counter(), time.process_time()
+    rows = rank(run, ClusterSpec.from_config(run.cluster), lambda r, p: True, DEFAULT)
+    if not any(r.status == "ok" for r in rows):
+        raise RuntimeError("the 64-device ranking simulated no candidate")
+    return {
+        "rank_64dev_wall_s": time.perf_counter() - w0,
+        "rank_64dev_cpu_s": time.process_time() - c0,
+        "rank_64dev_simulated": float(sum(r.status == "ok" for r in rows)),
+    }
 
 
 def same_cycle(measured: Sequence[str], predicted: Sequence[str]) -> bool:
@@ -430,13 +499,19 @@ def whatif(quick: bool) -> Suite:
     work = tempfile.mkdtemp(prefix="rltrain-whatif-bench-")
     outcomes: list[Outcome] = []
     state: dict[str, Any] = {}
-    from rltrain.scheduler import Cluster
-
     t0 = time.monotonic()
 
     passes = 1 if quick else int(os.environ.get(PASSES_ENV, PASSES))
 
+    def replays() -> None:
+        for s in chosen:
+            o = replay_scenario(s)
+            check_replay(o)
+            outcomes.append(o)
+
     def scenarios() -> None:
+        from rltrain.scheduler import Cluster
+
         # One local Ray per device count: a job plans on the devices Ray reports.
         best: dict[Scenario, Outcome] = {}
         ordered = sorted(chosen, key=devices_of)
@@ -457,7 +532,9 @@ def whatif(quick: bool) -> Suite:
     def extras() -> dict[str, float]:
         out = figures(outcomes)
         out["fidelity_wall_s"] = time.monotonic() - t0
-        if not quick:  # pure and deterministic: tests/unit/whatif/test_papers.py checks the path
+        if quick:
+            out.update(quick_speed())
+        else:  # pure and deterministic: tests/unit/whatif/test_papers.py checks the path
             out.update(papers())
             out.update(speed())
         return out
@@ -479,6 +556,13 @@ def whatif(quick: bool) -> Suite:
         warmup=0,
         repeats=1,
     )
+    if quick:
+        case = Case(
+            f"{len(chosen)} scenarios predicted, read back as real runs are",
+            replays,
+            warmup=0,
+            repeats=1,
+        )
     return Suite(
         cases=(case,),
         baseline=case.name,
