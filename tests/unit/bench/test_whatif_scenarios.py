@@ -40,3 +40,23 @@ def test_figures_compare_the_pick_with_the_best():
     assert f["runs"] == 2 and f["median_abs_error_pct"] == pytest.approx((2 + 100 * 0.2 / 1.1) / 2)
     # the simulator picks the second (0.9 predicted), measured 10 % slower than the best
     assert f["top_pick_within_3pct_share"] == 0.0
+
+
+def test_quick_replay_reads_a_prediction_back_and_refuses_a_mismatch():
+    """``--quick`` (CI) reads each predicted timeline with the reader of real runs; a reading
+    that differs from the prediction (here: an idle share off by 0.03) fails the measure."""
+    import dataclasses
+
+    from rltrain.bench.measures.whatif import check_replay, replay_scenario
+
+    o = replay_scenario(QUICK[2])  # pipelined: the window must leave the draining step out
+    check_replay(o)
+    assert o.measured_s == pytest.approx(o.predicted_s, rel=1e-3)
+    lane = sorted(o.idle_measured)[-1]
+    bad = dataclasses.replace(
+        o, idle_measured={**o.idle_measured, lane: o.idle_predicted[lane] + 0.03}
+    )
+    with pytest.raises(RuntimeError, match="idle shares"):
+        check_replay(bad)
+    with pytest.raises(RuntimeError, match="s/step"):
+        check_replay(dataclasses.replace(o, measured_s=1.05 * o.measured_s))
