@@ -194,13 +194,17 @@ class Job:
         return max((e for _, e in self.work), default=0.0)
 
 
-#: ``trainer.partial_rollout`` -> what a generation still running at a weight swap does:
-#: ``(job, now) -> True`` to cancel it and run it again with the new weights. A policy that
-#: keeps the tokens made so far (``continue``) plugs in here with its own resubmission cost.
+#: ``trainer.partial_rollout`` -> whether a generation still running at a weight swap is
+#: stopped there: ``(job, now) -> True`` to stop it; :data:`KEEPS_TOKENS` says what happens next.
 POLICIES: dict[str, Callable[[Job, float], bool]] = {
     "finish": lambda job, now: False,
     "restart": lambda job, now: job.end > now,
+    "continue": lambda job, now: job.end > now,
 }
+#: Policies whose stopped generation keeps the tokens made so far: the rank loads the new
+#: weights, prefills each unfinished response's prefix again and decodes only what is left
+#: (``restart`` throws the work away and generates the whole step again).
+KEEPS_TOKENS = frozenset({"continue"})
 
 
 class Pipeline:
@@ -216,6 +220,7 @@ class Pipeline:
     def __init__(self, m: StepModel, k: int, policy: str, sink: Sink) -> None:
         self.m, self.k, self.sink = m, k, sink
         self.cancel = POLICIES[policy]
+        self.keeps = policy in KEEPS_TOKENS
         self.ranks = _all(m, "rollout")
         self.free = [0.0] * len(self.ranks)
         self.loaded = [0] * len(self.ranks)
@@ -247,17 +252,46 @@ class Pipeline:
         if stale:
             for i in range(len(self.ranks)):
                 self.free[i] = t
-            for j in stale:  # keep the work done before the cancellation
-                self.pending[j.step] = [
-                    (p, n, a, min(d, max(t - a, 0.0))) for p, n, a, d in self.pending[j.step]
-                ]
-                self._flush(j.step)
-            self.queue = [self._submit(j.step, t) if j in stale else j for j in self.queue]
+            left = {j.step: self._stop(j, t) for j in stale}
+            self.queue = [
+                (self._resume(j.step, t, left[j.step]) if self.keeps else self._submit(j.step, t))
+                if j in stale
+                else j
+                for j in self.queue
+            ]
         last = min(step + self.k, horizon - 1)
         self.next_step = max(self.next_step, step)
         while self.next_step <= last:
             self.queue.append(self._submit(self.next_step, t))
             self.next_step += 1
+
+    def _stop(self, job: Job, t: float) -> list[tuple[float, float]]:
+        """Cut a generation's spans at ``t`` (the work before stays drawn); returns each rank's
+        ``(seconds of its call done, the call's seconds)``."""
+        spans = self.pending[job.step]
+        done = [(min(max(t - a, 0.0), d), d) for _, n, a, d in spans if n == "generate"]
+        self.pending[job.step] = [(p, n, a, min(d, max(t - a, 0.0))) for p, n, a, d in spans]
+        self._flush(job.step)
+        return done
+
+    def _resume(self, step: int, t: float, done: list[tuple[float, float]]) -> Job:
+        """A stopped generation continued with the newest weights: per rank, load them, then
+        a new call prefills the unfinished responses' prefixes and decodes what is left."""
+        m, c = self.m, self.m.calib
+        job = Job(step, self.version)
+        spans = []
+        for i, p in enumerate(self.ranks):
+            start = max(self.free[i], t + c.call_s)
+            load = m.sync() / 2 if self.version > self.loaded[i] else 0.0
+            ran, full = done[i]
+            d = m.continue_generate(full, ran, len(self.ranks)) if ran < full else 0.0
+            spans.append((p, "sync", start, load))
+            spans.append((p, "generate", start + load, d))
+            self.free[i] = start + load + d
+            self.loaded[i] = self.version
+            job.work.append((start, self.free[i]))
+        self.pending[step] = spans
+        return job
 
     def _flush(self, step: int) -> None:
         for p, name, a, d in self.pending.pop(step, []):

@@ -27,6 +27,7 @@ from rltrain.whatif.roofline import (
     ModelCost,
     forward_seconds,
     generate_seconds,
+    prefill_seconds,
     train_seconds,
 )
 
@@ -150,6 +151,27 @@ class StepModel:
             self.device, self.cost, self.prompt, lens, self.concurrency(), self.tp
         )
         return s, sum(lens), steps
+
+    def continue_generate(self, full_s: float, done_s: float, world: int) -> float:
+        """A rank's generate call continuing a stopped one (``partial_rollout=continue``): a
+        new call's fixed cost, the prefill of the unfinished responses' prefixes (prompt plus
+        the tokens made so far), and the decoding the stopped call had left.
+
+        Args:
+            full_s: the stopped call's seconds had it run to the end.
+            done_s: its seconds run before it stopped.
+            world: rollout ranks.
+
+        Returns:
+            The continuing call's seconds.
+        """
+        if self.sim:  # a call's latency (and host work) is paid again; decoded steps are kept
+            fixed = self.run.simulate.rollout_latency_ms / 1000 + self.calib.generate_extra(world)
+            return fixed + max(full_s - max(done_s, fixed), 0.0)
+        share = min(done_s / full_s, 1.0) if full_s > 0 else 1.0
+        in_flight = min(self.rows_per("rollout"), self.concurrency())
+        prefix = in_flight * (self.prompt + share * self.lengths.mean())
+        return prefill_seconds(self.device, self.cost, prefix, self.tp) + full_s - done_s
 
     def reward(self) -> float:
         """Scoring a step's batch (rule reward; a reward model as a log-prob pass)."""

@@ -112,6 +112,32 @@ def test_pipelined_restart_cancels_and_loses_the_work():
     assert _periods(restart)[-2] > _periods(finish)[-2]
 
 
+def _tokens_run(**trainer):
+    """0.1 s per generate call plus 0.1 s per decoding step, 4 tokens: a 0.5 s generation."""
+    run = _run(gen_ms=100.0, train_ms=300.0, **trainer)
+    sim = dataclasses.replace(run.simulate, rollout_token_latency_ms=100.0)
+    return dataclasses.replace(
+        run, simulate=sim, rollout=dataclasses.replace(run.rollout, max_new_tokens=4)
+    )
+
+
+def test_pipelined_continue_keeps_the_decoded_tokens():
+    """At the swap (0.92 s) step 1's generation has run 0.42 of its 0.5 s: 0.1 s of call
+    latency and 3.2 decoding steps. ``continue`` stops it, loads the weights and makes a new
+    call: its latency again and the 0.08 s of decoding left (``restart``: the whole 0.5 s)."""
+    spans = {}
+    for policy in ("restart", "continue"):
+        sink = simulate(_model(_tokens_run(max_staleness=1)), 6, "pipelined", 1, policy)
+        gens = [s for s in sink.spans if s.component == "rollout" and s.name == "generate"]
+        spans[policy] = [(round(s.start_us / 1e6, 4), round(s.dur_us / 1e6, 4)) for s in gens]
+        periods = _periods(sink)
+        sync = _model(_tokens_run()).sync()
+        if policy == "continue":  # per step: 0.42 s before the swap, the load, 0.18 s after
+            assert periods[-2] == pytest.approx(0.42 + sync / 2 + 0.18, abs=1e-4)
+    assert spans["restart"][1:3] == [(0.5, 0.42), (0.9301, 0.5)]
+    assert spans["continue"][1:3] == [(0.5, 0.42), (0.9301, 0.18)]
+
+
 def test_pipeline_refuses_nothing_queued_out_of_order():
     m = _model(_run(max_staleness=2))
     sink = Sink()
