@@ -43,6 +43,7 @@ class Layout:
     actor: str
     rollout: str
     staleness: int = 0
+    partial_rollout: str = "finish"
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,12 @@ class Figure:
     stage: str = ""
 
 
-#: verl's one-step-off runs (FSDP2): Qwen2.5-Math-7B, DAPO, 2 nodes x 8 H20, 20,480-token
-#: budget; profiled by the colocated synchronous run (gen 321 s, old_log_prob 88 s + update 286 s
-#: on the actor's devices). Prompts per step are not stated: verl's DAPO recipe's 512 x 16.
+#: verl's one-step-off runs: Qwen2.5-Math-7B, DAPO, 2 nodes x 8 H20, vLLM rollout; profiled by the
+#: colocated synchronous run: its generate call (``generate_sequences``: the ``gen`` timer also
+#: holds the hybrid engine's switch between training and generation), ``old_log_prob`` and
+#: ``update_actor`` on the actor's devices. Prompts per step are not stated: verl's DAPO
+#: recipe's 512 x 16. FSDP2 runs: 20,480-token budget, 247 s, 88 + 286 s; Megatron runs:
+#: 8,192 tokens, 162 s, 119 + 344 s.
 ONE_STEP = Setup(
     "verl one-step-off (FSDP2), Qwen2.5-Math-7B, 16 H20",
     "h20",
@@ -98,11 +102,51 @@ ONE_STEP = Setup(
     256,
     20480,
     Layout(2, "0-15", "0-15"),
-    321.0,
+    247.0,
     88.0 + 286.0,
     VERL_ONE_STEP,
 )
+ONE_STEP_MEGATRON = dataclasses.replace(
+    ONE_STEP,
+    name="verl one-step-off (Megatron), Qwen2.5-Math-7B, 16 H20",
+    max_response=8192,
+    fit_generate_s=162.0,
+    fit_train_s=119.0 + 344.0,
+)
 _SPLIT = Layout(2, "0-11", "12-15", 1)
+
+
+def _one_step(s: Setup, engine: str, sync_s: float, step_s: float, gen4_s: float) -> tuple:
+    """verl's three one-step-off figures of one engine: the overlapped step (12 train + 4
+    rollout GPUs), its speed-up over the colocated synchronous step, and the 4 rollout GPUs'
+    generate call against the 16 colocated GPUs'."""
+    return (
+        Figure(
+            f"one-step-overlap step, 12 train + 4 rollout H20 ({engine})",
+            step_s,
+            s,
+            _SPLIT,
+            source=s.source,
+        ),
+        Figure(
+            f"speed-up, one-step-overlap vs colocate sync, 16 H20 ({engine})",
+            sync_s / step_s,
+            s,
+            s.fit_layout,
+            _SPLIT,
+            s.source,
+        ),
+        Figure(
+            f"generation on 4 rollout H20 / on all 16 ({engine}: generate_sequences "
+            f"{gen4_s:.0f} s / {s.fit_generate_s:.0f} s)",
+            gen4_s / s.fit_generate_s,
+            s,
+            Layout(2, "0-11", "12-15"),
+            s.fit_layout,
+            s.source,
+            stage="generate",
+        ),
+    )
 
 
 def _dapo(gpus: int, generate_s: float, train_s: float) -> Setup:
@@ -122,42 +166,19 @@ def _dapo(gpus: int, generate_s: float, train_s: float) -> Setup:
     )
 
 
-#: (GPUs, colocate-sync gen s, update_actor s, fully-async step s) from verl's table.
+#: (GPUs, colocate-sync gen s, update_actor s, fully-async step s) from verl's table (its runs
+#: use partial rollouts: ``continue``). Only ``gen`` is published for these runs.
 _VERL = ((32, 357.41, 313.81, 294.77), (64, 150.72, 133.41, 189.26), (128, 177.85, 113.81, 150.63))
 
 FIGURES: tuple[Figure, ...] = (
-    (
-        Figure(
-            "one-step-overlap step, 12 train + 4 rollout H20",
-            520.0,
-            ONE_STEP,
-            _SPLIT,
-            source=VERL_ONE_STEP,
-        ),
-        Figure(
-            "speed-up, one-step-overlap vs colocate sync, 16 H20",
-            749.0 / 520.0,
-            ONE_STEP,
-            ONE_STEP.fit_layout,
-            _SPLIT,
-            VERL_ONE_STEP,
-        ),
-        Figure(
-            "generation on 4 rollout H20 / on all 16 (generate_sequences 458 s / 247 s)",
-            458.0 / 247.0,
-            ONE_STEP,
-            Layout(2, "0-11", "12-15"),
-            ONE_STEP.fit_layout,
-            VERL_ONE_STEP,
-            stage="generate",
-        ),
-    )
+    _one_step(ONE_STEP, "FSDP2", 749.0, 520.0, 458.0)
+    + _one_step(ONE_STEP_MEGATRON, "Megatron", 699.0, 566.0, 501.0)
     + tuple(
         Figure(
             f"fully async {g // 2}:{g // 2} step, {g} H20",
             step,
             _dapo(g, gen, train),
-            Layout(g // 8, f"0-{g // 2 - 1}", f"{g // 2}-{g - 1}", 1),
+            Layout(g // 8, f"0-{g // 2 - 1}", f"{g // 2}-{g - 1}", 1, "continue"),
             source=VERL_ASYNC,
         )
         for g, gen, train, step in _VERL
@@ -168,7 +189,7 @@ FIGURES: tuple[Figure, ...] = (
             356.30 / 150.63,
             _dapo(128, 177.85, 113.81),
             Layout(16, "0-127", "0-127"),
-            Layout(16, "0-63", "64-127", 1),
+            Layout(16, "0-63", "64-127", 1, "continue"),
             VERL_ASYNC,
         ),
     )
@@ -215,7 +236,10 @@ def run_for(s: Setup, layout: Layout, mean_response: float, utilization: float =
             gradient_checkpointing=True,
         ),
         trainer=dataclasses.replace(
-            run.trainer, train_batch_size=s.prompts, max_staleness=layout.staleness
+            run.trainer,
+            train_batch_size=s.prompts,
+            max_staleness=layout.staleness,
+            partial_rollout=layout.partial_rollout,
         ),
         whatif=dataclasses.replace(
             run.whatif,
