@@ -41,10 +41,13 @@ class Calibration:
     """
 
     call_s: float = 0.004
-    overhead_s: float = 0.008
+    # The driver between steps, a weight hand-over's fixed part and a rule reward of a small
+    # batch, as the spans of real runs on the VM show them (traces of split layouts, sync and
+    # pipelined: 0.5-2.6 ms gaps, 0.4-0.6 ms sync spans, 0.2-0.5 ms reward spans).
+    overhead_s: float = 0.002
     fused_overhead_s: float = 0.005
-    sync_s: float = 0.004
-    reward_s: float = 0.004
+    sync_s: float = 0.001
+    reward_s: float = 0.001
     generate_extra_s: float = 0.005
     generate_parallel_s: float = 0.0
     decode_step_s: float = 0.002
