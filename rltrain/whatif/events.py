@@ -284,7 +284,10 @@ class Pipeline:
             start = max(self.free[i], t + c.call_s)
             load = m.sync() / 2 if self.version > self.loaded[i] else 0.0
             ran, full = done[i]
-            d = m.continue_generate(full, ran, len(self.ranks)) if ran < full else 0.0
+            if ran <= 0:  # not started yet: it simply starts with the newest weights
+                d = full
+            else:
+                d = m.continue_generate(full, ran, len(self.ranks)) if ran < full else 0.0
             spans.append((p, "sync", start, load))
             spans.append((p, "generate", start + load, d))
             self.free[i] = start + load + d
