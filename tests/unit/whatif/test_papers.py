@@ -23,3 +23,16 @@ def test_the_fit_reproduces_the_profiled_layout_and_predicts_the_other():
     assert p.stages_s["train"] == pytest.approx(f.setup.fit_train_s, rel=0.02)
     ratio = reproduce(f)
     assert math.isfinite(ratio) and ratio > 0
+
+
+def test_continue_on_catalogue_hardware_sits_between_finish_and_restart():
+    """A generation-bound split on H20 (2 of 16 GPUs generate): at each swap ``restart`` throws
+    the decoded tokens away, ``continue`` keeps them and pays a new prefill of the prefixes,
+    ``finish`` pays nothing (its samples are a version older)."""
+    from rltrain.whatif.papers import ONE_STEP, Layout
+
+    steps = {
+        policy: predict_layout(ONE_STEP, Layout(2, "0-13", "14-15", 1, policy), 880, 0.9).step_s
+        for policy in ("finish", "continue", "restart")
+    }
+    assert steps["finish"] < steps["continue"] < steps["restart"]
