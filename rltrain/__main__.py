@@ -20,6 +20,7 @@ from rltrain.scheduler.interrupts import (
     interrupted,
     listen_for_interrupts,
 )
+from rltrain.telemetry import startup
 
 listen_for_interrupts()  # first, before the slow imports: Ctrl-C works from the first moment
 
@@ -40,6 +41,7 @@ try:
         else os.path.join(os.path.dirname(_HERE), "conf")
     )
     register_configs()
+    startup.mark("imports")
 except KeyboardInterrupt:  # Ctrl-C while starting up
     exit_interrupted()
 

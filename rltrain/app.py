@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, PlacementError, RltrainError, WorkerError
+from rltrain.telemetry import startup
 
 log = logging.getLogger("rltrain")
 
@@ -334,6 +335,7 @@ def _run(cfg: DictConfig) -> float | None:
     if run_cfg.trainer.resume == "auto":  # the runners resume from the checkpoint found here
         trainer = dataclasses.replace(run_cfg.trainer, resume=layout.resume)
         run_cfg = dataclasses.replace(run_cfg, trainer=trainer)
+    startup.mark("preflight")
     return objective(train(run_cfg, out_dir, layout))
 
 

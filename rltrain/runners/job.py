@@ -27,7 +27,7 @@ from rltrain.runners.layout import RunLayout, check_launched, layout_for
 from rltrain.scheduler import Cluster, WorkerGroup
 from rltrain.scheduler.interrupts import check_interrupt
 from rltrain.scheduler.residency import ResidencyCoordinator, Resident
-from rltrain.telemetry import trace
+from rltrain.telemetry import startup, trace
 from rltrain.workers.common import ResidentState
 
 #: Kinds of predicted memory that exist only while the component's stage runs.
@@ -172,6 +172,7 @@ def start_job(
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     trace.configure(process="driver", enabled=run.logging.trace)
     with Cluster.start(run.cluster) as cluster:
+        startup.mark("ray_start")
         check_interrupt()  # a Ctrl-C dropped while Ray started
         plan = build_plan(run, _simulated_memory(cluster.spec, run))  # the discovered cluster
         refuse_simulated_latency(run, plan)
@@ -182,6 +183,7 @@ def start_job(
                 launched, resume=layout.resume, resume_note=layout.resume_note
             )
         reservation = cluster.reserve(plan, name=f"rltrain-{os.getpid()}", overlap=overlap(run))
+        startup.mark("placement_group")
 
         def launch(comp: str) -> WorkerGroup[Any]:
             with trace.span("launch", comp):
@@ -203,12 +205,15 @@ def start_job(
         finally:
             # Ctrl-C or a failed launch: leave now, the cluster's teardown ends the others
             pool.shutdown(wait=False, cancel_futures=True)
+        startup.mark("workers_ready")
         if on_launch is not None:
             on_launch(groups)
         residency, resident = _residency(run, plan, groups)
         job = Job(run, launched, cluster, groups, residency, run_dir, resident)
         check_interrupt()  # a Ctrl-C dropped while the workers started
+        startup.mark("job_ready")
         yield job
+        startup.mark("run_done")
 
 
 def refuse_simulated_latency(run: RunConfig, plan: Plan) -> None:

@@ -24,12 +24,14 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from rltrain.errors import ConfigError, ResourceError
 from rltrain.placement.types import ClusterSpec, Placement
 from rltrain.scheduler.discovery import MEMORY_LABEL, build_spec
+from rltrain.telemetry import startup
 
 if TYPE_CHECKING:
     from rltrain.scheduler.channel import Channel
@@ -124,6 +126,33 @@ def _use_loopback() -> None:
     import ray._private.ray_constants as constants
 
     constants.ENABLE_RAY_CLUSTER = False
+
+
+@contextmanager
+def _any_agent_port() -> Iterator[None]:
+    """Within: a local Ray's dashboard agent listens on a port the OS picks.
+
+    Ray gives every node's agent the fixed HTTP port 52365 (Ray's job-submission endpoint,
+    which rltrain does not use). When another Ray on the machine holds it (a test session's, a
+    sweep's, another user's, a second simulated node), the agent retries binding for ~3.3 s
+    before it gives up, and the raylet waits for the agent before the node joins: every such
+    start-up paid those seconds. ``ray.init`` has no argument for the port, so the parameters
+    object it builds gets port 0 (Ray's "any free port") as its default.
+    """
+    import ray._private.parameter as parameter
+
+    original = parameter.RayParams
+
+    class _Params(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("dashboard_agent_listen_port", 0)
+            super().__init__(*args, **kwargs)
+
+    parameter.RayParams = _Params
+    try:
+        yield
+    finally:
+        parameter.RayParams = original
 
 
 #: Ray settings for a local Ray that rltrain starts itself (a joined cluster keeps its own).
@@ -225,14 +254,15 @@ class Cluster:
         node_args = cls._local_node_args(config, num_nodes)
         local = None
         if num_nodes == 1:
-            ray.init(
-                address="local",  # never join another Ray instance running on this machine
-                include_dashboard=False,
-                _temp_dir=temp,
-                runtime_env=runtime_env,
-                _system_config=LOCAL_SYSTEM_CONFIG,
-                **node_args[0],
-            )
+            with _any_agent_port():
+                ray.init(
+                    address="local",  # never join another Ray instance running on this machine
+                    include_dashboard=False,
+                    _temp_dir=temp,
+                    runtime_env=runtime_env,
+                    _system_config=LOCAL_SYSTEM_CONFIG,
+                    **node_args[0],
+                )
         else:
             from ray.cluster_utils import Cluster as LocalCluster
 
@@ -250,10 +280,11 @@ class Cluster:
                         "temp_dir": temp,
                         "include_dashboard": False,
                         "_system_config": LOCAL_SYSTEM_CONFIG,
+                        "dashboard_agent_listen_port": 0,  # see _any_agent_port
                     },
                 )
                 for args in node_args[1:]:
-                    local.add_node(**args)
+                    local.add_node(**args, dashboard_agent_listen_port=0)
                 local.wait_for_nodes()
             finally:
                 if saved is None:
@@ -419,6 +450,7 @@ class Cluster:
                     if self._temp_dir:
                         shutil.rmtree(self._temp_dir, ignore_errors=True)
                 self._finalizer.detach()
+                startup.mark("teardown")
 
     def _started_processes(self) -> list[Any]:
         """Every process of the local Ray this cluster started, with their descendants (the

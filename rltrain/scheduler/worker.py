@@ -176,19 +176,21 @@ class _Host:
     def __init__(
         self, ctx: WorkerContext, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> None:
+        from rltrain.telemetry import startup, trace
+
+        startup.mark("worker_init_begin", f"{ctx.group}[{ctx.rank}]")
         os.environ.update(ctx.env)
         quiet_third_party_warnings()
         if ctx.num_threads:
             set_num_threads(ctx.num_threads)
         self._rltrain_ctx = ctx
         self._rltrain_collectives: dict[str, Any] = {}
-        from rltrain.telemetry import trace
-
         trace.configure(process=f"{ctx.group}[{ctx.rank}]")
         super().__init__(*args, **kwargs)
         # The user's __init__ may have imported torch (which resets its thread count).
         if ctx.num_threads:
             set_num_threads(ctx.num_threads)
+        startup.mark("worker_init_end", f"{ctx.group}[{ctx.rank}]")
 
     def _rltrain_ready(self) -> dict[str, Any]:
         import ray

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from rltrain.errors import ConfigError
+from rltrain.telemetry import startup
 
 #: Keys that hold timings; excluded when comparing runs for determinism.
 TIMING_PREFIXES = ("time/", "perf/")
@@ -89,6 +90,8 @@ class MetricsLogger:
         """Record one step's metrics; returns the record as written."""
         record = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
         self.records.append(record)
+        if len(self.records) == 1:
+            startup.mark("first_step")
         if self._file:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()

@@ -56,6 +56,20 @@ def test_discovery_ranks_and_devices(two_nodes):
     assert spec.group("trainers").node_ranks == (1,)
 
 
+def test_each_node_agent_binds_its_port_at_once(two_nodes):
+    # Ray gives every node's dashboard agent port 52365: the second node's agent retried
+    # binding for ~3.3 s, and its raylet waited for it, before the node could join.
+    import glob
+    import os
+
+    session = ray._private.worker._global_node.get_session_dir_path()
+    logs = glob.glob(os.path.join(session, "logs", "dashboard_agent*.log"))
+    assert len(logs) == 2  # one agent per node
+    for log in logs:
+        with open(log) as f:
+            assert "Failed to bind" not in f.read(), log
+
+
 def test_actors_land_on_planned_nodes(two_nodes):
     spec = two_nodes.spec
     # Global device ranks 1 and 2: node 0 device 1, node 1 device 0.
