@@ -7,6 +7,9 @@
 - ``cluster``: a fresh :class:`rltrain.scheduler.Cluster` job handle on that Ray; every actor,
   placement group and channel the test creates through it is removed afterwards (Ray stays up).
 
+Budget (tests/README.md): a test that needs workers takes ``cluster``; a Ray start-up of its
+own is for a test whose subject is Ray's start or loss, in a ``test_zz_*`` module.
+
 Worker classes defined in test modules are shipped to Ray workers by value (test directories are
 not importable packages there), so a test module can define its ``Worker`` subclasses inline.
 """

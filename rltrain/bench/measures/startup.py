@@ -49,7 +49,8 @@ PHASES: tuple[tuple[str, str, str], ...] = (
 TAIL: tuple[tuple[str, str, str], ...] = (
     ("checkpoint + summary", "run_done", "the last step's save, timeline, curves"),
     ("teardown", "teardown", "actors, placement group and Ray stopped"),
-    ("exit", "exit", "interpreter shutdown"),
+    ("summary printed", "command_done", "the run's summary written and shown"),
+    ("exit", "exit", "interpreter shutdown, until the process is gone"),
 )
 
 _RAW_RAY = """
