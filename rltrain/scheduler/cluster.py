@@ -3,11 +3,12 @@
 ``Cluster.start(cfg.cluster)``:
 
 - ``address: null`` (``cluster=local``) starts a local Ray bound to 127.0.0.1 with its own temp
-  dir and no dashboard. When the machine has no GPU and ``simulate_devices`` is true, each node
-  declares ``devices_per_node`` Ray GPUs (simulated devices; ``torch.cuda.is_available()`` stays
-  False in workers) with ``device_memory_gib`` each; a machine with real GPUs is never given
-  simulated ones. ``num_nodes > 1`` simulates several nodes on this machine
-  (``ray.cluster_utils.Cluster``).
+  dir, no dashboard, and each node's dashboard agent on a free port (another Ray on the
+  machine never makes it wait for Ray's fixed one). When the machine has no GPU and
+  ``simulate_devices`` is true, each node declares ``devices_per_node`` Ray GPUs (simulated
+  devices; ``torch.cuda.is_available()`` stays False in workers) with ``device_memory_gib``
+  each; a machine with real GPUs is never given simulated ones. ``num_nodes > 1`` simulates
+  several nodes on this machine (``ray.cluster_utils.Cluster``).
 - ``address: auto`` or ``host:port`` (``cluster=ray``) joins an existing cluster; nodes, devices
   and device memory are discovered (:mod:`rltrain.scheduler.discovery`).
 - when Ray is already initialised in this process (tests, a Ray-hosted driver), it is reused and
@@ -166,9 +167,15 @@ def _any_agent_port() -> Iterator[None]:
 #: records its own timeline, and the GCS keeps up to 100,000 events, growing by ~6 KiB per step
 #: of a default run (measured: GCS RSS 50 -> 62 MiB over 2,000 steps; 56 -> 99 MiB over 12,000
 #: calls with events, flat without).
+#: No worker processes are prestarted when the driver connects: Ray starts one idle worker per
+#: CPU for tasks, but every rltrain component is an actor placed in the job's placement group,
+#: which got fresh processes of its own while the prestarted ones were killed as surplus — two
+#: interpreters importing Ray for nothing (~1 CPU-second on the 2-core machine), competing with
+#: the workers' start-up. Tasks still get workers on demand.
 LOCAL_SYSTEM_CONFIG: dict[str, Any] = {
     "max_direct_call_object_size": 1024 * 1024,
     "task_events_report_interval_ms": 0,
+    "prestart_worker_first_driver": False,
 }
 
 
