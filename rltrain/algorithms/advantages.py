@@ -8,13 +8,17 @@ last response token, minus a KL penalty per token when the KL is in the reward).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
+from rltrain.algorithms.registry import get_advantage_estimator, register_advantage_estimator
+from rltrain.config.algorithms import ADVANTAGE_ESTIMATORS, group_estimators
 from rltrain.errors import ConfigError
 
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
-ESTIMATORS = (*GROUP_ESTIMATORS, "reinforce_pp", "gae")
+GROUP_ESTIMATORS = group_estimators()
+ESTIMATORS = tuple(ADVANTAGE_ESTIMATORS)
 
 
 def _groups(scores: Tensor, group_size: int) -> Tensor:
@@ -186,6 +190,38 @@ def gae_advantages(
     return adv, (adv + values) * mask
 
 
+# Registered estimators: ``fn(token_rewards, mask, *, group_size, norm_by_std, values, gamma,
+# lam) -> (advantages, returns or None)``, each taking the keywords it needs.
+@register_advantage_estimator("grpo")
+def _grpo(rewards: Tensor, mask: Tensor, *, group_size: int, norm_by_std: bool, **_: Any):
+    return grpo_advantages(rewards.sum(dim=1), group_size, norm_by_std)[:, None] * mask, None
+
+
+@register_advantage_estimator("dr_grpo")
+def _dr_grpo(rewards: Tensor, mask: Tensor, *, group_size: int, **_: Any):
+    return dr_grpo_advantages(rewards.sum(dim=1), group_size)[:, None] * mask, None
+
+
+@register_advantage_estimator("rloo")
+def _rloo(rewards: Tensor, mask: Tensor, *, group_size: int, **_: Any):
+    return rloo_advantages(rewards.sum(dim=1), group_size)[:, None] * mask, None
+
+
+@register_advantage_estimator("reinforce_pp")
+def _reinforce_pp(rewards: Tensor, mask: Tensor, *, gamma: float, **_: Any):
+    return reinforce_pp_advantages(rewards, mask, gamma), None
+
+
+@register_advantage_estimator("gae")
+def _gae(
+    rewards: Tensor, mask: Tensor, *, values: Tensor | None, gamma: float, lam: float, **_: Any
+):
+    if values is None:
+        raise ConfigError("algorithm.advantage_estimator='gae' needs critic values")
+    adv, returns = gae_advantages(rewards, values, mask, gamma, lam)
+    return masked_whiten(adv, mask), returns
+
+
 def compute_advantages(
     estimator: str,
     rewards: Tensor,
@@ -200,8 +236,14 @@ def compute_advantages(
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token advantages (and value targets for GAE) of one batch.
 
+    The estimator is the function registered under ``estimator``
+    (:func:`~rltrain.algorithms.registry.register_advantage_estimator`); it receives the
+    per-token rewards (the outcome on each row's last response token, minus ``token_kl``) and
+    the mask; group estimators score each row by its rewards' sum.
+
     Args:
-        estimator: ``grpo`` | ``dr_grpo`` | ``rloo`` | ``reinforce_pp`` | ``gae``.
+        estimator: ``grpo`` | ``dr_grpo`` | ``rloo`` | ``reinforce_pp`` | ``gae`` (the names
+            of :data:`rltrain.config.algorithms.ADVANTAGE_ESTIMATORS`).
         rewards: ``[B]`` outcome rewards.
         response_mask: ``[B, R]``.
         group_size: samples per prompt (group estimators).
@@ -218,25 +260,17 @@ def compute_advantages(
     Raises:
         ConfigError: an unknown estimator, too small groups, or GAE without values.
     """
+    fn = get_advantage_estimator(estimator)
     mask = response_mask.float()
     token_rewards = outcome_token_rewards(rewards, mask)
     if token_kl is not None:
         token_rewards = token_rewards - token_kl * mask
-    if estimator in GROUP_ESTIMATORS:
-        scores = token_rewards.sum(dim=1)
-        if estimator == "rloo":
-            seq = rloo_advantages(scores, group_size)
-        else:
-            seq = grpo_advantages(scores, group_size, norm_by_std and estimator == "grpo")
-        return seq[:, None] * mask, None
-    if estimator == "reinforce_pp":
-        return reinforce_pp_advantages(token_rewards, mask, gamma), None
-    if estimator == "gae":
-        if values is None:
-            raise ConfigError("algorithm.advantage_estimator='gae' needs critic values")
-        adv, returns = gae_advantages(token_rewards, values, mask, gamma, lam)
-        return masked_whiten(adv, mask), returns
-    raise ConfigError(
-        f"algorithm.advantage_estimator={estimator!r} is not valid: "
-        f"choose one of {list(ESTIMATORS)}"
+    return fn(
+        token_rewards,
+        mask,
+        group_size=group_size,
+        norm_by_std=norm_by_std,
+        values=values,
+        gamma=gamma,
+        lam=lam,
     )

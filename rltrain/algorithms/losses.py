@@ -7,14 +7,16 @@ same aggregation mode applies to the policy loss, the KL loss and the entropy bo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from rltrain.algorithms.registry import PolicyLossInputs, register_policy_loss
+from rltrain.config.algorithms import KL_ESTIMATORS, LOSS_AGGS
 from rltrain.errors import ConfigError
 
-LOSS_AGGS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+__all__ = ["KL_ESTIMATORS", "LOSS_AGGS"]  # re-exported: the algorithms package names them
 
 
 def aggregate(values: Tensor, mask: Tensor, mode: str, norm_len: int | None = None) -> Tensor:
@@ -61,6 +63,7 @@ class PolicyLossOutput:
     clip_frac: Tensor  # share of response tokens whose ratio was clipped
     approx_kl: Tensor  # k3 estimate of KL(old || new) over response tokens
     ratio_mean: Tensor
+    is_weights: Tensor | None = None  # [B, R] the importance weights applied, no gradient
 
 
 def policy_loss(
@@ -110,6 +113,97 @@ def policy_loss(
         ratio_mean = (ratio * mask).sum() / n
     loss = aggregate(per_token, mask, loss_agg, norm_len)
     return PolicyLossOutput(loss, clip_frac, approx_kl, ratio_mean)
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip_loss(x: PolicyLossInputs, algorithm: Any) -> PolicyLossOutput:
+    """``algorithm.policy_loss=ppo_clip``: :func:`policy_loss` with the run's clip ranges and
+    aggregation, each token weighted by ``min(pi_old / pi_rollout, tis_cap)`` when
+    ``x.rollout_logprobs`` is given.
+
+    Args:
+        x: the tensors.
+        algorithm: the run's :class:`~rltrain.config.schema.AlgorithmConfig`.
+
+    Returns:
+        The loss and its diagnostics.
+    """
+    weights = None
+    if x.rollout_logprobs is not None and algorithm.tis_cap is not None:
+        weights = truncated_is_weights(x.old_logprobs, x.rollout_logprobs, algorithm.tis_cap)
+    out = policy_loss(
+        x.logprobs,
+        x.old_logprobs,
+        x.advantages,
+        x.response_mask,
+        algorithm.clip_low,
+        algorithm.clip_high,
+        algorithm.loss_agg,
+        x.norm_len,
+        is_weights=weights,
+    )
+    return PolicyLossOutput(out.loss, out.clip_frac, out.approx_kl, out.ratio_mean, weights)
+
+
+def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """``[B]`` log of GSPO's sequence ratio: the mean over a response's tokens of
+    ``log pi_new - log pi_old``, i.e. ``log (pi_new(y) / pi_old(y)) ** (1 / |y|)`` (0 for an
+    empty response)."""
+    m = mask.to(logprobs.dtype)
+    return ((logprobs - old_logprobs) * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+
+
+#: GSPO's sequence log-ratio is clamped here before ``exp`` (a ratio of e^10 is clipped anyway).
+_MAX_LOG_RATIO = 10.0
+
+
+@register_policy_loss("gspo")
+def gspo_loss(x: PolicyLossInputs, algorithm: Any) -> PolicyLossOutput:
+    """``algorithm.policy_loss=gspo``: Group Sequence Policy Optimization (Zheng et al. 2025).
+
+    One importance ratio per response, ``s_i = (pi_new(y_i) / pi_old(y_i)) ** (1 / |y_i|)``
+    (:func:`sequence_log_ratio`), clipped to ``[1 - clip_low, 1 + clip_high]`` as a whole: per
+    token, ``max(-A_t * s_i, -A_t * clip(s_i))`` with the gradient of GSPO-token,
+    ``s_i * grad log pi(y_t)`` (the value is ``s_i``, the gradient flows through each token's
+    own log-prob), then aggregated by ``algorithm.loss_agg`` (``seq_mean_token_mean`` is the
+    paper's per-sequence mean; with an advantage constant over a response every choice gives
+    the paper's objective up to the weighting of sequences). The paper's clip ranges are
+    ``3e-4`` / ``4e-4`` (``conf/algorithm/gspo.yaml``).
+
+    With a recomputed pi_old and the rollout's log-probs (``x.rollout_logprobs``), the
+    truncated importance correction is taken at the same level as the ratio: one weight per
+    response, ``min(exp(mean_t(log pi_old - log pi_rollout)), tis_cap)``, the geometric mean
+    of its tokens' weights, capped; no gradient.
+
+    Args:
+        x: the tensors.
+        algorithm: the run's :class:`~rltrain.config.schema.AlgorithmConfig`.
+
+    Returns:
+        The loss and its diagnostics (``ratio_mean`` is the token-weighted mean of ``s_i``).
+    """
+    mask = x.response_mask.to(x.logprobs.dtype)
+    seq = sequence_log_ratio(x.logprobs.detach(), x.old_logprobs, mask).clamp(max=_MAX_LOG_RATIO)
+    log_ratio = x.logprobs - x.logprobs.detach() + seq[:, None]
+    ratio = torch.exp(log_ratio)
+    unclipped = -x.advantages * ratio
+    clipped = -x.advantages * torch.clamp(
+        ratio, 1.0 - algorithm.clip_low, 1.0 + algorithm.clip_high
+    )
+    per_token = torch.maximum(unclipped, clipped)
+    weights = None
+    if x.rollout_logprobs is not None and algorithm.tis_cap is not None:
+        seq_w = sequence_log_ratio(x.old_logprobs.detach(), x.rollout_logprobs, mask).exp()
+        weights = seq_w.clamp(max=algorithm.tis_cap)[:, None].expand_as(per_token)
+        per_token = per_token * weights
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1.0)
+        token_log_ratio = x.logprobs - x.old_logprobs
+        clip_frac = ((clipped > unclipped).to(mask.dtype) * mask).sum() / n
+        approx_kl = ((torch.exp(-token_log_ratio) - 1 + token_log_ratio) * mask).sum() / n
+        ratio_mean = (ratio * mask).sum() / n
+    loss = aggregate(per_token, mask, algorithm.loss_agg, x.norm_len)
+    return PolicyLossOutput(loss, clip_frac, approx_kl, ratio_mean, weights)
 
 
 def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:

@@ -18,7 +18,7 @@ import functools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,75 +28,70 @@ from rltrain.algorithms.advantages import compute_advantages
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.critic import ValueModel, compute_values
 from rltrain.algorithms.logprobs import LogprobGap, compute_logprobs
-from rltrain.algorithms.losses import (
-    aggregate,
-    kl_penalty,
-    policy_loss,
-    truncated_is_weights,
-    value_loss,
-)
+from rltrain.algorithms.losses import aggregate, kl_penalty, value_loss
+from rltrain.algorithms.registry import PolicyLossInputs, get_policy_loss
+from rltrain.algorithms.shaping import overlong_penalties, without_truncated
+from rltrain.config.schema import AlgorithmConfig
 from rltrain.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class UpdateSettings:
-    """Everything an update needs from the config, fixed once per run.
+    """What an update reads, fixed once per run: the run's algorithm config itself, and the
+    few settings of other sections the update needs.
 
-    Field meanings are those of ``algorithm.*``; ``grad_clip`` is ``optimizer.grad_clip``,
-    ``temperature`` and ``max_new_tokens`` are ``rollout.*``.
+    Attributes:
+        algorithm: the run's :class:`~rltrain.config.schema.AlgorithmConfig` (``algorithm.*``),
+            read as it is: a new algorithm key reaches every update without being copied here.
+        grad_clip: ``optimizer.grad_clip``.
+        temperature: ``rollout.temperature`` (log-probs are taken at the sampling temperature).
+        max_new_tokens: ``rollout.max_new_tokens`` (the constant length normaliser, the
+            overlong budget).
+        old_logprobs: ``algorithm.old_logprobs`` with ``auto`` decided
+            (:func:`~rltrain.config.numerics.resolve_old_logprobs`): ``recompute`` | ``rollout``.
     """
 
-    advantage_estimator: str = "grpo"
-    norm_adv_by_std: bool = True
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    loss_agg: str = "token_mean"
-    entropy_coef: float = 0.0
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    kl_in: str = "loss"
-    ppo_epochs: int = 1
-    num_minibatches: int = 1
-    gamma: float = 1.0
-    lam: float = 1.0
-    value_clip: float = 0.2
-    value_coef: float = 0.5
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     grad_clip: float = 1.0
     temperature: float = 1.0
     max_new_tokens: int = 4
     old_logprobs: str = "recompute"
-    tis_cap: float | None = 2.0
 
     @classmethod
     def from_config(cls, run_cfg: Any) -> UpdateSettings:
-        """Collect the settings from a :class:`rltrain.config.schema.RunConfig`
-        (``old_logprobs`` with ``auto`` decided: :func:`~rltrain.config.numerics.
-        resolve_old_logprobs`)."""
+        """The settings of a :class:`rltrain.config.schema.RunConfig`."""
         from rltrain.config.numerics import resolve_old_logprobs
 
-        a, o, r = run_cfg.algorithm, run_cfg.optimizer, run_cfg.rollout
-        names = (
-            "advantage_estimator norm_adv_by_std clip_low clip_high loss_agg entropy_coef kl_coef "
-            "kl_estimator kl_in ppo_epochs num_minibatches gamma lam value_clip value_coef"
-        ).split()
         return cls(
-            **{n: getattr(a, n) for n in names},
-            grad_clip=o.grad_clip,
-            temperature=r.temperature,
-            max_new_tokens=r.max_new_tokens,
+            algorithm=run_cfg.algorithm,
+            grad_clip=run_cfg.optimizer.grad_clip,
+            temperature=run_cfg.rollout.temperature,
+            max_new_tokens=run_cfg.rollout.max_new_tokens,
             old_logprobs=resolve_old_logprobs(run_cfg),
-            tis_cap=a.tis_cap,
         )
+
+    @classmethod
+    def of(cls, **fields: Any) -> UpdateSettings:
+        """Settings from keyword fields of either this record or ``AlgorithmConfig`` (scripts
+        and tests: ``UpdateSettings.of(clip_high=0.28, grad_clip=0.0)``).
+
+        Raises:
+            TypeError: a name that is neither.
+        """
+        own = {f.name for f in dataclasses.fields(cls)} - {"algorithm"}
+        mine = {k: v for k, v in fields.items() if k in own}
+        algorithm = AlgorithmConfig(**{k: v for k, v in fields.items() if k not in own})
+        return cls(algorithm=algorithm, **mine)
 
     @property
     def uses_reference(self) -> bool:
         """True when a KL to the reference policy enters the reward or the loss."""
-        return self.kl_coef > 0
+        return self.algorithm.kl_coef > 0
 
     @property
     def steps_per_batch(self) -> int:
         """Optimizer steps an update takes on one batch (epochs x minibatches)."""
-        return self.ppo_epochs * self.num_minibatches
+        return self.algorithm.ppo_epochs * self.algorithm.num_minibatches
 
 
 def minibatch_indices(
@@ -119,9 +114,14 @@ def minibatch_indices(
 def add_advantages(batch: RolloutBatch, s: UpdateSettings) -> RolloutBatch:
     """Fill ``advantages`` (and ``returns`` for GAE) from rewards, reference and values.
 
+    DAPO's overlong shaping (``algorithm.overlong_buffer``) adds its penalty to the rewards
+    first; ``algorithm.mask_truncated`` then drops the responses the budget cut from the loss
+    (:mod:`rltrain.algorithms.shaping`): they count in their group's statistics, not in the
+    update.
+
     Args:
         batch: needs ``rewards``; ``ref_logprobs`` and ``old_logprobs`` when the KL is in the
-            reward; ``values`` for GAE.
+            reward; ``values`` for GAE; ``truncated`` for ``mask_truncated``.
         s: the settings.
 
     Returns:
@@ -130,28 +130,33 @@ def add_advantages(batch: RolloutBatch, s: UpdateSettings) -> RolloutBatch:
     Raises:
         ConfigError: a field the settings need is missing.
     """
+    a = s.algorithm
     if batch.rewards is None:
         raise ConfigError("the rollout batch has no rewards: score it before the update")
     token_kl = None
-    if s.kl_in == "reward" and s.kl_coef > 0:
+    if a.kl_in == "reward" and a.kl_coef > 0:
         # The sampled tokens' log-probs known before the update: pi_old when it was computed
         # (an inference component, LoRA's own pass), else the rollout's.
         behaviour = batch.old_logprobs if batch.old_logprobs is not None else batch.rollout_logprobs
         if batch.ref_logprobs is None or behaviour is None:
             raise ConfigError("algorithm.kl_in='reward' needs old and reference log-probs")
-        token_kl = s.kl_coef * kl_penalty(behaviour, batch.ref_logprobs, s.kl_estimator)
+        token_kl = a.kl_coef * kl_penalty(behaviour, batch.ref_logprobs, a.kl_estimator)
+    rewards = batch.rewards + overlong_penalties(
+        batch.response_mask, s.max_new_tokens, a.overlong_buffer, a.overlong_penalty
+    )
     adv, returns = compute_advantages(
-        s.advantage_estimator,
-        batch.rewards,
+        a.advantage_estimator,
+        rewards,
         batch.response_mask,
         group_size=batch.group_size,
-        norm_by_std=s.norm_adv_by_std,
+        norm_by_std=a.norm_adv_by_std,
         token_kl=token_kl,
         values=batch.values,
-        gamma=s.gamma,
-        lam=s.lam,
+        gamma=a.gamma,
+        lam=a.lam,
     )
-    return batch.replace(advantages=adv, returns=returns)
+    out = batch.replace(advantages=adv, returns=returns)
+    return without_truncated(out) if a.mask_truncated else out
 
 
 def actor_loss(
@@ -160,11 +165,12 @@ def actor_loss(
     s: UpdateSettings,
     gap: LogprobGap | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The policy objective of one minibatch: clipped surrogate + KL loss - entropy bonus.
+    """The policy objective of one minibatch: the policy loss ``algorithm.policy_loss`` names
+    (:func:`~rltrain.algorithms.registry.get_policy_loss`) + KL loss - entropy bonus.
 
-    With ``old_logprobs=recompute`` and the rollout's log-probs present, each token's clipped
-    surrogate is weighted by ``min(pi_old / pi_rollout, tis_cap)`` (:func:`truncated_is_weights`;
-    not the KL or entropy terms).
+    With ``old_logprobs=recompute`` and the rollout's log-probs present, the policy loss gets
+    them for the truncated importance correction (``algorithm.tis_cap``; not the KL or entropy
+    terms): per token for ``ppo_clip``, per response for ``gspo``.
 
     Args:
         model: the policy being trained.
@@ -178,6 +184,7 @@ def actor_loss(
     Returns:
         ``(loss, metrics)``; call ``loss.backward()``.
     """
+    a = s.algorithm
     logp, ent = compute_logprobs(
         model,
         mb.input_ids,
@@ -190,44 +197,46 @@ def actor_loss(
     mask = mb.response_mask
     if gap is not None and mb.rollout_logprobs is not None:
         gap.add(logp, mb.rollout_logprobs, mask)
-    weights = None
-    if s.old_logprobs == "recompute" and s.tis_cap is not None and mb.rollout_logprobs is not None:
-        weights = truncated_is_weights(old, mb.rollout_logprobs, s.tis_cap)
-    pg = policy_loss(
+    corrected = s.old_logprobs == "recompute" and a.tis_cap is not None
+    inputs = PolicyLossInputs(
         logp,
         old,
         mb.advantages,
         mask,
-        s.clip_low,
-        s.clip_high,
-        s.loss_agg,
-        s.max_new_tokens,
-        is_weights=weights,
+        rollout_logprobs=mb.rollout_logprobs if corrected else None,
+        norm_len=s.max_new_tokens,
     )
-    entropy = aggregate(ent, mask, s.loss_agg, s.max_new_tokens)
-    loss = pg.loss - s.entropy_coef * entropy
+    pg = get_policy_loss(a.policy_loss)(inputs, a)
+    entropy = aggregate(ent, mask, a.loss_agg, s.max_new_tokens)
+    loss = pg.loss - a.entropy_coef * entropy
     metrics = {
         "actor/pg_loss": pg.loss.item(),
         "actor/clip_frac": pg.clip_frac.item(),
         "actor/approx_kl": pg.approx_kl.item(),
         "actor/entropy": entropy.item(),
     }
-    if weights is not None:
-        with torch.no_grad():
-            m = mask.to(weights.dtype)
-            n = m.sum().clamp(min=1.0)
-            metrics["actor/tis_weight_mean"] = float((weights * m).sum() / n)
-            metrics["actor/tis_clip_frac"] = float(((weights >= s.tis_cap) * m).sum() / n)
-    if s.kl_in == "loss" and s.kl_coef > 0:
+    if pg.is_weights is not None:
+        metrics.update(_tis_metrics(pg.is_weights, mask, a.tis_cap))
+    if a.kl_in == "loss" and a.kl_coef > 0:
         if mb.ref_logprobs is None:
             raise ConfigError("algorithm.kl_in='loss' with kl_coef > 0 needs reference log-probs")
-        kl_tokens = kl_penalty(logp, mb.ref_logprobs, s.kl_estimator)
+        kl_tokens = kl_penalty(logp, mb.ref_logprobs, a.kl_estimator)
         # The constant normaliser (seq_mean_token_sum_norm) is the response budget, as for the
         # other terms, not the batch's padded width, which micro-batches trim.
-        kl = aggregate(kl_tokens, mask, s.loss_agg, s.max_new_tokens)
-        loss = loss + s.kl_coef * kl
+        kl = aggregate(kl_tokens, mask, a.loss_agg, s.max_new_tokens)
+        loss = loss + a.kl_coef * kl
         metrics["actor/kl_loss"] = kl.item()
     return loss, metrics
+
+
+@torch.no_grad()
+def _tis_metrics(weights: Tensor, mask: Tensor, cap: float) -> dict[str, float]:
+    m = mask.to(weights.dtype)
+    n = m.sum().clamp(min=1.0)
+    return {
+        "actor/tis_weight_mean": float((weights * m).sum() / n),
+        "actor/tis_clip_frac": float(((weights >= cap) * m).sum() / n),
+    }
 
 
 def critic_loss(
@@ -244,8 +253,9 @@ def critic_loss(
         ``(loss, metrics)``.
     """
     v = compute_values(critic, mb.input_ids, mb.attention_mask, mb.response_mask)
-    vl = value_loss(v, mb.values, mb.returns, mb.response_mask, s.value_clip, "token_mean")
-    return s.value_coef * vl, {"critic/value_loss": vl.item()}
+    a = s.algorithm
+    vl = value_loss(v, mb.values, mb.returns, mb.response_mask, a.value_clip, "token_mean")
+    return a.value_coef * vl, {"critic/value_loss": vl.item()}
 
 
 def micro_slices(size: int, micro_batch: int) -> list[Tensor]:
@@ -653,8 +663,8 @@ def ppo_update(
     model.train()
     sums: dict[str, float] = defaultdict(float)
     steps = 0
-    for _ in range(s.ppo_epochs):
-        for idx in minibatch_indices(batch.size, s.num_minibatches, generator):
+    for _ in range(s.algorithm.ppo_epochs):
+        for idx in minibatch_indices(batch.size, s.algorithm.num_minibatches, generator):
             mb = batch.select(idx)
             # the first step's forward pass is at the weights before the update: the gap's
             loss_fn = functools.partial(actor_loss, s=s, gap=gap if steps == 0 else None)
@@ -664,7 +674,7 @@ def ppo_update(
                 mb,
                 loss_fn,
                 micro_batch=micro_batch,
-                loss_agg=s.loss_agg,
+                loss_agg=s.algorithm.loss_agg,
                 grad_clip=s.grad_clip,
                 scheduler=scheduler,
                 max_tokens=max_tokens,
@@ -723,8 +733,8 @@ def value_update(
     critic.train()
     sums: dict[str, float] = defaultdict(float)
     steps = 0
-    for _ in range(s.ppo_epochs):
-        for idx in minibatch_indices(batch.size, s.num_minibatches, generator):
+    for _ in range(s.algorithm.ppo_epochs):
+        for idx in minibatch_indices(batch.size, s.algorithm.num_minibatches, generator):
             metrics = accumulate_step(
                 critic,
                 optimizer,

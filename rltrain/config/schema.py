@@ -190,6 +190,9 @@ class AlgorithmConfig:
     """Advantage estimator, policy loss and KL settings."""
 
     advantage_estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp | gae
+    # ppo_clip (one importance ratio per token) | gspo (one length-normalised ratio per
+    # response, clipped as a whole: use with algorithm=gspo's clip ranges)
+    policy_loss: str = "ppo_clip"
     norm_adv_by_std: bool = True  # GRPO divides by the group std; Dr. GRPO does not
     kl_coef: float = 0.0  # weight of the KL to the reference policy (> 0 needs a reference)
     kl_estimator: str = "k3"  # k1 | k2 | k3
@@ -213,6 +216,19 @@ class AlgorithmConfig:
     # truncated importance sampling with a recomputed pi_old: each token's policy loss is
     # weighted by min(pi_old / pi_rollout, tis_cap) (at least 1); null: no correction
     tis_cap: Optional[float] = 2.0
+    # DAPO's dynamic sampling: drop prompt groups whose rewards are all equal (no signal) and
+    # generate more prompts until the training batch is full (synchronous schedule only)
+    filter_groups: bool = False
+    # generation rounds a step may take to fill the batch with filter_groups; when they run
+    # out the batch is topped up with dropped groups (metric batch/topped_up_groups)
+    max_generation_batches: int = 4
+    # DAPO's overlong shaping: the last overlong_buffer tokens of rollout.max_new_tokens carry
+    # a reward penalty growing linearly to overlong_penalty at the budget; 0: none
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0  # the penalty at the full budget (with overlong_buffer > 0)
+    # drop responses the token budget cut (no EOS) from the loss; they still count in their
+    # group's advantage statistics
+    mask_truncated: bool = False
 
 
 # ------------------------------------------------------------------------------------------ task

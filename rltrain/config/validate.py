@@ -18,6 +18,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, ValidationError
 
+from rltrain.config.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGS,
+    POLICY_LOSSES,
+    group_estimators,
+    needs_critic,
+)
 from rltrain.config.files import (
     POLICY_HEADS,
     checkpoint_dir_problems,
@@ -30,8 +38,9 @@ from rltrain.errors import ConfigError
 Check = Callable[[RunConfig], Iterator[str]]
 _CHECKS: list[Check] = []
 
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
-ESTIMATORS = (*GROUP_ESTIMATORS, "reinforce_pp", "gae")
+#: The estimator names, and those that compare the samples of a prompt (the vocabulary's).
+ESTIMATORS = tuple(ADVANTAGE_ESTIMATORS)
+GROUP_ESTIMATORS = group_estimators()
 
 
 def check(fn: Check) -> Check:
@@ -358,13 +367,10 @@ def _model(cfg: RunConfig) -> Iterator[str]:
 def _algorithm(cfg: RunConfig) -> Iterator[str]:
     a = cfg.algorithm
     yield from _one_of("algorithm.advantage_estimator", a.advantage_estimator, ESTIMATORS)
-    yield from _one_of("algorithm.kl_estimator", a.kl_estimator, ("k1", "k2", "k3"))
+    yield from _one_of("algorithm.policy_loss", a.policy_loss, tuple(POLICY_LOSSES))
+    yield from _one_of("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
     yield from _one_of("algorithm.kl_in", a.kl_in, ("loss", "reward"))
-    yield from _one_of(
-        "algorithm.loss_agg",
-        a.loss_agg,
-        ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
-    )
+    yield from _one_of("algorithm.loss_agg", a.loss_agg, LOSS_AGGS)
     yield from _positive("algorithm.kl_coef", a.kl_coef, zero_ok=True)
     yield from _within(
         "algorithm.clip_low", a.clip_low, 0, 0.999, ": the ratio is clipped below at 1 - clip_low"
@@ -387,13 +393,60 @@ def _algorithm(cfg: RunConfig) -> Iterator[str]:
             f"so set rollout.n_samples_per_prompt>=2 or use reinforce_pp / gae"
         )
     placed = {n.strip() for k in cfg.placement.component_placement for n in str(k).split(",")}
-    if a.advantage_estimator == "gae" and cfg.runner == "reasoning" and "critic" not in placed:
+    if needs_critic(a.advantage_estimator) and cfg.runner == "reasoning" and "critic" not in placed:
         yield (
             "algorithm.advantage_estimator='gae' (PPO) needs a critic, but placement."
             "component_placement places none: use experiment=reasoning_ppo (or "
             "reasoning_ppo_hybrid / reasoning_ppo_disaggregated), add one with "
             "+placement.component_placement.critic=all, or use grpo/rloo"
         )
+
+
+@check
+def _batch_shaping(cfg: RunConfig) -> Iterator[str]:
+    """DAPO's dynamic sampling and overlong handling (``rltrain/algorithms/shaping.py``)."""
+    a = cfg.algorithm
+    yield from _positive("algorithm.max_generation_batches", a.max_generation_batches)
+    yield from _positive("algorithm.overlong_penalty", a.overlong_penalty, zero_ok=True)
+    budget = cfg.rollout.max_new_tokens
+    if not 0 <= a.overlong_buffer <= budget:
+        yield (
+            f"algorithm.overlong_buffer={a.overlong_buffer} must be in [0, {budget}] "
+            f"(rollout.max_new_tokens): the penalty ramps over the last tokens of the budget"
+        )
+    used = [k for k, on in _shaping_keys(a) if on]
+    if cfg.runner != "reasoning" and used:
+        yield (
+            f"{', '.join(used)} shape token responses; runner={cfg.runner!r} trains on "
+            f"environment steps: leave them at their defaults"
+        )
+    if not a.filter_groups:
+        return
+    if a.advantage_estimator not in GROUP_ESTIMATORS:
+        yield (
+            f"algorithm.filter_groups=true with algorithm.advantage_estimator="
+            f"{a.advantage_estimator!r}: only group estimators {list(GROUP_ESTIMATORS)} have "
+            f"prompt groups to filter"
+        )
+    if cfg.trainer.max_staleness > 0:
+        yield (
+            f"algorithm.filter_groups=true with trainer.max_staleness="
+            f"{cfg.trainer.max_staleness}: dynamic sampling generates until the step's batch is "
+            f"full, which the synchronous schedule does; set trainer.max_staleness=0"
+        )
+    if str(cfg.placement.fuse).lower() == "true":
+        yield (
+            "algorithm.filter_groups=true with placement.fuse=true: a fused rank trains on the "
+            "groups it generated and cannot wait for others; set placement.fuse=false or auto"
+        )
+
+
+def _shaping_keys(a: Any) -> list[tuple[str, bool]]:
+    return [
+        ("algorithm.filter_groups", a.filter_groups),
+        ("algorithm.overlong_buffer", a.overlong_buffer > 0),
+        ("algorithm.mask_truncated", a.mask_truncated),
+    ]
 
 
 OPTIMIZERS = ("adamw", "deepspeed_adamw")

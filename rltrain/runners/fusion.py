@@ -58,6 +58,11 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
             f"over the whole batch, and a fused rank sees only its own prompt groups "
             f"(group estimators {list(GROUP_ESTIMATORS)} fuse)"
         )
+    if run.algorithm.filter_groups:
+        out.append(
+            "algorithm.filter_groups=true generates until the step's batch is full, and a fused "
+            "rank trains on its own generation only"
+        )
     if run.weight_sync.transport != "auto":
         out.append(
             f"weight_sync.transport={run.weight_sync.transport!r} asks for weight sync between "

@@ -36,6 +36,7 @@ from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.placement.micro_batches import adopt_micro_batches
 from rltrain.runners import loop
+from rltrain.runners.batch_stage import Selection, batch_stage_for
 from rltrain.runners.checkpoint import (
     CheckpointManager,
     model_fingerprint,
@@ -127,6 +128,7 @@ class ReasoningRunner:
         # What each receiver is handed for the newest version (see handed).
         self.weights: dict[str, Any] = {}
         self.transports = {} if self.fused else self._setup_weight_sync()
+        self.batch_stage = batch_stage_for(self.run, self.sizes)
         k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
         self.schedule = schedule_for(self, k)
 
@@ -321,13 +323,15 @@ class ReasoningRunner:
                 sources.call(ActorWorker.release_weights, recv).wait()
 
     # ------------------------------------------------------------------------ the step's stages
-    def rank_prompts(self, step: int) -> list[list[str]]:
-        """The step's prompts, split over the rollout ranks (rank order)."""
-        prompts = [ex.prompt for ex in self.task.sample_batch(step, self.sizes.prompts_per_step)]
+    def rank_prompts(self, step: int, round_: int = 0) -> list[list[str]]:
+        """The prompts of a step's generation round (:meth:`BatchStage.data_index`), split
+        over the rollout ranks (rank order)."""
+        index = self.batch_stage.data_index(step, round_)
+        prompts = [ex.prompt for ex in self.task.sample_batch(index, self.sizes.prompts_per_step)]
         k = self.sizes.prompts_per_rollout_rank
         return [prompts[r * k : (r + 1) * k] for r in range(self.sizes.rollout_dp)]
 
-    def submit_generation(self, step: int, expect_version: int) -> Any:
+    def submit_generation(self, step: int, expect_version: int, round_: int = 0) -> Any:
         """Start the step's generation on every rollout rank with the newest handed weights.
 
         The rollout records the sampler's log-probs in every step: the actor logs their gap to
@@ -337,9 +341,12 @@ class ReasoningRunner:
         Args:
             step: the step whose prompts are generated.
             expect_version: the oldest weight version the rollout may sample with.
+            round_: the generation round of the step (the batch stage may ask for more).
         """
         weights = self.weights.get("rollout")
-        args = [(prompts, step, weights, expect_version) for prompts in self.rank_prompts(step)]
+        args = [
+            (prompts, step, weights, expect_version) for prompts in self.rank_prompts(step, round_)
+        ]
         return self.g.rollout.call_each(RolloutWorker.generate, args)
 
     def learn(self, step: int, shards: list[Any], timer: StepTimer) -> dict[str, Any]:
@@ -350,12 +357,10 @@ class ReasoningRunner:
         per call (the scoring overlaps the actor's reload).
         """
         g = self.g
-        if "reward" in self.job.resident_components:  # a reward model on devices: its turn
-            with timer("reward"), self.job.stage("reward"):
-                scored = g.reward.execute_on(0).call(self.scorer.score, *shards)
-                scored.wait()
-        else:
-            scored = g.reward.execute_on(0).call(self.scorer.score, *shards)
+        scored = self.score(shards, timer)
+        selection = Selection()
+        if self.batch_stage.needs_scores:  # the stage picks the rows: wait for every score
+            shards, scored, selection = self.fill_batch(step, shards, scored, timer)
         ref_logprobs = None
         if g.reference is not None:
             with timer("reference"), self.job.stage("reference"):
@@ -367,15 +372,16 @@ class ReasoningRunner:
                 old_logprobs = self.inference_logprobs(shards)
         critic_metrics: dict[str, Any] = {}
         if g.critic is not None:  # PPO: the actor's GAE reads the values the critic attaches
-            shards, critic_metrics = self._critic(step, shards, scored.refs[0], ref_logprobs, timer)
+            shards, critic_metrics = self._critic(step, shards, scored.rewards, ref_logprobs, timer)
         with timer("train"), self.job.stage("actor"):
             trained = g.actor.call(
                 ActorWorker.train,
                 *shards,
-                rewards=scored.refs[0],
+                rewards=scored.rewards,
                 step=step,
                 ref_logprobs=ref_logprobs,
                 old_logprobs=old_logprobs,
+                rows=selection.rows,
             )
             exported = self.submit_exports(step + 1)
             results = trained.wait()
@@ -384,8 +390,41 @@ class ReasoningRunner:
         self.version = step + 1
         self.refresh_ledger("actor", results)
         with timer("reward"):
-            scores = scored.wait()[0]  # answered before the update started
-        return {**self.step_metrics(scores, results, timer.times), **critic_metrics}
+            scores = scored.scores()  # answered before the update started
+        metrics = self.step_metrics(scores, results, timer.times)
+        return {**metrics, **critic_metrics, **selection.metrics}
+
+    def score(self, shards: list[Any], timer: StepTimer) -> ScoredShards:
+        """Submit the scoring of ``shards`` (a reward model on devices takes its turn now)."""
+        call = self.g.reward.execute_on(0).call
+        if "reward" in self.job.resident_components:  # a reward model on devices: its turn
+            with timer("reward"), self.job.stage("reward"):
+                scored = call(self.scorer.score, *shards)
+                scored.wait()
+        else:
+            scored = call(self.scorer.score, *shards)
+        return ScoredShards(scored)
+
+    def fill_batch(
+        self, step: int, shards: list[Any], scored: ScoredShards, timer: StepTimer
+    ) -> tuple[list[Any], ScoredShards, Selection]:
+        """Generate and score more rounds until the batch stage selects the training rows.
+
+        Returns:
+            Every round's shards (generation order), their scores, and the selection.
+        """
+        all_shards, scores = list(shards), scored.scores()
+        for round_ in range(1, self.batch_stage.rounds + 1):
+            final = round_ == self.batch_stage.rounds
+            selection = self.batch_stage.select([s.rewards for s in scores], final)
+            if selection is not None:
+                return all_shards, ScoredShards(None, scores), selection
+            with timer("generate"), self.job.stage("rollout"):
+                more = self.submit_generation(step, self.version, round_)
+                more.wait()
+            all_shards += more.refs
+            scores += self.score(more.refs, timer).scores()
+        raise AssertionError("unreachable: the last round selects")
 
     def inference_logprobs(self, shards: list[Any]) -> list[Any]:
         """``[b, R]`` log-probs of every shard under the policy that sampled them (the version
@@ -453,6 +492,31 @@ class ReasoningRunner:
         out["perf/samples_per_s"] = self.sizes.samples_per_step / total if total else None
         out["perf/tokens_per_s"] = float(tokens.sum()) / total if total else None
         return out
+
+
+class ScoredShards:
+    """The reward worker's answer for a step's shards: a pending call (its reference goes to
+    the actor and critic as it is, so the driver need not wait) or scores already fetched.
+
+    Args:
+        future: the scoring call, or None when ``scores`` are given.
+        scores: the fetched ``Scores`` per shard.
+    """
+
+    def __init__(self, future: Any, scores: list[Any] | None = None) -> None:
+        self.future, self._scores = future, scores
+
+    @property
+    def rewards(self) -> Any:
+        """What the actor and critic take as ``rewards``: the call's object ref, or the
+        fetched scores."""
+        return self.future.refs[0] if self._scores is None else self._scores
+
+    def scores(self) -> list[Any]:
+        """The ``Scores`` per shard (waits for the call once)."""
+        if self._scores is None:
+            self._scores = list(self.future.wait()[0])
+        return self._scores
 
 
 def weight_sync_summary(runner: ReasoningRunner) -> dict[str, Any]:

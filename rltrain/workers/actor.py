@@ -93,6 +93,7 @@ class ActorWorker(Worker, ResidentState):
         step: int,
         ref_logprobs: list[torch.Tensor] | None = None,
         old_logprobs: list[torch.Tensor] | None = None,
+        rows: torch.Tensor | None = None,
     ) -> TrainResult:
         """One update on this rank's slice of the step's batch.
 
@@ -107,6 +108,8 @@ class ActorWorker(Worker, ResidentState):
             ref_logprobs: ``[b, R]`` reference log-probs per shard (when the KL is on).
             old_logprobs: ``[b, R]`` behaviour log-probs per shard from the inference
                 component (the actor then runs no forward pass of its own for them).
+            rows: the training batch's rows within the shards joined in order (the runner's
+                batch stage, e.g. ``algorithm.filter_groups``); None: every row.
 
         Returns:
             This rank's metrics and state sizes.
@@ -114,7 +117,9 @@ class ActorWorker(Worker, ResidentState):
         with trace.span("train", "actor", self.device_labels):
             scored = with_scores(fetch(shards), rewards, ref_logprobs, old_logprobs)
             batch = concat_batches(scored, self.tokenizer.pad_token_id)
-            if self.settings.kl_in == "reward":  # the advantages take the KL: every row's
+            if rows is not None:
+                batch = batch.select(rows)
+            if self.settings.algorithm.kl_in == "reward":  # the advantages take the KL: every row's
                 batch = self.own_reference(batch)
             batch = add_advantages(batch, self.settings)
             n = self.sizes.samples_per_actor_rank
@@ -143,15 +148,15 @@ class ActorWorker(Worker, ResidentState):
         behaviour log-probs are filled too (the policy as it is, adapters on) when the batch
         has neither pi_old nor the rollout's. Unchanged without LoRA, without the KL, or when
         the log-probs are there."""
-        s = self.settings
-        if self.run.actor.lora.rank <= 0 or s.kl_coef <= 0 or batch.ref_logprobs is not None:
+        s, a = self.settings, self.settings.algorithm
+        if self.run.actor.lora.rank <= 0 or a.kl_coef <= 0 or batch.ref_logprobs is not None:
             return batch
         from rltrain.algorithms.update import behaviour_logprobs
         from rltrain.backends.lora import eval_mode, reference_logprobs
 
         on, home = batch.to(self.device), batch.response_mask.device
         micro = self.sizes.micro_batch
-        if s.kl_in == "reward" and batch.old_logprobs is None and batch.rollout_logprobs is None:
+        if a.kl_in == "reward" and batch.old_logprobs is None and batch.rollout_logprobs is None:
             with eval_mode(self.model):  # no adapter dropout in behaviour log-probs
                 old = behaviour_logprobs(self.model, on, s, micro)
             batch = batch.replace(old_logprobs=old.to(home))

@@ -172,7 +172,8 @@ class CriticWorker(Worker, ResidentState):
             batch = add_advantages(concat_batches(scored, self.pad_token_id), self.settings)
             if batch.returns is None:
                 raise ConfigError(
-                    f"algorithm.advantage_estimator={self.settings.advantage_estimator!r} gives "
+                    f"algorithm.advantage_estimator="
+                    f"{self.settings.algorithm.advantage_estimator!r} gives "
                     f"no value targets: the critic trains with gae only"
                 )
             n = self.sizes.samples_per_rank

@@ -136,7 +136,7 @@ def _record_forwards(model: torch.nn.Module) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_token_budget_update_equals_the_one_shot_and_the_fixed_size_updates(agg):
     # the KL in the loss too: its constant normaliser must not follow the trimmed width
-    s = UpdateSettings(
+    s = UpdateSettings.of(
         loss_agg=agg, entropy_coef=0.01, kl_coef=0.1, ppo_epochs=2, num_minibatches=2
     )
     batch = add_advantages(_skewed_batch(), s)

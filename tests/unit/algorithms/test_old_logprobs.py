@@ -80,7 +80,7 @@ def test_recompute_weights_the_loss_by_min_of_pi_old_over_pi_rollout():
     model = Bigram(TABLE)
     # the rollout saw 1/8 and 3/4 (another engine's numerics): weights min(2, 2) = 2 and 1
     batch = _batch([[LOG(0.125), LOG(0.75)]])
-    s = UpdateSettings(old_logprobs="recompute", tis_cap=2.0)
+    s = UpdateSettings.of(old_logprobs="recompute", tis_cap=2.0)
     loss, m = actor_loss(model, batch, s)
     assert loss.item() == pytest.approx(-(2.0 + 1.0) / 2)  # ratio 1, A = 1: -mean(w)
     assert m["actor/tis_weight_mean"] == pytest.approx(1.5)
@@ -90,14 +90,14 @@ def test_recompute_weights_the_loss_by_min_of_pi_old_over_pi_rollout():
     # d/dtable[0] of -2*log p(1|0)/2 = -(onehot(1) - p(.|0)) = p - onehot(1)
     torch.testing.assert_close(model.table.grad[0], T([0.5, 0.25 - 1.0, 0.25]))
     # tis_cap=null: no weights, the plain surrogate
-    plain, m = actor_loss(Bigram(TABLE), batch, UpdateSettings(tis_cap=None))
+    plain, m = actor_loss(Bigram(TABLE), batch, UpdateSettings.of(tis_cap=None))
     assert plain.item() == pytest.approx(-1.0) and "actor/tis_weight_mean" not in m
 
 
 def test_rollout_takes_the_ratio_against_the_rollouts_log_probs():
     model = Bigram(TABLE)
     batch = _batch([[LOG(0.125), LOG(0.75)]])
-    s = UpdateSettings(old_logprobs="rollout", tis_cap=2.0, clip_high=0.2)
+    s = UpdateSettings.of(old_logprobs="rollout", tis_cap=2.0, clip_high=0.2)
     batch, known, gap = with_old_logprobs(batch, s, lambda b: pytest.fail("no recompute"))
     assert torch.equal(batch.old_logprobs, batch.rollout_logprobs) and known == {}
     loss, m = actor_loss(model, batch, s, gap)
@@ -119,12 +119,12 @@ def test_where_pi_old_and_the_gap_come_from():
         calls.append(b)
         return T([TRAINER])
 
-    one = UpdateSettings(old_logprobs="recompute")
+    one = UpdateSettings.of(old_logprobs="recompute")
     # one optimizer step: pi_old is the first forward pass (no extra pass), the gap too
     b, known, gap = with_old_logprobs(_batch(rollout), one, recompute)
     assert b.old_logprobs is None and known == {} and gap is not None and not calls
     # several steps: recomputed once, the gap measured against it at once
-    two = UpdateSettings(old_logprobs="recompute", ppo_epochs=2)
+    two = UpdateSettings.of(old_logprobs="recompute", ppo_epochs=2)
     b, known, gap = with_old_logprobs(_batch(rollout), two, recompute)
     assert len(calls) == 1 and gap is None and known["actor/old_logprobs_s"] >= 0
     assert known["rollout/logprob_gap_max"] == pytest.approx(LOG(2))
@@ -135,13 +135,13 @@ def test_where_pi_old_and_the_gap_come_from():
     # no rollout log-probs: nothing to compare
     assert with_old_logprobs(_batch(None), one, recompute)[1:] == ({}, None)
     with pytest.raises(ConfigError, match="old_logprobs='rollout' but the batch carries no"):
-        with_old_logprobs(_batch(None), UpdateSettings(old_logprobs="rollout"), recompute)
+        with_old_logprobs(_batch(None), UpdateSettings.of(old_logprobs="rollout"), recompute)
 
 
 def test_an_update_logs_the_gap_and_it_is_zero_when_the_rollout_matches():
     model = Bigram(TABLE)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out = ppo_update(model, opt, _batch([TRAINER]), UpdateSettings(tis_cap=2.0))
+    out = ppo_update(model, opt, _batch([TRAINER]), UpdateSettings.of(tis_cap=2.0))
     assert out["rollout/logprob_gap_max"] == pytest.approx(0.0, abs=1e-6)
     assert out["actor/tis_weight_mean"] == pytest.approx(1.0)
 

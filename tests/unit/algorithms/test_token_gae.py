@@ -23,7 +23,7 @@ def test_gae_with_the_kl_in_the_reward_by_hand():
         ref_logprobs=T([[-1.2, -1.4, -1.2, -3.0]]),  # k1 = old - ref = .2 .4 .2 (2.0 padded)
         values=T([[0.5, 0.4, 0.8, 9.0]]),  # the padded value is never used
     )
-    s = UpdateSettings(
+    s = UpdateSettings.of(
         advantage_estimator="gae", kl_coef=0.5, kl_in="reward", kl_estimator="k1", lam=0.5
     )
     out = add_advantages(b, s)
@@ -47,7 +47,7 @@ def test_gae_without_a_kl_gives_the_last_token_the_outcome_reward():
         rewards=T([2.0, -1.0]),
         values=torch.zeros(2, 2),
     )
-    out = add_advantages(b, UpdateSettings(advantage_estimator="gae", gamma=0.5, lam=1.0))
+    out = add_advantages(b, UpdateSettings.of(advantage_estimator="gae", gamma=0.5, lam=1.0))
     # zero values: returns are the discounted outcome, 2 * .5 on the first token of row 0
     assert out.returns.tolist() == [[1.0, 2.0], [-1.0, 0.0]]
     # advantages = returns (V = 0), whitened over the 3 real tokens: mean 2/3, var 14/9

@@ -30,8 +30,20 @@ def test_settings_come_from_the_config():
     cfg.algorithm.clip_high = 0.28
     cfg.rollout.max_new_tokens = 7
     s = UpdateSettings.from_config(cfg)
-    assert (s.clip_high, s.max_new_tokens, s.grad_clip) == (0.28, 7, cfg.optimizer.grad_clip)
+    assert (s.algorithm.clip_high, s.max_new_tokens, s.grad_clip) == (
+        0.28,
+        7,
+        cfg.optimizer.grad_clip,
+    )
+    assert s.algorithm is cfg.algorithm  # the config itself, not a copy of its fields
     assert not s.uses_reference
+
+
+def test_settings_of_splits_algorithm_and_own_fields():
+    s = UpdateSettings.of(clip_high=0.28, grad_clip=0.5, policy_loss="gspo")
+    assert (s.algorithm.clip_high, s.algorithm.policy_loss, s.grad_clip) == (0.28, "gspo", 0.5)
+    with pytest.raises(TypeError):
+        UpdateSettings.of(no_such_field=1)
 
 
 def test_minibatches_partition_the_batch():
@@ -56,10 +68,10 @@ def _logp(model, b: RolloutBatch) -> torch.Tensor:
 def test_an_update_makes_rewarded_responses_more_likely(model, tokenizer):
     b = _batch(model, tokenizer)
     rewards = T([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0])
-    b = add_advantages(b.replace(rewards=rewards), UpdateSettings())
+    b = add_advantages(b.replace(rewards=rewards), UpdateSettings.of())
     before = _logp(model, b).sum(1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    s = UpdateSettings(ppo_epochs=2, num_minibatches=2)
+    s = UpdateSettings.of(ppo_epochs=2, num_minibatches=2)
     metrics = ppo_update(model, opt, b, s, generator=torch.Generator().manual_seed(0))
     gain = _logp(model, b).sum(1) - before
     assert gain[0] > 0 and gain[5] > 0
@@ -69,8 +81,8 @@ def test_an_update_makes_rewarded_responses_more_likely(model, tokenizer):
 
 def test_kl_in_loss_needs_reference_logprobs_and_pulls_towards_them(model, tokenizer):
     b = _batch(model, tokenizer)
-    b = add_advantages(b.replace(rewards=torch.zeros(8)), UpdateSettings())
-    s = UpdateSettings(kl_coef=1.0, kl_in="loss", kl_estimator="k2")
+    b = add_advantages(b.replace(rewards=torch.zeros(8)), UpdateSettings.of())
+    s = UpdateSettings.of(kl_coef=1.0, kl_in="loss", kl_estimator="k2")
     with pytest.raises(ConfigError, match="reference log-probs"):
         actor_loss(model, b, s)
     ref = _logp(model, b) - 0.5 * b.response_mask  # the reference prefers these tokens less
@@ -86,7 +98,7 @@ def test_kl_in_reward_lowers_the_advantage_of_divergent_samples(model, tokenizer
     ref = old.clone()
     ref[0] -= 1.0 * b.response_mask[0]  # sample 0 drifted from the reference
     b = b.replace(rewards=torch.zeros(8), old_logprobs=old, ref_logprobs=ref)
-    b = add_advantages(b, UpdateSettings(kl_coef=0.1, kl_in="reward", kl_estimator="k1"))
+    b = add_advantages(b, UpdateSettings.of(kl_coef=0.1, kl_in="reward", kl_estimator="k1"))
     assert b.advantages[0, 0] < 0 and b.advantages[1, 0] > 0
 
 
@@ -95,7 +107,7 @@ def test_ppo_with_a_critic_fits_the_returns(model, tokenizer):
     b = _batch(model, tokenizer, n=1)  # one sample per prompt: every state has one target
     critic = ValueModel(model.__class__(model.config))
     # gamma = lam = 1: every token's return is the outcome reward, a fixed regression target
-    s = UpdateSettings(advantage_estimator="gae", gamma=1.0, lam=1.0, value_clip=10.0)
+    s = UpdateSettings.of(advantage_estimator="gae", gamma=1.0, lam=1.0, value_clip=10.0)
     rewards = T([1.0, 0.0])
     c_opt = torch.optim.AdamW(critic.parameters(), lr=1e-2)
     p_opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -120,7 +120,7 @@ def _model() -> torch.nn.Module:
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_accumulated_ppo_update_equals_the_one_shot_update(agg):
-    s = UpdateSettings(loss_agg=agg, entropy_coef=0.01, ppo_epochs=2, num_minibatches=2)
+    s = UpdateSettings.of(loss_agg=agg, entropy_coef=0.01, ppo_epochs=2, num_minibatches=2)
     batch = add_advantages(_policy_batch(), s)
     one_shot, accumulated = _model(), _model()
     results = []
@@ -182,7 +182,7 @@ def test_a_ddp_wrapped_model_syncs_only_on_the_last_micro_batch(tmp_path):
 
 
 def test_accumulated_value_update_equals_the_one_shot_update():
-    s = UpdateSettings(advantage_estimator="gae", lam=0.9, num_minibatches=2, value_clip=0.5)
+    s = UpdateSettings.of(advantage_estimator="gae", lam=0.9, num_minibatches=2, value_clip=0.5)
     batch = _policy_batch()
     batch = add_advantages(batch.replace(values=0.1 * batch.response_mask), s)
     critics = [ValueModel(_model()) for _ in range(2)]

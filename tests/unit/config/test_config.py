@@ -97,3 +97,37 @@ def test_contradicting_aliases_and_bad_values_name_the_key():
     with pytest.raises(ConfigError) as info:
         resolve_offload(OffloadPolicyConfig(when="sometimes", states=["ram"]), "x")
     assert len(info.value.problems) == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["algorithm.policy_loss=nope"], "algorithm.policy_loss='nope' is not valid"),
+        (
+            ["algorithm.filter_groups=true", "algorithm=ppo"],
+            "algorithm.filter_groups=true with algorithm.advantage_estimator='gae'",
+        ),
+        (
+            ["algorithm.filter_groups=true", "trainer.max_staleness=1"],
+            "set trainer.max_staleness=0",
+        ),
+        (["algorithm.filter_groups=true", "placement.fuse=true"], "placement.fuse=false or auto"),
+        (["algorithm.overlong_buffer=5"], "algorithm.overlong_buffer=5 must be in [0, 4]"),
+        (["algorithm.max_generation_batches=0"], "algorithm.max_generation_batches=0 must be > 0"),
+        (
+            ["experiment=cartpole_collocated", "algorithm.mask_truncated=true"],
+            "algorithm.mask_truncated shape token responses",
+        ),
+    ],
+)
+def test_algorithm_shaping_keys_are_refused_with_the_fix(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(compose_run(*overrides))
+    assert expected in str(err.value)
+
+
+def test_presets_name_their_algorithms():
+    gspo = load_config(compose_run("algorithm=gspo")).algorithm
+    assert (gspo.policy_loss, gspo.clip_low, gspo.clip_high) == ("gspo", 3e-4, 4e-4)
+    dapo = load_config(compose_run("algorithm=dapo")).algorithm
+    assert (dapo.filter_groups, dapo.mask_truncated, dapo.clip_high) == (True, True, 0.28)
