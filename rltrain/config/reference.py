@@ -34,11 +34,6 @@ NOT_READERS = ("rltrain/config/", "rltrain/bench/")
 #: Keys read by name rather than attribute (``get("devices_per_node")``, ``getattr(cfg, name)``):
 #: key -> the modules that read them. A test checks each module's source names the field.
 DYNAMIC_READERS: dict[str, tuple[str, ...]] = {
-    # UpdateSettings.from_config reads the algorithm's fields by a list of names
-    **{
-        f"algorithm.{k}": ("rltrain/algorithms/update",)
-        for k in ("norm_adv_by_std", "kl_estimator", "loss_agg")
-    },
     # the task section is passed around as ``cfg`` (rltrain/tasks/build.py assembles the task)
     **{
         f"task.{k}": ("rltrain/tasks/build",)
