@@ -37,6 +37,13 @@ class RolloutBatch(TensorRecord):
         truncated: ``[B]`` bool, True where the response reached ``rollout.max_new_tokens``
             without an EOS (the token budget cut it), for a truncation mask or an overlong
             penalty; set by both generation engines, None for batches not generated.
+        token_versions: ``[B, R]`` long, the weight version that sampled each response token
+            (meaningful where ``response_mask`` is 1). One version per row unless a partial
+            rollout continued the row under newer weights (``trainer.partial_rollout=continue``);
+            set by the rollout worker, None for batches not generated.
+        discarded_tokens: response tokens the rollout sampled for this shard's step and threw
+            away (``trainer.partial_rollout=restart``: the cancelled passes); set by the rollout
+            when ``trainer.max_staleness >= 1``, else None.
     """
 
     prompt_ids: Tensor
@@ -52,6 +59,8 @@ class RolloutBatch(TensorRecord):
     returns: Tensor | None = None
     rollout_logprobs: Tensor | None = None
     truncated: Tensor | None = None
+    token_versions: Tensor | None = None
+    discarded_tokens: int | None = None
 
     @property
     def size(self) -> int:

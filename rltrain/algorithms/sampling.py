@@ -167,7 +167,16 @@ def next_tokens(
 
 
 class GenerationStopped(Exception):
-    """Raised inside :func:`generate` when its ``should_stop`` callback says so."""
+    """Raised inside :func:`generate` when its ``should_stop`` callback says so.
+
+    Args:
+        partial: the rows as far as they were sampled (``truncated`` marks the rows still
+            decoding), so a partial rollout can continue them; None when no token was sampled.
+    """
+
+    def __init__(self, partial: RolloutBatch | None = None) -> None:
+        super().__init__("generation stopped")
+        self.partial = partial
 
 
 @torch.no_grad()
@@ -197,7 +206,8 @@ def generate(
         with_logprobs: also record each response token's log-prob under the distribution it
             was sampled from (:func:`sampled_logprobs`: temperature and top-p applied) as
             ``old_logprobs``, zero outside the response mask.
-        should_stop: asked before every decoding step; ``True`` abandons the generation.
+        should_stop: asked before every decoding step; ``True`` stops the generation there
+            (the rows sampled so far travel in the exception).
 
     Returns:
         A :class:`RolloutBatch` of ``B = b * n`` rows with ``group_size = n``; ``R`` is the
@@ -205,7 +215,8 @@ def generate(
         sampled no EOS within ``max_new_tokens``.
 
     Raises:
-        GenerationStopped: ``should_stop`` returned ``True``.
+        GenerationStopped: ``should_stop`` returned ``True`` (its ``partial`` holds the rows
+            sampled so far).
     """
     was_training = model.training
     model.eval()
@@ -295,7 +306,8 @@ def _generate(
     attn, step_ids, pos, past = mask, ids, position_ids_from_mask(mask), None
     for _ in range(params.max_new_tokens):
         if should_stop is not None and should_stop():
-            raise GenerationStopped
+            partial = _batch(ids, mask, tokens, live, logps, params, done) if tokens else None
+            raise GenerationStopped(partial)
         out = model(
             input_ids=step_ids,
             attention_mask=attn,
@@ -329,13 +341,26 @@ def _generate(
                 held, finished = held[keep], finished[keep]
         attn = torch.cat([attn, (~finished).long()[:, None]], dim=1)
         step_ids, pos = held[:, None], pos[:, -1:] + 1
+    return _batch(ids, mask, tokens, live, logps, params, done)
+
+
+def _batch(
+    ids: Tensor,
+    mask: Tensor,
+    tokens: list[Tensor],
+    live: list[Tensor],
+    logps: list[Tensor],
+    params: SamplingParams,
+    done: Tensor,
+) -> RolloutBatch:
+    """The decoding loop's columns as a batch (``truncated``: rows without an EOS yet)."""
     return RolloutBatch(
         prompt_ids=ids,
         prompt_mask=mask,
         response_ids=torch.stack(tokens, dim=1),
         response_mask=torch.stack(live, dim=1).float(),
         group_size=params.n,
-        old_logprobs=torch.stack(logps, dim=1) if with_logprobs else None,
+        old_logprobs=torch.stack(logps, dim=1) if logps else None,
         truncated=~done,
     )
 

@@ -134,6 +134,19 @@ class GenerationEngine(Protocol):
     ) -> RolloutBatch:
         """``n`` samples per prompt, on CPU."""
 
+    def continue_rows(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        max_new_tokens: int,
+        seed: int,
+        with_logprobs: bool,
+        should_stop: Callable[[], bool] | None,
+    ) -> RolloutBatch:
+        """One more response per row of left-padded token prompts (a paused generation's rows,
+        each prompt followed by its response so far: ``trainer.partial_rollout=continue``), at
+        most ``max_new_tokens`` long, on CPU, ``group_size`` 1."""
+
     def evaluate(self, task: Any) -> float:
         """Greedy accuracy on the task's evaluation prompts."""
 
@@ -262,6 +275,35 @@ class TorchGeneration(TorchReceiver):
             prompts,
             seed,
             self.eos_ids,
+            with_logprobs=with_logprobs,
+            should_stop=should_stop,
+        )
+        return batch.to("cpu")
+
+    def continue_rows(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        max_new_tokens: int,
+        seed: int,
+        with_logprobs: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> RolloutBatch:
+        """See :meth:`GenerationEngine.continue_rows`: the sampler recomputes the rows' prefix
+        with the weights held (no KV cache survives a weight swap) and samples on."""
+        import dataclasses
+
+        from rltrain.algorithms.sampling import generate
+
+        params = dataclasses.replace(self.params, n=1, max_new_tokens=max_new_tokens)
+        batch = generate(
+            self.model,
+            prompt_ids.to(self.device),
+            prompt_mask.to(self.device),
+            params,
+            self.eos_ids,
+            self.tokenizer.pad_token_id,
+            torch.Generator(device=self.device).manual_seed(seed),
             with_logprobs=with_logprobs,
             should_stop=should_stop,
         )
@@ -497,6 +539,35 @@ class VllmGeneration:
         )
         return batch_from_completions(ids, outs, self.tokenizer.pad_token_id, with_logprobs)
 
+    def continue_rows(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        max_new_tokens: int,
+        seed: int,
+        with_logprobs: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> RolloutBatch:
+        """See :meth:`GenerationEngine.continue_rows`: the rows go to vLLM as token prompts
+        (:func:`continuation_token_ids`), which prefills them with the weights it holds. Like
+        :meth:`generate`, a call stops only before it starts: a vLLM call runs to its end."""
+        from rltrain.algorithms.sampling import GenerationStopped
+
+        if should_stop is not None and should_stop():
+            raise GenerationStopped
+        r = self.run.rollout
+        ids = continuation_token_ids(prompt_ids, prompt_mask)
+        outs = self.engine.generate(
+            ids,
+            n=1,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            logprobs=with_logprobs,
+        )
+        return batch_from_completions(ids, outs, self.tokenizer.pad_token_id, with_logprobs)
+
     def greedy_batch(self, prompts: Sequence[str]) -> RolloutBatch:
         ids = self._prompt_ids(prompts)
         outs = self.engine.generate(
@@ -522,6 +593,19 @@ class VllmGeneration:
         return self.engine.receive_versions(current, target)
 
 
+def continuation_token_ids(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
+    """Left-padded token prompts as vLLM takes them: each row's real tokens, unpadded.
+
+    Args:
+        prompt_ids: ``[b, L]`` long.
+        prompt_mask: ``[b, L]``, 1 on real tokens.
+    """
+    return [
+        [int(t) for t, m in zip(row, keep, strict=True) if m]
+        for row, keep in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True)
+    ]
+
+
 def build_generation(run: RunConfig, device: torch.device, rank: int) -> GenerationEngine:
     """The engine ``rollout.backend`` names."""
     if run.rollout.backend == "vllm":
@@ -542,6 +626,7 @@ __all__ = [
     "VllmState",
     "batch_from_completions",
     "build_generation",
+    "continuation_token_ids",
     "eos_token_ids",
     "greedy_accuracy_of",
     "is_collective",

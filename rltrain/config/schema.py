@@ -409,7 +409,7 @@ class TrainerConfig:
     resume: Optional[str] = None  # null | auto | a checkpoint path
     max_restarts: int = 0  # automatic resumes after a worker failure
     max_staleness: int = 0  # weight versions rollout may lag behind the actor
-    partial_rollout: str = "finish"  # finish | restart: a generation running at a weight swap
+    partial_rollout: str = "finish"  # finish | restart | continue: a generation at a weight swap
     time_budget_s: Optional[float] = None  # stop (with a checkpoint) after this many seconds
 
 

@@ -666,11 +666,12 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
     yield from _positive("trainer.save_every", t.save_every, zero_ok=True)
     yield from _positive("trainer.max_restarts", t.max_restarts, zero_ok=True)
     yield from _positive("trainer.max_staleness", t.max_staleness, zero_ok=True)
-    if t.partial_rollout not in ("finish", "restart"):
+    if t.partial_rollout not in ("finish", "restart", "continue"):
         yield (
             f"trainer.partial_rollout={t.partial_rollout!r} is not valid: choose 'finish' (a "
             f"generation running when the actor publishes new weights ends with the old ones, "
-            f"counted as stale) or 'restart' (it is cancelled and run again with the new ones)"
+            f"counted as stale), 'restart' (it is cancelled and run again with the new ones) or "
+            f"'continue' (it keeps its tokens and samples the rest with the new ones)"
         )
     if t.time_budget_s is not None:
         yield from _positive("trainer.time_budget_s", t.time_budget_s)

@@ -8,7 +8,10 @@ weights is ``trainer.partial_rollout``:
 
 - ``finish``: it runs to the end with the weights it started with (its batch is stale);
 - ``restart``: it is cancelled and submitted again with the newest weights (its batch is fresh;
-  the work done so far is lost).
+  the work done so far is lost);
+- ``continue``: it is paused and continued with the newest weights: the rollout keeps the tokens
+  sampled so far (and their behaviour log-probs and versions) and samples the rest with the new
+  weights. The batch's staleness still counts from the version that started it.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rltrain.errors import ConfigError, WorkerError
+from rltrain.runners.staleness import over_bound, staleness
 
 if TYPE_CHECKING:  # the runner imports this module
     from rltrain.runners.reasoning import ReasoningRunner
 
-PARTIAL_ROLLOUTS = ("finish", "restart")
+PARTIAL_ROLLOUTS = ("finish", "restart", "continue")
 
 
 @dataclass(frozen=True)
@@ -34,12 +38,22 @@ class InFlight:
         version: the weight version it samples with.
         future: the rollout group's future (``wait()``, ``done()``, ``refs``).
         restarts: how often this step's generation was restarted before this submission.
+        started: the version its first tokens were sampled with (``version`` unless it
+            continues a paused generation: ``partial_rollout=continue``).
+        continues: how often it was paused and continued.
     """
 
     step: int
     version: int
     future: Any
     restarts: int = 0
+    started: int = -1
+    continues: int = 0
+
+    @property
+    def first_version(self) -> int:
+        """The version its oldest tokens were sampled with (staleness counts from it)."""
+        return self.version if self.started < 0 else self.started
 
 
 class GenerationPipeline:
@@ -58,7 +72,7 @@ class GenerationPipeline:
         runner: the runner whose rollout group, weights (``version``) and task are used; it
             must offer ``job.stage(component)`` and ``submit_generation(step, expect)``.
         max_staleness: ``k >= 1``.
-        partial_rollout: ``finish`` or ``restart`` (``trainer.partial_rollout``).
+        partial_rollout: ``finish``, ``restart`` or ``continue`` (``trainer.partial_rollout``).
 
     Raises:
         ConfigError: for a ``partial_rollout`` outside :data:`PARTIAL_ROLLOUTS`.
@@ -74,10 +88,13 @@ class GenerationPipeline:
             )
         self.runner, self.k = runner, max_staleness
         self.restart = partial_rollout == "restart"
+        self.resume = partial_rollout == "continue"
         self.queue: deque[InFlight] = deque()
         self.next_step, self.horizon = 0, None
         self.restarts_total = 0  # generations cancelled and submitted again, whole run
         self._restarts_at_fill = 0  # ... at the latest fill (the step's ``rollout/restarts``)
+        self.dropped_total = 0  # samples dropped for staleness past the bound, whole run
+        self._dropped_at_take = 0
 
     def reset(self, step: int, horizon: int | None = None) -> None:
         """Forget generations in flight; the next one submitted is for ``step``.
@@ -101,7 +118,7 @@ class GenerationPipeline:
         newest are cancelled and submitted again first (in step order: the rollout runs its
         calls in the order they arrive).
         """
-        self._restarts_at_fill = self._restart_stale() if self.restart else 0
+        self._restarts_at_fill = self._swap_stale() if self.restart or self.resume else 0
         if not self.queue:
             self.next_step = max(self.next_step, step)
         last = step + self.k if self.horizon is None else min(step + self.k, self.horizon - 1)
@@ -120,21 +137,40 @@ class GenerationPipeline:
                 f"rollout pipeline holds steps {[g.step for g in self.queue]} but step {step} "
                 f"trains next: call train_step with consecutive steps"
             )
-        return self.queue.popleft()
+        gen = self.queue.popleft()
+        self._dropped_at_take = 0
+        if over_bound(step, gen.first_version, self.k):  # the strict bound: never train it
+            if not gen.future.done():
+                _cancel(gen.future)
+            self._dropped_at_take = self.runner.sizes.samples_per_step
+            self.dropped_total += self._dropped_at_take
+            gen = self._submit(step)
+        return gen
 
     def metrics(self, gen: InFlight) -> dict[str, Any]:
         """The step record's ``rollout/*`` entries for the batch ``gen`` (taken this step).
 
         Returns:
-            ``rollout/weight_version``, ``rollout/staleness`` and, with ``restart``,
-            ``rollout/restarts``: generations restarted at this step's weight swap.
+            ``rollout/weight_version`` (the version the batch's first tokens were sampled
+            with), ``rollout/staleness`` (``step`` minus it) and ``rollout/staleness_max`` (the
+            most versions any trained sample spans: the same, one version per batch),
+            ``rollout/dropped_samples`` (samples past the bound, generated again); with ``restart``,
+            ``rollout/restarts`` (generations restarted at this step's weight swap); with
+            ``continue``, ``rollout/continued`` (generations paused and continued at it) and
+            ``rollout/newest_version`` (the newest version that sampled any of the batch).
         """
+        stale = staleness(gen.step, gen.first_version)
         out: dict[str, Any] = {
-            "rollout/weight_version": gen.version,
-            "rollout/staleness": gen.step - gen.version,
+            "rollout/weight_version": gen.first_version,
+            "rollout/staleness": stale,
+            "rollout/staleness_max": stale,  # a step's samples all started with one version
+            "rollout/dropped_samples": self._dropped_at_take,
         }
         if self.restart:
             out["rollout/restarts"] = self._restarts_at_fill
+        if self.resume:
+            out["rollout/continued"] = self._restarts_at_fill
+            out["rollout/newest_version"] = gen.version
         return out
 
     def drain(self) -> None:
@@ -150,8 +186,16 @@ class GenerationPipeline:
             future = r.submit_generation(step, max(step - self.k, 0))
         return InFlight(step, r.version, future, restarts)
 
-    def _restart_stale(self) -> int:
-        """Cancel and resubmit the generations running with old weights; returns how many."""
+    def _continue(self, g: InFlight) -> InFlight:
+        """Resubmit a paused generation: the rollout continues its rows with the new weights."""
+        r = self.runner
+        with r.job.stage("rollout"):
+            future = r.submit_generation(g.step, max(g.step - self.k, 0), resume=True)
+        return InFlight(g.step, r.version, future, g.restarts, g.first_version, g.continues + 1)
+
+    def _swap_stale(self) -> int:
+        """Cancel the generations running with old weights and submit each again: afresh
+        (``restart``) or continuing where it stopped (``continue``); returns how many."""
         newest = self.runner.version
         stale = [g.version < newest and not g.future.done() for g in self.queue]
         if not any(stale):
@@ -159,10 +203,8 @@ class GenerationPipeline:
         for g, old in zip(self.queue, stale, strict=True):
             if old:
                 _cancel(g.future)
-        self.queue = deque(
-            self._submit(g.step, g.restarts + 1) if old else g
-            for g, old in zip(self.queue, stale, strict=True)
-        )
+        again = self._continue if self.resume else lambda g: self._submit(g.step, g.restarts + 1)
+        self.queue = deque(again(g) if old else g for g, old in zip(self.queue, stale, strict=True))
         n = sum(stale)
         self.restarts_total += n
         return n

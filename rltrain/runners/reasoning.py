@@ -35,7 +35,7 @@ from rltrain.backends.weight_sync.choice import TransportChoice, choose_transpor
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.placement.micro_batches import adopt_micro_batches
-from rltrain.runners import loop
+from rltrain.runners import loop, staleness
 from rltrain.runners.batch_stage import Selection, batch_stage_for
 from rltrain.runners.checkpoint import (
     CheckpointManager,
@@ -203,6 +203,7 @@ class ReasoningRunner:
             ),
             "status": status,
             "wall_s": seconds,
+            **rollout_totals(records, self.run.trainer.max_staleness),
         }
 
     # ----------------------------------------------------------------------------- weight sync
@@ -331,7 +332,9 @@ class ReasoningRunner:
         k = self.sizes.prompts_per_rollout_rank
         return [prompts[r * k : (r + 1) * k] for r in range(self.sizes.rollout_dp)]
 
-    def submit_generation(self, step: int, expect_version: int, round_: int = 0) -> Any:
+    def submit_generation(
+        self, step: int, expect_version: int, round_: int = 0, resume: bool = False
+    ) -> Any:
         """Start the step's generation on every rollout rank with the newest handed weights.
 
         The rollout records the sampler's log-probs in every step: the actor logs their gap to
@@ -342,10 +345,13 @@ class ReasoningRunner:
             step: the step whose prompts are generated.
             expect_version: the oldest weight version the rollout may sample with.
             round_: the generation round of the step (the batch stage may ask for more).
+            resume: continue the step's generation paused at a weight swap
+                (``trainer.partial_rollout=continue``).
         """
         weights = self.weights.get("rollout")
         args = [
-            (prompts, step, weights, expect_version) for prompts in self.rank_prompts(step, round_)
+            (prompts, step, weights, expect_version, True, resume)
+            for prompts in self.rank_prompts(step, round_)
         ]
         return self.g.rollout.call_each(RolloutWorker.generate, args)
 
@@ -517,6 +523,13 @@ class ScoredShards:
         if self._scores is None:
             self._scores = list(self.future.wait()[0])
         return self._scores
+
+
+def rollout_totals(records: list[dict[str, Any]], max_staleness: int) -> dict[str, Any]:
+    """``summary.json``'s ``rollout`` entry: staleness and discarded work over the run
+    (:func:`rltrain.runners.staleness.run_totals`); absent for a synchronous run."""
+    totals = staleness.run_totals(records, max_staleness)
+    return {"rollout": totals} if totals else {}
 
 
 def weight_sync_summary(runner: ReasoningRunner) -> dict[str, Any]:

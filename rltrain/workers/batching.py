@@ -19,6 +19,7 @@ _PER_TOKEN = (
     "advantages",
     "returns",
     "rollout_logprobs",
+    "token_versions",
 )
 _PER_ROW = ("rewards", "truncated")
 

@@ -62,10 +62,23 @@ class Scores(TensorRecord):
 
 
 def batch_counts(batch: RolloutBatch) -> dict[str, int]:
-    """The counts every scorer reports for a batch (see :attr:`Scores.counts`)."""
-    if batch.truncated is None:
-        return {}
-    return {"response/truncated": int(batch.truncated.sum())}
+    """The counts every scorer reports for a batch (see :attr:`Scores.counts`); with
+    ``trainer.max_staleness >= 1`` also ``rollout/discarded_tokens`` and
+    ``rollout/continued_tokens`` (tokens sampled with newer weights than their row's first)."""
+    out = {} if batch.truncated is None else {"response/truncated": int(batch.truncated.sum())}
+    if batch.discarded_tokens is not None:
+        out["rollout/discarded_tokens"] = batch.discarded_tokens
+        if batch.token_versions is not None:
+            out["rollout/continued_tokens"] = continued_tokens(batch)
+    return out
+
+
+def continued_tokens(batch: RolloutBatch) -> int:
+    """Response tokens sampled with a newer weight version than their row's first token."""
+    versions, live = batch.token_versions, batch.response_mask.bool()
+    assert versions is not None
+    first = versions.masked_fill(~live, torch.iinfo(versions.dtype).max).min(dim=1).values
+    return int((live & (versions > first[:, None])).sum())
 
 
 class RuleReward:

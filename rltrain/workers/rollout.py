@@ -16,6 +16,8 @@ import torch
 
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import GenerationStopped
+from rltrain.backends import continuation
+from rltrain.backends.continuation import Parked
 from rltrain.backends.generation import GenerationEngine, build_generation, sampling_seed
 from rltrain.config.schema import RunConfig
 from rltrain.scheduler import Worker
@@ -46,6 +48,12 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         self.engine: GenerationEngine = build_generation(run, self.device, self.rank)
         self.version = -1  # no weights received yet: the first export is the starting version
         self._task: Any = None
+        # trainer.partial_rollout=continue: generations paused at a weight swap, by step, and
+        # generations that ended before their pause arrived (a resume call hands them on)
+        self._continues = run.trainer.partial_rollout == "continue"
+        self._parked: dict[int, Parked] = {}
+        self._ended: dict[int, RolloutBatch] = {}
+        self._discarded: dict[int, int] = {}  # tokens thrown away per step (``restart``)
 
     # The engine owns the model and its memory; properties keep them out of the worker's own
     # attributes, so the ledger's walk reaches each tensor once.
@@ -82,8 +90,13 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         weights: Any = None,
         expect_version: int | None = None,
         behaviour_logprobs: bool = True,
+        resume: bool = False,
     ) -> RolloutBatch | None:
         """Sample ``n`` responses for each prompt.
+
+        With ``trainer.partial_rollout=continue`` a cancelled call (``ray.cancel``: a weight
+        swap) parks the rows sampled so far instead of dropping them, and a later call with
+        ``resume=True`` for the same step continues them under the weights it is handed.
 
         Args:
             prompts: this rank's prompts.
@@ -96,31 +109,115 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                 applied). The actor compares them with its own (the parity check), takes them
                 as pi_old with ``algorithm.old_logprobs=rollout``, and weighs its loss by them
                 (truncated importance sampling) with ``recompute``.
+            resume: continue the generation of ``step`` parked at a pause (or hand on the one
+                that ended before its pause arrived); with nothing held for ``step``, sample
+                afresh.
 
         Returns:
-            A CPU batch of ``len(prompts) * n`` rows; ``None`` when the call was cancelled
-            (``ray.cancel``: a partial rollout restarted with newer weights) before it ended.
+            A CPU batch of ``len(prompts) * n`` rows, ``token_versions`` set; ``None`` when
+            the call was cancelled before it ended (its result is never read).
 
         Raises:
             WorkerError: the weights held are older than ``expect_version``.
         """
         self._sync(weights, expect_version)
+        self._forget_before(step)
+        if resume and step in self._ended:
+            return self._ended.pop(step)
+        parked = self._parked.pop(step, None) if resume else None
         with trace.span("generate", "rollout", self.device_labels):
             try:
-                batch = as_rollout_logprobs(
-                    self.engine.generate(
-                        prompts,
-                        sampling_seed(self.run, step, self.rank),
-                        behaviour_logprobs,
-                        _cancelled,
-                    )
-                )
-                wait = modelled_generate_s(self.run.simulate, batch)  # a slower device
-                if wait:
-                    _sleep_unless_cancelled(wait)
-            except GenerationStopped:
+                done = self._sample(prompts, step, behaviour_logprobs, parked)
+            except GenerationStopped as stop:
+                self._park(step, parked, stop.partial)
                 return None  # nobody reads a cancelled call's result
+            batch = self._handed_on(step, done)
+            try:
+                if self.run.simulate.rollout_latency_ms:  # a slower device: its fixed cost
+                    _sleep_unless_cancelled(self.run.simulate.rollout_latency_ms / 1000)
+            except GenerationStopped:
+                if not self._continues:
+                    self._count_discarded(step, batch)
+                return None
             return batch
+
+    def _handed_on(self, step: int, done: Parked) -> RolloutBatch:
+        """The finished rows as the batch the actor gets (with the step's discarded count
+        when the pipeline runs ahead); kept for a late pause's resume with ``continue``."""
+        batch = as_rollout_logprobs(continuation.finished(done))
+        if self.run.trainer.max_staleness >= 1:
+            batch = batch.replace(discarded_tokens=self._discarded.pop(step, 0))
+        if self._continues:  # a pause that comes too late resumes to this batch
+            self._ended[step] = batch
+        return batch
+
+    def _count_discarded(self, step: int, batch: Any) -> None:
+        if batch is not None:
+            tokens = continuation.sampled_tokens(batch)
+            self._discarded[step] = self._discarded.get(step, 0) + tokens
+
+    def _sample(
+        self, prompts: list[str], step: int, logprobs: bool, parked: Parked | None
+    ) -> Parked:
+        """Sample the step's rows afresh, or continue the parked ones with the weights held.
+
+        Raises:
+            GenerationStopped: cancelled between decoding steps (``partial``: the new rows).
+        """
+        seed = sampling_seed(self.run, step, self.rank)
+        if parked is None:
+            batch = self.engine.generate(prompts, seed, logprobs, self._decode_step)
+            return continuation.park(batch, self.version, self.version)
+        ids, mask = continuation.continuation_prompts(parked)
+        budget = self.run.rollout.max_new_tokens - parked.columns
+        # a continuation draws its own stream: the version keeps it apart from the first pass
+        seed = sampling_seed(self.run, step, self.rank + 1_000 * (self.version + 1))
+        try:
+            more = self.engine.continue_rows(ids, mask, budget, seed, logprobs, self._decode_step)
+        except GenerationStopped as stop:
+            if stop.partial is None:
+                raise GenerationStopped(None) from stop
+            raise GenerationStopped(self._stitched(parked, stop.partial)) from stop
+        return self._stitched(parked, more)
+
+    def _stitched(self, parked: Parked, more: RolloutBatch) -> Any:
+        return continuation.stitch(parked, more, self.version, self.tokenizer_pad_id)
+
+    def _park(self, step: int, before: Parked | None, partial: Any) -> None:
+        """Keep a paused generation's rows (``continue``); ``partial`` is what the stopped
+        call sampled: a first pass's batch, or a continuation already stitched to ``before``."""
+        if not self._continues:
+            self._count_discarded(step, partial)
+            return
+        if isinstance(partial, Parked):
+            self._parked[step] = partial
+        elif partial is not None:
+            self._parked[step] = continuation.park(partial, self.version, self.version)
+        elif before is not None:  # stopped before its first new token: keep what it had
+            self._parked[step] = before
+
+    def _forget_before(self, step: int) -> None:
+        """Drop what was held for steps that can no longer be taken (the pipeline submits in
+        step order, at most ``max_staleness + 1`` ahead, so anything older is abandoned)."""
+        oldest = step - self.run.trainer.max_staleness - 1
+        for held in (self._parked, self._ended, self._discarded):
+            for s in [s for s in held if s < oldest]:
+                del held[s]
+
+    @property
+    def tokenizer_pad_id(self) -> int:
+        return int(self.engine.tokenizer.pad_token_id)  # type: ignore[attr-defined]
+
+    def _decode_step(self) -> bool:
+        """Asked before every decoding step: wait out ``simulate.rollout_token_latency_ms``
+        (a slower device's time per token) and say whether the call was cancelled."""
+        ms = self.run.simulate.rollout_token_latency_ms
+        if ms:
+            try:
+                _sleep_unless_cancelled(ms / 1000)
+            except GenerationStopped:
+                return True
+        return _cancelled()
 
     def evaluate(self, weights: Any = None) -> float:
         """Greedy accuracy on the task's evaluation prompts, with the given weights."""

@@ -142,3 +142,40 @@ def test_restart_discards_generations_running_at_a_weight_swap(ray_session, tmp_
     gens = _spans(tmp_path, "generate", "rollout")
     assert len(gens) == 3 + sum(restarts)
     assert any(end - start < latency_ms * 1000 for start, end in gens), gens
+
+
+@pytest.mark.timeout(300)
+def test_continue_keeps_the_tokens_of_generations_running_at_a_weight_swap(ray_session, tmp_path):
+    ray_session.ensure()
+    # decoding far slower than training (a modelled device, per token): the next step's
+    # generation is mid-response at every swap, so it pauses and goes on with the new weights
+    shared = [o for o in SHORT if "latency_ms" not in o]
+    run = compose_run(
+        *shared,
+        "trainer.total_steps=3",
+        "trainer.max_staleness=1",
+        "trainer.partial_rollout=continue",
+        "rollout.max_new_tokens=8",
+        "simulate.actor_latency_ms=900",  # the swap lands a few tokens into the next response
+        "simulate.rollout_token_latency_ms=300",
+    )
+    summary = run_reasoning(run, str(tmp_path))
+    assert summary["status"] == "completed" and summary["steps"] == 3
+    records = read_metrics(str(tmp_path / "metrics.jsonl"))
+    continued = [r["rollout/continued"] for r in records]
+    assert continued[0] == 0 and sum(continued) >= 1, continued
+    # staleness counts from the version that started a batch, continued or not: within k
+    assert [r["rollout/staleness"] for r in records] == [0, 1, 1]
+    assert all(r["rollout/staleness_max"] <= 1 for r in records)
+    for r, n in zip(records[1:], continued[1:], strict=True):
+        assert r["rollout/newest_version"] == r["rollout/weight_version"] + (1 if n else 0)
+    # a continued batch holds tokens of both versions; nothing sampled was thrown away
+    assert sum(r["rollout/continued_tokens"] for r in records) >= 1
+    assert all(r["rollout/discarded_tokens"] == 0 for r in records)
+    # the truncated importance weights see the newer tokens' own behaviour log-probs
+    assert all(0.0 < r["actor/tis_weight_mean"] <= run.algorithm.tis_cap for r in records)
+    totals = summary["rollout"]
+    assert totals["within_bound"] == 1.0 and totals["discarded_tokens"] == 0
+    assert totals["continued_tokens"] == sum(r["rollout/continued_tokens"] for r in records)
+    # every pass ran on the rollout: the first ones and each continuation
+    assert len(_spans(tmp_path, "generate", "rollout")) == 3 + sum(continued)

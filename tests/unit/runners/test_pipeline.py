@@ -7,6 +7,7 @@ runner's weight version after each step, and decides which generations are still
 from __future__ import annotations
 
 from contextlib import nullcontext
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,13 +36,17 @@ class _FakeRunner:
         self.version = 0
         self.submitted: list[tuple[int, int, int]] = []  # (step, expect, version sent)
         self.futures: list[_Future] = []
+        self.resumed: list[int] = []  # steps submitted to continue a paused generation
         self.job = self
+        self.sizes = SimpleNamespace(samples_per_step=8)
 
     def stage(self, component: str):
         return nullcontext()
 
-    def submit_generation(self, step: int, expect: int) -> _Future:
+    def submit_generation(self, step: int, expect: int, resume: bool = False) -> _Future:
         self.submitted.append((step, expect, self.version))
+        if resume:
+            self.resumed.append(step)
         self.futures.append(_Future())
         return self.futures[-1]
 
@@ -134,6 +139,52 @@ def test_restart_with_k_2_resubmits_in_step_order_and_bounds_staleness():
     steps = [s for s, _, _ in runner.submitted]
     assert steps == [0, 1, 2, 1, 2, 3, 2, 3, 4, 3, 4, 4]
     assert all(v >= s - 2 for s, _, v in runner.submitted)
+
+
+def test_continue_resubmits_paused_generations_and_counts_staleness_from_the_first_version():
+    # k=1, every generation still running at the swap: each is paused and continued once with
+    # the new weights; its staleness still counts from the version that started it
+    runner, pipe, records = _schedule(1, 4, partial="continue")
+    assert runner.submitted == [
+        (0, 0, 0),
+        (1, 0, 0),
+        (1, 0, 1),
+        (2, 1, 1),
+        (2, 1, 2),
+        (3, 2, 2),
+        (3, 2, 3),
+    ]
+    assert runner.resumed == [1, 2, 3]  # the second submissions continue, none restarts
+    assert [r["rollout/continued"] for r in records] == [0, 1, 1, 1]
+    assert [r["rollout/weight_version"] for r in records] == [0, 0, 1, 2]
+    assert [r["rollout/newest_version"] for r in records] == [0, 1, 2, 3]
+    assert [r["rollout/staleness"] for r in records] == [0, 1, 1, 1]
+    assert [r["rollout/staleness_max"] for r in records] == [0, 1, 1, 1]
+    assert [r["rollout/dropped_samples"] for r in records] == [0, 0, 0, 0]
+    assert not any("rollout/restarts" in r for r in records)
+
+
+def test_continue_with_k_2_keeps_every_sample_within_the_bound():
+    runner, _, records = _schedule(2, 5, partial="continue")
+    # step t starts at fill(t - 2) with version t - 2 and is continued at each later swap
+    assert [r["rollout/weight_version"] for r in records] == [0, 0, 0, 1, 2]
+    assert [r["rollout/staleness"] for r in records] == [0, 1, 2, 2, 2]
+    assert [r["rollout/continued"] for r in records] == [0, 2, 2, 2, 1]
+    assert runner.resumed == [1, 2, 2, 3, 3, 4, 4]
+
+
+def test_a_batch_past_the_bound_is_dropped_and_generated_again():
+    runner = _FakeRunner()
+    runner.version = 2
+    pipe = GenerationPipeline(runner, 1, "finish")  # type: ignore[arg-type]
+    pipe.reset(3)
+    pipe.fill(3)  # steps 3 and 4 with version 2
+    pipe.take(3).future.wait()
+    runner.version = 4  # two updates landed without a fill between (nothing in the loop does)
+    gen = pipe.take(4)  # 4 - 2 = 2 > k: dropped, generated again with version 4
+    record = pipe.metrics(gen)
+    assert record["rollout/dropped_samples"] == 8 and pipe.dropped_total == 8
+    assert record["rollout/staleness_max"] == 0 and runner.submitted[-1] == (4, 3, 4)
 
 
 def test_reset_cancels_what_is_still_running():
