@@ -42,6 +42,13 @@ def sampling_seed(seed: int, step: int, rank: int) -> int:
     return _wrap(seed * 1_000_003 + step * 1_009 + rank)
 
 
+def continuation_seed(seed: int, step: int, rank: int, version: int) -> int:
+    """The sampling seed of a paused generation's continuation with weight ``version``
+    (``trainer.partial_rollout=continue``): apart from the first pass's and from every other
+    step's, and the same in a resumed run."""
+    return _wrap((seed * 1_000_003 + step * 1_009 + rank) * 7_919 + version + 1)
+
+
 def minibatch_seed(seed: int, step: int) -> int:
     """The actor's minibatch shuffling at update ``step`` (the embodied actor's at iteration
     ``step``)."""
@@ -97,6 +104,7 @@ def eval_episode_seed(seed: int, step: int, episodes: int) -> int:
 DERIVATIONS: dict[str, tuple[Callable[..., int], str | None]] = {
     "engine_seed": (engine_seed, None),
     "sampling_seed": (sampling_seed, None),
+    "continuation_seed": (continuation_seed, None),
     "minibatch_seed": (minibatch_seed, None),
     "critic_minibatch_seed": (critic_minibatch_seed, None),
     "epoch_order_seed": (epoch_order_seed, None),

@@ -19,6 +19,7 @@ from rltrain.algorithms.sampling import GenerationStopped
 from rltrain.backends import continuation
 from rltrain.backends.continuation import Parked
 from rltrain.backends.generation import GenerationEngine, build_generation, sampling_seed
+from rltrain.config import seeds
 from rltrain.config.schema import RunConfig
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_task
@@ -170,8 +171,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             return continuation.park(batch, self.version, self.version)
         ids, mask = continuation.continuation_prompts(parked)
         budget = self.run.rollout.max_new_tokens - parked.columns
-        # a continuation draws its own stream: the version keeps it apart from the first pass
-        seed = sampling_seed(self.run, step, self.rank + 1_000 * (self.version + 1))
+        seed = seeds.continuation_seed(self.run.seed, step, self.rank, self.version)
         try:
             more = self.engine.continue_rows(ids, mask, budget, seed, logprobs, self._decode_step)
         except GenerationStopped as stop:

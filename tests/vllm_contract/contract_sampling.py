@@ -88,6 +88,31 @@ def test_prompts_are_token_prompts_to_vllms_parser() -> None:
     assert all(set(p) == {"prompt_token_ids"} for p in seq)  # no text: vLLM loads no tokenizer
 
 
+def test_a_paused_generations_rows_continue_as_token_prompts_vllm_accepts() -> None:
+    # trainer.partial_rollout=continue on vLLM: the rows still decoding go back as their
+    # prompt followed by the response so far, unpadded, n=1, with the rest of the budget
+    import torch
+
+    from rltrain.algorithms.batch import RolloutBatch
+    from rltrain.backends.continuation import continuation_prompts, park
+    from rltrain.backends.generation import continuation_token_ids
+    from rltrain.config.seeds import continuation_seed
+
+    paused = RolloutBatch(
+        prompt_ids=torch.tensor([[0, 5], [6, 7]]),
+        prompt_mask=torch.tensor([[0, 1], [1, 1]]),
+        response_ids=torch.tensor([[11, 12], [21, 2]]),
+        response_mask=torch.tensor([[1.0, 1.0], [1.0, 1.0]]),
+        truncated=torch.tensor([True, False]),  # row 1 ended on its EOS (2)
+    )
+    ids = continuation_token_ids(*continuation_prompts(park(paused, 0, 0)))
+    seq = prompt_to_seq(token_prompts(ids))
+    assert [parse_dec_only_prompt(p)["prompt_token_ids"] for p in seq] == [[5, 11, 12]]
+    seed = continuation_seed(LARGEST, 10**6, 7, 10**6)
+    p = _params(n=1, max_new_tokens=16 - 2, seed=seed)
+    assert (p.n, p.max_tokens, p.seed) == (1, 14, seed)
+
+
 def test_rltrain_refuses_the_temperatures_vllm_would_raise() -> None:
     from vllm import sampling_params as sp
 
