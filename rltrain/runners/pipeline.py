@@ -87,6 +87,7 @@ class GenerationPipeline:
                 f"{list(PARTIAL_ROLLOUTS)}"
             )
         self.runner, self.k = runner, max_staleness
+        self.policy = partial_rollout
         self.restart = partial_rollout == "restart"
         self.resume = partial_rollout == "continue"
         self.queue: deque[InFlight] = deque()
@@ -183,14 +184,16 @@ class GenerationPipeline:
     def _submit(self, step: int, restarts: int = 0) -> InFlight:
         r = self.runner
         with r.job.stage("rollout"):
-            future = r.submit_generation(step, max(step - self.k, 0))
+            future = r.submit_generation(step, max(step - self.k, 0), policy=self.policy)
         return InFlight(step, r.version, future, restarts)
 
     def _continue(self, g: InFlight) -> InFlight:
         """Resubmit a paused generation: the rollout continues its rows with the new weights."""
         r = self.runner
         with r.job.stage("rollout"):
-            future = r.submit_generation(g.step, max(g.step - self.k, 0), resume=True)
+            future = r.submit_generation(
+                g.step, max(g.step - self.k, 0), resume=True, policy=self.policy
+            )
         return InFlight(g.step, r.version, future, g.restarts, g.first_version, g.continues + 1)
 
     def _swap_stale(self) -> int:

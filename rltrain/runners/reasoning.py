@@ -114,7 +114,9 @@ class ReasoningRunner:
             on one job); ``None`` reads the config.
     """
 
-    def __init__(self, job: Job, max_staleness: int | None = None) -> None:
+    def __init__(
+        self, job: Job, max_staleness: int | None = None, partial_rollout: str | None = None
+    ) -> None:
         self.job, self.run, self.layout = job, job.run, job.layout
         self.sizes = self.layout.sizes
         self.g = ReasoningGroups.of(job.groups)
@@ -130,7 +132,7 @@ class ReasoningRunner:
         self.transports = {} if self.fused else self._setup_weight_sync()
         self.batch_stage = batch_stage_for(self.run, self.sizes)
         k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
-        self.schedule = schedule_for(self, k)
+        self.schedule = schedule_for(self, k, partial_rollout)
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.total_steps`` (or the target accuracy, or a stop signal)."""
@@ -333,7 +335,12 @@ class ReasoningRunner:
         return [prompts[r * k : (r + 1) * k] for r in range(self.sizes.rollout_dp)]
 
     def submit_generation(
-        self, step: int, expect_version: int, round_: int = 0, resume: bool = False
+        self,
+        step: int,
+        expect_version: int,
+        round_: int = 0,
+        resume: bool = False,
+        policy: str | None = None,
     ) -> Any:
         """Start the step's generation on every rollout rank with the newest handed weights.
 
@@ -347,10 +354,11 @@ class ReasoningRunner:
             round_: the generation round of the step (the batch stage may ask for more).
             resume: continue the step's generation paused at a weight swap
                 (``trainer.partial_rollout=continue``).
+            policy: the schedule's ``trainer.partial_rollout`` (None: the config's).
         """
         weights = self.weights.get("rollout")
         args = [
-            (prompts, step, weights, expect_version, True, resume)
+            (prompts, step, weights, expect_version, True, resume, policy)
             for prompts in self.rank_prompts(step, round_)
         ]
         return self.g.rollout.call_each(RolloutWorker.generate, args)

@@ -179,12 +179,15 @@ class PipelinedSchedule(TurnSchedule):
         self.pipeline.drain()
 
 
-def schedule_for(runner: ReasoningRunner, max_staleness: int) -> Any:
+def schedule_for(
+    runner: ReasoningRunner, max_staleness: int, partial_rollout: str | None = None
+) -> Any:
     """The schedule the run's layout calls for.
 
     Args:
         runner: the run.
         max_staleness: ``trainer.max_staleness`` (or a benchmark's override).
+        partial_rollout: a benchmark's override of ``trainer.partial_rollout``.
 
     Returns:
         A :class:`FusedSchedule`, :class:`PipelinedSchedule` or :class:`TurnSchedule`.
@@ -192,5 +195,6 @@ def schedule_for(runner: ReasoningRunner, max_staleness: int) -> Any:
     if runner.fused:
         return FusedSchedule(runner)
     if max_staleness > 0:
-        return PipelinedSchedule(runner, max_staleness, runner.run.trainer.partial_rollout)
+        policy = partial_rollout or runner.run.trainer.partial_rollout
+        return PipelinedSchedule(runner, max_staleness, policy)
     return TurnSchedule(runner)

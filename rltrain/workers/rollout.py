@@ -51,7 +51,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         self._task: Any = None
         # trainer.partial_rollout=continue: generations paused at a weight swap, by step, and
         # generations that ended before their pause arrived (a resume call hands them on)
-        self._continues = run.trainer.partial_rollout == "continue"
+        self._continues = run.trainer.partial_rollout == "continue"  # a call may say otherwise
         self._parked: dict[int, Parked] = {}
         self._ended: dict[int, RolloutBatch] = {}
         self._discarded: dict[int, int] = {}  # tokens thrown away per step (``restart``)
@@ -92,6 +92,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         expect_version: int | None = None,
         behaviour_logprobs: bool = True,
         resume: bool = False,
+        partial_rollout: str | None = None,
     ) -> RolloutBatch | None:
         """Sample ``n`` responses for each prompt.
 
@@ -113,6 +114,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             resume: continue the generation of ``step`` parked at a pause (or hand on the one
                 that ended before its pause arrived); with nothing held for ``step``, sample
                 afresh.
+            partial_rollout: the schedule's ``trainer.partial_rollout`` (None: the config's);
+                ``continue`` keeps a cancelled call's rows.
 
         Returns:
             A CPU batch of ``len(prompts) * n`` rows, ``token_versions`` set; ``None`` when
@@ -122,6 +125,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             WorkerError: the weights held are older than ``expect_version``.
         """
         self._sync(weights, expect_version)
+        if partial_rollout is not None:
+            self._continues = partial_rollout == "continue"
         self._forget_before(step)
         if resume and step in self._ended:
             return self._ended.pop(step)

@@ -43,7 +43,9 @@ class _FakeRunner:
     def stage(self, component: str):
         return nullcontext()
 
-    def submit_generation(self, step: int, expect: int, resume: bool = False) -> _Future:
+    def submit_generation(
+        self, step: int, expect: int, resume: bool = False, policy: str | None = None
+    ) -> _Future:
         self.submitted.append((step, expect, self.version))
         if resume:
             self.resumed.append(step)

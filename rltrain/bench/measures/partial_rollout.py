@@ -1,0 +1,119 @@
+"""Partial rollouts (``trainer.partial_rollout``) when generation is slower than an update.
+
+One disaggregated job (actor on device 0, rollout on device 1) whose rollout decodes at a
+modelled ``simulate.rollout_token_latency_ms`` per token (so a generation of
+``rollout.max_new_tokens`` tokens takes about twice the modelled update,
+``simulate.actor_latency_ms``) drives four schedules on the same workers: synchronous
+(``max_staleness=0``, the baseline) and ``max_staleness=1`` with ``finish``, ``restart`` and ``continue``. With generation ``G`` slower
+than training ``T``, a pipelined step costs about ``G`` and a synchronous one ``G + T``;
+``restart`` throws away the generation running at each swap and ``continue`` keeps it.
+
+The extras hold, per policy, the share of sampled response tokens thrown away, the largest
+staleness any trained batch had, and the share of trained tokens sampled with newer weights than
+their row's first (``continue``).
+
+Response lengths here are the tiny model's (no heavy tail is modelled): the measure compares the
+policies at a fixed generation/update ratio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from rltrain.bench.harness import Case, Suite, measure
+
+TOKEN_MS = 250.0  # x max_new_tokens = 8: a generation takes up to 2 s
+ACTOR_MS = 1000.0
+POLICIES = ("finish", "restart", "continue")
+
+
+@measure(
+    "partial_rollout",
+    "max_staleness=1 finish / restart / continue vs synchronous when generation is 2x an update",
+)
+def partial_rollout(quick: bool) -> Suite:
+    from rltrain.bench.measures.trainer import compose, start_reasoning
+    from rltrain.runners.reasoning import ReasoningRunner
+
+    steps = 3 if quick else 6
+    scale = 0.1 if quick else 1.0  # --quick (CI) checks the path, not the figures
+    run = compose(
+        "placement=disaggregated",
+        "logging.progress=false",
+        "logging.trace=false",
+        "trainer.save_every=0",
+        "trainer.max_staleness=1",
+        f"simulate.rollout_token_latency_ms={TOKEN_MS * scale}",
+        f"simulate.actor_latency_ms={ACTOR_MS * scale}",
+        "trainer.train_batch_size=2",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.max_new_tokens=8",
+    )
+    stack = contextlib.ExitStack()
+    job = start_reasoning(run, stack)
+    threads = job.groups["actor"].reservation.layout.slot("actor", 0).num_threads
+    names = ("sync",) + POLICIES
+    runners = {
+        "sync": ReasoningRunner(job, max_staleness=0),
+        **{p: ReasoningRunner(job, max_staleness=1, partial_rollout=p) for p in POLICIES},
+    }
+    # disjoint step (and weight version) ranges: every schedule reloads weights each step
+    first = {name: i * 10**6 for i, name in enumerate(names)}
+    counters = {n: iter(range(first[n], first[n] + 10**6)) for n in names}
+    for n, runner in runners.items():
+        runner.schedule.begin(first[n], None)
+    seen: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+
+    def steps_of(name: str):
+        def run_steps() -> None:
+            runner = runners[name]
+            for _ in range(steps):
+                seen[name].append(runner.train_step(next(counters[name])))
+            runner.schedule.drain()
+
+        return run_steps
+
+    cases = tuple(
+        Case(
+            f"{steps} steps, {name}" if name != "sync" else f"{steps} steps, synchronous",
+            steps_of(name),
+            work=steps,
+            work_unit="steps",
+        )
+        for name in names
+    )
+    return Suite(
+        cases=cases,
+        baseline=cases[0].name,
+        warmup=1,
+        repeats=2 if quick else 3,
+        note=f"speed-up = 1/ratio. {TOKEN_MS * scale:.0f} ms per decoded token (up to 8 per "
+        f"response), {ACTOR_MS * scale:.0f} ms per update; simulated devices, one job for every "
+        f"schedule, {threads} torch thread(s) per process; tiny-model response lengths.",
+        teardown=stack.close,
+        extras=lambda: extras(seen),
+    )
+
+
+def extras(seen: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """Per policy: discarded share of sampled tokens, largest staleness, continued share.
+
+    Args:
+        seen: each schedule's step records (warm-up and timed calls).
+
+    Returns:
+        ``<policy>_discarded_share``, ``<policy>_staleness_max`` and
+        ``<policy>_continued_share`` for each pipelined policy.
+    """
+    out: dict[str, float] = {}
+    for name, records in seen.items():
+        if name == "sync" or not records:
+            continue
+        trained = sum(r["perf/tokens_per_s"] * r["time/step_s"] for r in records)
+        discarded = sum(r.get("rollout/discarded_tokens", 0) for r in records)
+        continued = sum(r.get("rollout/continued_tokens", 0) for r in records)
+        out[f"{name}_discarded_share"] = discarded / (trained + discarded) if trained else 0.0
+        out[f"{name}_staleness_max"] = max(r["rollout/staleness_max"] for r in records)
+        out[f"{name}_continued_share"] = continued / trained if trained else 0.0
+    return out
