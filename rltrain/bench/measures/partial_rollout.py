@@ -1,12 +1,12 @@
 """Partial rollouts (``trainer.partial_rollout``) when generation is slower than an update.
 
-One disaggregated job (actor on device 0, rollout on device 1) whose rollout decodes at a
-modelled ``simulate.rollout_token_latency_ms`` per token (so a generation of
-``rollout.max_new_tokens`` tokens takes about twice the modelled update,
-``simulate.actor_latency_ms``) drives four schedules on the same workers: synchronous
-(``max_staleness=0``, the baseline) and ``max_staleness=1`` with ``finish``, ``restart`` and ``continue``. With generation ``G`` slower
-than training ``T``, a pipelined step costs about ``G`` and a synchronous one ``G + T``;
-``restart`` throws away the generation running at each swap and ``continue`` keeps it.
+One disaggregated job (actor on device 0, rollout on device 1) drives four schedules on the
+same workers: synchronous (``max_staleness=0``, the baseline) and ``max_staleness=1`` with
+``finish``, ``restart`` and ``continue``. The rollout decodes at a modelled
+``simulate.rollout_token_latency_ms`` per token, so a generation of ``rollout.max_new_tokens``
+tokens takes about twice the modelled update (``simulate.actor_latency_ms``). With generation
+``G`` slower than training ``T``, a pipelined step costs about ``G`` and a synchronous one
+``G + T``; ``restart`` throws away the generation running at each swap and ``continue`` keeps it.
 
 The extras hold, per policy, the share of sampled response tokens thrown away, the largest
 staleness any trained batch had, and the share of trained tokens sampled with newer weights than
