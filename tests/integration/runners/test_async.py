@@ -179,3 +179,29 @@ def test_continue_keeps_the_tokens_of_generations_running_at_a_weight_swap(ray_s
     assert totals["continued_tokens"] == sum(r["rollout/continued_tokens"] for r in records)
     # every pass ran on the rollout: the first ones and each continuation
     assert len(_spans(tmp_path, "generate", "rollout")) == 3 + sum(continued)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_continue_learns_the_default_task(ray_session, tmp_path):
+    ray_session.ensure()
+    # decoding slower than an update, so most steps continue a generation across a swap; the
+    # untrained policy is near 0 and the default task passes 0.5 greedy in ~150 steps (seed 1)
+    run = compose_run(
+        "placement=disaggregated",
+        "logging.progress=false",
+        "seed=1",
+        "trainer.max_staleness=1",
+        "trainer.partial_rollout=continue",
+        "trainer.total_steps=200",
+        "trainer.eval_every=25",
+        "trainer.target_accuracy=0.5",
+        "simulate.rollout_token_latency_ms=60",
+        "simulate.actor_latency_ms=120",
+    )
+    summary = run_reasoning(run, str(tmp_path))
+    assert summary["status"] == "completed"
+    assert summary["final_accuracy"] >= 0.5, summary
+    totals = summary["rollout"]
+    assert totals["continued_tokens"] > 0 and totals["discarded_tokens"] == 0
+    assert totals["within_bound"] == 1.0 and totals["staleness_max"] == 1
