@@ -16,7 +16,24 @@ from rltrain.telemetry import startup
 log = logging.getLogger("rltrain")
 
 #: What Hydra writes into a run directory before the job runs.
-HYDRA_FILES = frozenset({".hydra", "rltrain.log"})
+#: Marks a directory a run has written its outputs into: a later run may replace them there.
+RUN_STAMP = ".rltrain_run"
+HYDRA_FILES = frozenset({".hydra", "rltrain.log", RUN_STAMP})
+#: What runs write into their run directory (train, mode=plan, placement=auto).
+RUN_OUTPUTS = (
+    "metrics.jsonl",
+    "summary.json",
+    "reward_curve.png",
+    "trace.json",
+    "trace.png",
+    "utilization.json",
+    "checkpoints",
+    "plan.json",
+    "plan.svg",
+    "plan_trace.json",
+    "auto_placement.json",
+    "auto_profile",
+)
 
 
 def run_dir() -> str:
@@ -296,6 +313,7 @@ def _run(cfg: DictConfig) -> float | None:
     _apply_command_line(cfg)
     out_dir = run_dir()
     run_cfg = _checked(cfg, out_dir)
+    claim_run_dir(out_dir)
     if run_cfg.runner == "reasoning" and run_cfg.task.generate:
         from rltrain.tasks import prepare_task
 
@@ -308,6 +326,8 @@ def _run(cfg: DictConfig) -> float | None:
     if run_cfg.placement.mode == "auto":  # rltrain chooses: profile, predict, rank
         from rltrain.autoplace import choose
 
+        _stamp_run_dir(out_dir)
+
         choice = choose(run_cfg, out_dir)
         print(choice.text)
         if run_cfg.mode == "plan":
@@ -316,6 +336,7 @@ def _run(cfg: DictConfig) -> float | None:
     if run_cfg.mode == "plan":
         from rltrain.runners.plan_command import plan_command
 
+        _stamp_run_dir(out_dir)
         plan = plan_command(run_cfg, out_dir)
         for note in run_notes(run_cfg, plan):
             print(note)
@@ -336,7 +357,49 @@ def _run(cfg: DictConfig) -> float | None:
         trainer = dataclasses.replace(run_cfg.trainer, resume=layout.resume)
         run_cfg = dataclasses.replace(run_cfg, trainer=trainer)
     startup.mark("preflight")
+    _stamp_run_dir(out_dir)
     return objective(train(run_cfg, out_dir, layout))
+
+
+def claim_run_dir(out_dir: str) -> None:
+    """Stamp the run directory as a run's, refusing one whose output files no run wrote.
+
+    A directory holding a file a run writes (``metrics.jsonl``, ``plan.json``...) without the
+    stamp of an earlier run is the user's own (``hydra.run.dir=.``, a data directory): writing
+    the run's outputs there would replace theirs.
+
+    Raises:
+        ConfigError: naming the directory's key, the files and the fix.
+    """
+    stamp = os.path.join(out_dir, RUN_STAMP)
+    if os.path.exists(stamp):
+        return
+    held = [n for n in RUN_OUTPUTS if os.path.lexists(os.path.join(out_dir, n))]
+    if held:
+        raise ConfigError(
+            f"{_run_dir_key()}={out_dir!r} holds {', '.join(held)}, which no rltrain run wrote "
+            f"there (no {RUN_STAMP} in it): the run would replace them. Point "
+            f"{_run_dir_key()} at a new directory (or leave it at its default, "
+            f"outputs/<date>/<time>)"
+        )
+
+
+def _stamp_run_dir(out_dir: str) -> None:
+    """Mark ``out_dir`` as a run's, just before the run writes its outputs there."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, RUN_STAMP), "w") as f:
+        f.write("this directory holds an rltrain run's outputs\n")
+
+
+def _run_dir_key() -> str:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return "the run directory (the working directory)"
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        return "hydra.sweep.dir (with hydra.sweep.subdir)"
+    return "hydra.run.dir"
 
 
 def _checked(cfg: DictConfig, out_dir: str | None) -> RunConfig:

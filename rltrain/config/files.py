@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -228,4 +229,98 @@ def checkpoint_dir_problems(
             except OSError:
                 break
             made = os.path.dirname(made)
+    return []
+
+
+#: What a run writes into its checkpoint directory (:mod:`rltrain.runners.checkpoint`): the
+#: ``latest`` pointer, ``step-NNNNNN/`` directories holding its trainer state or manifest, and
+#: temporary writes it publishes or removes.
+CHECKPOINT_STEP = re.compile(r"step-\d{6}")
+_CHECKPOINT_MARKS = ("trainer_state.json", "manifest.json")
+_CHECKPOINT_TEMPS = (".tmp-step-", ".latest-", ".rltrain-probe-")
+
+
+def is_rltrain_checkpoint(path: str) -> bool:
+    """Whether ``path`` (local) is a ``step-NNNNNN`` directory a run wrote: its state or
+    manifest proves it."""
+    return CHECKPOINT_STEP.fullmatch(os.path.basename(path)) is not None and any(
+        os.path.isfile(os.path.join(path, mark)) for mark in _CHECKPOINT_MARKS
+    )
+
+
+def checkpoint_dir_contents(path: str) -> tuple[list[str], list[str]]:
+    """A local checkpoint directory's entries: (what rltrain did not write, its checkpoints).
+
+    Args:
+        path: an existing local directory.
+
+    Returns:
+        The names of entries a run would not have written there, and of the published
+        ``step-NNNNNN`` checkpoints, both sorted.
+    """
+    foreign, checkpoints = [], []
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if is_rltrain_checkpoint(full):
+            checkpoints.append(name)
+        elif name.startswith(_CHECKPOINT_TEMPS):
+            continue
+        elif name == "latest" and os.path.isfile(full) and _points_at_step(full):
+            continue
+        else:
+            foreign.append(name + ("/" if os.path.isdir(full) else ""))
+    return foreign, checkpoints
+
+
+def _points_at_step(pointer: str) -> bool:
+    try:
+        with open(pointer, encoding="utf-8") as f:
+            return CHECKPOINT_STEP.fullmatch(f.read(64).strip()) is not None
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def checkpoint_dir_owner_problems(url: str | None, resume: str | None) -> list[str]:
+    """Refuse a checkpoint directory whose files a run would replace or delete.
+
+    A run writes ``step-NNNNNN/`` and ``latest`` there, replaces a checkpoint of the same step
+    and deletes older ones: a local directory holding anything else (the user's files, a model,
+    a source tree) is refused, and so is one holding earlier checkpoints when the run does not
+    continue them (``trainer.resume=null``). URIs are not listed here; the writer itself touches
+    only checkpoints it wrote.
+
+    Args:
+        url: ``trainer.checkpoint_dir`` (None: the run directory's own).
+        resume: ``trainer.resume``.
+
+    Returns:
+        Problem messages naming the key, the value and the fix; empty when fine.
+    """
+    if not url or ("://" in url and not url.startswith("file://")):
+        return []
+    path = os.path.abspath(url[len("file://") :] if url.startswith("file://") else url)
+    if not os.path.isdir(path):
+        return []
+    try:
+        foreign, checkpoints = checkpoint_dir_contents(path)
+    except OSError:
+        return []  # unreadable: the writability check names it
+    key = f"trainer.checkpoint_dir={url!r}"
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (
+            f" and {len(foreign) - 4} more" if len(foreign) > 4 else ""
+        )
+        return [
+            f"{key} holds files rltrain did not write ({shown}): a run writes step-NNNNNN/ and "
+            f"latest there, replacing and deleting older checkpoints, so it needs a directory of "
+            f"its own: point trainer.checkpoint_dir at a new or empty directory (e.g. "
+            f"{os.path.join(url, 'rltrain-checkpoints')!r})"
+        ]
+    if checkpoints and resume is None:
+        shown = ", ".join(checkpoints[-3:])
+        return [
+            f"{key} holds checkpoints of an earlier run ({shown}) and trainer.resume=null starts "
+            f"afresh, which would replace and delete them: set trainer.resume=auto to continue "
+            f"them, or point trainer.checkpoint_dir at a new directory"
+        ]
     return []

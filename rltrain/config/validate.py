@@ -28,6 +28,7 @@ from rltrain.config.algorithms import (
 )
 from rltrain.config.files import (
     POLICY_HEADS,
+    checkpoint_dir_owner_problems,
     checkpoint_dir_problems,
     checkpoint_problems,
 )
@@ -677,7 +678,10 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
         yield from _positive("trainer.time_budget_s", t.time_budget_s)
     if t.target_accuracy is not None and not 0 < t.target_accuracy <= 1:
         yield f"trainer.target_accuracy={t.target_accuracy} must be in (0, 1]"
-    yield from checkpoint_dir_problems(t.checkpoint_dir, probe=cfg.mode == "train")
+    owner = checkpoint_dir_owner_problems(t.checkpoint_dir, t.resume)
+    yield from owner  # before the write probe: a directory that is not the run's stays untouched
+    if not owner:
+        yield from checkpoint_dir_problems(t.checkpoint_dir, probe=cfg.mode == "train")
     local = t.resume is not None and "://" not in t.resume
     if t.resume not in (None, "auto") and local and not os.path.exists(t.resume):
         yield (f"trainer.resume={t.resume!r} is neither 'auto' nor an existing checkpoint path")

@@ -34,6 +34,7 @@ from typing import Any
 
 import fsspec
 
+from rltrain.config.files import CHECKPOINT_STEP
 from rltrain.errors import ConfigError, ResourceError
 
 STATE_FILE = "trainer_state.json"
@@ -99,6 +100,7 @@ class CheckpointManager:
 
         # Ctrl-C waits for the rename and the pointer: the checkpoint is published whole or not
         # at all, and no temporary file is left behind.
+        self._refuse_foreign(pending.final_path)
         with deferred_interrupts(), self._writing(f"write checkpoint {pending.final_path}"):
             with self.fs.open(posixpath.join(pending.path, STATE_FILE), "w") as f:
                 json.dump({**state, "step": pending.step}, f, indent=1)
@@ -202,14 +204,40 @@ class CheckpointManager:
         return out
 
     def published(self) -> list[str]:
-        """Published checkpoint directories, oldest first."""
+        """Published checkpoint directories, oldest first: ``step-NNNNNN`` directories whose
+        trainer state or manifest shows a run wrote them (nothing else is pruned or replaced)."""
         if not self.fs.exists(self.root):
             return []
         return sorted(
             p
             for p in self.fs.ls(self.root, detail=False)
-            if posixpath.basename(p).startswith("step-")
+            if CHECKPOINT_STEP.fullmatch(posixpath.basename(p)) and self._ours(p)
         )
+
+    def _ours(self, path: str) -> bool:
+        return any(self.fs.exists(posixpath.join(path, mark)) for mark in (STATE_FILE, MANIFEST))
+
+    def _refuse_foreign(self, final: str) -> None:
+        """Refuse to replace a checkpoint or a ``latest`` pointer that no run wrote.
+
+        Raises:
+            ResourceError: ``final`` or ``latest`` exists and is not rltrain's.
+        """
+        pointer = posixpath.join(self.root, LATEST)
+        foreign = [final] if self.fs.exists(final) and not self._ours(final) else []
+        if self.fs.exists(pointer):
+            try:
+                with self.fs.open(pointer) as f:
+                    held = f.read(64).decode(errors="replace").strip()
+            except (OSError, IsADirectoryError):
+                held = ""
+            if CHECKPOINT_STEP.fullmatch(held) is None:
+                foreign.append(pointer)
+        if foreign:
+            raise ResourceError(
+                f"not writing checkpoint {final}: {', '.join(foreign)} exists and rltrain did not "
+                f"write it; point trainer.checkpoint_dir ({self.url!r}) at a new or empty directory"
+            )
 
     @contextlib.contextmanager
     def _writing(self, what: str) -> Iterator[None]:

@@ -119,7 +119,7 @@ def _profiles(overrides: list[str]) -> bool:
 
 
 #: What ``mode=plan`` may leave in its run directory.
-PLAN_FILES = {"plan.json", "plan.svg", "plan_trace.json"}
+PLAN_FILES = {"plan.json", "plan.svg", "plan_trace.json", ".rltrain_run"}
 
 
 def _plan_refusal(overrides: list[str], out_dir: pathlib.Path, monkeypatch) -> str | None:

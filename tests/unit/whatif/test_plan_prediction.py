@@ -50,7 +50,7 @@ def test_plan_predicts_the_configured_cluster_and_ranks_candidates(tmp_path):
     assert ranking[0]["candidate"] == "disaggregated actor 0 rollout 1 async1"  # overlaps
     assert {r["status"] for r in ranking} == {"ok"}
     # plan files only (beside what Hydra itself writes)
-    names = set(os.listdir(tmp_path)) - {".hydra", "rltrain.log"}
+    names = set(os.listdir(tmp_path)) - {".hydra", "rltrain.log", ".rltrain_run"}
     assert names == {"plan.json", "plan.svg", "plan_trace.json"}
     doc = load_trace(tmp_path / "plan_trace.json")
     assert doc["otherData"]["predicted"] is True
