@@ -378,7 +378,7 @@ def claim_run_dir(out_dir: str) -> None:
     if held:
         raise ConfigError(
             f"{_run_dir_key()}={out_dir!r} holds {', '.join(held)}, which no rltrain run wrote "
-            f"there (no {RUN_STAMP} in it): the run would replace them. Point "
+            f"there (no {RUN_STAMP} in it): the run would replace what is there. Point "
             f"{_run_dir_key()} at a new directory (or leave it at its default, "
             f"outputs/<date>/<time>)"
         )

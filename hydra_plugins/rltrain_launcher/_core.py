@@ -42,6 +42,9 @@ from hydra_plugins.rltrain_launcher._slices import DeviceSlice, SliceAllocator
 from hydra_plugins.rltrain_launcher.rltrain_launcher import RltrainLauncher
 from rltrain.errors import ConfigError, ResourceError, WorkerError
 
+#: Marks a directory a sweep has written its report into (a later batch may replace it).
+SWEEP_STAMP = ".rltrain_sweep"
+
 log = logging.getLogger(__name__)
 
 #: Environment variables a job's driver receives (documented in docs/launcher.md).
@@ -279,6 +282,53 @@ def _refuse_impossible(jobs: Sequence[Job], allocator: SliceAllocator) -> None:
             log.error("rltrain launcher: job #%s cannot run: %s", job.num, _message(exc))
 
 
+def _refuse_shared_checkpoint_dirs(jobs: Sequence[Job]) -> None:
+    """Fail, before anything runs, jobs that would write one ``trainer.checkpoint_dir``: each
+    would replace and prune the others' checkpoints."""
+    sharing: dict[str, list[Job]] = {}
+    for job in jobs:
+        if job.ret is None:
+            where = OmegaConf.select(job.sweep_config, "trainer.checkpoint_dir", default=None)
+            if where:
+                sharing.setdefault(str(where), []).append(job)
+    for where, group in sharing.items():
+        if len(group) < 2:
+            continue
+        nums = ", ".join(f"#{j.num}" for j in group)
+        for job in group:
+            exc = ConfigError(
+                f"trainer.checkpoint_dir={where!r} is the checkpoint directory of jobs {nums}: "
+                f"each would replace and delete the others' checkpoints. Leave it null (each "
+                f"job writes <job dir>/checkpoints) or give each job its own, e.g. "
+                f"'trainer.checkpoint_dir=${{hydra:runtime.output_dir}}/checkpoints'"
+            )
+            job.ret = _failed(job, exc)
+            job.error = _first_line(exc)
+            log.error("rltrain launcher: job #%s cannot run: %s", job.num, _message(exc))
+
+
+def _claim_sweep_dir(sweep_dir: Path) -> None:
+    """Refuse a sweep directory holding report files no sweep wrote; else stamp it.
+
+    Raises:
+        ConfigError: naming ``hydra.sweep.dir``, the files and the fix.
+    """
+    stamp = sweep_dir / SWEEP_STAMP
+    if stamp.exists():
+        return
+    names = (_report.CSV_FILE, _report.MD_FILE, _report.PNG_FILE)
+    held = [n for n in names if os.path.lexists(sweep_dir / n)]
+    if held:
+        raise ConfigError(
+            f"hydra.sweep.dir={str(sweep_dir)!r} holds {', '.join(held)}, which no rltrain sweep "
+            f"wrote (no {SWEEP_STAMP} in it): the sweep report would replace what is there. Point "
+            f"hydra.sweep.dir at a new directory (or leave it at its default, "
+            f"multirun/<date>/<time>)"
+        )
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    stamp.write_text("this directory holds an rltrain sweep's report\n")
+
+
 def _run_all(launcher: RltrainLauncher, jobs: Sequence[Job], drivers: _Drivers, allocator) -> None:
     """Admit jobs in order as devices free up; return when every job has ended."""
     pending = [j for j in jobs if j.ret is None]
@@ -399,6 +449,8 @@ def launch(
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
     _check_options(launcher)
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    if launcher.report:
+        _claim_sweep_dir(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     jobs = [_compose(launcher, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
     cluster = one_cluster(jobs)
@@ -409,6 +461,7 @@ def launch(
         capacity = {n.rank: n.num_devices for n in ClusterSpec.from_config(cluster).nodes}
     allocator = SliceAllocator(capacity)
     _refuse_impossible(jobs, allocator)
+    _refuse_shared_checkpoint_dirs(jobs)
     session = None
     if any(j.ret is None and (j.needs.uses_ray or j.needs.cluster is None) for j in jobs):
         init = OmegaConf.to_container(launcher.ray_cfg.init, resolve=True)

@@ -109,8 +109,10 @@ def test_a_new_or_empty_checkpoint_dir_and_resume_auto_pass(tmp_path):
 
 
 def plan_cli(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    flags = [a for a in args if a.startswith("-")]  # Hydra takes -m before the overrides
+    overrides = [a for a in args if not a.startswith("-")]
     return subprocess.run(
-        [sys.executable, "-m", "rltrain", "mode=plan", *args],
+        [sys.executable, "-m", "rltrain", *flags, "mode=plan", *overrides],
         capture_output=True,
         text=True,
         timeout=300,
@@ -135,3 +137,22 @@ def test_a_run_dir_holding_the_readers_outputs_is_refused_and_a_runs_own_is_reus
         out = plan_cli(f"hydra.run.dir={ours}", cwd=tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
     assert (ours / "plan.json").is_file()
+
+
+def test_a_sweep_keeps_the_readers_report_and_jobs_share_no_checkpoint_dir(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "sweep_report.md").write_text("my report")
+    out = plan_cli("-m", f"hydra.sweep.dir={mine}", "trainer.total_steps=2,3", cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"hydra.sweep.dir='{mine}' holds sweep_report.md" in out.stderr
+    assert (mine / "sweep_report.md").read_text() == "my report"
+    assert not (mine / "0").exists()
+    shared = tmp_path / "ckpt"
+    out = plan_cli(
+        "-m", f"trainer.checkpoint_dir={shared}", "trainer.total_steps=2,3", cwd=tmp_path
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert "2 of 2 jobs failed" in text
+    assert f"trainer.checkpoint_dir='{shared}' is the checkpoint directory of jobs #0, #1" in text
