@@ -314,7 +314,7 @@ def checkpoint_dir_owner_problems(url: str | None, resume: str | None) -> list[s
             f"{key} holds files rltrain did not write ({shown}): a run writes step-NNNNNN/ and "
             f"latest there, replacing and deleting older checkpoints, so it needs a directory of "
             f"its own: point trainer.checkpoint_dir at a new or empty directory (e.g. "
-            f"{os.path.join(url, 'rltrain-checkpoints')!r})"
+            f"{path.rstrip(os.sep) + '-checkpoints'!r})"
         ]
     if checkpoints and resume is None:
         shown = ", ".join(checkpoints[-3:])
