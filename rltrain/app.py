@@ -313,7 +313,7 @@ def _run(cfg: DictConfig) -> float | None:
     _apply_command_line(cfg)
     out_dir = run_dir()
     run_cfg = _checked(cfg, out_dir)
-    claim_run_dir(out_dir)
+    claim_run_dir(out_dir, run_cfg)
     if run_cfg.runner == "reasoning" and run_cfg.task.generate:
         from rltrain.tasks import prepare_task
 
@@ -361,18 +361,21 @@ def _run(cfg: DictConfig) -> float | None:
     return objective(train(run_cfg, out_dir, layout))
 
 
-def claim_run_dir(out_dir: str) -> None:
-    """Stamp the run directory as a run's, refusing one whose output files no run wrote.
+def claim_run_dir(out_dir: str, run_cfg: RunConfig) -> None:
+    """Refuse a run directory whose outputs the run would replace without a run having written
+    them.
 
     A directory holding a file a run writes (``metrics.jsonl``, ``plan.json``...) without the
     stamp of an earlier run is the user's own (``hydra.run.dir=.``, a data directory): writing
-    the run's outputs there would replace theirs.
+    the run's outputs there would replace theirs. An earlier run's directory may be run into
+    again, but a fresh training run (``trainer.resume=null``) would replace and prune the
+    checkpoints it holds.
 
     Raises:
         ConfigError: naming the directory's key, the files and the fix.
     """
-    stamp = os.path.join(out_dir, RUN_STAMP)
-    if os.path.exists(stamp):
+    if os.path.exists(os.path.join(out_dir, RUN_STAMP)):
+        _refuse_fresh_over_checkpoints(out_dir, run_cfg)
         return
     held = [n for n in RUN_OUTPUTS if os.path.lexists(os.path.join(out_dir, n))]
     if held:
@@ -382,6 +385,23 @@ def claim_run_dir(out_dir: str) -> None:
             f"{_run_dir_key()} at a new directory (or leave it at its default, "
             f"outputs/<date>/<time>)"
         )
+
+
+def _refuse_fresh_over_checkpoints(out_dir: str, run_cfg: RunConfig) -> None:
+    from rltrain.config.files import checkpoint_dir_contents
+
+    own = os.path.join(out_dir, "checkpoints")
+    t = run_cfg.trainer
+    if run_cfg.mode != "train" or t.checkpoint_dir or t.resume is not None:
+        return
+    if not os.path.isdir(own) or not (found := checkpoint_dir_contents(own)[1]):
+        return
+    raise ConfigError(
+        f"{_run_dir_key()}={out_dir!r} holds an earlier run's checkpoints ({', '.join(found[-3:])} "
+        f"in checkpoints/) and trainer.resume=null starts afresh, which would replace and delete "
+        f"them: set trainer.resume=auto to continue them, or point {_run_dir_key()} at a new "
+        f"directory"
+    )
 
 
 def _stamp_run_dir(out_dir: str) -> None:

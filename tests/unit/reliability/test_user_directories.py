@@ -156,3 +156,16 @@ def test_a_sweep_keeps_the_readers_report_and_jobs_share_no_checkpoint_dir(tmp_p
     assert out.returncode != 0, text
     assert "2 of 2 jobs failed" in text
     assert f"trainer.checkpoint_dir='{shared}' is the checkpoint directory of jobs #0, #1" in text
+
+
+def test_a_fresh_run_into_an_earlier_runs_directory_keeps_its_checkpoints(no_ray):  # noqa: F811
+    from rltrain.app import RUN_STAMP
+
+    (no_ray / RUN_STAMP).write_text("")
+    manager = CheckpointManager(str(no_ray / "checkpoints"))
+    manager.commit(manager.begin(2), {})
+    before = fingerprint(no_ray / "checkpoints")
+    text = refused("trainer.total_steps=4")
+    assert "holds an earlier run's checkpoints (step-000002 in checkpoints/)" in text
+    assert "trainer.resume=auto" in text
+    assert fingerprint(no_ray / "checkpoints") == before
