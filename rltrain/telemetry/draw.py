@@ -160,7 +160,7 @@ def render(
     fig.tight_layout()
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Software": DRAWN_BY})
     plt.close(fig)
     return path
 
@@ -321,7 +321,7 @@ def render_pair(
     fig.tight_layout()
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Software": DRAWN_BY})
     plt.close(fig)
     return path
 
@@ -359,6 +359,20 @@ def window_note(doc: Mapping[str, Any]) -> str:
     )
 
 
+#: Written into every PNG this module draws: a later draw replaces only a PNG carrying it.
+DRAWN_BY = "rltrain trace"
+
+
+def drawn_here(path: Path) -> bool:
+    """Whether the PNG at ``path`` was drawn by ``rltrain trace`` (its metadata says so)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)  # matplotlib writes its text chunks before the image data
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and DRAWN_BY.encode() in head
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m rltrain trace") -> int:
     """Render a run's trace to PNG and print its utilization table.
 
@@ -394,6 +408,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain trace") -
         return 2
     run = Path(args.run)
     out = Path(args.out) if args.out else (run if run.is_dir() else run.parent) / TRACE_PNG
+    if not args.out and out.exists() and not drawn_here(out):
+        print(
+            f"error: {out} exists and rltrain trace did not draw it: give --out PATH for the "
+            f"drawing (a new file, or one rltrain trace drew)",
+            file=sys.stderr,
+        )
+        return 2
     print(format_table(summarize(doc, trace_devices(doc)), processes=True))
     print(window_note(doc))
     try:

@@ -169,3 +169,21 @@ def test_a_fresh_run_into_an_earlier_runs_directory_keeps_its_checkpoints(no_ray
     assert "holds an earlier run's checkpoints (step-000002 in checkpoints/)" in text
     assert "trainer.resume=auto" in text
     assert fingerprint(no_ray / "checkpoints") == before
+
+
+def test_rltrain_trace_redraws_its_own_png_and_keeps_the_readers(tmp_path):
+    from rltrain.telemetry import timeline
+    from rltrain.telemetry.draw import main
+    from rltrain.telemetry.timeline import Span
+
+    spans = [Span("train", "actor", ("node0/dev0",), "actor[0]", 0.0, 3e6, 1)]
+    timeline.write_run_timeline(tmp_path, spans, ["node0/dev0"])
+    assert main([str(tmp_path)]) == 0
+    assert main([str(tmp_path)]) == 0  # its own drawing is replaced
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "trace.json").write_text((tmp_path / "trace.json").read_text())
+    (mine / "trace.png").write_bytes(b"\x89PNG my own picture")
+    assert main([str(mine / "trace.json")]) == 2
+    assert (mine / "trace.png").read_bytes() == b"\x89PNG my own picture"
+    assert main([str(mine / "trace.json"), "--out", str(mine / "drawn.png")]) == 0
