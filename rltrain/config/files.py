@@ -280,6 +280,34 @@ def _points_at_step(pointer: str) -> bool:
         return False
 
 
+def inputs_in_checkpoint_dir(url: str | None, inputs: dict[str, str | None]) -> list[str]:
+    """Refuse inputs read from a checkpoint the run may prune (``keep`` newest are kept).
+
+    Args:
+        url: ``trainer.checkpoint_dir``.
+        inputs: config key -> the local path it reads (``model.path``, ``task.path``, ...).
+
+    Returns:
+        Problem messages naming the key, the value and the fix; empty when fine.
+    """
+    if not url or ("://" in url and not url.startswith("file://")):
+        return []
+    root = os.path.realpath(url[len("file://") :] if url.startswith("file://") else url)
+    problems = []
+    for key, value in inputs.items():
+        if not value or "://" in value:
+            continue
+        rel = os.path.relpath(os.path.realpath(value), root)
+        first = rel.split(os.sep)[0]
+        if rel != os.curdir and not rel.startswith(os.pardir) and CHECKPOINT_STEP.fullmatch(first):
+            problems.append(
+                f"{key}={value!r} lies in trainer.checkpoint_dir={url!r}, whose older checkpoints "
+                f"the run deletes as it saves newer ones: copy {first} out of it and point {key} "
+                f"at the copy, or give the run another trainer.checkpoint_dir"
+            )
+    return problems
+
+
 def checkpoint_dir_owner_problems(url: str | None, resume: str | None) -> list[str]:
     """Refuse a checkpoint directory whose files a run would replace or delete.
 

@@ -31,6 +31,7 @@ from rltrain.config.files import (
     checkpoint_dir_owner_problems,
     checkpoint_dir_problems,
     checkpoint_problems,
+    inputs_in_checkpoint_dir,
 )
 from rltrain.config.offload import policy_config, resolve_offload
 from rltrain.config.schema import COMPONENTS, MODEL_SIZE_FIELDS, RunConfig
@@ -682,6 +683,9 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
     yield from owner  # before the write probe: a directory that is not the run's stays untouched
     if not owner:
         yield from checkpoint_dir_problems(t.checkpoint_dir, probe=cfg.mode == "train")
+    inputs = {"model.path": cfg.model.path, "reward.model_path": cfg.reward.model_path}
+    inputs.update({"task.path": cfg.task.path, "task.eval_path": cfg.task.eval_path})
+    yield from inputs_in_checkpoint_dir(t.checkpoint_dir, inputs)
     local = t.resume is not None and "://" not in t.resume
     if t.resume not in (None, "auto") and local and not os.path.exists(t.resume):
         yield (f"trainer.resume={t.resume!r} is neither 'auto' nor an existing checkpoint path")

@@ -187,3 +187,16 @@ def test_rltrain_trace_redraws_its_own_png_and_keeps_the_readers(tmp_path):
     assert main([str(mine / "trace.json")]) == 2
     assert (mine / "trace.png").read_bytes() == b"\x89PNG my own picture"
     assert main([str(mine / "trace.json"), "--out", str(mine / "drawn.png")]) == 0
+
+
+def test_a_model_read_from_a_checkpoint_the_run_may_prune_is_refused(no_ray):  # noqa: F811
+    root = no_ray / "ckpt"
+    manager = CheckpointManager(str(root))
+    pending = manager.begin(2)
+    (pathlib.Path(pending.path) / "model").mkdir()
+    (pathlib.Path(pending.path) / "model" / "config.json").write_text("{}")
+    manager.commit(pending, {})
+    model = root / "step-000002" / "model"
+    text = refused(f"trainer.checkpoint_dir={root}", "trainer.resume=auto", f"model.path={model}")
+    assert f"model.path='{model}' lies in trainer.checkpoint_dir='{root}'" in text
+    assert "copy step-000002 out of it" in text
