@@ -18,7 +18,8 @@ log = logging.getLogger("rltrain")
 #: What Hydra writes into a run directory before the job runs.
 #: Marks a directory a run has written its outputs into: a later run may replace them there.
 RUN_STAMP = ".rltrain_run"
-HYDRA_FILES = frozenset({".hydra", "rltrain.log", RUN_STAMP})
+#: A refused run's directory holding only these is removed; one an earlier run stamped is kept.
+HYDRA_FILES = frozenset({".hydra", "rltrain.log"})
 #: What runs write into their run directory (train, mode=plan, placement=auto).
 RUN_OUTPUTS = (
     "metrics.jsonl",

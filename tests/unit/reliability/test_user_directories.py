@@ -200,3 +200,14 @@ def test_a_model_read_from_a_checkpoint_the_run_may_prune_is_refused(no_ray):  #
     text = refused(f"trainer.checkpoint_dir={root}", "trainer.resume=auto", f"model.path={model}")
     assert f"model.path='{model}' lies in trainer.checkpoint_dir='{root}'" in text
     assert "copy step-000002 out of it" in text
+
+
+def test_a_refused_run_keeps_an_earlier_runs_directory_and_log(tmp_path):
+    earlier = tmp_path / "run"
+    earlier.mkdir()
+    (earlier / ".rltrain_run").write_text("")
+    (earlier / "rltrain.log").write_text("the earlier run's log\n")
+    out = plan_cli(f"hydra.run.dir={earlier}", "trainer.train_batch_size=3", cwd=tmp_path)
+    assert out.returncode == 2 and "trainer.train_batch_size=3" in out.stderr
+    log = (earlier / "rltrain.log").read_text()
+    assert log.startswith("the earlier run's log\n") and "rltrain: refused:" in log
