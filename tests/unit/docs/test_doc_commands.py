@@ -64,7 +64,7 @@ def placeholders(reader) -> dict[str, Callable[[str], str]]:
         return str(data_file(reader / f"data{suffix}"))
 
     def directory(placeholder: str) -> str:
-        return str(reader)
+        return str(reader / "checkpoints")  # an output: a new directory (theirs is refused)
 
     return {
         "model.path": checkpoint,
