@@ -172,6 +172,8 @@ def gae_advantages(
         response_mask: ``[B, R]``.
         gamma: discount.
         lam: GAE lambda.
+        valid: ``[B]`` bool, False on infra-failed rows, which group estimators leave out of
+            the group statistics (:func:`valid_group_advantages`); None: every row counts.
 
     Returns:
         ``(advantages, returns)``, each ``[B, R]`` and zero outside the mask (advantages are not
@@ -222,6 +224,48 @@ def _gae(
     return masked_whiten(adv, mask), returns
 
 
+def valid_group_advantages(
+    scores: Tensor, valid: Tensor, group_size: int, estimator: str, norm_by_std: bool = True
+) -> Tensor:
+    """A group estimator over each group's valid rows only (infra-failed episodes left out).
+
+    A row left out neither moves its group's mean or std nor gets an advantage (0); a group
+    with fewer than two valid rows gives 0 to all. With every row valid this equals
+    :func:`grpo_advantages` / :func:`rloo_advantages`.
+
+    Args:
+        scores: ``[B]`` sequence scores in groups of ``group_size`` consecutive rows.
+        valid: ``[B]`` bool, False on the rows to leave out.
+        group_size: samples per prompt.
+        estimator: ``grpo`` | ``dr_grpo`` | ``rloo``.
+        norm_by_std: GRPO's std division.
+
+    Returns:
+        ``[B]`` advantages.
+
+    Raises:
+        ConfigError: another estimator (its own statistics would need the same care).
+    """
+    if estimator not in ("grpo", "dr_grpo", "rloo"):
+        raise ConfigError(
+            f"algorithm.advantage_estimator={estimator!r} cannot leave infra-failed episodes "
+            f"out of its statistics: use grpo, dr_grpo or rloo with task.env"
+        )
+    g = _groups(scores.float(), group_size)
+    v = valid.view(-1, group_size).to(g.dtype)
+    count = v.sum(dim=1, keepdim=True)
+    total = (g * v).sum(dim=1, keepdim=True)
+    if estimator == "rloo":
+        adv = g - (total - g) / (count - 1).clamp(min=1.0)
+    else:
+        mean = total / count.clamp(min=1.0)
+        adv = g - mean
+        if norm_by_std and estimator == "grpo":
+            var = (((g - mean) * v) ** 2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)
+            adv = adv / (var.sqrt() + 1e-6)
+    return (adv * v * (count >= 2)).reshape(-1)
+
+
 def compute_advantages(
     estimator: str,
     rewards: Tensor,
@@ -233,6 +277,7 @@ def compute_advantages(
     values: Tensor | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
+    valid: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token advantages (and value targets for GAE) of one batch.
 
@@ -265,6 +310,10 @@ def compute_advantages(
     token_rewards = outcome_token_rewards(rewards, mask)
     if token_kl is not None:
         token_rewards = token_rewards - token_kl * mask
+    if valid is not None and not bool(valid.all()):  # infra-failed episodes (task.env)
+        scores = token_rewards.sum(dim=1)
+        seq = valid_group_advantages(scores, valid, group_size, estimator, norm_by_std)
+        return seq[:, None] * mask, None
     return fn(
         token_rewards,
         mask,

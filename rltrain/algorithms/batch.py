@@ -44,6 +44,16 @@ class RolloutBatch(TensorRecord):
         discarded_tokens: response tokens the rollout sampled for this shard's step and threw
             away (``trainer.partial_rollout=restart``: the cancelled passes); set by the rollout
             when ``trainer.max_staleness >= 1``, else None.
+        loss_mask: ``[B, R]`` float, 1 on the response tokens the policy is trained on; None:
+            the response mask. A multi-turn rollout's observation tokens (tool results) are in
+            the response (attended to, ``response_mask`` 1) but not trained on (0 here); an
+            infra-failed episode is 0 throughout.
+        env_rewards: ``[B]`` float rewards an environment gave its episodes (multi-turn
+            rollouts); the rule reward takes them instead of scoring the text.
+        infra_failed: ``[B]`` bool, True where a tool raised or timed out: the row is left out
+            of the group statistics and the loss (not scored 0).
+        turns: ``[B]`` long, model turns each episode took (multi-turn rollouts).
+        tool_calls: ``[B]`` long, tool calls each episode made (multi-turn rollouts).
     """
 
     prompt_ids: Tensor
@@ -61,11 +71,22 @@ class RolloutBatch(TensorRecord):
     truncated: Tensor | None = None
     token_versions: Tensor | None = None
     discarded_tokens: int | None = None
+    loss_mask: Tensor | None = None
+    env_rewards: Tensor | None = None
+    infra_failed: Tensor | None = None
+    turns: Tensor | None = None
+    tool_calls: Tensor | None = None
 
     @property
     def size(self) -> int:
         """Number of sequences ``B``."""
         return int(self.response_ids.shape[0])
+
+    @property
+    def token_mask(self) -> Tensor:
+        """``[B, R]`` the tokens every loss and advantage averages over: ``loss_mask`` when
+        set, else ``response_mask``."""
+        return self.response_mask if self.loss_mask is None else self.loss_mask
 
     @property
     def input_ids(self) -> Tensor:

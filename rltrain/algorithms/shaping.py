@@ -78,4 +78,5 @@ def without_truncated(batch: RolloutBatch) -> RolloutBatch:
             "generation engines set them; a batch built by hand needs truncated=[B] bool)"
         )
     keep = (~batch.truncated.bool()).to(batch.response_mask.dtype)
-    return batch.replace(response_mask=batch.response_mask * keep[:, None])
+    loss = None if batch.loss_mask is None else batch.loss_mask * keep[:, None]  # multi-turn
+    return batch.replace(response_mask=batch.response_mask * keep[:, None], loss_mask=loss)

@@ -147,13 +147,14 @@ def add_advantages(batch: RolloutBatch, s: UpdateSettings) -> RolloutBatch:
     adv, returns = compute_advantages(
         a.advantage_estimator,
         rewards,
-        batch.response_mask,
+        batch.token_mask,
         group_size=batch.group_size,
         norm_by_std=a.norm_adv_by_std,
         token_kl=token_kl,
         values=batch.values,
         gamma=a.gamma,
         lam=a.lam,
+        valid=None if batch.infra_failed is None else ~batch.infra_failed,
     )
     out = batch.replace(advantages=adv, returns=returns)
     return without_truncated(out) if a.mask_truncated else out
@@ -194,7 +195,7 @@ def actor_loss(
         with_entropy=True,
     )
     old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
-    mask = mb.response_mask
+    mask = mb.token_mask  # observation tokens and infra-failed rows are not trained on
     if gap is not None and mb.rollout_logprobs is not None:
         gap.add(logp, mb.rollout_logprobs, mask)
     corrected = s.old_logprobs == "recompute" and a.tis_cap is not None
@@ -254,7 +255,7 @@ def critic_loss(
     """
     v = compute_values(critic, mb.input_ids, mb.attention_mask, mb.response_mask)
     a = s.algorithm
-    vl = value_loss(v, mb.values, mb.returns, mb.response_mask, a.value_clip, "token_mean")
+    vl = value_loss(v, mb.values, mb.returns, mb.token_mask, a.value_clip, "token_mean")
     return a.value_coef * vl, {"critic/value_loss": vl.item()}
 
 
@@ -513,7 +514,7 @@ def accumulate_step(
         ConfigError: a row is wider than ``max_tokens``.
     """
     parts = split_rows(mb, micro_batch, max_tokens)
-    weights = micro_weights(mb.response_mask, parts, loss_agg)
+    weights = micro_weights(mb.token_mask, parts, loss_agg)
     no_sync = getattr(module, "no_sync", None)
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = defaultdict(float)
@@ -617,7 +618,7 @@ def with_old_logprobs(
         return batch, metrics, None
     if s.old_logprobs == "recompute" and batch.old_logprobs is not None:
         gap = LogprobGap()
-        gap.add(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask)
+        gap.add(batch.old_logprobs, batch.rollout_logprobs, batch.token_mask)
         return batch, {**metrics, **gap.metrics()}, None
     return batch, metrics, LogprobGap()
 

@@ -615,7 +615,7 @@ class DeepSpeedEngine:
         (:func:`micro_weights`), so the step equals the one-shot step.
         """
         parts = split_rows(mb, max_tokens=self.max_tokens, min_parts=self._agreed_parts(mb))
-        weights = micro_weights(mb.response_mask, parts, self.settings.algorithm.loss_agg)
+        weights = micro_weights(mb.token_mask, parts, self.settings.algorithm.loss_agg)
         sums: dict[str, float] = defaultdict(float)
         for i, (part, w) in enumerate(zip(parts, weights, strict=True)):
 
@@ -644,7 +644,7 @@ class DeepSpeedEngine:
         # weigh each by its share of the minibatch's tokens instead, so the step equals the
         # one-shot step (as the torch engine's accumulation does).
         n = len(parts)
-        weights = micro_weights(mb.response_mask, list(parts), self.settings.algorithm.loss_agg)
+        weights = micro_weights(mb.token_mask, list(parts), self.settings.algorithm.loss_agg)
         scale = iter(w * n for w in weights)
 
         def loss_fn(engine: torch.nn.Module, micro: RolloutBatch) -> torch.Tensor:

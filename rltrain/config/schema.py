@@ -260,6 +260,10 @@ class TaskConfig:
     max_prompt_length: int = 512
     env_id: str = "CartPole-v1"  # gym: any registered Gymnasium id
     params: Dict[str, Any] = field(default_factory=dict)  # task-specific extras
+    # a text environment "pkg.module:Class" (docs/agents.md): each prompt becomes a multi-turn
+    # episode with tools (reset / step / close, tools = its public documented methods); null:
+    # single-turn responses scored by the task's reward
+    env: Optional[str] = None
 
 
 # ------------------------------------------------------------------------------------ components
@@ -303,6 +307,10 @@ class RolloutConfig:
     max_new_tokens: int = 4  # response budget in tokens
     gpu_memory_utilization: float = 0.3  # share of device memory a vLLM engine reserves
     max_model_len: Optional[int] = None  # vLLM: tokens per sequence; null: prompt + new tokens
+    max_turns: int = 1  # with task.env: model turns per episode (each ends at EOS or a tool call)
+    # with task.env: response tokens per episode, turns and tool results together; null:
+    # max_turns x max_new_tokens plus the tool results
+    max_total_tokens: Optional[int] = None
 
 
 @dataclass
@@ -363,6 +371,20 @@ class SimulateConfig:
     # per decoding step of a reasoning generate call: it waits this x its longest response (in
     # tokens) on top of rollout_latency_ms, so response lengths cost modelled device time
     rollout_token_latency_ms: float = 0.0
+    tool_latency_ms: float = 0.0  # with task.env: each tool call waits this long first
+    # with task.env: share of tool calls that raise (seeded), marking their episodes infra-failed
+    tool_failure_rate: float = 0.0
+
+
+@dataclass
+class ToolsConfig:
+    """The tool workers of multi-turn rollouts (``task.env``, docs/agents.md)."""
+
+    timeout_s: float = 10.0  # per tool call; a call that takes longer fails its episode
+    concurrency: int = 8  # tool calls in flight at once per rollout process (threads)
+    # the batch's episodes are split into this many parts that take turns: while one part's
+    # tool calls run, the next part generates (1: every call waits for the whole batch)
+    interleave: int = 2
 
 
 @dataclass
@@ -447,6 +469,7 @@ class RunConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     whatif: WhatifConfig = field(default_factory=WhatifConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -14,11 +14,13 @@ from typing import Any
 
 from rltrain.errors import ConfigError
 from rltrain.tasks.build import assemble, collect, read_sources
+from rltrain.tasks.calc_tool import ALPHABET, CalcToolSpec, ensure_calc_tool
 from rltrain.tasks.gsm8k_tiny import Gsm8kTinySpec, ensure_gsm8k_tiny
+from rltrain.tasks.text_env import env_problems
 from rltrain.tasks.tokenizer import build_tokenizer, tokenizer_source
 
 #: ``task.generate`` values: the data sets rltrain can write itself.
-GENERATORS = ("gsm8k_tiny",)
+GENERATORS = ("gsm8k_tiny", "calc_tool")
 
 
 def writes_nothing(run: Any) -> bool:
@@ -58,8 +60,13 @@ def prepare_task(run: Any) -> bool:
     problems = _generator_problems(run)
     if problems:
         raise ConfigError(problems)
-    spec = Gsm8kTinySpec.from_params(dict(t.params), t.seed)
     try:
+        if generate == "calc_tool":
+            spec_calc = CalcToolSpec.from_params(dict(t.params), t.seed)
+            return ensure_calc_tool(
+                t.path, t.eval_path, run.model.path, spec_calc, run.model, writes_nothing(run)
+            )
+        spec = Gsm8kTinySpec.from_params(dict(t.params), t.seed)
         chat = t.chat_template is not False  # null: the generated tokenizer has a template
         return ensure_gsm8k_tiny(
             t.path,
@@ -150,7 +157,11 @@ def planning_model(run: Any) -> Any:
         return run.model  # a run writes the checkpoint before it is planned
     if not prepare_task(run):  # (only looks: the run only plans)
         return run.model
-    vocab = run.model.vocab_size or Gsm8kTinySpec.from_params(dict(run.task.params), 0).vocab_size
+    if run.task.generate == "calc_tool":  # the character tokenizer: pad, eos, unk + ALPHABET
+        generated = len(ALPHABET) + 3
+    else:
+        generated = Gsm8kTinySpec.from_params(dict(run.task.params), 0).vocab_size
+    vocab = run.model.vocab_size or generated
     return dataclasses.replace(run.model, path=None, tokenizer_path=None, vocab_size=vocab)
 
 
@@ -174,6 +185,9 @@ def check_task(run: Any) -> list[str]:
     """
     if run.runner != "reasoning" or run.task.name == "gym":
         return []
+    env = env_problems(run)  # task.env and the multi-turn keys: before writing any data
+    if env:
+        return env
     try:
         missing = prepare_task(run)
     except ConfigError as exc:

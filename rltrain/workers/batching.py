@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from rltrain.algorithms.batch import RolloutBatch
 
 _PER_TOKEN = (
+    "loss_mask",
     "old_logprobs",
     "ref_logprobs",
     "values",
@@ -21,7 +22,7 @@ _PER_TOKEN = (
     "rollout_logprobs",
     "token_versions",
 )
-_PER_ROW = ("rewards", "truncated")
+_PER_ROW = ("rewards", "truncated", "env_rewards", "infra_failed", "turns", "tool_calls")
 
 
 def pad_tokens(x: torch.Tensor, length: int, value: float = 0, left: bool = False) -> torch.Tensor:

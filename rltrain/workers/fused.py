@@ -11,15 +11,19 @@ taking run learns. When fusing is allowed is decided in :mod:`rltrain.runners.fu
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 
+from rltrain.agents.interaction import Interaction, SingleTurn, tool_episodes
+from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import SamplingParams, greedy_accuracy
 from rltrain.algorithms.update import add_advantages
+from rltrain.backends.generation import sample_seeded, sampling_seed
 from rltrain.backends.weight_sync.host import HostBuckets
 from rltrain.config.schema import RunConfig
 from rltrain.placement.sizes import BatchSizes
 from rltrain.telemetry import trace
 from rltrain.workers.actor import ActorWorker
-from rltrain.workers.common import TrainResult, sample_prompts
+from rltrain.workers.common import TrainResult, as_rollout_logprobs
 from rltrain.workers.reward import RuleReward, Scores
 from rltrain.workers.rollout import modelled_generate_s
 
@@ -37,6 +41,11 @@ class FusedWorker(ActorWorker):
         self.params = SamplingParams.from_rollout(run.rollout)
         self.rule = RuleReward(run)
         self.eos_ids = self.rule.eos_ids  # the rollout's stop ids (eos_token_ids)
+        self.interaction: Interaction = (
+            SingleTurn(self._sample, self._greedy)
+            if run.task.env is None
+            else tool_episodes(run, lambda: self.model, self.tokenizer, self.device, self.eos_ids)
+        )
 
     def step(self, prompts: list[str], step: int) -> tuple[TrainResult, Scores]:
         """Generate, score and train on this rank's prompts.
@@ -53,9 +62,10 @@ class FusedWorker(ActorWorker):
         t = time.perf_counter()
         with trace.span("generate", "rollout", self.device_labels):
             # the sampler's log-probs too: the parity check, and pi_old or the TIS weights
-            batch = sample_prompts(
-                self, prompts, step, eos_ids=self.eos_ids, with_logprobs=True
-            ).to("cpu")
+            seed = sampling_seed(self.run, step, self.rank)  # rollout rank ``rank``'s stream
+            batch = as_rollout_logprobs(
+                self.interaction.generate(prompts, seed, True, None).to("cpu")
+            )
             wait = modelled_generate_s(self.run.simulate, batch)  # a slower device
             if wait:
                 time.sleep(wait)
@@ -79,6 +89,27 @@ class FusedWorker(ActorWorker):
             weights: ignored: a fused rank evaluates the parameters it trains.
         """
         with trace.span("evaluate", "rollout", self.device_labels):
-            return greedy_accuracy(
-                self.model, self.tokenizer, self.rule.task, self.run.rollout.max_new_tokens
-            )
+            return self.interaction.evaluate(self.rule.task)
+
+    def _sample(
+        self,
+        prompts: Sequence[str],
+        seed: int,
+        with_logprobs: bool,
+        should_stop: Callable[[], bool] | None,
+    ) -> RolloutBatch:
+        """Single-turn sampling with the trained parameters (:class:`SingleTurn`'s call)."""
+        return sample_seeded(
+            self.model,
+            self.tokenizer,
+            self.params,
+            self.device,
+            prompts,
+            seed,
+            self.eos_ids,
+            with_logprobs=with_logprobs,
+            should_stop=should_stop,
+        )
+
+    def _greedy(self, task: object) -> float:
+        return greedy_accuracy(self.model, self.tokenizer, task, self.run.rollout.max_new_tokens)

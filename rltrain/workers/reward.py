@@ -70,6 +70,14 @@ def batch_counts(batch: RolloutBatch) -> dict[str, int]:
         out["rollout/discarded_tokens"] = batch.discarded_tokens
         if batch.token_versions is not None:
             out["rollout/continued_tokens"] = continued_tokens(batch)
+    # multi-turn episodes (rltrain.agents): summed over the step's shards
+    for key, field_ in (
+        ("rollout/turns", batch.turns),
+        ("rollout/tool_calls", batch.tool_calls),
+        ("rollout/infra_failed", batch.infra_failed),
+    ):
+        if field_ is not None:
+            out[key] = int(field_.sum())
     return out
 
 
@@ -94,7 +102,10 @@ class RuleReward:
         self.eos_ids = eos_token_ids(self.tokenizer, run.model.path)
 
     def score_batch(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[B]`` rewards of one batch."""
+        """``[B]`` rewards of one batch: its environment's where a multi-turn rollout ran one
+        (``env_rewards``), else the task's rule on the decoded text."""
+        if batch.env_rewards is not None:
+            return batch.env_rewards.float()
         prompts = self.tokenizer.batch_decode(batch.prompt_ids.tolist(), skip_special_tokens=True)
         texts = decode_responses(self.tokenizer, batch, self.eos_ids)
         return torch.tensor([self.task.reward(p, t) for p, t in zip(prompts, texts, strict=True)])

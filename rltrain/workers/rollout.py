@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rltrain.agents.interaction import Interaction, engine_interaction
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import GenerationStopped
 from rltrain.backends import continuation
@@ -47,6 +48,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         self.run = run
         self.device = compute_device(self)
         self.engine: GenerationEngine = build_generation(run, self.device, self.rank)
+        # single-turn responses, or multi-turn episodes of task.env (rltrain.agents)
+        self.interaction: Interaction = engine_interaction(run, self.engine)
         self.version = -1  # no weights received yet: the first export is the starting version
         self._task: Any = None
         # trainer.partial_rollout=continue: generations paused at a weight swap, by step, and
@@ -172,7 +175,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         """
         seed = sampling_seed(self.run, step, self.rank)
         if parked is None:
-            batch = self.engine.generate(prompts, seed, logprobs, self._decode_step)
+            batch = self.interaction.generate(prompts, seed, logprobs, self._decode_step)
             return continuation.park(batch, self.version, self.version)
         ids, mask = continuation.continuation_prompts(parked)
         budget = self.run.rollout.max_new_tokens - parked.columns
@@ -230,7 +233,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         if self._task is None:
             self._task = build_task(self.run.task, self.tokenizer)
         with trace.span("evaluate", "rollout", self.device_labels):
-            return self.engine.evaluate(self._task)
+            return self.interaction.evaluate(self._task)
 
     def memory_report(self) -> dict[str, Any]:
         """Ledger bytes vs the independent measure (see :class:`ResidentState`).

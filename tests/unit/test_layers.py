@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("whatif",),
     ("tasks", "rewards"),
     ("algorithms",),
+    ("agents",),
     ("scheduler",),
     ("backends",),
     ("workers",),

@@ -1,0 +1,293 @@
+"""``task.generate=calc_tool``: sums too long for the tiny model to add alone, and a calculator.
+
+``experiment=calc_tool`` trains an agent on two cores in minutes. Each prompt is a sum of
+``task.params.num_terms`` numbers below ``10**digits`` (``"347+589+126="``); the answer is its
+value. :class:`CalculatorEnv` (``task.env=rltrain.tasks.calc_tool:CalculatorEnv``) gives the
+model one tool, ``calculator``; the demonstrated episode copies the sum into a call, reads the
+result and answers with it::
+
+    347+589+126=calculator[347+589+126]=1062;1062<eos>
+                ^ model turn 1          ^ tool  ^ model turn 2
+
+The generator writes the train/eval rows (JSONL: ``prompt``, ``answer``) and a base checkpoint
+(the built-in one-character-per-token tokenizer over :data:`ALPHABET` and a tiny Llama from the
+``model`` fields), briefly supervised on demonstrations with the tool's result masked out of the
+loss (``task.params.sft_steps``), as ``gsm8k_tiny`` writes its base chat checkpoint. RL then
+raises greedy accuracy (docs/agents.md). Everything is written once and kept (a stamp records
+what was generated; other settings regenerate it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from rltrain.errors import ConfigError
+from rltrain.tasks.text_env import ToolEnv, ToolError
+from rltrain.tasks.tool_format import format_call, format_result
+
+log = logging.getLogger(__name__)
+
+#: Bumped when the rows or the checkpoint recipe change.
+VERSION = 1
+STAMP = "generated_by_rltrain_calc_tool.json"
+#: The characters the checkpoint's tokenizer spells (one token each).
+ALPHABET = "0123456789+=[];calutor"
+
+
+class CalculatorEnv(ToolEnv):
+    """A sum to answer, with a calculator (``task.env`` of ``experiment=calc_tool``)."""
+
+    def calculator(self, expression: str) -> str:
+        """Add the numbers of a sum such as ``12+345+6`` and return the total."""
+        terms = expression.split("+")
+        if not expression or not all(t.isdigit() for t in terms):
+            raise ToolError("digits and + only")
+        return str(sum(int(t) for t in terms))
+
+
+@dataclass(frozen=True)
+class CalcToolSpec:
+    """What ``task.generate=calc_tool`` writes (``task.params`` keys of the same names).
+
+    Attributes:
+        num_train: training sums.
+        num_eval: evaluation sums (none of the training set).
+        num_terms: numbers per sum.
+        digits: each number is below ``10**digits``.
+        sft_steps: supervised steps on demonstrations before the checkpoint is saved.
+        sft_batch_size: demonstrations per supervised step.
+        sft_lr: the supervised steps' AdamW learning rate.
+        seed: which sums, and the supervised batches (``task.seed``).
+    """
+
+    num_train: int = 2000
+    num_eval: int = 100
+    num_terms: int = 3
+    digits: int = 3
+    sft_steps: int = 200
+    sft_batch_size: int = 32
+    sft_lr: float = 3e-3
+    seed: int = 0
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], seed: int) -> CalcToolSpec:
+        """Read the spec from ``task.params``.
+
+        Raises:
+            ConfigError: a value of the wrong type or out of range.
+        """
+        values: dict[str, Any] = {"seed": seed}
+        problems = []
+        for f in fields(cls):
+            if f.name == "seed" or f.name not in params:
+                continue
+            v, want = params[f.name], float if f.type == "float" else int
+            if isinstance(v, bool) or not isinstance(v, (int, float) if want is float else int):
+                problems.append(f"task.params.{f.name}={v!r} must be {want.__name__}")
+            else:
+                values[f.name] = want(v)
+        if problems:
+            raise ConfigError(problems)
+        spec = cls(**values)
+        problems = spec.problems()
+        if problems:
+            raise ConfigError(problems)
+        return spec
+
+    def problems(self) -> list[str]:
+        """What is out of range, as messages naming ``task.params.*``."""
+        out = []
+        for name in ("num_train", "num_eval", "sft_batch_size"):
+            if getattr(self, name) < 1:
+                out.append(f"task.params.{name}={getattr(self, name)} must be >= 1")
+        if not 2 <= self.num_terms <= 8:
+            out.append(f"task.params.num_terms={self.num_terms} must be in 2..8")
+        if not 1 <= self.digits <= 6:
+            out.append(f"task.params.digits={self.digits} must be in 1..6")
+        if not 0 <= self.sft_steps <= 100_000:
+            out.append(f"task.params.sft_steps={self.sft_steps} must be in 0..100000")
+        if not 0 < self.sft_lr <= 1:
+            out.append(f"task.params.sft_lr={self.sft_lr} must be in (0, 1]")
+        if not out and self.num_train + self.num_eval > (10**self.digits) ** self.num_terms // 2:
+            out.append(
+                f"task.params.num_train + num_eval = {self.num_train + self.num_eval} is too "
+                f"many distinct sums for num_terms={self.num_terms}, digits={self.digits}"
+            )
+        return out
+
+
+def sums(spec: CalcToolSpec) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The distinct training and evaluation rows (``prompt``, ``answer``), seeded."""
+    rng = random.Random(f"calc_tool-{VERSION}-{spec.seed}")
+    seen: set[str] = set()
+    rows: list[dict[str, str]] = []
+    while len(rows) < spec.num_train + spec.num_eval:
+        terms = [rng.randrange(10**spec.digits) for _ in range(spec.num_terms)]
+        prompt = "+".join(map(str, terms)) + "="
+        if prompt not in seen:
+            seen.add(prompt)
+            rows.append({"prompt": prompt, "answer": str(sum(terms))})
+    return rows[: spec.num_train], rows[spec.num_train :]
+
+
+def demonstration(prompt: str, answer: str) -> list[tuple[str, bool]]:
+    """The demonstrated episode as ``(text, trained_on)`` pieces: the call, the tool's result
+    (not trained on), the answer."""
+    expression = prompt.rstrip("=")
+    return [
+        (format_call("calculator", expression), True),
+        (format_result(answer), False),
+        (answer, True),
+    ]
+
+
+def _sft_rows(
+    tok: Any, rows: list[dict[str, str]]
+) -> list[tuple[list[int], list[int], list[bool]]]:
+    """``(prompt ids, response ids, trained_on per response id)`` per demonstration; the
+    response ends with EOS (trained on)."""
+    from rltrain.tasks.tokenizer import prompt_token_ids
+
+    prompts = prompt_token_ids(tok, [r["prompt"] for r in rows])
+    out = []
+    for p, r in zip(prompts, rows, strict=True):
+        ids: list[int] = []
+        keep: list[bool] = []
+        for text, trained in demonstration(r["prompt"], r["answer"]):
+            piece = tok(text, add_special_tokens=False)["input_ids"]
+            ids += piece
+            keep += [trained] * len(piece)
+        out.append((list(p), [*ids, tok.eos_token_id], [*keep, True]))
+    return out
+
+
+def supervise(model: Any, tok: Any, rows: list[dict[str, str]], spec: CalcToolSpec) -> list[float]:
+    """AdamW steps on demonstrations, the tool's results masked out of the loss.
+
+    Returns:
+        The loss of every step.
+    """
+    import torch
+
+    from rltrain.tasks.sft import IGNORE, sft_batch, sft_loss
+
+    demos = _sft_rows(tok, rows)
+    rng = random.Random(spec.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
+    losses = []
+    model.train()
+    for _ in range(spec.sft_steps):
+        batch = rng.sample(demos, min(spec.sft_batch_size, len(demos)))
+        ids, mask, labels = sft_batch([(p, r) for p, r, _ in batch], tok.pad_token_id)
+        for i, (p, _, keep) in enumerate(batch):
+            for j, trained in enumerate(keep):
+                if not trained:
+                    labels[i, len(p) + j] = IGNORE
+        loss = sft_loss(model, ids, mask, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def _stamp(spec: CalcToolSpec, model_cfg: Any) -> dict[str, Any]:
+    from rltrain.config.schema import MODEL_SIZE_FIELDS
+
+    sized = ("family", *MODEL_SIZE_FIELDS, "tie_word_embeddings", "init_seed")
+    return {
+        "generator": "calc_tool",
+        "version": VERSION,
+        "spec": asdict(spec),
+        "model": {k: getattr(model_cfg, k) for k in sized},
+    }
+
+
+def _current(stamp: dict[str, Any], paths: tuple[str, str], model_dir: str) -> bool:
+    file = os.path.join(model_dir, STAMP)
+    if not os.path.isfile(file) or not all(os.path.isfile(p) for p in paths):
+        return False
+    with open(file) as f:
+        return json.load(f) == stamp
+
+
+def ensure_calc_tool(
+    train_path: str,
+    eval_path: str,
+    model_dir: str,
+    spec: CalcToolSpec,
+    model_cfg: Any,
+    dry_run: bool = False,
+) -> bool:
+    """Write the rows and the base checkpoint unless the same ones are already there.
+
+    Args:
+        train_path: the training JSONL file (``task.path``).
+        eval_path: the evaluation JSONL file (``task.eval_path``).
+        model_dir: the checkpoint directory (``model.path``).
+        spec: what to generate.
+        model_cfg: the ``model`` section (sizes the checkpoint).
+        dry_run: only say whether a run would write (``mode=plan``).
+
+    Returns:
+        True when something was (or, with ``dry_run``, would be) written.
+
+    Raises:
+        ConfigError: ``model_dir`` holds something this generator did not write.
+    """
+    stamp = _stamp(spec, model_cfg)
+    if _current(stamp, (train_path, eval_path), model_dir):
+        return False
+    if os.path.isdir(model_dir) and not os.path.isfile(os.path.join(model_dir, STAMP)):
+        raise ConfigError(
+            f"model.path={model_dir!r} holds a checkpoint task.generate=calc_tool did not "
+            f"write: point task.params.data_dir (or model.path) elsewhere"
+        )
+    if dry_run:
+        return True
+    train, evals = sums(spec)
+    for rows, path in ((train, train_path), (evals, eval_path)):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(path + ".tmp", path)
+    _write_checkpoint(model_dir, train, spec, model_cfg, stamp)
+    return True
+
+
+def _write_checkpoint(
+    model_dir: str, train: list[dict[str, str]], spec: CalcToolSpec, model_cfg: Any, stamp: Any
+) -> None:
+    from rltrain.tasks.model import build_model
+    from rltrain.tasks.tokenizer import build_char_tokenizer
+
+    parent = os.path.dirname(os.path.abspath(model_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".calc-tool-", dir=parent)
+    try:
+        tok = build_char_tokenizer(ALPHABET)
+        built = dataclasses.replace(model_cfg, path=None, tokenizer_path=None, dtype="float32")
+        model = build_model(dataclasses.replace(built, vocab_chars=ALPHABET))
+        losses = supervise(model, tok, train, spec) if spec.sft_steps else []
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        with open(os.path.join(tmp, STAMP), "w") as f:
+            json.dump(stamp, f, indent=1)
+        if os.path.lexists(model_dir):
+            shutil.rmtree(model_dir)
+        os.replace(tmp, model_dir)
+        if losses:
+            log.info(
+                "calc_tool: base checkpoint supervised (loss %.3f -> %.3f)", losses[0], losses[-1]
+            )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,131 @@
+"""Multi-turn episodes with the torch engine: token-exact trajectories (the rollout/trainer
+log-prob gap over a multi-turn batch), masks, limits, and tool faults that cost nothing."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rltrain.agents.interaction import ToolEpisodes
+from rltrain.algorithms.update import UpdateSettings, add_advantages, ppo_update
+from rltrain.config.schema import ModelConfig, RunConfig
+from rltrain.errors import ConfigError
+from rltrain.tasks.base import Example
+from rltrain.tasks.calc_tool import ALPHABET, CalcToolSpec, CalculatorEnv, sums, supervise
+from rltrain.tasks.model import build_model
+from rltrain.tasks.text_env import env_problems, load_env_class, tools_of
+from rltrain.tasks.tokenizer import build_char_tokenizer
+from rltrain.tasks.tool_format import parse_call
+
+RELEASE = threading.Event()  # frees the stuck tool's thread once the test is done
+
+
+class StuckEnv(CalculatorEnv):
+    """A calculator whose tool calls (of any name) never answer in time."""
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        if parse_call(action) is not None:
+            RELEASE.wait(30)
+        return super().step(action)
+
+
+@pytest.fixture(scope="module")
+def agent():
+    """A tiny model briefly supervised on 2-term, 1-digit tool-call demonstrations (it calls
+    the tool, so episodes take several turns), its tokenizer and task."""
+    torch.set_num_threads(1)
+    spec = CalcToolSpec(num_train=60, num_eval=8, num_terms=2, digits=1, sft_steps=60)
+    train, evals = sums(spec)
+    tok = build_char_tokenizer(ALPHABET)
+    model = build_model(ModelConfig(vocab_chars=ALPHABET, hidden_size=32, intermediate_size=64))
+    supervise(model, tok, train, spec)
+    task = SimpleNamespace(
+        train=[Example(r["prompt"], r["answer"]) for r in train],
+        eval=[Example(r["prompt"], r["answer"]) for r in evals],
+    )
+    return model, tok, task
+
+
+def _run(env: str = "rltrain.tasks.calc_tool:CalculatorEnv", **over: object) -> RunConfig:
+    run = RunConfig()
+    run.task.env = env
+    run.rollout.max_turns = 3
+    run.rollout.max_new_tokens = 16
+    run.rollout.n_samples_per_prompt = 4
+    for key, value in over.items():
+        section, name = key.split("__")
+        setattr(getattr(run, section), name, value)
+    return run
+
+
+def _episodes(agent, run: RunConfig) -> ToolEpisodes:
+    model, tok, task = agent
+    return ToolEpisodes(run, lambda: model, tok, torch.device("cpu"), [tok.eos_token_id], task)
+
+
+def test_a_multi_turn_batch_is_token_exact_and_masks_the_tool_results(agent):
+    model, tok, task = agent
+    batch = _episodes(agent, _run()).generate([ex.prompt for ex in task.train[:6]], 7, True, None)
+    assert int(batch.tool_calls.sum()) > 0 and int(batch.turns.max()) >= 2
+    equals = tok.convert_tokens_to_ids("=")
+    for i in range(batch.size):
+        n = int(batch.response_mask[i].sum())
+        ids, loss = batch.response_ids[i, :n].tolist(), batch.loss_mask[i, :n].tolist()
+        # every tool result "=...;" is in the response, attended to, and not trained on
+        runs = [j for j in range(n) if loss[j] == 0 and (j == 0 or loss[j - 1] == 1)]
+        assert len(runs) == int(batch.tool_calls[i])
+        assert all(ids[j] == equals for j in runs)
+    s = UpdateSettings(advantage_estimator="grpo", old_logprobs="recompute")
+    scored = add_advantages(batch.replace(rewards=batch.env_rewards), s).replace(
+        rollout_logprobs=batch.old_logprobs, old_logprobs=None
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
+    metrics = ppo_update(model, optimizer, scored, s)
+    assert metrics["rollout/logprob_gap_max"] <= 1e-5
+    assert metrics["rollout/logprob_gap_tokens"] == float(batch.loss_mask.sum())
+
+
+def test_injected_tool_failures_mark_episodes_infra_failed(agent):
+    _, _, task = agent
+    run = _run(simulate__tool_failure_rate=0.5)
+    batch = _episodes(agent, run).generate([ex.prompt for ex in task.train[:6]], 3, True, None)
+    failed = batch.infra_failed
+    assert 0 < int(failed.sum()) < batch.size
+    assert float(batch.loss_mask[failed].sum()) == 0.0  # out of the loss, not scored 0
+    adv = add_advantages(batch.replace(rewards=batch.env_rewards), UpdateSettings()).advantages
+    assert float(adv[failed].abs().sum()) == 0.0
+
+
+def test_a_tool_that_times_out_fails_its_episode_and_the_batch_goes_on(agent):
+    _, _, task = agent
+    run = _run(env=f"{__name__}:StuckEnv", tools__timeout_s=0.2, rollout__max_turns=2)
+    try:
+        batch = _episodes(agent, run).generate([task.train[0].prompt], 1, False, None)
+    finally:
+        RELEASE.set()
+    called = batch.tool_calls > 0
+    assert bool(called.any()) and bool(batch.infra_failed[called].all())
+
+
+def test_limits_end_episodes_cleanly(agent):
+    _, _, task = agent
+    run = _run(rollout__max_turns=1, rollout__max_total_tokens=5)
+    batch = _episodes(agent, run).generate([task.train[0].prompt], 2, False, None)
+    assert int(batch.response_mask.sum(dim=1).max()) <= 5
+    assert bool(batch.truncated.all()) and int(batch.turns.max()) == 1
+
+
+def test_task_env_is_checked_before_ray():
+    assert tools_of(CalculatorEnv()).keys() == {"calculator"}
+    with pytest.raises(ConfigError, match="task.env='nope.module:X' could not be imported"):
+        load_env_class("nope.module:X")
+    with pytest.raises(ConfigError, match="lacks"):
+        load_env_class("rltrain.tasks.base:Example")
+    run = _run(rollout__backend="vllm")
+    assert any("rollout.backend='vllm'" in p for p in env_problems(run))
+    plain = RunConfig()
+    plain.rollout.max_turns = 2
+    assert env_problems(plain) == ["rollout.max_turns=2 needs task.env (an environment)"]
