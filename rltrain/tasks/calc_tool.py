@@ -177,13 +177,29 @@ def supervise(model: Any, tok: Any, rows: list[dict[str, str]], spec: CalcToolSp
     """
     import torch
 
-    from rltrain.tasks.sft import IGNORE, sft_batch, sft_loss
-
     demos = _sft_rows(tok, rows)
     rng = random.Random(spec.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
     losses = []
     model.train()
+    threads = torch.get_num_threads()
+    # a model this small gains nothing from a second thread, and on a shared machine two
+    # threads waiting on each other ran 30x slower (measured)
+    torch.set_num_threads(1)
+    try:
+        losses = _sft_steps(model, tok, demos, spec, rng, optimizer)
+    finally:
+        torch.set_num_threads(threads)
+        model.eval()
+    return losses
+
+
+def _sft_steps(
+    model: Any, tok: Any, demos: list[Any], spec: CalcToolSpec, rng: random.Random, optimizer: Any
+) -> list[float]:
+    from rltrain.tasks.sft import IGNORE, sft_batch, sft_loss
+
+    losses = []
     for _ in range(spec.sft_steps):
         batch = rng.sample(demos, min(spec.sft_batch_size, len(demos)))
         ids, mask, labels = sft_batch([(p, r) for p, r, _ in batch], tok.pad_token_id)
@@ -196,7 +212,6 @@ def supervise(model: Any, tok: Any, rows: list[dict[str, str]], spec: CalcToolSp
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
-    model.eval()
     return losses
 
 

@@ -83,7 +83,8 @@ def test_generation_settings_are_checked_before_anything_is_written(tmp_path: pa
     assert any("model.path, which is not set" in p for p in problems)
     assert any("task.name='jsonl' (got task.name='arithmetic')" in p for p in problems)
     assert check_task(_run(generate="gsm9k")) == [
-        "task.generate='gsm9k' is not a generator rltrain has: choose one of ['gsm8k_tiny'], "
+        "task.generate='gsm9k' is not a generator rltrain has: choose one of ['gsm8k_tiny', "
+        "'calc_tool'], "
         "or null to read existing files"
     ]
     assert list(tmp_path.iterdir()) == []
