@@ -34,6 +34,7 @@ import torch
 
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import SamplingParams, generate
+from rltrain.config import seeds
 from rltrain.errors import WorkerError
 from rltrain.tasks.text_env import load_env_class
 from rltrain.tasks.tokenizer import prompt_token_ids
@@ -236,8 +237,8 @@ class ToolEpisodes:
                         self._collect(e)
                     live = [e for e in part if not e.done]
                     if live:
-                        turn_seed = (seed * 1_000_003 + round_ * 7919 + index) % (2**63)
-                        self._turn(live, params, turn_seed, with_logprobs, should_stop)
+                        turn = seeds.turn_seed(seed, round_, index)
+                        self._turn(live, params, turn, with_logprobs, should_stop)
             for e in episodes:
                 self._collect(e)
         finally:
@@ -287,7 +288,7 @@ class ToolEpisodes:
         rng = None
         if calling:  # failures are drawn per (run seed, row, call): timing never changes them
             e.requests += 1
-            rng = random.Random(self.seed * 1_000_003 + e.row * 1009 + e.requests)
+            rng = random.Random(seeds.tool_failure_seed(self.seed, e.row, e.requests))
         e.started, e.calling = time.monotonic(), calling
         e.pending = self.pool.submit(self._step, e.env, action, rng)
 

@@ -383,8 +383,9 @@ class ToolsConfig:
     timeout_s: float = 10.0  # per tool call; a call that takes longer fails its episode
     concurrency: int = 8  # tool calls in flight at once per rollout process (threads)
     # the batch's episodes are split into this many parts that take turns: while one part's
-    # tool calls run, the next part generates (1: every call waits for the whole batch)
-    interleave: int = 2
+    # tool calls run, the next part generates (1: every call waits for the whole batch; parts
+    # decode in smaller batches, so it pays only for slow tools: docs/agents.md)
+    interleave: int = 1
 
 
 @dataclass

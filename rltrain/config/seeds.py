@@ -99,6 +99,17 @@ def eval_episode_seed(seed: int, step: int, episodes: int) -> int:
     return _wrap(seed * 7_777 + EVAL_OFFSET + step, episodes)
 
 
+def turn_seed(seed: int, round_: int, part: int) -> int:
+    """The sampling seed of one decoding round of one part of a multi-turn batch
+    (``tools.interleave``): ``seed`` is the call's sampling seed."""
+    return _wrap(seed * 1_000_003 + round_ * 7_919 + part)
+
+
+def tool_failure_seed(seed: int, row: int, call: int) -> int:
+    """The draw of ``simulate.tool_failure_rate`` for call ``call`` of episode ``row``."""
+    return _wrap(seed * 1_000_003 + row * 1_009 + call)
+
+
 #: Every derivation, by name, with the room its consumer adds (the name of the argument holding
 #: it, or None): what the property test walks.
 DERIVATIONS: dict[str, tuple[Callable[..., int], str | None]] = {
@@ -114,4 +125,6 @@ DERIVATIONS: dict[str, tuple[Callable[..., int], str | None]] = {
     "env_rng_seed": (env_rng_seed, None),
     "env_stage_seed": (env_stage_seed, "envs_per_stage"),
     "eval_episode_seed": (eval_episode_seed, "episodes"),
+    "turn_seed": (turn_seed, None),
+    "tool_failure_seed": (tool_failure_seed, None),
 }

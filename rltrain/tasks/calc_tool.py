@@ -116,7 +116,7 @@ class CalcToolSpec:
             out.append(f"task.params.sft_steps={self.sft_steps} must be in 0..100000")
         if not 0 < self.sft_lr <= 1:
             out.append(f"task.params.sft_lr={self.sft_lr} must be in (0, 1]")
-        if not out and self.num_train + self.num_eval > (10**self.digits) ** self.num_terms // 2:
+        if not out and self.num_train + self.num_eval > (10**self.digits) ** self.num_terms:
             out.append(
                 f"task.params.num_train + num_eval = {self.num_train + self.num_eval} is too "
                 f"many distinct sums for num_terms={self.num_terms}, digits={self.digits}"

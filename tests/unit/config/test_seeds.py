@@ -31,6 +31,10 @@ ARGS = {
     "envs_per_stage": st.integers(1, 2**16),
     "episodes": st.integers(1, 2**16),
     "version": st.integers(0, 2**16),
+    "round_": st.integers(0, 2**10),
+    "part": st.integers(0, 2**10),
+    "row": st.integers(0, 2**20),
+    "call": st.integers(0, 2**10),
 }
 
 
