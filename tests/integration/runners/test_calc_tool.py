@@ -32,6 +32,7 @@ SHORT = [
     "task.params.sft_steps=60",
     "logging.progress=false",
     "logging.trace=false",
+    "cluster.startup_timeout_s=600",  # the shared 2-core machine starts 5 workers slowly
 ]
 
 
