@@ -36,7 +36,9 @@ def agent_rollout(quick: bool) -> Suite:
     from rltrain.tasks.tokenizer import build_char_tokenizer
 
     torch.set_num_threads(1)
-    spec = CalcToolSpec(num_train=80, num_eval=8, num_terms=2, digits=1, sft_steps=80)
+    spec = CalcToolSpec(
+        num_train=80, num_eval=8, num_terms=2, digits=1, sft_steps=40 if quick else 80
+    )
     train, evals = sums(spec)
     tok = build_char_tokenizer(ALPHABET)
     model = build_model(ModelConfig(vocab_chars=ALPHABET))
