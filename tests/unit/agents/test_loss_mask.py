@@ -14,7 +14,7 @@ from rltrain.algorithms.advantages import (
 )
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.update import UpdateSettings, actor_loss, add_advantages, micro_weights
-from rltrain.config.schema import ModelConfig
+from rltrain.config.schema import AlgorithmConfig, ModelConfig
 from rltrain.tasks.model import build_model
 
 
@@ -66,7 +66,7 @@ def _batch() -> RolloutBatch:
 def test_advantages_and_the_policy_loss_average_over_the_loss_mask():
     torch.manual_seed(0)
     model = build_model(ModelConfig(hidden_size=32, intermediate_size=64, init_seed=3))
-    s = UpdateSettings(advantage_estimator="rloo")
+    s = UpdateSettings(algorithm=AlgorithmConfig(advantage_estimator="rloo"))
     batch = add_advantages(_batch(), s)
     # rloo over the three valid rows (1, 0, 1): 0.5, -1, 0.5; the failed row gets 0
     assert batch.advantages[:, 0].tolist() == pytest.approx([0.5, -1.0, 0.5, 0.0])

@@ -78,7 +78,7 @@ def test_a_multi_turn_batch_is_token_exact_and_masks_the_tool_results(agent):
         runs = [j for j in range(n) if loss[j] == 0 and (j == 0 or loss[j - 1] == 1)]
         assert len(runs) == int(batch.tool_calls[i])
         assert all(ids[j] == equals for j in runs)
-    s = UpdateSettings(advantage_estimator="grpo", old_logprobs="recompute")
+    s = UpdateSettings(old_logprobs="recompute")
     scored = add_advantages(batch.replace(rewards=batch.env_rewards), s).replace(
         rollout_logprobs=batch.old_logprobs, old_logprobs=None
     )
