@@ -8,7 +8,7 @@ Ray on a machine whose NVIDIA driver lists GPUs (registered check below); a join
 devices are known once Ray reports them, and :func:`simulated_latency_problem` is asked again
 then (``rltrain.runners.job.start_job``), before any worker starts.
 
-Registered with :func:`rltrain.config.validate.check`; no torch, no Ray.
+Registered with :func:`rltrain.config.checks.check`; no torch, no Ray.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from rltrain.config import engine_checks
+import rltrain.config.engine_checks as engine_checks
+from rltrain.config.checks import check
 from rltrain.config.schema import RunConfig
-from rltrain.config.validate import check
 
 
 def simulated_latencies(cfg: RunConfig) -> dict[str, float]:

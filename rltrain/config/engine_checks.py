@@ -1,7 +1,8 @@
 """Cross-field checks of the engines (``actor.backend``, ``rollout.backend``, ``reward.kind``,
-``weight_sync``): options a run could not honour are refused here, before Ray starts.
+``weight_sync``): options a run could not honour are refused here, before Ray starts. Each
+engine's needs and its own checks come from its entry in :mod:`rltrain.kinds.registry`.
 
-Registered with :func:`rltrain.config.validate.check`; imported by that module, so every
+Registered with :func:`rltrain.config.checks.check`; imported by validate, so every
 ``load_config`` runs them. No torch, no Ray: whether this machine has GPUs and vLLM is read
 from the driver's files and installed packages only.
 """
@@ -10,18 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+from rltrain.config.checks import check
 from rltrain.config.files import REWARD_HEADS, checkpoint_config, checkpoint_problems
 from rltrain.config.schema import RunConfig
-from rltrain.config.validate import check
-
-#: The training engines that do not shard a model by tensor or pipeline parallelism.
-_WHOLE_MODEL_ENGINES = {
-    "torch": "the torch engine holds the whole model on every device (data parallel, DDP)",
-    "deepspeed": "the DeepSpeed engine shards with ZeRO only",
-}
-
+from rltrain.kinds import registry
+from rltrain.kinds.records import EngineKind
 
 #: Where the NVIDIA driver lists the GPUs it found, one directory each.
 DRIVER_GPU_DIR = "/proc/driver/nvidia/gpus"
@@ -45,40 +41,20 @@ def local_gpus_visible() -> bool:
     return driver_gpu_count() > 0
 
 
-def vllm_installed() -> bool:
-    """Whether the ``vllm`` package can be imported by this interpreter (not imported here)."""
-    return importlib.util.find_spec("vllm") is not None
+def package_installed(name: str) -> bool:
+    """Whether a package can be imported by this interpreter (not imported here)."""
+    return importlib.util.find_spec(name) is not None
+
+
+def _language_model(cfg: RunConfig) -> bool:
+    """Whether the run's runner kind trains a language model (an unknown one: reported by
+    validate._run, and not refused twice here)."""
+    return cfg.runner not in registry.runner_names() or registry.runner(cfg).language_model
 
 
 @check
-def _parallel_sizes(cfg: RunConfig) -> Iterator[str]:
-    """Tensor/pipeline parallel sizes only the vLLM engine can honour."""
-    a = cfg.actor
-    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-        value = getattr(a, name)
-        if value > 1:
-            why = _WHOLE_MODEL_ENGINES.get(a.backend, "it does not shard the model")
-            yield (
-                f"actor.{name}={value} with actor.backend={a.backend!r}: {why}, so nothing would "
-                f"be split; set actor.{name}=1 (shard the optimizer and weights with "
-                f"actor.backend=deepspeed actor.zero_stage=3 instead)"
-            )
-    r = cfg.rollout
-    if r.backend == "torch":
-        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-            value = getattr(r, name)
-            if value > 1:
-                yield (
-                    f"rollout.{name}={value} with rollout.backend='torch': the torch engine "
-                    f"generates with the whole model on one device; use rollout.backend=vllm "
-                    f"(tensor parallel on GPUs) or set rollout.{name}=1"
-                )
-    elif r.pipeline_parallel_size > 1:
-        yield (
-            f"rollout.pipeline_parallel_size={r.pipeline_parallel_size} with "
-            f"rollout.backend='vllm': rltrain's vLLM engine is tensor-parallel only (one engine "
-            f"per rollout process spanning its devices); use rollout.tensor_parallel_size"
-        )
+def _inference_parallel_sizes(cfg: RunConfig) -> Iterator[str]:
+    """The inference component recomputes log-probs with the whole model on one device."""
     inf = cfg.inference
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
         value = getattr(inf, name)
@@ -89,75 +65,82 @@ def _parallel_sizes(cfg: RunConfig) -> Iterator[str]:
             )
 
 
-#: vLLM 0.26's ``SamplingParams`` raises a temperature in ``(0, 0.01)`` to 0.01
-#: (``vllm.sampling_params._MAX_TEMP``; tests/vllm_contract checks the value).
-VLLM_MIN_TEMPERATURE = 0.01
-
-
 @check
-def _rollout_engine(cfg: RunConfig) -> Iterator[str]:
-    """``rollout.backend=vllm`` needs CUDA GPUs and the vllm package; vLLM-only keys need it."""
+def _engines(cfg: RunConfig) -> Iterator[str]:
+    """Each engine's needs (its runner kinds, CUDA, its package) and its own checks."""
+    if cfg.runner not in registry.runner_names():
+        return  # reported by validate._run
+    for role, name in (("training", cfg.actor.backend), ("generation", cfg.rollout.backend)):
+        if name not in registry.engine_names(role):
+            continue  # reported by validate._components
+        kind = registry.engine(role, name)
+        yield from _engine_runner(cfg, kind)
+        yield from _engine_needs(cfg, kind)
+        for engine_check in kind.config_checks:
+            yield from engine_check(cfg)
+    yield from _max_model_len(cfg)
+
+
+def _choices(role: str, keep: Callable[[EngineKind], bool]) -> str:
+    """The engines of a role a fix may name (``a`` or ``a | b``)."""
+    names = [n for n in registry.engine_names(role) if keep(registry.engine(role, n))]
+    return " | ".join(names) or "?"
+
+
+def _engine_runner(cfg: RunConfig, kind: EngineKind) -> Iterator[str]:
+    """An engine only the runner kinds it lists can use."""
+    if cfg.runner in kind.runners:
+        return
+    note = registry.runner(cfg).engine_notes.get(kind.role, "it does not use this engine")
+    fix = _choices(kind.role, lambda e: cfg.runner in e.runners)
+    yield f"{kind.key}={kind.name!r} with runner={cfg.runner!r}: {note}; use {kind.key}={fix}"
+
+
+def _engine_needs(cfg: RunConfig, kind: EngineKind) -> Iterator[str]:
+    """CUDA GPUs and packages the engine needs on a local cluster."""
+    if cfg.cluster.address is not None:
+        return  # the nodes of a cluster to join are checked when Ray starts
+    key, name = kind.key, kind.name
+    if kind.needs_cuda and cfg.cluster.simulate_devices and not local_gpus_visible():
+        cpu = _choices(kind.role, lambda e: not e.needs_cuda)
+        yield (
+            f"{key}={name!r} needs CUDA GPUs, but this machine has none, so cluster=local would "
+            f"run on simulated devices (cluster.simulate_devices=true); use {key}={cpu} here, "
+            f"or run on GPU nodes"
+        )
+    elif kind.package and not package_installed(kind.package):
+        other = _choices(kind.role, lambda e: e.package is None)
+        yield (
+            f"{key}={name!r} needs the {kind.package} package, which this Python cannot "
+            f"import: {kind.install}, or use {key}={other}"
+        )
+
+
+def _max_model_len(cfg: RunConfig) -> Iterator[str]:
+    """``rollout.max_model_len`` sizes only the engines that read it."""
     r = cfg.rollout
-    if r.backend == "vllm":
-        if cfg.runner != "reasoning":
-            yield (
-                f"rollout.backend='vllm' with runner={cfg.runner!r}: the embodied rollout runs "
-                f"its own policy network; use rollout.backend=torch"
-            )
-        local = cfg.cluster.address is None
-        if local and cfg.cluster.simulate_devices and not local_gpus_visible():
-            yield (
-                "rollout.backend='vllm' needs CUDA GPUs, but this machine has none, so "
-                "cluster=local would run on simulated devices (cluster.simulate_devices=true); "
-                "use rollout.backend=torch here, or run on GPU nodes"
-            )
-        elif local and not vllm_installed():
-            yield (
-                "rollout.backend='vllm' needs the vllm package, which this Python cannot import: "
-                "pip install 'rltrain[vllm]' (a build matching the node's torch), or use "
-                "rollout.backend=torch"
-            )
-    elif r.max_model_len is not None:
-        yield (
-            f"rollout.max_model_len={r.max_model_len} sizes a vLLM engine, but rollout.backend="
-            f"'torch' generates up to task.max_prompt_length + rollout.max_new_tokens; drop it "
-            f"or use rollout.backend=vllm"
-        )
-    if r.backend == "vllm" and 0 < r.temperature < VLLM_MIN_TEMPERATURE:
-        yield (
-            f"rollout.temperature={r.temperature}: vLLM 0.26 samples with at least "
-            f"{VLLM_MIN_TEMPERATURE} (it raises anything lower), so the run would not sample what "
-            f"it says; use rollout.temperature >= {VLLM_MIN_TEMPERATURE}, or rollout.backend=torch"
-        )
-    if r.backend == "vllm" and r.max_model_len is not None:
-        need = cfg.task.max_prompt_length + r.max_new_tokens
-        if r.max_model_len < need:
-            yield (
-                f"rollout.max_model_len={r.max_model_len} is shorter than task.max_prompt_length "
-                f"+ rollout.max_new_tokens = {need}: raise it, or leave it null (that sum)"
-            )
+    if r.max_model_len is None or r.backend not in registry.engine_names("generation"):
+        return
+    if registry.generation_engine(cfg).max_model_len:
+        return
+    readers = _choices("generation", lambda e: e.max_model_len)
+    yield (
+        f"rollout.max_model_len={r.max_model_len} sizes a {readers} engine's KV cache, but "
+        f"rollout.backend={r.backend!r} generates up to task.max_prompt_length + "
+        f"rollout.max_new_tokens; drop it or use rollout.backend={readers}"
+    )
 
 
 @check
-def _training_engine(cfg: RunConfig) -> Iterator[str]:
-    """Actor options the chosen training engine would ignore."""
-    a = cfg.actor
-    if a.backend == "torch" and a.zero_stage != 0:
+def _embodied_actor(cfg: RunConfig) -> Iterator[str]:
+    """Actor options a policy network without checkpointed layers would ignore."""
+    if cfg.runner not in registry.runner_names() or registry.runner(cfg).language_model:
+        return
+    if cfg.actor.gradient_checkpointing:
         yield (
-            f"actor.zero_stage={a.zero_stage} with actor.backend='torch': ZeRO is DeepSpeed's; "
-            f"use actor.backend=deepspeed, or leave actor.zero_stage=0"
+            f"actor.gradient_checkpointing=true with runner={cfg.runner!r}: the embodied policy "
+            f"is a small network without checkpointed layers; set it to false"
         )
-    if cfg.runner == "embodied":
-        if a.backend != "torch":
-            yield (
-                f"actor.backend={a.backend!r} with runner='embodied': the embodied actor trains "
-                f"its policy network with torch; use actor.backend=torch"
-            )
-        if a.gradient_checkpointing:
-            yield (
-                "actor.gradient_checkpointing=true with runner='embodied': the embodied policy "
-                "is a small network without checkpointed layers; set it to false"
-            )
 
 
 @check
@@ -170,7 +153,7 @@ def _reward_engine(cfg: RunConfig) -> Iterator[str]:
             f"task's rule and would ignore it: set reward.kind=model, or drop reward.model_path"
         )
     if rw.kind == "model":
-        if cfg.runner != "reasoning":
+        if not _language_model(cfg):
             yield (
                 f"reward.kind='model' with runner={cfg.runner!r}: embodied runs take their "
                 f"rewards from the environment; use reward.kind=rule"
@@ -192,7 +175,7 @@ def _inference_component(cfg: RunConfig) -> Iterator[str]:
     placed = {n.strip() for k in cfg.placement.component_placement for n in str(k).split(",")}
     if "inference" not in placed:
         return
-    if cfg.runner != "reasoning":
+    if not _language_model(cfg):
         yield (
             f"placement.component_placement places an inference component, but runner="
             f"{cfg.runner!r} does not use one: remove it from the placement"
@@ -260,7 +243,7 @@ def _lora_rank(cfg: RunConfig, targets: list[str]) -> Iterator[str]:
 @check
 def _lora(cfg: RunConfig) -> Iterator[str]:
     """LoRA adapters (``actor.lora.*``): values, and the engines that can train them."""
-    lora, a = cfg.actor.lora, cfg.actor
+    lora = cfg.actor.lora
     if lora.rank < 0:
         yield f"actor.lora.rank={lora.rank} must be >= 0 (0: train the full model)"
     # The values are checked with LoRA off too: a bad one is wrong before it is switched on.
@@ -279,15 +262,8 @@ def _lora(cfg: RunConfig) -> Iterator[str]:
     if lora.rank <= 0:
         return
     yield from _lora_rank(cfg, [t for t in targets if t in LORA_TARGETS])
-    if cfg.runner != "reasoning":
+    if not _language_model(cfg):
         yield (
             f"actor.lora.rank={lora.rank} with runner={cfg.runner!r}: LoRA adapts the reasoning "
             f"runner's language-model policy; set actor.lora.rank=0"
-        )
-    if a.backend == "deepspeed" and a.zero_stage == 3:
-        yield (
-            f"actor.lora.rank={lora.rank} with actor.backend=deepspeed actor.zero_stage=3: ZeRO-3 "
-            f"partitions every layer's weights across ranks, and the merged weight export and "
-            f"the adapters-disabled reference need whole layers; use actor.zero_stage 0-2 (the "
-            f"adapters' optimizer state is small), or actor.lora.rank=0"
         )

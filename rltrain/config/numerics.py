@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from rltrain.config.checks import check
 from rltrain.config.schema import RunConfig
-from rltrain.config.validate import check
+from rltrain.kinds import registry
 
 #: ``algorithm.old_logprobs`` values.
 OLD_LOGPROB_SOURCES = ("auto", "recompute", "rollout")
@@ -41,7 +42,8 @@ def numerics_mismatches(run: Any) -> list[str]:
         One reason per difference, naming the key.
     """
     out = []
-    if run.rollout.backend != "torch":
+    engine = registry.engine_names("generation")
+    if run.rollout.backend in engine and registry.generation_engine(run).own_kernels:
         out.append(f"rollout.backend={run.rollout.backend!r} computes with its own kernels")
     if run.model.dtype != "float32":
         out.append(
@@ -116,9 +118,10 @@ def _old_logprobs(cfg: RunConfig) -> Iterator[str]:
             f"pi_rollout, C): below 1 it would shrink tokens on which both policies agree), "
             f"or null for no correction"
         )
-    if cfg.runner == "embodied" and a.old_logprobs != "auto":
+    language = cfg.runner not in registry.runner_names() or registry.runner(cfg).language_model
+    if not language and a.old_logprobs != "auto":
         yield (
-            f"algorithm.old_logprobs={a.old_logprobs!r} with runner='embodied': the embodied "
+            f"algorithm.old_logprobs={a.old_logprobs!r} with runner={cfg.runner!r}: the embodied "
             f"PPO takes its behaviour log-probs from its own rollout; leave it auto"
         )
     if a.old_logprobs == "rollout" and "inference" in placed_components(cfg):

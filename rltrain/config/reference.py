@@ -22,6 +22,8 @@ from collections import defaultdict
 from typing import Any
 
 from rltrain.config import schema
+from rltrain.kinds import registry
+from rltrain.kinds.records import ENGINE_KEYS
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1]
 ROOT = PACKAGE.parent
@@ -297,15 +299,25 @@ def render() -> str:
                 lines += [" ".join(cls.__doc__.split()), ""]
             lines += ["| key | type | default | what it does | read by |", "|---|---|---|---|---|"]
         readers = k.readers or tuple(sorted(top.get(k.key, ())))
+        names = registry_names(k.key)
+        doc = f"{' | '.join(names)}: {k.doc}" if names else k.doc
         cells = [
             f"`{k.key}`",
             f"`{k.type}`",
             f"`{k.default}`",
-            k.doc.replace("|", "\\|"),
+            doc.replace("|", "\\|"),
             ", ".join(f"`{r}`" for r in readers) or "—",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
+
+
+def registry_names(key: str) -> tuple[str, ...]:
+    """The allowed values of a key whose values are the registry's names (else empty)."""
+    if key == "runner":
+        return registry.runner_names()
+    roles = {v: r for r, v in ENGINE_KEYS.items()}
+    return registry.engine_names(roles[key]) if key in roles else ()
 
 
 def unread_keys() -> list[str]:

@@ -282,7 +282,7 @@ class LoraConfig:
 
 @dataclass
 class ActorConfig:
-    backend: str = "torch"  # torch | deepspeed
+    backend: str = "torch"  # the training engine (rltrain.kinds: one of its names)
     tensor_parallel_size: int = 1  # 1 only: the torch and DeepSpeed engines do not shard by TP
     pipeline_parallel_size: int = 1  # 1 only: no pipeline parallelism in the training engines
     # sequences per forward/backward; null: the largest that fits, chosen by the plan (one size
@@ -298,7 +298,7 @@ class ActorConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = "torch"  # torch | vllm
+    backend: str = "torch"  # the generation engine (rltrain.kinds: one of its names)
     tensor_parallel_size: int = 1  # GPUs per vLLM engine (torch engine: 1)
     pipeline_parallel_size: int = 1  # 1 only
     n_samples_per_prompt: int = 16  # group size for GRPO-style estimators
@@ -453,7 +453,7 @@ class RunConfig:
     """The whole configuration of one run (the composed primary config)."""
 
     mode: str = "train"  # train | plan
-    runner: str = "reasoning"  # reasoning | embodied
+    runner: str = "reasoning"  # the runner kind (rltrain.kinds: one of its names)
     seed: int = 1  # seeds sampling, data order and the built model's initialisation
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)

@@ -26,6 +26,7 @@ from rltrain.config.algorithms import (
     group_estimators,
     needs_critic,
 )
+from rltrain.config.checks import CHECKS, check
 from rltrain.config.files import (
     POLICY_HEADS,
     checkpoint_dir_owner_problems,
@@ -34,21 +35,14 @@ from rltrain.config.files import (
     inputs_in_checkpoint_dir,
 )
 from rltrain.config.offload import policy_config, resolve_offload
-from rltrain.config.schema import COMPONENTS, MODEL_SIZE_FIELDS, RunConfig
+from rltrain.config.schema import MODEL_SIZE_FIELDS, RunConfig
 from rltrain.errors import ConfigError
-
-Check = Callable[[RunConfig], Iterator[str]]
-_CHECKS: list[Check] = []
+from rltrain.kinds import registry
+from rltrain.kinds.records import RunnerKind
 
 #: The estimator names, and those that compare the samples of a prompt (the vocabulary's).
 ESTIMATORS = tuple(ADVANTAGE_ESTIMATORS)
 GROUP_ESTIMATORS = group_estimators()
-
-
-def check(fn: Check) -> Check:
-    """Register a cross-field check: a generator of problem messages (empty when fine)."""
-    _CHECKS.append(fn)
-    return fn
 
 
 def load_config(cfg: DictConfig | dict[str, Any] | RunConfig) -> RunConfig:
@@ -112,7 +106,7 @@ def check_config(cfg: DictConfig | dict[str, Any] | RunConfig) -> tuple[RunConfi
             )
         run = OmegaConf.to_object(node)
     problems = _typed_offload(run)
-    problems += [p for c in _CHECKS for p in c(run)]
+    problems += [p for c in CHECKS for p in c(run)]
     return run, problems
 
 
@@ -127,6 +121,13 @@ def _typed_offload(run: RunConfig) -> list[str]:
             typed[name] = None
     run.placement.offload = typed
     return problems
+
+
+def _runner_kind(cfg: RunConfig) -> RunnerKind | None:
+    """The run's runner kind; None for an unknown ``runner`` (reported once, by ``_run``)."""
+    if cfg.runner not in registry.runner_names():
+        return None
+    return registry.runner(cfg)
 
 
 def _one_of(key: str, value: Any, options: tuple[str, ...]) -> Iterator[str]:
@@ -184,7 +185,7 @@ def _finite(cfg: RunConfig) -> Iterator[str]:
 @check
 def _run(cfg: RunConfig) -> Iterator[str]:
     yield from _one_of("mode", cfg.mode, ("train", "plan"))
-    yield from _one_of("runner", cfg.runner, ("reasoning", "embodied"))
+    yield from _one_of("runner", cfg.runner, registry.runner_names())
     for key, seed in (
         ("seed", cfg.seed),
         ("task.seed", cfg.task.seed),
@@ -267,15 +268,16 @@ def _placement(cfg: RunConfig) -> Iterator[str]:
         yield "placement.component_placement is empty: place at least the actor, e.g. actor: all"
     for key in p.component_placement:
         for name in str(key).split(","):
-            if name.strip() not in COMPONENTS:
+            if name.strip() not in registry.component_names():
                 yield (
                     f"placement.component_placement names unknown component {name.strip()!r} "
-                    f"(in key {key!r}): components are {list(COMPONENTS)}"
+                    f"(in key {key!r}): components are {list(registry.component_names())}"
                 )
     yield from _one_of("placement.fuse", str(p.fuse).lower(), ("auto", "true", "false"))
     for name, policy in p.offload.items():
-        if name not in COMPONENTS:
-            yield f"placement.offload.{name}: unknown component; components are {list(COMPONENTS)}"
+        if name not in registry.component_names():
+            names = list(registry.component_names())
+            yield f"placement.offload.{name}: unknown component; components are {names}"
             continue
         try:
             resolve_offload(policy, f"placement.offload.{name}")
@@ -395,7 +397,9 @@ def _algorithm(cfg: RunConfig) -> Iterator[str]:
             f"so set rollout.n_samples_per_prompt>=2 or use reinforce_pp / gae"
         )
     placed = {n.strip() for k in cfg.placement.component_placement for n in str(k).split(",")}
-    if needs_critic(a.advantage_estimator) and cfg.runner == "reasoning" and "critic" not in placed:
+    kind = _runner_kind(cfg)
+    language = kind is not None and kind.language_model
+    if needs_critic(a.advantage_estimator) and language and "critic" not in placed:
         yield (
             "algorithm.advantage_estimator='gae' (PPO) needs a critic, but placement."
             "component_placement places none: use experiment=reasoning_ppo (or "
@@ -478,8 +482,8 @@ def _optimizer(cfg: RunConfig) -> Iterator[str]:
 
 @check
 def _components(cfg: RunConfig) -> Iterator[str]:
-    yield from _one_of("actor.backend", cfg.actor.backend, ("torch", "deepspeed"))
-    yield from _one_of("rollout.backend", cfg.rollout.backend, ("torch", "vllm"))
+    yield from _one_of("actor.backend", cfg.actor.backend, registry.engine_names("training"))
+    yield from _one_of("rollout.backend", cfg.rollout.backend, registry.engine_names("generation"))
     for comp in ("actor", "rollout", "inference"):
         for size in ("tensor_parallel_size", "pipeline_parallel_size"):
             yield from _positive(f"{comp}.{size}", getattr(getattr(cfg, comp), size))
@@ -525,9 +529,10 @@ def _token_budget(cfg: RunConfig) -> Iterator[str]:
         return
     key = "actor.max_tokens_per_micro_batch"
     row = cfg.task.max_prompt_length + cfg.rollout.max_new_tokens
-    if cfg.runner == "embodied":
+    kind = _runner_kind(cfg)
+    if kind is not None and not kind.language_model:
         yield (
-            f"{key}={budget} applies to token sequences; runner=embodied trains on environment "
+            f"{key}={budget} applies to token sequences; runner={cfg.runner} trains on environment "
             f"steps: set it to null"
         )
     elif budget <= 0:
@@ -621,10 +626,15 @@ def _task(cfg: RunConfig) -> Iterator[str]:
         yield (f"task.reward_fn={t.reward_fn!r} must look like 'package.module:function'")
     elif t.reward_fn is not None:
         yield from _importable("task.reward_fn", t.reward_fn)
-    if cfg.runner == "embodied" and t.name != "gym":
-        yield f"runner='embodied' needs task.name='gym' (got {t.name!r}): use an experiment preset"
-    if cfg.runner == "reasoning" and t.name == "gym":
-        yield "task.name='gym' needs runner=embodied"
+    kind = _runner_kind(cfg)
+    if kind is not None and kind.steps_env and t.name != "gym":
+        yield (
+            f"runner={cfg.runner!r} needs task.name='gym' (got {t.name!r}): use an experiment "
+            f"preset"
+        )
+    if kind is not None and not kind.steps_env and t.name == "gym":
+        envs = [n for n in registry.runner_names() if registry.runner(n).steps_env]
+        yield f"task.name='gym' needs runner={' | '.join(envs)}"
 
 
 def _unread_task_keys(t: Any) -> Iterator[str]:
@@ -692,7 +702,9 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
 
 
 # Checks kept in their own modules register themselves on import.
-from rltrain.config import device_checks, engine_checks, numerics  # noqa: E402, F401
+import rltrain.config.device_checks  # noqa: E402, F401
+import rltrain.config.engine_checks  # noqa: E402, F401
+import rltrain.config.numerics  # noqa: E402, F401
 
 # The what-if simulator's section keeps its checks in their own module.
 from rltrain.config.whatif_checks import whatif_problems  # noqa: E402

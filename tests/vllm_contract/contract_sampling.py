@@ -116,7 +116,7 @@ def test_a_paused_generations_rows_continue_as_token_prompts_vllm_accepts() -> N
 def test_rltrain_refuses_the_temperatures_vllm_would_raise() -> None:
     from vllm import sampling_params as sp
 
-    from rltrain.config.engine_checks import VLLM_MIN_TEMPERATURE
+    from rltrain.kinds.vllm import VLLM_MIN_TEMPERATURE
 
     assert sp._MAX_TEMP == VLLM_MIN_TEMPERATURE
     assert SamplingParams(temperature=VLLM_MIN_TEMPERATURE / 2).temperature == VLLM_MIN_TEMPERATURE

@@ -42,9 +42,9 @@ def test_vllm_is_refused_on_simulated_devices(monkeypatch):
     text = problems("rollout.backend=vllm")
     assert "rollout.backend='vllm' needs CUDA GPUs" in text and "simulated" in text
     monkeypatch.setattr(engine_checks, "local_gpus_visible", lambda: True)
-    monkeypatch.setattr(engine_checks, "vllm_installed", lambda: False)
+    monkeypatch.setattr(engine_checks, "package_installed", lambda name: False)
     assert "needs the vllm package" in problems("rollout.backend=vllm")
-    monkeypatch.setattr(engine_checks, "vllm_installed", lambda: True)
+    monkeypatch.setattr(engine_checks, "package_installed", lambda name: True)
     run = load("rollout.backend=vllm", "rollout.tensor_parallel_size=2")
     assert run.rollout.tensor_parallel_size == 2  # vLLM honours TP
     text = problems("rollout.backend=vllm", "rollout.pipeline_parallel_size=2")
@@ -60,7 +60,7 @@ def test_vllm_is_refused_on_simulated_devices(monkeypatch):
 
 def test_options_an_engine_would_ignore():
     assert "actor.zero_stage=2 with actor.backend='torch'" in problems("actor.zero_stage=2")
-    assert "rollout.max_model_len=64 sizes a vLLM engine" in problems("rollout.max_model_len=64")
+    assert "rollout.max_model_len=64 sizes a vllm engine" in problems("rollout.max_model_len=64")
     text = problems("reward.model_path=/tmp")
     assert "reward.kind='rule'" in text and "would ignore it" in text
 

@@ -64,7 +64,7 @@ def test_a_reward_model_on_two_processes(no_ray, tmp_path):
 
 def test_vllm_memory_is_checked_against_the_plan(monkeypatch):
     monkeypatch.setattr(engine_checks, "local_gpus_visible", lambda: True)
-    monkeypatch.setattr(engine_checks, "vllm_installed", lambda: True)
+    monkeypatch.setattr(engine_checks, "package_installed", lambda name: True)
     run = compose_run(
         "placement=disaggregated",
         "rollout.backend=vllm",

@@ -1,0 +1,56 @@
+"""The components a placement may name: their entries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rltrain.kinds.records import ComponentKind
+
+
+def _reward_worker(run: Any) -> str:
+    """A reward model scores in its own worker; a rule in a light one."""
+    if run.reward.kind == "model":
+        return "rltrain.workers.reward:RewardModelWorker"
+    return "rltrain.workers.reward:RewardWorker"
+
+
+ACTOR = ComponentKind(
+    name="actor",
+    summary="trains the policy",
+    workers={"reasoning": "rltrain.workers.actor:ActorWorker"},
+    layout_args=("sizes",),
+    fused=True,
+)
+ROLLOUT = ComponentKind(
+    name="rollout",
+    summary="generates with the generation engine",
+    workers={"reasoning": "rltrain.workers.rollout:RolloutWorker"},
+    receives_weights=True,
+    fused=True,
+)
+REWARD = ComponentKind(
+    name="reward",
+    summary="scores: the task's rule, or a reward model (reward.kind)",
+    workers={"reasoning": _reward_worker},
+    fused=True,
+)
+REFERENCE = ComponentKind(
+    name="reference",
+    summary="the frozen reference policy's log-probs for the KL",
+    workers={"reasoning": "rltrain.workers.reference:ReferenceWorker"},
+    built_when=lambda run: run.algorithm.kl_coef > 0,
+)
+CRITIC = ComponentKind(
+    name="critic",
+    summary="the value model of PPO with GAE",
+    workers={"reasoning": "rltrain.workers.critic:CriticWorker"},
+    layout_args=("critic_sizes",),
+    built_when=lambda run: run.algorithm.advantage_estimator == "gae",
+)
+INFERENCE = ComponentKind(
+    name="inference",
+    summary="recomputes the step's log-probs on its own devices",
+    workers={"reasoning": "rltrain.workers.inference:InferenceWorker"},
+    receives_weights=True,
+)
+ENV = ComponentKind(name="env", summary="steps simulators (embodied runs)")
