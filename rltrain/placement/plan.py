@@ -25,6 +25,8 @@ from typing import Any
 
 from rltrain.config.offload import OffloadPolicy, resolve_offload
 from rltrain.errors import PlacementError, ResourceError
+from rltrain.kinds import registry
+from rltrain.kinds.records import load
 from rltrain.placement import memory as mem
 from rltrain.placement.component import (
     ComponentPlacement,
@@ -41,24 +43,17 @@ from rltrain.placement.sizes import UNCHOSEN_MICRO_BATCH
 from rltrain.placement.types import GIB, ClusterSpec, Placement
 
 _ALL = frozenset(mem.KINDS)
-_EXPORT = frozenset({"weights", mem.EXPORT_KIND})  # the actor's side of a weight sync
 
-#: Stages of one step per runner: (stage, {component: state kinds it uses while running}).
-STAGES: dict[str, tuple[tuple[str, Mapping[str, frozenset[str]]], ...]] = {
-    "reasoning": (
-        ("generate", {"rollout": _ALL}),
-        ("reward", {"reward": _ALL}),
-        ("logprob", {"reference": _ALL, "inference": _ALL}),
-        ("train", {"actor": _ALL, "critic": _ALL}),
-        ("sync", {"actor": _EXPORT, "rollout": frozenset({"weights"})}),
-    ),
-    "embodied": (
-        ("generate", {"env": _ALL, "rollout": _ALL}),
-        ("logprob", {"reference": _ALL, "inference": _ALL}),
-        ("train", {"actor": _ALL, "critic": _ALL}),
-        ("sync", {"actor": frozenset({"weights"}), "rollout": frozenset({"weights"})}),
-    ),
-}
+
+def runner_stages(run: Any) -> tuple[tuple[str, Mapping[str, frozenset[str]]], ...]:
+    """The stages of one step of the run's runner kind, and the state kinds each component
+    uses in each (``*`` in the kind's entry: every state kind)."""
+    kind = registry.runner(getattr(run, "runner", "reasoning"))
+    return tuple(
+        (stage, {c: _ALL if "*" in kinds else frozenset(kinds) for c, kinds in uses.items()})
+        for stage, uses in kind.stages
+    )
+
 
 Device = tuple[int, int]
 
@@ -296,7 +291,7 @@ def choose_placement(run: Any, cluster: ClusterSpec) -> ComponentPlacement:
     Raises:
         PlacementError: for a bad ``placement.component_placement``.
     """
-    if run.runner == "reasoning":
+    if registry.runner(run).language_model:  # actor and rollout ranks pair up for weight sync
         names = {n.strip() for k in run.placement.component_placement for n in str(k).split(",")}
         if {"actor", "rollout"} <= names:
             return ModelParallelComponentPlacement(run, cluster)
@@ -330,10 +325,10 @@ def build_plan(run: Any, cluster: ClusterSpec, check_fit: bool = True) -> Plan:
     check_engine_rules(run, cluster, by_component)
     processes = tuple(p for n in names for p in by_component[n])
     sharing, signature = _device_loads(names, by_component)
-    stages = STAGES.get(run.runner, STAGES["reasoning"])
+    stages = runner_stages(run)
     stages = tuple(s for s in stages if any(_on_devices(by_component.get(c, ())) for c in s[1]))
     memory = _predict(run, cluster, cp, stages, signature)
-    engine_problems = _vllm_problems(run, cluster, by_component.get("rollout", ()))
+    engine_problems = _engine_problems(run, cluster, by_component)
     weight_sync = cp.rollout_rank_map() if isinstance(cp, ModelParallelComponentPlacement) else {}
     plan = Plan(
         mode=mode,
@@ -400,39 +395,17 @@ def _placed_as(run: Any, name: str) -> str:
     return "placement.component_placement"
 
 
-def _vllm_problems(
-    run: Any, cluster: ClusterSpec, rollout: tuple[PlannedProcess, ...]
+def _engine_problems(
+    run: Any, cluster: ClusterSpec, by_component: Mapping[str, tuple[PlannedProcess, ...]]
 ) -> list[str]:
-    """vLLM engines whose KV cache cannot hold one sequence of ``max_model_len`` tokens (vLLM
-    refuses to start them)."""
-    if not rollout or run.rollout.backend != "vllm":
-        return []
-    dims = mem.model_dims(run.model)
-    need = mem.vllm_max_model_len(run, dims)
-    per_token = mem.kv_bytes_per_token(dims)
-    weights = mem.weight_bytes(mem.param_count(dims), dims.dtype)
-    nodes = {n.rank: n for n in cluster.nodes}
-    util = run.rollout.gpu_memory_utilization
-    seen: set[tuple[int, int]] = set()
-    out = []
-    for p in rollout:
-        node = nodes[p.node_rank]
-        key = (len(p.devices), node.device_memory_bytes)
-        if not p.devices or key in seen:
+    """What the chosen engines' plan-time rules (their entries' ``plan_problems``) report."""
+    out: list[str] = []
+    for role, comp in (("training", "actor"), ("generation", "rollout")):
+        procs = by_component.get(comp, ())
+        if not procs:
             continue
-        seen.add(key)
-        kv = mem.vllm_reserved_bytes(util, node.device_memory_bytes, len(p.devices)) - weights
-        tokens = max(kv, 0) // per_token
-        if tokens < need:
-            out.append(
-                f"rollout.backend=vllm: an engine on {len(p.devices)} device(s) of "
-                f"{_gib(node.device_memory_bytes)} at rollout.gpu_memory_utilization={util} "
-                f"keeps {_gib(max(kv, 0))} for its KV cache after the weights ({_gib(weights)}),"
-                f" room for {tokens:,} tokens, fewer than one sequence of {need:,} "
-                f"(rollout.max_model_len, or task.max_prompt_length + rollout.max_new_tokens): "
-                f"raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size, or "
-                f"lower rollout.max_model_len"
-            )
+        for path in registry.engine(role, getattr(run, comp).backend).plan_problems:
+            out += load(path)(run, cluster, procs)
     return out
 
 
@@ -584,7 +557,7 @@ def micro_batch(run: Any, micro: int | None, dp: int) -> int:
     """
     if micro is None:  # not chosen yet (rltrain.placement.micro_batches chooses at the start)
         micro = UNCHOSEN_MICRO_BATCH
-    if run.runner != "reasoning":
+    if not registry.runner(run).language_model:
         return max(1, micro)
     rows = mem.rollout_batch_per_process(
         run.trainer.train_batch_size, run.rollout.n_samples_per_prompt, max(dp, 1)
@@ -656,7 +629,7 @@ def component_terms(
     elif name == "rollout":
         t["weights"] = mem.weight_bytes(params, dt)
         r = run.rollout
-        if r.backend == "vllm":
+        if registry.generation_engine(run).kv_reserved:
             reserved = mem.vllm_reserved_bytes(
                 r.gpu_memory_utilization, node.device_memory_bytes, ndev
             )
@@ -736,6 +709,12 @@ def _half_precision_fix(stage: StageMemory, run: Any) -> tuple[int, str] | None:
     )
 
 
+def _zero_engine() -> str:
+    """The training engines that shard optimizer state (``actor.zero_stage``)."""
+    names = registry.engine_names("training")
+    return " | ".join(n for n in names if registry.engine("training", n).zero)
+
+
 def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
     """Settings that would free room in a stage that does not fit, most effective first.
 
@@ -767,7 +746,7 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
         if t.status == "offloaded" or run is None:
             continue
         if t.component == "rollout" and t.kind == "kv_cache":
-            if run.rollout.backend == "vllm":
+            if registry.generation_engine(run).kv_reserved:
                 util = run.rollout.gpu_memory_utilization
                 out.append(
                     (
@@ -781,7 +760,7 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
         elif t.status != "active":
             continue
         elif t.component == "actor" and t.kind == "optimizer" and run.actor.zero_stage < 1:
-            how = "" if run.actor.backend == "deepspeed" else "actor.backend=deepspeed "
+            how = "" if registry.training_engine(run).zero else f"actor.backend={_zero_engine()} "
             out.append(
                 (
                     t.bytes // 2,
