@@ -213,14 +213,18 @@ def _records(out_dir: str) -> list[dict]:
     return read_metrics(path) if os.path.exists(path) else []
 
 
+def _language_model(run_cfg: RunConfig) -> bool:
+    """Whether the run's runner kind trains a language model (its task may be generated)."""
+    from rltrain.kinds import registry
+
+    return registry.runner(run_cfg).language_model
+
+
 def _train_once(run_cfg: RunConfig, out_dir: str, layout) -> dict:
-    if run_cfg.runner == "embodied":
-        from rltrain.runners.embodied import run_embodied
+    from rltrain.kinds import registry
+    from rltrain.kinds.records import load
 
-        return run_embodied(run_cfg, out_dir, layout)
-    from rltrain.runners.reasoning import run_reasoning
-
-    return run_reasoning(run_cfg, out_dir, layout)
+    return load(registry.runner(run_cfg).entry)(run_cfg, out_dir, layout)
 
 
 def _restart_point(run_cfg: RunConfig, out_dir: str, exc: WorkerError, count: int) -> dict:
@@ -315,7 +319,7 @@ def _run(cfg: DictConfig) -> float | None:
     out_dir = run_dir()
     run_cfg = _checked(cfg, out_dir)
     claim_run_dir(out_dir, run_cfg)
-    if run_cfg.runner == "reasoning" and run_cfg.task.generate:
+    if run_cfg.task.generate and _language_model(run_cfg):
         from rltrain.tasks import prepare_task
 
         prepare_task(run_cfg)  # before the plan reads model.path's config.json

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -22,9 +22,17 @@ from torch import Tensor, nn
 from rltrain.algorithms.losses import policy_loss, value_loss
 from rltrain.config.schema import RunConfig
 
-if TYPE_CHECKING:  # the worker layer's records and model, passed in by the worker
-    from rltrain.workers.embodied import ActorCritic
-    from rltrain.workers.env import EnvRollout
+#: One env process's epoch (``rltrain.workers.env.EnvRollout``): arrays ``obs``, ``actions``,
+#: ``logprobs``, ``rewards``, ``dones``, ``truncated``, ``final_obs``, ``last_obs``; read by
+#: field name, so this layer does not import the worker layer's record.
+EnvRollout = Any
+
+
+class ActorCritic(Protocol):
+    """What GAE needs of the worker's policy network (``rltrain.workers.embodied.ActorCritic``),
+    without this layer importing the worker layer."""
+
+    def value(self, obs: Tensor) -> Tensor: ...
 
 
 def episode_gae(

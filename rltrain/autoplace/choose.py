@@ -20,6 +20,7 @@ from rltrain.autoplace.profile import Profile, get_profile
 from rltrain.autoplace.search import Row, ordered, pick, rank, render, verify
 from rltrain.autoplace.settings import DEFAULT_STAGES, AutoSettings
 from rltrain.errors import ConfigError
+from rltrain.kinds import registry
 
 #: What :func:`choose` writes into the run directory.
 RANKING_FILE = "auto_placement.json"
@@ -64,7 +65,7 @@ def devices(run: Any) -> int:
 
 def enumerate_for(run: Any, settings: AutoSettings, total: int) -> list[Candidate]:
     """The candidates of a run on ``total`` devices (pure)."""
-    if run.runner == "embodied":
+    if registry.runner(run).steps_env:
         stages = stage_counts(run.env.num_envs, settings.pipeline_stages, DEFAULT_STAGES)
         return embodied_candidates(total, stages, settings.candidates)
     return reasoning_candidates(total, settings.candidates, settings.staleness)

@@ -35,6 +35,7 @@ from rltrain.autoplace.cost import (
     pipeline_seconds,
 )
 from rltrain.autoplace.readings import RunReading
+from rltrain.kinds import registry
 
 
 def _splits(devices: int, rollout_share: float) -> list[int]:
@@ -62,7 +63,7 @@ def profile_candidates(
     """
     n = node_devices
     every = (0, n)
-    embodied = runner == "embodied"
+    embodied = registry.runner(runner).steps_env
     first_stages = stages if embodied else None
     other = (1 if stages != 1 else 2) if embodied else None
     if embodied and num_envs % other:

@@ -30,6 +30,8 @@ from rltrain.autoplace.fit import fit_embodied, fit_reasoning, profile_candidate
 from rltrain.autoplace.readings import RunReading, read_run
 from rltrain.autoplace.settings import AutoSettings
 from rltrain.errors import ConfigError, ResourceError
+from rltrain.kinds import registry
+from rltrain.kinds.records import load
 from rltrain.whatif.profiles import PROFILE_VERSION, TIMING_SECTIONS, profile_key  # noqa: F401
 
 log = logging.getLogger("rltrain")
@@ -154,19 +156,14 @@ def profile_run_config(run: Any, cand: Candidate, steps: int, budget_s: float, o
         mlflow=False,
     )
     changes: dict[str, Any] = {"trainer": trainer, "logging": logging_cfg, "mode": "train"}
-    if r.runner == "embodied":  # the final greedy evaluation is not what is measured
+    if registry.runner(r).steps_env:  # the final greedy evaluation is not what is measured
         changes["env"] = dataclasses.replace(r.env, target_return=None, eval_episodes=1)
     return dataclasses.replace(r, **changes)
 
 
 def _entry(runner: str) -> Callable[[Any, str], dict]:
-    if runner == "embodied":
-        from rltrain.runners.embodied import run_embodied
-
-        return run_embodied
-    from rltrain.runners.reasoning import run_reasoning
-
-    return run_reasoning
+    """The function driving a run of the runner kind (its entry's ``entry``)."""
+    return load(registry.runner(runner).entry)
 
 
 def node_devices(run: Any) -> int:
@@ -286,7 +283,7 @@ def _profiled_as(cand: Candidate) -> Candidate:
 
 
 def _fit(run: Any, made: Sequence[tuple[Candidate, RunReading]]) -> ReasoningCosts | EmbodiedCosts:
-    if run.runner == "embodied":
+    if registry.runner(run).steps_env:
         return fit_embodied(made, run.env.num_envs, run.env.rollout_steps)
     return fit_reasoning(made, old_logprob_passes(run), run.algorithm.ppo_epochs)
 

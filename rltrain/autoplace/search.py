@@ -19,6 +19,7 @@ from typing import Any
 from rltrain.autoplace.candidates import Candidate, apply
 from rltrain.autoplace.cost import EmbodiedCosts, Prediction, ReasoningCosts, predict
 from rltrain.errors import ConfigError, RltrainError
+from rltrain.kinds import registry
 
 #: Predictions closer than this share (1 %) are below the model's resolution: among them the
 #: simpler layout wins (synchronous before asynchronous, fewer processes before more).
@@ -182,7 +183,7 @@ def verify(
 def size_problem(run: Any, cand: Candidate) -> str:
     """Why a reasoning candidate's world sizes do not divide the batch, or "" (cheap: the
     rule :func:`rltrain.placement.sizes.derive_sizes` applies before Ray starts)."""
-    if run.runner != "reasoning" or not _one_device_per_process(run):
+    if not registry.runner(run).language_model or not _one_device_per_process(run):
         return ""
     from rltrain.placement.sizes import derive_sizes
 

@@ -302,7 +302,7 @@ class DeepSpeedActor:
         model = model.to(_DTYPES[settings.dtype])
         warmup = None
         if settings.warmup_steps > 0:
-            from rltrain.backends.training import build_warmup
+            from rltrain.backends.warmup import build_warmup
 
             def warmup(optimizer: Any) -> Any:  # DeepSpeed steps it at every optimizer step
                 return build_warmup(optimizer, settings.warmup_steps)

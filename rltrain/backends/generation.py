@@ -37,6 +37,8 @@ from rltrain.backends.weight_sync.transport import CollectiveVersion, receive_ve
 from rltrain.config import seeds
 from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
+from rltrain.kinds import registry
+from rltrain.kinds.records import load
 
 
 def sampling_seed(run: RunConfig, step: int, rank: int) -> int:
@@ -607,9 +609,12 @@ def continuation_token_ids(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) 
 
 
 def build_generation(run: RunConfig, device: torch.device, rank: int) -> GenerationEngine:
-    """The engine ``rollout.backend`` names."""
-    if run.rollout.backend == "vllm":
-        return VllmGeneration(run, device, rank)
+    """The engine ``rollout.backend`` names (its entry's runtime, :mod:`rltrain.kinds`)."""
+    return load(registry.generation_engine(run).runtime)(run, device, rank)
+
+
+def torch_generation(run: RunConfig, device: torch.device, rank: int) -> TorchGeneration:
+    """The torch generation engine (its entry's runtime); one per process, whatever the rank."""
     return TorchGeneration(run, device)
 
 

@@ -64,9 +64,17 @@ from rltrain.backends.precision import (
     needs_loss_scale,
     needs_masters,
 )
+from rltrain.backends.warmup import (  # noqa: F401  (re-exported: callers read them here)
+    build_warmup,
+    optimizer_steps,
+    resume_warmup,
+    warmup_factor,
+)
 from rltrain.config import resolve_offload
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
+from rltrain.kinds import registry
+from rltrain.kinds.records import load
 from rltrain.tasks.model import resolve_dtype
 
 #: The environment variable DeepSpeed's JIT builds cache their compiled ops under.
@@ -121,49 +129,6 @@ class TrainingEngine(Protocol):
 
     def load_optimizer(self, directory: str, rank: int, world_size: int) -> None:
         """Read this rank's optimizer state from ``directory`` (written by ``save_optimizer``)."""
-
-
-def warmup_factor(step: int, warmup_steps: int) -> float:
-    """The learning-rate multiplier of optimizer step ``step`` (0-based) under a linear warmup.
-
-    Args:
-        step: optimizer steps taken before this one.
-        warmup_steps: ``optimizer.warmup_steps``; ``<= 0`` means no warmup.
-
-    Returns:
-        ``(step + 1) / warmup_steps`` during the warmup, 1 after it.
-    """
-    if warmup_steps <= 0:
-        return 1.0
-    return min(1.0, (step + 1) / warmup_steps)
-
-
-def build_warmup(optimizer: Any, warmup_steps: int) -> Any:
-    """A ``LambdaLR`` applying :func:`warmup_factor` (stepped after every optimizer step), or
-    None without warmup. Building it sets the first step's learning rate at once."""
-    if warmup_steps <= 0:
-        return None
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_factor(step, warmup_steps)
-    )
-
-
-def optimizer_steps(optimizer: Any) -> int:
-    """Optimizer steps taken so far, read from the per-parameter ``step`` counters (AdamW's),
-    so a resumed warmup continues where the checkpoint left it."""
-    steps = [int(st["step"]) for st in getattr(optimizer, "state", {}).values() if "step" in st]
-    return max(steps, default=0)
-
-
-def resume_warmup(scheduler: Any, steps: int) -> None:
-    """Put a warmup scheduler at ``steps`` optimizer steps (after loading a checkpoint)."""
-    if scheduler is None:
-        return
-    scheduler.last_epoch = steps
-    for group, base, fn in zip(
-        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
-    ):
-        group["lr"] = base * fn(steps)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
@@ -264,21 +229,23 @@ def build_engine(
     """
     if run.actor.lora.rank > 0:  # adapters only train (rltrain.backends.lora)
         model = wrap_lora(model, run.actor.lora)
-    if run.actor.backend == "torch":
-        ckpt = run.actor.gradient_checkpointing
-        return TorchEngine(
-            run,
-            model.to(device),
-            device,
-            micro_batch,
-            checkpointing=ckpt,
-            max_tokens=run.actor.max_tokens_per_micro_batch,
-            compute_dtype=resolve_dtype(run.model.dtype),
-        )
-    if run.actor.backend == "deepspeed":
-        return DeepSpeedEngine(run, model, device, micro_batch, minibatch)
-    raise ConfigError(
-        f"actor.backend={run.actor.backend!r} is not a training engine: use torch or deepspeed"
+    kind = registry.training_engine(run)  # ConfigError for a name no engine has
+    return load(kind.runtime)(run, model, device, micro_batch, minibatch)
+
+
+def torch_engine(
+    run: RunConfig, model: torch.nn.Module, device: torch.device, micro_batch: int, minibatch: int
+) -> TorchEngine:
+    """The torch engine (its entry's runtime in :mod:`rltrain.kinds.engines`); ``minibatch``
+    is not needed: the update splits each minibatch into micro-batches itself."""
+    return TorchEngine(
+        run,
+        model.to(device),
+        device,
+        micro_batch,
+        checkpointing=run.actor.gradient_checkpointing,
+        max_tokens=run.actor.max_tokens_per_micro_batch,
+        compute_dtype=resolve_dtype(run.model.dtype),
     )
 
 
@@ -464,6 +431,16 @@ def check_training_backend(run: RunConfig, on_gpu: bool | None = None) -> None:
         on_gpu = run.cluster.address is not None or torch.cuda.is_available()
     check_deepspeed_limits(deepspeed_settings(run), on_gpu=on_gpu)
     import_deepspeed()
+
+
+def check_training_plan(run: RunConfig, plan: Any) -> None:
+    """:func:`check_training_backend` as the DeepSpeed entry's pre-Ray check
+    (:mod:`rltrain.kinds.engines`); the plan is not needed.
+
+    Raises:
+        ConfigError: as :func:`check_training_backend`.
+    """
+    check_training_backend(run)
 
 
 def apply_extensions_dir(run: RunConfig) -> None:

@@ -542,3 +542,16 @@ class WeightSyncExtension:
             flat = flat.to(device, non_blocking=True)
             loaded += len(model.load_weights(weights=list(unpack_bucket(bucket, flat).items())))
         return loaded
+
+
+def check_plan_memory(run: Any, plan: Any) -> None:
+    """:func:`check_vllm_memory` with the weights the plan's model has (the vLLM entry's
+    pre-Ray check, :mod:`rltrain.kinds.vllm`).
+
+    Raises:
+        ConfigError: as :func:`check_vllm_memory`.
+    """
+    from rltrain.placement import memory as mem
+
+    dims = mem.model_dims(run.model)
+    check_vllm_memory(run, plan, mem.weight_bytes(mem.param_count(dims), dims.dtype))

@@ -170,7 +170,7 @@ def measure(name: str, description: str = "") -> Callable[[Callable[[bool], Suit
 
 def discover() -> dict[str, Measure]:
     """Import every module of :mod:`rltrain.bench.measures` and return the registry by name."""
-    from rltrain.bench import measures
+    import rltrain.bench.measures as measures
 
     for info in pkgutil.iter_modules(measures.__path__):
         importlib.import_module(f"{measures.__name__}.{info.name}")

@@ -66,7 +66,7 @@ TORCH_TRAINING = EngineKind(
     name="torch",
     role="training",
     summary="torch AdamW + DDP (the CPU default)",
-    runtime="rltrain.backends.training:TorchEngine",
+    runtime="rltrain.backends.training:torch_engine",
     fusable=True,
     config_checks=(
         _whole_model_training(

@@ -113,8 +113,6 @@ class RunnerKind:
         entry: ``module:function`` ``(run, out_dir, layout) -> summary`` driving a run.
         required: the components every placement of it names.
         stages: the stages of one step and the state each component uses in them.
-        builders: ``module:function`` ``(run, fused) -> {component: layout -> group builder}``
-            (None: its entry builds its groups itself).
         language_model: its policy is a language model trained on token sequences (LoRA,
             token budgets, reward models, tokenised tasks, generation engines).
         steps_env: it steps simulators in an ``env`` component (gym tasks, pipeline stages).
@@ -132,7 +130,6 @@ class RunnerKind:
     entry: str
     required: tuple[str, ...]
     stages: Stages
-    builders: str | None = None
     language_model: bool = False
     steps_env: bool = False
     fusable: bool = False

@@ -24,7 +24,6 @@ REASONING = RunnerKind(
     name="reasoning",
     summary="a language model learns from generated, scored responses (GRPO, PPO, ...)",
     entry="rltrain.runners.reasoning:run_reasoning",
-    builders="rltrain.runners.reasoning:worker_builders",
     required=("actor", "rollout"),
     stages=(
         ("generate", {"rollout": ("*",)}),

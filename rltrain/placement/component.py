@@ -15,8 +15,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+import rltrain.placement.grammar as grammar
 from rltrain.errors import PlacementError
-from rltrain.placement import grammar
 from rltrain.placement.resources import (
     ACCELERATOR,
     NODE,

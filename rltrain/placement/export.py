@@ -8,10 +8,9 @@ Devices with the same load share one memory record in the plan; the JSON keeps t
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from rltrain.placement.plan import DeviceMemory, Plan
+from rltrain.placement.plan import DeviceMemory, Plan
 
 
 def _profile(dm: DeviceMemory) -> dict[str, Any]:

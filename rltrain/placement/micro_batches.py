@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rltrain.errors import RltrainError
+from rltrain.kinds import registry
 
 #: The config sections whose ``micro_batch_size`` the plan may choose.
 SECTIONS = ("actor", "reference", "inference", "critic", "reward")
@@ -105,7 +106,7 @@ def choose_micro_batches(run: Any, cluster: Any = None) -> tuple[Any, MicroBatch
     auto = _auto(run)
     if not auto:
         return run, MicroBatchChoice({})
-    if run.runner != "reasoning":
+    if not registry.runner(run).language_model:
         return _with(run, dict.fromkeys(auto, FALLBACK)), MicroBatchChoice(
             {f"{s}.micro_batch_size": FALLBACK for s in auto}
         )

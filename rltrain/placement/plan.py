@@ -272,12 +272,6 @@ class Plan:
         if self.engine_problems:
             raise ResourceError(self.engine_problems[0])
 
-    def to_dict(self) -> dict[str, Any]:
-        """The plan as JSON-serialisable data (memory records factored into profiles)."""
-        from rltrain.placement.export import plan_to_dict
-
-        return plan_to_dict(self)
-
 
 def _policy(run: Any, name: str) -> OffloadPolicy:
     policy = run.placement.offload.get(name) if run.placement.offload else None

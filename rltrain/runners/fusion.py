@@ -21,9 +21,12 @@ from rltrain.config import resolve_offload
 from rltrain.config.schema import RunConfig
 from rltrain.config.validate import GROUP_ESTIMATORS  # torch-free: the plan command uses this
 from rltrain.errors import ConfigError
+from rltrain.kinds import registry
 
-#: The components a fused rank runs.
-FUSED = ("actor", "rollout", "reward")
+
+def fused_components() -> tuple[str, ...]:
+    """The components a fused rank runs (their entries say ``fused``)."""
+    return tuple(n for n in registry.component_names() if registry.component(n).fused)
 
 
 def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
@@ -44,7 +47,7 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
             "placement.component_placement gives actor and rollout different processes "
             f"(actor {actor}, rollout {rollout}): fusing needs the same devices, rank by rank"
         )
-    others = sorted(set(plan.components) - set(FUSED))
+    others = sorted(set(plan.components) - set(fused_components()))
     if others:
         out.append(
             f"the placement also has {others}: their stages read the rollout's output between "
@@ -72,12 +75,12 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
         out.append(
             f"reward.kind={run.reward.kind!r}: a fused rank scores with the task's rule only"
         )
-    for key, value in (
-        ("actor.backend", run.actor.backend),
-        ("rollout.backend", run.rollout.backend),
-    ):
-        if value != "torch":
-            out.append(f"{key}={value!r}: only the torch engines share parameters in process")
+    for engine in (registry.training_engine(run), registry.generation_engine(run)):
+        if not engine.fusable:
+            out.append(
+                f"{engine.key}={engine.name!r}: only the {_fusable_names(engine.role)} engines "
+                f"share parameters in process"
+            )
     for section in ("actor", "rollout"):
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             value = getattr(getattr(run, section), name)
@@ -98,6 +101,12 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
     return out
 
 
+def _fusable_names(role: str) -> str:
+    """The engines of a role that can share parameters in process."""
+    names = registry.engine_names(role)
+    return " | ".join(n for n in names if registry.engine(role, n).fusable)
+
+
 def decide_fusion(run: RunConfig, plan: Any) -> tuple[bool, list[str]]:
     """Whether this run fuses, by ``placement.fuse``.
 
@@ -112,7 +121,7 @@ def decide_fusion(run: RunConfig, plan: Any) -> tuple[bool, list[str]]:
         ConfigError: ``placement.fuse=true`` and something stands in the way.
     """
     mode = str(run.placement.fuse).lower()
-    if mode == "false" or run.runner != "reasoning":
+    if mode == "false" or not registry.runner(run).fusable:
         return False, []
     blockers = fusion_blockers(run, plan)
     if blockers and mode == "true":

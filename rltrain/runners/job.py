@@ -20,6 +20,7 @@ from rltrain.config import resolve_offload
 from rltrain.config.device_checks import simulated_latency_problem
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
+from rltrain.kinds import registry
 from rltrain.placement.micro_batches import adopt_micro_batches
 from rltrain.placement.plan import Plan, build_plan
 from rltrain.placement.types import GIB, ClusterSpec
@@ -232,11 +233,7 @@ def refuse_simulated_latency(run: RunConfig, plan: Plan) -> None:
 
 def overlap(run: RunConfig) -> tuple[frozenset[str], ...]:
     """Components whose stages run at the same time in this run (they share the cores)."""
-    if run.runner == "embodied" and run.env.pipeline_stage_num > 1:
-        return (frozenset({"env", "rollout"}),)
-    if run.runner == "reasoning" and run.trainer.max_staleness > 0:
-        return (frozenset({"actor", "rollout"}),)
-    return ()
+    return registry.runner(run).overlap(run)
 
 
 def _residency(

@@ -16,6 +16,8 @@ from typing import Any
 
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, RltrainError
+from rltrain.kinds import registry
+from rltrain.kinds.records import RunnerKind, load
 
 #: What every reasoning run places.
 REASONING_COMPONENTS = ("actor", "rollout", "reward")
@@ -134,7 +136,7 @@ def input_problems(run: RunConfig, run_dir: str | None) -> tuple[Problems, Any]:
 
     problems: Problems = []
     check_task = getattr(tasks, "check_task", None)
-    if check_task is not None and run.runner == "reasoning":
+    if check_task is not None and registry.runner(run).language_model:
         _collect(problems, lambda: problems.extend(check_task(run)))
     resume = _collect(problems, lambda: resolve_resume(run, run_dir))
     problems += checkpoint_weights_problems(run)
@@ -176,22 +178,9 @@ def plan_problems(run: RunConfig, plan: Any) -> tuple[Problems, dict[str, Any]]:
     parts: dict[str, Any] = {}
     _collect(problems, plan.check_fit)
     components = set(plan.components)
-    if run.runner == "embodied":
-        from rltrain.runners import embodied
-        from rltrain.workers.env import probe_spaces
-
-        before = len(problems)
-        _collect(problems, lambda: embodied.check_components(run, components))
-        if len(problems) > before:
-            return problems, parts
-        parts["sizes"] = _collect(
-            problems,
-            lambda: embodied.derive_sizes(
-                run, plan.world_size("env"), plan.world_size("rollout"), plan.world_size("actor")
-            ),
-        )
-        parts["spec"] = _collect(problems, lambda: probe_spaces(run.task.env_id))
-        return problems, parts
+    kind = registry.runner(run)
+    if kind.pre_ray_components is not None:
+        return problems, _own_parts(problems, run, plan, kind, components)
     from rltrain.placement.sizes import derive_critic_sizes, derive_sizes
     from rltrain.runners.fusion import decide_fusion
 
@@ -215,6 +204,26 @@ def plan_problems(run: RunConfig, plan: Any) -> tuple[Problems, dict[str, Any]]:
     if decision is not None:
         parts["fused"], parts["fuse_blockers"] = decision[0], tuple(decision[1])
     return problems, parts
+
+
+def _own_parts(
+    problems: Problems, run: RunConfig, plan: Any, kind: RunnerKind, components: set[str]
+) -> dict[str, Any]:
+    """The layout parts of a runner kind that checks its own components and derives its own
+    sizes (its entry's ``pre_ray_components`` and ``pre_ray_sizes``: the embodied runner)."""
+    parts: dict[str, Any] = {}
+    before = len(problems)
+    _collect(problems, lambda: load(kind.pre_ray_components or "")(run, components))
+    if len(problems) > before or kind.pre_ray_sizes is None:
+        return parts
+    derive = load(kind.pre_ray_sizes)
+    worlds = (plan.world_size("env"), plan.world_size("rollout"), plan.world_size("actor"))
+    parts["sizes"] = _collect(problems, lambda: derive(run, *worlds))
+    if kind.steps_env:
+        from rltrain.workers.env import probe_spaces
+
+        parts["spec"] = _collect(problems, lambda: probe_spaces(run.task.env_id))
+    return parts
 
 
 def layout_for(run: RunConfig, plan: Any) -> RunLayout:
@@ -263,10 +272,8 @@ def check_components(run: RunConfig, components: set[str]) -> None:
             f"{run.algorithm.advantage_estimator!r} does not use one: remove it from the "
             f"placement, or use algorithm=ppo (gae)"
         )
-    if run.actor.backend == "deepspeed":
-        from rltrain.backends.training import check_training_backend
-
-        check_training_backend(run)  # DeepSpeed's limits
+    for path in registry.training_engine(run).pre_ray_checks:
+        load(path)(run, None)  # the engine's own limits (DeepSpeed's)
 
 
 def own_reference(run: RunConfig, components: set[str]) -> bool:
@@ -335,12 +342,8 @@ def check_engines(run: RunConfig, plan: Any) -> None:
             f"process scores a step: place the reward on one device or node "
             f"(placement.component_placement.reward=0)"
         )
-    if run.rollout.backend == "vllm":
-        from rltrain.backends.vllm_rollout import check_vllm_memory
-        from rltrain.placement import memory as mem
-
-        dims = mem.model_dims(run.model)
-        check_vllm_memory(run, plan, mem.weight_bytes(mem.param_count(dims), dims.dtype))
+    for path in registry.generation_engine(run).pre_ray_checks:
+        load(path)(run, plan)  # e.g. vLLM's memory reservation on the plan's devices
     from rltrain.backends.weight_sync.choice import choose_transport
     from rltrain.config.engine_checks import local_gpus_visible
 

@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any
 
+from rltrain.kinds import registry
+from rltrain.placement.export import plan_to_dict
 from rltrain.placement.plan import Plan, build_plan
 from rltrain.placement.render import rows, size, svg
 from rltrain.placement.types import ClusterSpec
@@ -53,7 +55,7 @@ def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Pl
     print(fusion_line(run, plan))
     from rltrain.whatif.report import plan_prediction  # the step simulator (docs/whatif.md)
 
-    data = {**plan.to_dict(), **plan_prediction(planned, plan, out_dir, _fusable)}
+    data = {**plan_to_dict(plan), **plan_prediction(planned, plan, out_dir, _fusable)}
     with open(os.path.join(out_dir, "plan.json"), "w") as f:
         json.dump(data, f, indent=1)
     with open(os.path.join(out_dir, "plan.svg"), "w") as f:
@@ -72,7 +74,8 @@ def _fusable(run: Any, plan: Plan) -> bool:
     from rltrain.runners.fusion import fusion_blockers
 
     fuse = str(run.placement.fuse).lower()
-    return run.runner == "reasoning" and fuse != "false" and not fusion_blockers(run, plan)
+    fusable = registry.runner(run).fusable
+    return fusable and fuse != "false" and not fusion_blockers(run, plan)
 
 
 def _planned_run(run: Any) -> tuple[Any, str]:
@@ -98,7 +101,7 @@ def _planned_run(run: Any) -> tuple[Any, str]:
 
 def fusion_line(run: Any, plan: Plan) -> str:
     """One line on whether actor, rollout and reward run fused (``placement.fuse``)."""
-    from rltrain.runners.fusion import FUSED, fusion_blockers
+    from rltrain.runners.fusion import fused_components, fusion_blockers
 
     mode = str(run.placement.fuse).lower()
     if mode == "false" or run.runner != "reasoning":
@@ -106,7 +109,7 @@ def fusion_line(run: Any, plan: Plan) -> str:
     blockers = fusion_blockers(run, plan)
     if not blockers:
         return (
-            f"processes: {'+'.join(FUSED)} fused, one process per actor rank "
+            f"processes: {'+'.join(fused_components())} fused, one process per actor rank "
             f"(placement.fuse={mode})"
         )
     return f"processes: not fused (placement.fuse={mode}): " + "; ".join(blockers)

@@ -37,6 +37,7 @@ from rltrain.errors import ConfigError, WorkerError
 from rltrain.placement.micro_batches import adopt_micro_batches
 from rltrain.runners import loop, staleness
 from rltrain.runners.batch_stage import Selection, batch_stage_for
+from rltrain.runners.builders import component_builders
 from rltrain.runners.checkpoint import (
     CheckpointManager,
     model_fingerprint,
@@ -89,19 +90,7 @@ def worker_builders(run: RunConfig, fused: bool = False) -> dict[str, Any]:
     """
     if fused:
         return {"actor": lambda layout: FusedWorker.create_group(run, layout.sizes)}
-    reward = RewardModelWorker if run.reward.kind == "model" else RewardWorker
-    builders = {
-        "actor": lambda layout: ActorWorker.create_group(run, layout.sizes),
-        "rollout": lambda layout: RolloutWorker.create_group(run),
-        "reward": lambda layout: reward.create_group(run),
-        # placed (disaggregated layouts): recomputes the step's log-probs on its own devices
-        "inference": lambda layout: InferenceWorker.create_group(run),
-    }
-    if run.algorithm.kl_coef > 0:
-        builders["reference"] = lambda layout: ReferenceWorker.create_group(run)
-    if run.algorithm.advantage_estimator == "gae":
-        builders["critic"] = lambda layout: CriticWorker.create_group(run, layout.critic_sizes)
-    return builders
+    return component_builders(run, "reasoning")
 
 
 class ReasoningRunner:

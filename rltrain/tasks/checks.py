@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from rltrain.errors import ConfigError
+from rltrain.kinds import registry
 from rltrain.tasks.build import assemble, collect, read_sources
 from rltrain.tasks.calc_tool import ALPHABET, CalcToolSpec, ensure_calc_tool
 from rltrain.tasks.gsm8k_tiny import Gsm8kTinySpec, ensure_gsm8k_tiny
@@ -153,7 +154,7 @@ def planning_model(run: Any) -> Any:
     Raises:
         ConfigError: what :func:`prepare_task` refuses.
     """
-    if not (run.task.generate and run.runner == "reasoning" and writes_nothing(run)):
+    if not (run.task.generate and registry.runner(run).language_model and writes_nothing(run)):
         return run.model  # a run writes the checkpoint before it is planned
     if not prepare_task(run):  # (only looks: the run only plans)
         return run.model

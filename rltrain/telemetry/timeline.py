@@ -35,13 +35,18 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rltrain.errors import ConfigError
 from rltrain.telemetry.trace import Span, device_label, to_chrome_trace
 
-if TYPE_CHECKING:
-    from rltrain.placement.plan import Plan
+
+class _UsesDevices(Protocol):
+    """What :func:`plan_devices` reads of a plan (``rltrain.placement.plan.Plan``, a layer
+    above this one)."""
+
+    def devices_used(self) -> Any: ...
+
 
 #: The trace file in a run directory (Chrome trace / Perfetto JSON).
 TRACE_FILE = "trace.json"
@@ -209,7 +214,7 @@ def lane_sort_key(name: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
-def plan_devices(plan: Plan) -> list[str]:
+def plan_devices(plan: _UsesDevices) -> list[str]:
     """Device lane names of every device some process of the plan uses, in natural order."""
     return [device_label(n, d) for n, d in sorted(plan.devices_used())]
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rltrain.kinds import registry
 from rltrain.telemetry.trace import Span
 from rltrain.whatif.workload import Proc, StepModel
 
@@ -408,7 +409,7 @@ def simulate(
 def schedule_of(run: Any, fused: bool) -> tuple[str, int, str]:
     """``(schedule, staleness, policy)`` the run's layout calls for (as
     :func:`rltrain.runners.schedules.schedule_for` decides)."""
-    if run.runner == "embodied":
+    if registry.runner(run).steps_env:
         return "embodied", 0, "finish"
     if fused:
         return "fused", 0, "finish"

@@ -14,8 +14,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import rltrain.whatif.hardware as hw
 from rltrain.telemetry.timeline import chrome_trace_with_devices, covered, merge
-from rltrain.whatif import hardware as hw
 from rltrain.whatif.calibrate import DEFAULT, Calibration
 from rltrain.whatif.events import Sink, schedule_of, simulate
 from rltrain.whatif.workload import StepModel, inter_link, kv_tokens, moved_bytes, procs_of

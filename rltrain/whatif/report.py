@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rltrain.errors import RltrainError
+from rltrain.kinds import registry
 from rltrain.whatif import candidates as cands
 from rltrain.whatif.calibrate import DEFAULT, Calibration, from_profile
 from rltrain.whatif.predict import PREDICTED, Prediction, predict
@@ -88,7 +89,7 @@ def rank(run: Any, cluster: Any, fusable: Fusable, calib: Calibration) -> list[R
     auto = run.placement.auto
     cluster = hardware_cluster(run, cluster, target_device(run))
     devices = cluster.num_devices
-    if run.runner == "embodied":
+    if registry.runner(run).steps_env:
         stages = cands.stage_counts(run.env.num_envs, list(auto.pipeline_stages), (1, 2, 4, 8))
         found = cands.embodied_candidates(devices, stages, auto.candidates)
     else:
@@ -97,7 +98,7 @@ def rank(run: Any, cluster: Any, fusable: Fusable, calib: Calibration) -> list[R
     for cand in found:
         cand_run = cands.apply(run, cand)
         try:
-            if run.runner == "reasoning":
+            if registry.runner(run).language_model:
                 derive_sizes(cand_run, cand.actor_devices, cand.rollout_devices)
             plan = build_plan(cand_run, cluster, check_fit=False)
             problems = plan.fit_problems()
@@ -177,7 +178,7 @@ def plan_prediction(run: Any, plan: Any, out_dir: str, fusable: Fusable) -> dict
         What ``plan.json`` adds: ``predicted`` (and ``predicted_ranking``).
     """
     calib = calibration(run)
-    fused = run.runner == "reasoning" and fusable(run, plan)
+    fused = registry.runner(run).fusable and fusable(run, plan)
     t0 = time.perf_counter()
     p = predict(run, plan, fused=fused, calibration=calib)
     title = "predicted" if run.whatif.hardware is None else f"what if ({run.whatif.hardware})"

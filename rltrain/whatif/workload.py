@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import rltrain.whatif.lengths as lengths_mod
 from rltrain.config.numerics import old_logprob_pass
 from rltrain.config.seeds import sampling_seed
 from rltrain.placement import memory as mem
 from rltrain.telemetry.trace import device_label
-from rltrain.whatif import lengths as lengths_mod
 from rltrain.whatif.calibrate import DEFAULT, Calibration
 from rltrain.whatif.hardware import SIM, Device, Link, link
 from rltrain.whatif.roofline import (

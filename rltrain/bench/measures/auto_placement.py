@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rltrain.bench.harness import Case, Suite, measure
+from rltrain.kinds import registry
 
 #: Selects a subset of the scenarios in a full run (comma-separated names).
 SCENARIOS_ENV = "RLTRAIN_BENCH_AUTO_SCENARIOS"
@@ -160,7 +161,7 @@ def _default_name(run: Any, rows: Sequence[Any]) -> str:
     """The candidate the shipped default (``placement=collocated``, ``fuse: auto``) runs: fused
     when that passes the checks, else taking turns; embodied: the preset's stage count."""
     by_name = {r.candidate.name: r for r in rows}
-    if run.runner == "embodied":
+    if registry.runner(run).steps_env:
         for r in rows:
             c = r.candidate
             if c.family == "collocated" and c.stages == run.env.pipeline_stage_num:

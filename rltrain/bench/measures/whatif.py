@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rltrain.bench.harness import Case, Suite, measure
+from rltrain.kinds import registry
 
 #: The batch of the latency-knob scenarios: compute is a few ms next to the knobs.
 SMALL = ("trainer.train_batch_size=2", "rollout.n_samples_per_prompt=2")
@@ -266,7 +267,7 @@ def predicted(run: Any) -> tuple[Any, list[str]]:
 
     plan = build_plan(run, ClusterSpec.from_config(run.cluster), check_fit=False)
     fuse = str(run.placement.fuse).lower()
-    fused = run.runner == "reasoning" and fuse != "false" and not fusion_blockers(run, plan)
+    fused = registry.runner(run).fusable and fuse != "false" and not fusion_blockers(run, plan)
     p = predict(run, plan, fused=fused, calibration=calibration(run), steps=12)
     return p, stage_order(p.trace)
 
@@ -288,7 +289,7 @@ def run_scenario(s: Scenario, work: str) -> Outcome:
         f"trainer.checkpoint_dir={out_dir}/ckpt",
         *s.overrides,
     )
-    if run.runner == "embodied":
+    if registry.runner(run).steps_env:
         import dataclasses
 
         run = dataclasses.replace(

@@ -10,6 +10,7 @@ from placement_helpers import compose, make_cluster
 from rltrain.config.schema import ModelConfig, OffloadPolicyConfig, RunConfig
 from rltrain.errors import PlacementError, ResourceError
 from rltrain.placement import PlacementMode
+from rltrain.placement.export import plan_to_dict
 from rltrain.placement.plan import build_plan
 from rltrain.placement.types import ClusterSpec
 
@@ -24,7 +25,7 @@ def test_shipped_placements_plan(placement: str, devices: int):
     assert plan.mode is PlacementMode(placement)  # placement.mode is checked against the layout
     assert plan.components == ("actor", "rollout", "reward")
     assert plan.placements("reward")[0].device_ids == ()
-    json.dumps(plan.to_dict())
+    json.dumps(plan_to_dict(plan))
 
 
 def test_shipped_collocated_on_local_by_hand():
@@ -208,7 +209,7 @@ def test_plan_refusing_to_fit_can_still_be_inspected():
     (problem,) = plan.fit_problems()
     assert problem.devices == ((0, 0), (0, 1))
     assert problem.shortfall_bytes == 19_249_197_875 - 16 * GIB
-    data = plan.to_dict()
+    data = plan_to_dict(plan)
     assert data["fits"] is False and "short by" in data["problems"][0]
 
 
@@ -233,7 +234,7 @@ def test_processes_sharing_a_device_add_up():
 def test_to_dict_round_trips_through_json():
     run = compose("hybrid", **{"cluster.devices_per_node": 8})
     plan = build_plan(run, ClusterSpec.from_config(run.cluster))
-    data = json.loads(json.dumps(plan.to_dict()))
+    data = json.loads(json.dumps(plan_to_dict(plan)))
     assert data["mode"] == "hybrid"
     assert {c["name"]: c["world_size"] for c in data["components"]} == {
         "actor": 8,

@@ -11,6 +11,7 @@ from rltrain.config.schema import ModelConfig, OffloadPolicyConfig, RunConfig
 from rltrain.errors import ConfigError, PlacementError, ResourceError
 from rltrain.placement import PlacementMode
 from rltrain.placement import memory as mem
+from rltrain.placement.export import plan_to_dict
 from rltrain.placement.plan import build_plan, component_terms, micro_batch
 from rltrain.placement.types import GIB, ClusterSpec
 
@@ -197,7 +198,7 @@ def test_vllm_engine_without_room_for_one_sequence_is_refused():
     assert plan.fit_problems() == []
     with pytest.raises(ResourceError, match="room for 34 tokens, fewer than one sequence of 128"):
         plan.check_fit()
-    assert plan.to_dict()["fits"] is False
+    assert plan_to_dict(plan)["fits"] is False
     run.rollout.gpu_memory_utilization = 0.5
     run.rollout.max_model_len = 64
     assert plan_of(run).engine_problems == ()

@@ -1,0 +1,126 @@
+"""A new kind is its module plus one registry entry: a toy engine and a toy component, each
+registered for one test, are picked up by validation, the plan, fusion and the builders."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from placement_helpers import compose
+
+from rltrain.errors import ConfigError
+from rltrain.kinds import registry
+from rltrain.kinds.records import ComponentKind, EngineKind, load
+from rltrain.placement.plan import build_plan
+from rltrain.placement.types import ClusterSpec
+from rltrain.runners.builders import component_builders
+from rltrain.runners.fusion import fusion_blockers
+
+HERE = sys.modules[__name__].__name__
+
+
+def _toy_check(cfg: Any) -> Iterator[str]:
+    if cfg.rollout.top_p < 1:
+        yield f"rollout.top_p={cfg.rollout.top_p} with rollout.backend='toy': it samples whole"
+
+
+def toy_plan_problems(run: Any, cluster: Any, processes: tuple[Any, ...]) -> list[str]:
+    """The toy engine's plan-time rule: one problem naming its processes."""
+    return [f"toy engine on {len(processes)} rollout process(es)"]
+
+
+TOY_ENGINE = EngineKind(
+    name="toy",
+    role="generation",
+    summary="a toy generation engine",
+    runtime=f"{HERE}:ToyWorker",
+    runners=("reasoning",),
+    kv_reserved=True,
+    config_checks=(_toy_check,),
+    plan_problems=(f"{HERE}:toy_plan_problems",),
+)
+
+
+class ToyWorker:
+    """Stands for a worker class: records what ``create_group`` was given."""
+
+    @classmethod
+    def create_group(cls, run: Any, *layout_fields: Any) -> tuple[str, tuple[Any, ...]]:
+        return ("toy group", layout_fields)
+
+
+TOOLS = ComponentKind(
+    name="tools",
+    summary="tool workers for agents",
+    workers={"reasoning": f"{HERE}:ToyWorker"},
+    layout_args=("sizes",),
+)
+
+
+def test_a_registered_engine_is_a_valid_value_with_its_checks():
+    with pytest.raises(ConfigError, match=r"rollout.backend='toy' is not valid: choose one of"):
+        compose("collocated", **{"rollout.backend": "toy"})
+    with registry.registered(TOY_ENGINE):
+        assert "toy" in registry.engine_names("generation")
+        run = compose("collocated", **{"rollout.backend": "toy"})
+        assert registry.generation_engine(run) is TOY_ENGINE
+        with pytest.raises(ConfigError, match="it samples whole"):
+            compose("collocated", **{"rollout.backend": "toy", "rollout.top_p": 0.5})
+        with pytest.raises(ConfigError, match="rollout.backend='toy' with runner='embodied'"):
+            compose("collocated", **{"rollout.backend": "toy", "runner": "embodied"})
+    assert "toy" not in registry.engine_names("generation")
+
+
+def test_the_plan_reads_the_engines_memory_terms_and_plan_rules():
+    base = compose("disaggregated")
+    cluster = ClusterSpec.from_config(base.cluster)
+    torch_plan = build_plan(base, cluster, check_fit=False)
+    with registry.registered(TOY_ENGINE):
+        run = compose("disaggregated", **{"rollout.backend": "toy"})
+        plan = build_plan(run, cluster, check_fit=False)
+    want = f"toy engine on {plan.world_size('rollout')} rollout process(es)"
+    assert list(plan.engine_problems) == [want]
+    assert not torch_plan.engine_problems
+
+    def kv(p: Any) -> int:
+        return sum(
+            t.bytes
+            for m in p.memory.values()
+            for s in m.stages
+            for t in s.terms
+            if (t.component, t.kind) == ("rollout", "kv_cache")
+        )
+
+    # kv_reserved: the cache is the reserved share of the device, not sized by the batch
+    assert kv(plan) > kv(torch_plan)
+
+
+def test_fusion_names_an_engine_that_cannot_share_parameters():
+    with registry.registered(TOY_ENGINE):
+        run = compose("collocated", **{"rollout.backend": "toy"})
+        plan = build_plan(run, ClusterSpec.from_config(run.cluster), check_fit=False)
+        blockers = fusion_blockers(run, plan)
+    assert any("rollout.backend='toy': only the torch engines" in b for b in blockers)
+
+
+def test_a_registered_component_is_placeable_and_built():
+    run = compose("collocated")
+    assert "tools" not in component_builders(run, "reasoning")
+    with registry.registered(TOOLS):
+        builders = component_builders(run, "reasoning")
+        layout = SimpleNamespace(sizes="the sizes")
+        assert builders["tools"](layout) == ("toy group", ("the sizes",))
+        assert load(f"{HERE}:ToyWorker") is ToyWorker
+        placed = compose("collocated", **{"placement.component_placement.tools": "all"})
+        plan = build_plan(placed, ClusterSpec.from_config(placed.cluster), check_fit=False)
+        assert "tools" in plan.components and plan.world_size("tools") >= 1
+    with pytest.raises(ConfigError, match="tools"):
+        compose("collocated", **{"placement.component_placement.tools": "all"})
+
+
+def test_registering_a_name_twice_is_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(registry.engine("generation", "torch"))
