@@ -27,17 +27,19 @@ def register(kind: Kind) -> Kind:
     Raises:
         ValueError: a kind of that name is already registered.
     """
-    table: dict[Any, Any]
     if isinstance(kind, EngineKind):
-        table, key = _ENGINES, (kind.role, kind.name)
+        _add(_ENGINES, (kind.role, kind.name), kind)
     elif isinstance(kind, ComponentKind):
-        table, key = _COMPONENTS, kind.name
+        _add(_COMPONENTS, kind.name, kind)
     else:
-        table, key = _RUNNERS, kind.name
+        _add(_RUNNERS, kind.name, kind)
+    return kind
+
+
+def _add(table: dict[Any, Any], key: Any, kind: Kind) -> None:
     if key in table:
         raise ValueError(f"{type(kind).__name__} {key!r} is already registered")
     table[key] = kind
-    return kind
 
 
 def unregister(kind: Kind) -> None:

@@ -717,68 +717,14 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
     kind the offload policy already moves).
     """
     need = stage.required_bytes - capacity
-    out: list[tuple[int, str]] = []
-    pinned: dict[str, list[MemoryTerm]] = {}
-    for t in stage.terms:
-        if t.status == "pinned" and t.kind != "context":
-            pinned.setdefault(t.component, []).append(t)
-    for comp, ts in pinned.items():
-        kinds = {t.kind for t in ts}
-        policy = _policy(run, comp) if run is not None else OffloadPolicy()
-        when = policy.when if policy.when != "never" else "after_stage"
-        states = sorted(kinds | (set(policy.states) if policy.when != "never" else set()))
-        freed = sum(t.bytes for t in ts)
-        out.append(
-            (
-                freed,
-                f"offload {comp} while it is idle: placement.offload.{comp}="
-                f"{{when: {when}, states: [{', '.join(states)}]}} (frees {_gib(freed)})",
-            )
-        )
+    out = _offload_fixes(stage, run)
     shorten = False
-    for t in stage.terms:
-        if t.status == "offloaded" or run is None:
+    for t in stage.terms if run is not None else ():
+        if t.status == "offloaded":
             continue
-        if t.component == "rollout" and t.kind == "kv_cache":
-            if registry.generation_engine(run).kv_reserved:
-                util = run.rollout.gpu_memory_utilization
-                out.append(
-                    (
-                        t.bytes // 2,
-                        f"lower rollout.gpu_memory_utilization (now {util}; kv "
-                        f"cache {_gib(t.bytes)})",
-                    )
-                )
-            else:
-                shorten = True
-        elif t.status != "active":
-            continue
-        elif t.component == "actor" and t.kind == "optimizer" and run.actor.zero_stage < 1:
-            how = "" if registry.training_engine(run).zero else f"actor.backend={_zero_engine()} "
-            out.append(
-                (
-                    t.bytes // 2,
-                    f"shard the optimizer: {how}actor.zero_stage=1 (or higher) over more "
-                    f"data-parallel devices",
-                )
-            )
-        elif t.kind == "activations":
-            shorten = True
-            sec = getattr(run, t.component, None)
-            micro = getattr(sec, "micro_batch_size", 1) if sec is not None else 1
-            micro = UNCHOSEN_MICRO_BATCH if micro is None else micro
-            ways = []
-            budget = getattr(sec, "max_tokens_per_micro_batch", None)
-            if t.component == "actor" and budget is not None:  # rows do not bound it then
-                row = run.task.max_prompt_length + run.rollout.max_new_tokens
-                if budget > row:
-                    ways.append(f"lower actor.max_tokens_per_micro_batch (now {budget}, >= {row})")
-            elif micro > 1:
-                ways.append(f"lower {t.component}.micro_batch_size (now {micro})")
-            if t.component == "actor" and not run.actor.gradient_checkpointing:
-                ways.append("enable actor.gradient_checkpointing")
-            if ways:
-                out.append((t.bytes // 2, f"{' or '.join(ways)} (activations {_gib(t.bytes)})"))
+        fix, shorter = _term_fix(t, run)
+        out += [fix] if fix is not None else []
+        shorten = shorten or shorter
     if shorten and run is not None:
         out.append(
             (
@@ -801,3 +747,69 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
     else:
         fixes.append(bigger)
     return fixes
+
+
+def _offload_fixes(stage: StageMemory, run: Any) -> list[tuple[int, str]]:
+    """(bytes freed, fix): offload each component whose state is pinned in the stage."""
+    out: list[tuple[int, str]] = []
+    pinned: dict[str, list[MemoryTerm]] = {}
+    for t in stage.terms:
+        if t.status == "pinned" and t.kind != "context":
+            pinned.setdefault(t.component, []).append(t)
+    for comp, ts in pinned.items():
+        kinds = {t.kind for t in ts}
+        policy = _policy(run, comp) if run is not None else OffloadPolicy()
+        when = policy.when if policy.when != "never" else "after_stage"
+        states = sorted(kinds | (set(policy.states) if policy.when != "never" else set()))
+        freed = sum(t.bytes for t in ts)
+        out.append(
+            (
+                freed,
+                f"offload {comp} while it is idle: placement.offload.{comp}="
+                f"{{when: {when}, states: [{', '.join(states)}]}} (frees {_gib(freed)})",
+            )
+        )
+    return out
+
+
+def _term_fix(t: MemoryTerm, run: Any) -> tuple[tuple[int, str] | None, bool]:
+    """``(fix or None, whether shorter sequences would help)`` for one term of a stage."""
+    if t.component == "rollout" and t.kind == "kv_cache":
+        if not registry.generation_engine(run).kv_reserved:
+            return None, True
+        util = run.rollout.gpu_memory_utilization
+        text = f"lower rollout.gpu_memory_utilization (now {util}; kv cache {_gib(t.bytes)})"
+        return (t.bytes // 2, text), False
+    if t.status != "active":
+        return None, False
+    if t.component == "actor" and t.kind == "optimizer" and run.actor.zero_stage < 1:
+        how = "" if registry.training_engine(run).zero else f"actor.backend={_zero_engine()} "
+        text = (
+            f"shard the optimizer: {how}actor.zero_stage=1 (or higher) over more "
+            f"data-parallel devices"
+        )
+        return (t.bytes // 2, text), False
+    if t.kind != "activations":
+        return None, False
+    ways = _activation_ways(t, run)
+    if not ways:
+        return None, True
+    return (t.bytes // 2, f"{' or '.join(ways)} (activations {_gib(t.bytes)})"), True
+
+
+def _activation_ways(t: MemoryTerm, run: Any) -> list[str]:
+    """Settings that shrink a component's activations and are not already at their limit."""
+    sec = getattr(run, t.component, None)
+    micro = getattr(sec, "micro_batch_size", 1) if sec is not None else 1
+    micro = UNCHOSEN_MICRO_BATCH if micro is None else micro
+    ways = []
+    budget = getattr(sec, "max_tokens_per_micro_batch", None)
+    if t.component == "actor" and budget is not None:  # rows do not bound it then
+        row = run.task.max_prompt_length + run.rollout.max_new_tokens
+        if budget > row:
+            ways.append(f"lower actor.max_tokens_per_micro_batch (now {budget}, >= {row})")
+    elif micro > 1:
+        ways.append(f"lower {t.component}.micro_batch_size (now {micro})")
+    if t.component == "actor" and not run.actor.gradient_checkpointing:
+        ways.append("enable actor.gradient_checkpointing")
+    return ways

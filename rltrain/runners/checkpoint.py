@@ -393,7 +393,7 @@ def _plain_run(config: Any) -> dict[str, Any] | None:
 
     try:
         node = OmegaConf.merge(OmegaConf.structured(RunConfig), config)
-        plain = OmegaConf.to_container(node, resolve=True)
+        plain: Any = OmegaConf.to_container(node, resolve=True)
     except Exception:  # noqa: BLE001 - another program's or version's config: not ours
         return None
     model = plain.get("model") or {}

@@ -39,6 +39,11 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
     Returns:
         One reason per obstacle, each naming the config key; empty when they can.
     """
+    return [*_layout_blockers(plan), *_setting_blockers(run), *_memory_blockers(plan)]
+
+
+def _layout_blockers(plan: Any) -> list[str]:
+    """The placement: actor and rollout on the same processes, nothing else placed."""
     out: list[str] = []
     actor = [(p.node_rank, p.devices) for p in plan.by_component.get("actor", ())]
     rollout = [(p.node_rank, p.devices) for p in plan.by_component.get("rollout", ())]
@@ -53,6 +58,12 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
             f"the placement also has {others}: their stages read the rollout's output between "
             f"generation and update"
         )
+    return out
+
+
+def _setting_blockers(run: RunConfig) -> list[str]:
+    """Settings that need separate processes (overlap, batch-wide estimators, engines, ...)."""
+    out: list[str] = []
     if run.trainer.max_staleness > 0:
         out.append(f"trainer.max_staleness={run.trainer.max_staleness} overlaps the two stages")
     if run.algorithm.advantage_estimator not in GROUP_ESTIMATORS:
@@ -90,6 +101,12 @@ def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
         key = f"placement.offload.{comp}"
         if resolve_offload(run.placement.offload.get(comp), key).when == "after_stage":
             out.append(f"placement.offload.{comp}.when=after_stage moves state between the stages")
+    return out
+
+
+def _memory_blockers(plan: Any) -> list[str]:
+    """A device that cannot hold every fused component's state at once."""
+    out: list[str] = []
     for device, memory in sorted(plan.memory.items()):
         total = max((sum(t.bytes for t in s.terms) for s in memory.stages), default=0)
         if total > memory.capacity_bytes:

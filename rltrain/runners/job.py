@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,11 +42,11 @@ class GroupHandle:
     group: WorkerGroup[Any]
     rank: int
 
-    def offload(self, kinds: list[str]) -> Any:
-        return self.group.execute_on(self.rank).call(ResidentState.offload, kinds)
+    def offload(self, kinds: Sequence[str]) -> Any:
+        return self.group.execute_on(self.rank).call(ResidentState.offload, list(kinds))
 
-    def reload(self, kinds: list[str]) -> Any:
-        return self.group.execute_on(self.rank).call(ResidentState.reload, kinds)
+    def reload(self, kinds: Sequence[str]) -> Any:
+        return self.group.execute_on(self.rank).call(ResidentState.reload, list(kinds))
 
 
 @dataclass

@@ -214,7 +214,8 @@ class _ChannelActor:
             err = await self._wait(q, lambda: bool(q.items), timeout, "get")
             if err:
                 return err, []
-        out, got = [], 0.0
+        out: list[Any] = []
+        got = 0.0
         # Take what is there up to the target; wait for more only while below it.
         while len(out) < max_items and got < target_weight:
             if not q.items:
@@ -333,7 +334,7 @@ def _wrap_batch(items: list[Any], limit: int) -> list[Any]:
     object, each queued as ``[ref, index]``; one object and one reference per batch instead of
     one per item is what makes batches of MB-sized items cheap. The object lives until the last
     of its items is taken."""
-    wrapped = [_wrap_small(item, limit) for item in items]
+    wrapped: list[Any] = [_wrap_small(item, limit) for item in items]
     large = [i for i, w in enumerate(wrapped) if w is None]
     if len(large) == 1:
         wrapped[large[0]] = [ray.put(items[large[0]])]
@@ -491,7 +492,8 @@ class Channel:
             raise ResourceError(
                 f"no channel named {name!r}: create it with Channel.create first"
             ) from None
-        return cls(name, ray.get(actor.stats.remote()).maxsize, actor, inline_bytes)
+        stats: Any = ray.get(actor.stats.remote())
+        return cls(name, stats.maxsize, actor, inline_bytes)
 
     # ------------------------------------------------------------------ non-blocking
     def start_put(

@@ -105,6 +105,7 @@ def join_collective(
 
     store = dist.PrefixStore(name, _store(worker, addr, port, world_size, rank == 0, timeout_s))
     timeout = datetime.timedelta(seconds=timeout_s)
+    pg: Any
     if backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout

@@ -444,7 +444,7 @@ class WorkerGroupBuilder(Generic[W]):
         if reservation is None:
             reservation = cluster.reserve({name: placements}, timeout_s=timeout_s)
         state = _State(name, self.cls, cluster, placements, reservation, owns)
-        group = WorkerGroup(state)
+        group: WorkerGroup[W] = WorkerGroup(state)
         cluster.register_group(group)
         try:
             self._start(group, num_threads, max_concurrency, timeout_s)
@@ -492,7 +492,7 @@ class WorkerGroupBuilder(Generic[W]):
         self, group: WorkerGroup[W], num_threads: int | None, max_concurrency: int, timeout: float
     ) -> None:
         state = group._state
-        remote_cls = ray.remote(host_class(self.cls))
+        remote_cls: Any = ray.remote(host_class(self.cls))
         contexts = self._contexts(state, num_threads)
         for p, ctx in zip(state.placements, contexts, strict=True):
             slot = state.reservation.layout.slot(state.name, p.rank)
@@ -525,7 +525,7 @@ class WorkerGroupBuilder(Generic[W]):
                 f"(cluster.startup_timeout_s); the node may be out of memory or CPUs, or a "
                 f"worker __init__ is slow: raise the timeout or check the Ray logs"
             )
-        facts = GroupFuture(group, range(len(refs)), refs, "__init__").wait()
+        facts: list[Any] = GroupFuture(group, range(len(refs)), refs, "__init__").wait()
         for i, f in enumerate(facts):
             info = state.infos[i]
             state.infos[i] = WorkerInfo(
