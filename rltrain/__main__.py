@@ -92,7 +92,18 @@ def subcommand(argv: Sequence[str]) -> Callable[[], int] | None:
     prog = f"{_program()} {name}"
 
     def run() -> int:
-        module = importlib.import_module(SUBCOMMANDS[name])
+        try:
+            module = importlib.import_module(SUBCOMMANDS[name])
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("rltrain.bench"):
+                raise
+            # The wheel does not ship the benchmarks (setup.py): they run from a checkout.
+            print(
+                f"{prog}: the benchmarks are not installed with the package; run them from a "
+                f"source checkout of rltrain: python -m rltrain.bench [name ...]",
+                file=sys.stderr,
+            )
+            return 2
         return module.main(rest, prog=prog)
 
     return run

@@ -284,8 +284,9 @@ def render() -> str:
         "`python -m rltrain.config.reference > docs/config.md` (a test keeps this file up to",
         "date). *Read by* lists the modules whose code reads the key; validation is not",
         "counted. Cross-field rules and the error messages are in `rltrain/config/validate.py`",
-        "and `rltrain/config/engine_checks.py`; `python -m rltrain --cfg job` prints a composed",
-        "config.",
+        "and `rltrain/config/engine_checks.py` (each engine's own in `rltrain/kinds/`); the",
+        "values of `runner`, `actor.backend` and `rollout.backend` are the names of",
+        "`rltrain.kinds.registry`. `python -m rltrain --cfg job` prints a composed config.",
         "",
     ]
     section = None

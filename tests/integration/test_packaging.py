@@ -48,6 +48,7 @@ def test_wheel_runs_outside_the_source_tree(tmp_path: pathlib.Path):
         capture_output=True,
     )
     assert (site / "rltrain" / "conf" / "placement" / "hybrid.yaml").is_file()
+    assert not (site / "rltrain" / "bench").exists()  # benchmarks stay in the source tree
     env = {**os.environ, "PYTHONPATH": str(site)}
     where = subprocess.run(
         [sys.executable, "-c", "import rltrain; print(rltrain.__file__)"],
@@ -68,3 +69,12 @@ def test_wheel_runs_outside_the_source_tree(tmp_path: pathlib.Path):
     )
     assert out.returncode == 0, out.stderr
     assert "mode: hybrid" in out.stdout
+    bench = subprocess.run(
+        [sys.executable, "-m", "rltrain", "bench"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bench.returncode == 2 and "source checkout" in bench.stderr, bench.stderr

