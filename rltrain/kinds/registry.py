@@ -12,7 +12,7 @@ from typing import Any
 
 from rltrain.errors import ConfigError
 from rltrain.kinds import components, engines, runners, vllm
-from rltrain.kinds.records import ComponentKind, EngineKind, RunnerKind
+from rltrain.kinds.records import ENGINE_KEYS, ComponentKind, EngineKind, RunnerKind
 
 Kind = EngineKind | ComponentKind | RunnerKind
 
@@ -79,7 +79,7 @@ def engine(role: str, name: str) -> EngineKind:
     try:
         return _ENGINES[(role, name)]
     except KeyError:
-        key = EngineKind(name, role, "", "").key
+        key = ENGINE_KEYS[role]
         raise ConfigError(
             f"{key}={name!r} is not valid: choose one of {list(engine_names(role))}"
         ) from None

@@ -581,60 +581,77 @@ def component_terms(
         ``{kind: bytes}``; kinds that do not apply are left out.
     """
     params = mem.value_param_count(dims) if name == "critic" else mem.param_count(dims)
-    dt = dims.dtype
     seq = mem.sequence_length(run, dims)
     t: dict[str, int] = {}
     if name in ("actor", "critic"):
-        sec = run.actor if name == "actor" else run.critic
-        tp, pp = (run.actor.tensor_parallel_size, run.actor.pipeline_parallel_size)
-        if name == "critic":
-            tp, pp = 1, 1
-        zero = run.actor.zero_stage if name == "actor" else 0
-        dp = max(world // (tp * pp), 1)
-        z = mem.zero_divisors(zero, dp)
-        held, trained = (params, params)
-        if name == "actor":  # LoRA: gradients and Adam state for the adapters only
-            held, trained = mem.actor_param_counts(run, dims, params)
-        t["weights"] = mem.weight_bytes(held, dt, tp * pp * z["weights"])
-        t["grads"] = mem.grad_bytes(trained, dt, tp * pp * z["grads"])
-        t["optimizer"] = mem.optimizer_bytes(trained, dt, tp * pp * z["optimizer"])
-        ckpt = bool(getattr(run.actor, "gradient_checkpointing", False)) and name == "actor"
-        out = 1 if name == "critic" else None  # a value per token, not vocabulary logits
-        # A token budget bounds a micro-batch's tokens, whatever its rows (up to a minibatch).
-        budget = getattr(run.actor, "max_tokens_per_micro_batch", None) if name == "actor" else None
-        b = micro_batch(run, sec.micro_batch_size if budget is None else budget, dp)
-        t["activations"] = mem.activation_bytes(
-            b, seq, dims, tp, True, ckpt, outputs_per_token=out, max_tokens=budget
-        )
+        t = _trainer_terms(run, name, world, dims, params, seq)
     elif name in ("reference", "inference"):
         sec = getattr(run, name)
         tp = getattr(sec, "tensor_parallel_size", 1)
         mp = tp * getattr(sec, "pipeline_parallel_size", 1)
-        t["weights"] = mem.weight_bytes(params, dt, mp)
+        t["weights"] = mem.weight_bytes(params, dims.dtype, mp)
         b = micro_batch(run, sec.micro_batch_size, max(world // mp, 1))
         t["activations"] = mem.activation_bytes(b, seq, dims, tp, False)
     elif name == "reward" and run.reward.kind == "model" and run.reward.model_path:
-        rdims = mem.checkpoint_dims(run.reward.model_path, dt)
-        t["weights"] = mem.weight_bytes(mem.param_count(rdims), dt)
+        rdims = mem.checkpoint_dims(run.reward.model_path, dims.dtype)
+        t["weights"] = mem.weight_bytes(mem.param_count(rdims), dims.dtype)
         micro = getattr(run.reward, "micro_batch_size", None) or run.actor.micro_batch_size
         t["activations"] = mem.activation_bytes(
             micro_batch(run, micro, world), mem.sequence_length(run, rdims), rdims, 1, False
         )
     elif name == "rollout":
-        t["weights"] = mem.weight_bytes(params, dt)
-        r = run.rollout
-        if registry.generation_engine(run).kv_reserved:
-            reserved = mem.vllm_reserved_bytes(
-                r.gpu_memory_utilization, node.device_memory_bytes, ndev
-            )
-            t["kv_cache"] = max(reserved - t["weights"], 0)
-        else:
-            batch = mem.rollout_batch_per_process(
-                run.trainer.train_batch_size, r.n_samples_per_prompt, world
-            )
-            t["kv_cache"] = mem.kv_cache_bytes(batch, seq, dims)
+        t = _rollout_terms(run, world, ndev, node, dims, params, seq)
     t["context"] = mem.context_bytes(node.accelerator_type) * ndev
     return {k: v for k, v in t.items() if v}
+
+
+def _trainer_terms(
+    run: Any, name: str, world: int, dims: mem.ModelDims, params: int, seq: int
+) -> dict[str, int]:
+    """The actor's or the critic's weights, gradients, optimizer state and activations."""
+    dt = dims.dtype
+    sec = run.actor if name == "actor" else run.critic
+    tp, pp = (run.actor.tensor_parallel_size, run.actor.pipeline_parallel_size)
+    if name == "critic":
+        tp, pp = 1, 1
+    zero = run.actor.zero_stage if name == "actor" else 0
+    dp = max(world // (tp * pp), 1)
+    z = mem.zero_divisors(zero, dp)
+    held, trained = (params, params)
+    if name == "actor":  # LoRA: gradients and Adam state for the adapters only
+        held, trained = mem.actor_param_counts(run, dims, params)
+    t = {
+        "weights": mem.weight_bytes(held, dt, tp * pp * z["weights"]),
+        "grads": mem.grad_bytes(trained, dt, tp * pp * z["grads"]),
+        "optimizer": mem.optimizer_bytes(trained, dt, tp * pp * z["optimizer"]),
+    }
+    ckpt = bool(getattr(run.actor, "gradient_checkpointing", False)) and name == "actor"
+    out = 1 if name == "critic" else None  # a value per token, not vocabulary logits
+    # A token budget bounds a micro-batch's tokens, whatever its rows (up to a minibatch).
+    budget = getattr(run.actor, "max_tokens_per_micro_batch", None) if name == "actor" else None
+    b = micro_batch(run, sec.micro_batch_size if budget is None else budget, dp)
+    t["activations"] = mem.activation_bytes(
+        b, seq, dims, tp, True, ckpt, outputs_per_token=out, max_tokens=budget
+    )
+    return t
+
+
+def _rollout_terms(
+    run: Any, world: int, ndev: int, node: Any, dims: mem.ModelDims, params: int, seq: int
+) -> dict[str, int]:
+    """The rollout's weights and KV cache: a reserved share of the device for an engine whose
+    entry says ``kv_reserved`` (vLLM), else sized by the batch it generates."""
+    t = {"weights": mem.weight_bytes(params, dims.dtype)}
+    r = run.rollout
+    if registry.generation_engine(run).kv_reserved:
+        reserved = mem.vllm_reserved_bytes(r.gpu_memory_utilization, node.device_memory_bytes, ndev)
+        t["kv_cache"] = max(reserved - t["weights"], 0)
+    else:
+        batch = mem.rollout_batch_per_process(
+            run.trainer.train_batch_size, r.n_samples_per_prompt, world
+        )
+        t["kv_cache"] = mem.kv_cache_bytes(batch, seq, dims)
+    return t
 
 
 def _stage_memory(
