@@ -78,9 +78,10 @@ def checked_layout(run: Any, output_dir: str | None) -> Any:
     Raises:
         ConfigError, PlacementError, ResourceError: what the single run would refuse.
     """
+    from rltrain.kinds import registry
     from rltrain.runners.layout import preflight
 
-    if run.runner == "reasoning" and run.task.generate:
+    if run.task.generate and registry.runner(run).language_model:
         from rltrain.tasks import prepare_task
 
         prepare_task(run)  # the plan reads the checkpoint the generator writes
@@ -106,12 +107,13 @@ def job_needs(task_cfg: DictConfig, output_dir: str | None = None) -> JobNeeds:
         return JobNeeds()
     from rltrain.config import load_config
     from rltrain.errors import RltrainError
+    from rltrain.kinds import registry
 
     cluster = dict(OmegaConf.to_container(task_cfg.cluster, resolve=True))  # type: ignore[arg-type]
     try:
         run = load_config(task_cfg)
         if run.mode == "plan":
-            if run.runner == "reasoning" and run.task.generate:
+            if run.task.generate and registry.runner(run).language_model:
                 from rltrain.tasks import prepare_task
 
                 prepare_task(run)  # only looks (a plan writes nothing): refuses a user's files
