@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rltrain.config.algorithms import needs_critic
 from rltrain.kinds.records import ComponentKind
 
 
@@ -45,7 +46,7 @@ CRITIC = ComponentKind(
     summary="the value model of PPO with GAE",
     workers={"reasoning": "rltrain.workers.critic:CriticWorker"},
     layout_args=("critic_sizes",),
-    built_when=lambda run: run.algorithm.advantage_estimator == "gae",
+    built_when=lambda run: needs_critic(run.algorithm.advantage_estimator),
 )
 INFERENCE = ComponentKind(
     name="inference",

@@ -149,11 +149,11 @@ def _any_agent_port() -> Iterator[None]:
             kwargs.setdefault("dashboard_agent_listen_port", 0)
             super().__init__(*args, **kwargs)
 
-    parameter.RayParams = _Params
+    parameter.RayParams = _Params  # type: ignore[misc]
     try:
         yield
     finally:
-        parameter.RayParams = original
+        parameter.RayParams = original  # type: ignore[misc]
 
 
 #: Ray settings for a local Ray that rltrain starts itself (a joined cluster keeps its own).
