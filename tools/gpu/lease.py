@@ -111,9 +111,9 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         name="gpu_vllm",
-        what="(1) tests/gpu/test_vllm_rollout_gpu.py",
-        needs=("vllm",), gpu=True, fixed_s=60, per_step_s=0,
-        basis="pytest and imports 15 s, eager engine start 35 s, two IPC loads and generations",
+        what="(1) tests/gpu/test_vllm_rollout_gpu.py, test_vllm_continue_gpu.py",
+        needs=("vllm",), gpu=True, fixed_s=95, per_step_s=0,
+        basis="pytest and imports 15 s, two eager engine starts 70 s, IPC loads and generations",
     ),
     Step(
         name="c_vllm",

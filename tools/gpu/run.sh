@@ -303,7 +303,7 @@ run_step() { # NAME: the step's command, time-boxed, with its needs and the leas
     env) step env 90 20 - 0 bash -c do_env ;;
     plain) step plain 300 45 - 1 bash -c do_plain ;;
     vllm_engine) step vllm_engine 300 60 vllm 1 bash -c do_vllm_engine ;;
-    gpu_vllm) step gpu_vllm 200 45 vllm 1 bash -c 'do_pytest tests/gpu/test_vllm_rollout_gpu.py' ;;
+    gpu_vllm) step gpu_vllm 200 45 vllm 1 bash -c 'do_pytest tests/gpu/test_vllm_rollout_gpu.py tests/gpu/test_vllm_continue_gpu.py' ;;
     gputests) step gputests 240 45 - 1 bash -c 'do_pytest tests/gpu' ;;
     a_fused | b_turns_ipc | c_vllm | d_deepspeed)
       local needs=rest min=90
