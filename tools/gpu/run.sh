@@ -284,7 +284,7 @@ do_enginebench() {
 do_pytest() { # FILE...: the gpu tests named (each skips what the machine lacks)
   [[ $1 == *vllm* ]] && vllm_env
   if [[ -n ${REHEARSAL_DIR:-} ]]; then
-    "$py" -m pytest --collect-only -q -p no:cacheprovider "$@"
+    "$py" -m pytest --collect-only -q -p no:cacheprovider -o addopts="" "$@"
     return $?
   fi
   "$py" -m pytest "$@" -q -p no:cacheprovider -o addopts="" --timeout 200 \
