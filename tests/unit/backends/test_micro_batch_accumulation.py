@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -169,16 +171,24 @@ def test_a_ddp_wrapped_model_syncs_only_on_the_last_micro_batch(tmp_path):
             CountingDDP.entered += 1
             return super().no_sync()
 
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
+    def step() -> float:
         model = CountingDDP(Scale())
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         accumulate_step(model, opt, _token_batch(), _scale_loss("token_mean"), micro_batch=1)
-        assert CountingDDP.entered == 2  # three micro-batches
-        assert model.module.w.item() == pytest.approx(-3.5, abs=1e-6)
+        return model.module.w.item()
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        # The DDP model (its reducer holds the process group) is gone when step() returns:
+        # a reducer collected after destroy_process_group can hang in gloo's destructor,
+        # whichever later test the garbage collector happens to run in.
+        w = step()
+        gc.collect()
     finally:
         dist.destroy_process_group()
+    assert CountingDDP.entered == 2  # three micro-batches
+    assert w == pytest.approx(-3.5, abs=1e-6)
 
 
 def test_accumulated_value_update_equals_the_one_shot_update():
