@@ -14,7 +14,9 @@ The generator writes the train/eval rows (JSONL: ``prompt``, ``answer``) and a b
 ``model`` fields), briefly supervised on demonstrations with the tool's result masked out of the
 loss (``task.params.sft_steps``), as ``gsm8k_tiny`` writes its base chat checkpoint. RL then
 raises greedy accuracy (docs/agents.md). Everything is written once and kept (a stamp records
-what was generated; other settings regenerate it).
+what was generated and where; other settings regenerate it). Like every generator it writes
+only where its stamp proves it wrote before: a user's checkpoint or data file at one of its
+paths is refused, naming ``task.generate=null``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import os
 import random
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rltrain.errors import ConfigError
+from rltrain.tasks.generated import locked, spec_values
 from rltrain.tasks.text_env import ToolEnv, ToolError
 from rltrain.tasks.tool_format import format_call, format_result
 
@@ -84,19 +87,7 @@ class CalcToolSpec:
         Raises:
             ConfigError: a value of the wrong type or out of range.
         """
-        values: dict[str, Any] = {"seed": seed}
-        problems = []
-        for f in fields(cls):
-            if f.name == "seed" or f.name not in params:
-                continue
-            v, want = params[f.name], float if f.type == "float" else int
-            if isinstance(v, bool) or not isinstance(v, (int, float) if want is float else int):
-                problems.append(f"task.params.{f.name}={v!r} must be {want.__name__}")
-            else:
-                values[f.name] = want(v)
-        if problems:
-            raise ConfigError(problems)
-        spec = cls(**values)
+        spec = cls(**spec_values(cls, params, seed))
         problems = spec.problems()
         if problems:
             raise ConfigError(problems)
@@ -215,7 +206,7 @@ def _sft_steps(
     return losses
 
 
-def _stamp(spec: CalcToolSpec, model_cfg: Any) -> dict[str, Any]:
+def _stamp(spec: CalcToolSpec, model_cfg: Any, paths: tuple[str, str]) -> dict[str, Any]:
     from rltrain.config.schema import MODEL_SIZE_FIELDS
 
     sized = ("family", *MODEL_SIZE_FIELDS, "tie_word_embeddings", "init_seed")
@@ -224,15 +215,51 @@ def _stamp(spec: CalcToolSpec, model_cfg: Any) -> dict[str, Any]:
         "version": VERSION,
         "spec": asdict(spec),
         "model": {k: getattr(model_cfg, k) for k in sized},
+        # the data files written with the checkpoint: only these may be rewritten later
+        "data": [os.path.abspath(p) for p in paths],
     }
 
 
-def _current(stamp: dict[str, Any], paths: tuple[str, str], model_dir: str) -> bool:
-    file = os.path.join(model_dir, STAMP)
-    if not os.path.isfile(file) or not all(os.path.isfile(p) for p in paths):
-        return False
-    with open(file) as f:
-        return json.load(f) == stamp
+def _held_stamp(model_dir: str) -> dict[str, Any] | None:
+    """This generator's stamp in ``model_dir``, or None (none, unreadable, another's)."""
+    try:
+        with open(os.path.join(model_dir, STAMP)) as f:
+            held = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return held if isinstance(held, dict) and held.get("generator") == "calc_tool" else None
+
+
+def _current(stamp: dict[str, Any], model_dir: str) -> bool:
+    return _held_stamp(model_dir) == stamp and all(os.path.isfile(p) for p in stamp["data"])
+
+
+def foreign_outputs(paths: tuple[str, str], model_dir: str) -> list[str]:
+    """What the generator would overwrite without having written it: one message per path.
+
+    A checkpoint directory is the generator's when it holds its stamp; a data file when that
+    stamp names it. Anything else already there is the user's and is never replaced.
+    """
+    fix = (
+        "set task.generate=null to use it as it is, or point {key} at a path that does not "
+        "exist yet (experiment=calc_tool puts all three under task.params.data_dir)"
+    )
+    held = _held_stamp(model_dir)
+    problems = []
+    if os.path.lexists(model_dir) and held is None:
+        problems.append(
+            f"model.path={model_dir!r} exists and task.generate='calc_tool' did not write it "
+            f"(no {STAMP} in it), so the generator will not replace it: "
+            + fix.format(key="model.path")
+        )
+    ours = set(held["data"]) if held and isinstance(held.get("data"), list) else set()
+    for key, path in zip(("task.path", "task.eval_path"), paths, strict=True):
+        if os.path.lexists(path) and os.path.abspath(path) not in ours:
+            problems.append(
+                f"{key}={path!r} exists and task.generate='calc_tool' did not write it, so the "
+                f"generator will not overwrite it: " + fix.format(key=key)
+            )
+    return problems
 
 
 def ensure_calc_tool(
@@ -257,26 +284,46 @@ def ensure_calc_tool(
         True when something was (or, with ``dry_run``, would be) written.
 
     Raises:
-        ConfigError: ``model_dir`` holds something this generator did not write.
+        ConfigError: a path holds a checkpoint or data file this generator did not write.
     """
-    stamp = _stamp(spec, model_cfg)
-    if _current(stamp, (train_path, eval_path), model_dir):
+    paths = (train_path, eval_path)
+    stamp = _stamp(spec, model_cfg, paths)
+    if _current(stamp, model_dir):
         return False
-    if os.path.isdir(model_dir) and not os.path.isfile(os.path.join(model_dir, STAMP)):
-        raise ConfigError(
-            f"model.path={model_dir!r} holds a checkpoint task.generate=calc_tool did not "
-            f"write: point task.params.data_dir (or model.path) elsewhere"
-        )
+    lock = os.path.abspath(model_dir).rstrip("/") + ".lock"
+    foreign = foreign_outputs(paths, model_dir)
+    if foreign and not os.path.exists(lock):  # no generator ever wrote here: refuse untouched
+        raise ConfigError(foreign)
     if dry_run:
+        if foreign:  # another job of a sweep may be writing them now: wait, then look again
+            with locked(lock):
+                if _current(stamp, model_dir):
+                    return False
+                foreign = foreign_outputs(paths, model_dir)
+        if foreign:
+            raise ConfigError(foreign)
         return True
+    with locked(lock):
+        if _current(stamp, model_dir):  # another job wrote them while we waited
+            return False
+        foreign = foreign_outputs(paths, model_dir)
+        if foreign:
+            raise ConfigError(foreign)
+        _write_all(paths, model_dir, spec, model_cfg, stamp)
+    return True
+
+
+def _write_all(
+    paths: tuple[str, str], model_dir: str, spec: CalcToolSpec, model_cfg: Any, stamp: Any
+) -> None:
+    """Write the rows and the checkpoint (the caller holds the lock; the paths are ours)."""
     train, evals = sums(spec)
-    for rows, path in ((train, train_path), (evals, eval_path)):
+    for rows, path in ((train, paths[0]), (evals, paths[1])):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path + ".tmp", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         os.replace(path + ".tmp", path)
     _write_checkpoint(model_dir, train, spec, model_cfg, stamp)
-    return True
 
 
 def _write_checkpoint(
@@ -297,7 +344,7 @@ def _write_checkpoint(
         tok.save_pretrained(tmp)
         with open(os.path.join(tmp, STAMP), "w") as f:
             json.dump(stamp, f, indent=1)
-        if os.path.lexists(model_dir):
+        if os.path.lexists(model_dir):  # the generator's own (checked): replaced whole
             shutil.rmtree(model_dir)
         os.replace(tmp, model_dir)
         if losses:

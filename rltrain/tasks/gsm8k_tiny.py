@@ -16,23 +16,21 @@ kept (a stamp records what was generated; other settings regenerate it).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
 import logging
-import math
 import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rltrain.config.schema import MODEL_SIZE_FIELDS
 from rltrain.config.seeds import dataset_seed
 from rltrain.errors import ConfigError
+from rltrain.tasks.generated import locked, spec_values
 from rltrain.telemetry.progress import StageProgress
 
 log = logging.getLogger(__name__)
@@ -124,21 +122,8 @@ class Gsm8kTinySpec:
         Raises:
             ConfigError: a value of the wrong type or out of range.
         """
-        values: dict[str, Any] = {"seed": seed}
-        problems = []
-        for f in fields(cls):
-            if f.name == "seed" or f.name not in params:
-                continue
-            v = params[f.name]
-            number = f.type == "float" and isinstance(v, (int, float)) and math.isfinite(v)
-            if isinstance(v, bool) or not (isinstance(v, int) or number):
-                kind = "a finite number" if f.type == "float" else "an integer"
-                problems.append(f"task.params.{f.name}={v!r} must be {kind}")
-            else:
-                values[f.name] = float(v) if f.type == "float" else v
-        spec = cls(**values) if not problems else cls()
-        if not problems:
-            problems = spec.problems()
+        spec = cls(**spec_values(cls, params, seed))
+        problems = spec.problems()
         if problems:
             raise ConfigError(problems)
         return spec
@@ -249,18 +234,6 @@ def build_bpe_tokenizer(corpus: Sequence[str], vocab_size: int) -> Any:
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
-
-
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """An exclusive lock on ``path`` (jobs of one sweep may prepare the same data at once)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 #: The ``model`` fields the generated checkpoint is built from (its stamp records them).
@@ -505,14 +478,14 @@ def ensure_gsm8k_tiny(
         raise ConfigError(foreign)
     if dry_run:
         if foreign:  # another job of a sweep may be writing them now: wait for it, then look
-            with _locked(lock):
+            with locked(lock):
                 if _current(stamp, model_dir):
                     return False
                 foreign = foreign_outputs(train_path, eval_path, model_dir)
         if foreign:
             raise ConfigError(foreign)
         return True
-    with _locked(lock):
+    with locked(lock):
         if _current(stamp, model_dir):  # another job wrote it while we waited
             return False
         foreign = foreign_outputs(train_path, eval_path, model_dir)

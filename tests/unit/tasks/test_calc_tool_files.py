@@ -1,0 +1,57 @@
+"""``task.generate=calc_tool`` writes only where its stamp proves it wrote before."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from rltrain.config.schema import ModelConfig
+from rltrain.errors import ConfigError
+from rltrain.tasks.calc_tool import STAMP, CalcToolSpec, ensure_calc_tool
+
+SPEC = CalcToolSpec(num_train=16, num_eval=4, sft_steps=0)
+MODEL = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=2)
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _paths(d):
+    return str(d / "train.jsonl"), str(d / "eval.jsonl"), str(d / "base_model")
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_users_data_file_is_refused_untouched(tmp_path, dry_run) -> None:
+    train, evals, model = _paths(tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"prompt": "mine", "answer": "1"}\n')
+    before = _digest(tmp_path / "train.jsonl")
+    with pytest.raises(ConfigError, match=r"task.path=.*did not write it.*task.generate=null"):
+        ensure_calc_tool(train, evals, model, SPEC, MODEL, dry_run=dry_run)
+    assert _digest(tmp_path / "train.jsonl") == before
+    assert not (tmp_path / "base_model").exists() and not (tmp_path / "eval.jsonl").exists()
+
+
+def test_a_users_checkpoint_is_refused_untouched(tmp_path) -> None:
+    train, evals, model = _paths(tmp_path)
+    (tmp_path / "base_model").mkdir()
+    (tmp_path / "base_model" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"model.path=.*did not write it"):
+        ensure_calc_tool(train, evals, model, SPEC, MODEL)
+    assert (tmp_path / "base_model" / "config.json").read_text() == "{}"
+    assert not (tmp_path / "train.jsonl").exists()
+
+
+def test_its_own_outputs_are_kept_then_rewritten_for_another_spec(tmp_path) -> None:
+    train, evals, model = _paths(tmp_path)
+    assert ensure_calc_tool(train, evals, model, SPEC, MODEL, dry_run=True)
+    assert not (tmp_path / "train.jsonl").exists()  # a plan writes nothing
+    assert ensure_calc_tool(train, evals, model, SPEC, MODEL)
+    stamp = json.loads((tmp_path / "base_model" / STAMP).read_text())
+    assert sorted(stamp["data"]) == sorted([train, evals])
+    assert not ensure_calc_tool(train, evals, model, SPEC, MODEL)  # current: kept
+    more = CalcToolSpec(num_train=20, num_eval=4, sft_steps=0)
+    assert ensure_calc_tool(train, evals, model, more, MODEL)  # its own files: rewritten
+    assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 20
