@@ -31,8 +31,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rltrain.errors import ConfigError
-from rltrain.tasks.generated import locked, spec_values
+from rltrain.tasks.generated import checked_spec, ensure_written, held_stamp
 from rltrain.tasks.text_env import ToolEnv, ToolError
 from rltrain.tasks.tool_format import format_call, format_result
 
@@ -87,11 +86,7 @@ class CalcToolSpec:
         Raises:
             ConfigError: a value of the wrong type or out of range.
         """
-        spec = cls(**spec_values(cls, params, seed))
-        problems = spec.problems()
-        if problems:
-            raise ConfigError(problems)
-        return spec
+        return checked_spec(cls, params, seed)
 
     def problems(self) -> list[str]:
         """What is out of range, as messages naming ``task.params.*``."""
@@ -221,13 +216,7 @@ def _stamp(spec: CalcToolSpec, model_cfg: Any, paths: tuple[str, str]) -> dict[s
 
 
 def _held_stamp(model_dir: str) -> dict[str, Any] | None:
-    """This generator's stamp in ``model_dir``, or None (none, unreadable, another's)."""
-    try:
-        with open(os.path.join(model_dir, STAMP)) as f:
-            held = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return held if isinstance(held, dict) and held.get("generator") == "calc_tool" else None
+    return held_stamp(model_dir, STAMP, "calc_tool")
 
 
 def _current(stamp: dict[str, Any], model_dir: str) -> bool:
@@ -288,29 +277,13 @@ def ensure_calc_tool(
     """
     paths = (train_path, eval_path)
     stamp = _stamp(spec, model_cfg, paths)
-    if _current(stamp, model_dir):
-        return False
-    lock = os.path.abspath(model_dir).rstrip("/") + ".lock"
-    foreign = foreign_outputs(paths, model_dir)
-    if foreign and not os.path.exists(lock):  # no generator ever wrote here: refuse untouched
-        raise ConfigError(foreign)
-    if dry_run:
-        if foreign:  # another job of a sweep may be writing them now: wait, then look again
-            with locked(lock):
-                if _current(stamp, model_dir):
-                    return False
-                foreign = foreign_outputs(paths, model_dir)
-        if foreign:
-            raise ConfigError(foreign)
-        return True
-    with locked(lock):
-        if _current(stamp, model_dir):  # another job wrote them while we waited
-            return False
-        foreign = foreign_outputs(paths, model_dir)
-        if foreign:
-            raise ConfigError(foreign)
-        _write_all(paths, model_dir, spec, model_cfg, stamp)
-    return True
+    return ensure_written(
+        model_dir,
+        current=lambda: _current(stamp, model_dir),
+        foreign=lambda: foreign_outputs(paths, model_dir),
+        write=lambda: _write_all(paths, model_dir, spec, model_cfg, stamp),
+        dry_run=dry_run,
+    )
 
 
 def _write_all(

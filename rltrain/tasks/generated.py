@@ -1,5 +1,6 @@
 """What the built-in generators (``task.generate``) share: their ``task.params`` read into a
-spec, and the lock that lets the jobs of one sweep prepare the same outputs at once.
+spec, their stamps, and writing only where they wrote before, under a lock that lets the jobs
+of one sweep prepare the same outputs at once.
 
 Pure standard library; no torch.
 """
@@ -8,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
 
@@ -62,3 +64,71 @@ def locked(path: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def checked_spec(cls: Any, params: dict[str, Any], seed: int) -> Any:
+    """The spec ``cls`` read from ``task.params`` (:func:`spec_values`) and range-checked by
+    its ``problems()``.
+
+    Raises:
+        ConfigError: a value of the wrong type or out of range.
+    """
+    spec = cls(**spec_values(cls, params, seed))
+    problems = spec.problems()
+    if problems:
+        raise ConfigError(problems)
+    return spec
+
+
+def held_stamp(model_dir: str, stamp_file: str, generator: str) -> dict[str, Any] | None:
+    """The stamp ``generator`` left in ``model_dir``, or None (none, unreadable, another's)."""
+    try:
+        with open(os.path.join(model_dir, stamp_file)) as f:
+            held = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return held if isinstance(held, dict) and held.get("generator") == generator else None
+
+
+def ensure_written(
+    model_dir: str,
+    current: Callable[[], bool],
+    foreign: Callable[[], list[str]],
+    write: Callable[[], None],
+    dry_run: bool,
+) -> bool:
+    """Write a generator's outputs unless they are current, never over what it did not write.
+
+    The jobs of one sweep may prepare the same outputs at once: they take turns under a lock
+    beside ``model_dir`` and look again once they hold it.
+
+    Args:
+        model_dir: the generated checkpoint's directory (the lock is ``<model_dir>.lock``).
+        current: whether the outputs are there, as this run would write them.
+        foreign: one message per output path holding something the generator did not write.
+        write: writes every output (called under the lock, the paths checked).
+        dry_run: only check (``mode=plan``): write nothing.
+
+    Returns:
+        True when something was written (with ``dry_run``: would be), False when current.
+
+    Raises:
+        ConfigError: ``foreign`` found something.
+    """
+    if current():
+        return False
+    lock = os.path.abspath(model_dir).rstrip("/") + ".lock"
+    problems = foreign()
+    if problems and not os.path.exists(lock):  # no generator ever wrote here: refuse untouched
+        raise ConfigError(problems)
+    if dry_run and not problems:
+        return True
+    with locked(lock):  # another job may be writing them now: wait for it, then look again
+        if current():
+            return False
+        problems = foreign()
+        if problems:
+            raise ConfigError(problems)
+        if not dry_run:
+            write()
+    return True

@@ -29,8 +29,7 @@ from typing import Any
 
 from rltrain.config.schema import MODEL_SIZE_FIELDS
 from rltrain.config.seeds import dataset_seed
-from rltrain.errors import ConfigError
-from rltrain.tasks.generated import locked, spec_values
+from rltrain.tasks.generated import checked_spec, ensure_written, held_stamp
 from rltrain.telemetry.progress import StageProgress
 
 log = logging.getLogger(__name__)
@@ -122,11 +121,7 @@ class Gsm8kTinySpec:
         Raises:
             ConfigError: a value of the wrong type or out of range.
         """
-        spec = cls(**spec_values(cls, params, seed))
-        problems = spec.problems()
-        if problems:
-            raise ConfigError(problems)
-        return spec
+        return checked_spec(cls, params, seed)
 
     def problems(self) -> list[str]:
         """What is out of range, as messages naming ``task.params.*``."""
@@ -266,13 +261,7 @@ FILE_MARK = (b"rltrain.generator", b"gsm8k_tiny")
 
 
 def _held_stamp(model_dir: str) -> dict[str, Any] | None:
-    """The generator's stamp in ``model_dir``, or None when there is none (or it is unreadable)."""
-    try:
-        with open(os.path.join(model_dir, STAMP)) as f:
-            held = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return held if isinstance(held, dict) and held.get("generator") == "gsm8k_tiny" else None
+    return held_stamp(model_dir, STAMP, "gsm8k_tiny")
 
 
 def _marked(path: str) -> bool:
@@ -470,31 +459,15 @@ def ensure_gsm8k_tiny(
         ConfigError: a path holds a checkpoint or file the generator did not write.
     """
     stamp = _stamp(spec, train_path, eval_path, model_cfg, system_prompt, chat)
-    if _current(stamp, model_dir):
-        return False
-    lock = os.path.abspath(model_dir).rstrip("/") + ".lock"
-    foreign = foreign_outputs(train_path, eval_path, model_dir)
-    if foreign and not os.path.exists(lock):  # no generator ever wrote here: refuse untouched
-        raise ConfigError(foreign)
-    if dry_run:
-        if foreign:  # another job of a sweep may be writing them now: wait for it, then look
-            with locked(lock):
-                if _current(stamp, model_dir):
-                    return False
-                foreign = foreign_outputs(train_path, eval_path, model_dir)
-        if foreign:
-            raise ConfigError(foreign)
-        return True
-    with locked(lock):
-        if _current(stamp, model_dir):  # another job wrote it while we waited
-            return False
-        foreign = foreign_outputs(train_path, eval_path, model_dir)
-        if foreign:
-            raise ConfigError(foreign)
-        _generate(
+    return ensure_written(
+        model_dir,
+        current=lambda: _current(stamp, model_dir),
+        foreign=lambda: foreign_outputs(train_path, eval_path, model_dir),
+        write=lambda: _generate(
             train_path, eval_path, model_dir, spec, model_cfg, system_prompt, chat, stamp, progress
-        )
-    return True
+        ),
+        dry_run=dry_run,
+    )
 
 
 def _generate(
