@@ -197,7 +197,7 @@ common=(model=qwen2_0_5b placement=collocated cluster.simulate_devices=false
 declare -A extra=(
   [a_fused]="placement.fuse=true"
   [b_turns_ipc]="weight_sync.transport=ipc placement.fuse=false"
-  [c_vllm]="rollout.backend=vllm weight_sync.transport=ipc placement.offload.rollout.when=after_stage"
+  [c_vllm]="rollout.backend=vllm weight_sync.transport=ipc placement.offload.rollout.when=after_stage ${C_VLLM_EXTRA:-}"
   [d_deepspeed]="actor.backend=deepspeed actor.zero_stage=2 placement.offload.actor.when=after_stage"
 )
 
@@ -232,7 +232,7 @@ do_run() { # NAME: plan with the same overrides, then train with the GPU memory 
   # the first sample is read before the run puts anything on the GPU
   while [[ ! -s $dir/mem.tsv ]] && kill -0 "$watcher" 2>/dev/null; do sleep 0.05; done
   "$py" -m rltrain "${common[@]}" "${own[@]}" hydra.run.dir="$dir/run" \
-    trainer.checkpoint_dir="$home/ckpt/$key"
+    cluster.device_memory_gib="$(gpu_gib)" trainer.checkpoint_dir="$home/ckpt/$key"
   rc=$?
   kill "$watcher" && wait "$watcher"
   rm -rf "$home/ckpt/$key" # up to a few GB per run; nothing reads them
