@@ -267,3 +267,52 @@ def _lora(cfg: RunConfig) -> Iterator[str]:
             f"actor.lora.rank={lora.rank} with runner={cfg.runner!r}: LoRA adapts the reasoning "
             f"runner's language-model policy; set actor.lora.rank=0"
         )
+
+
+#: The capacity of a simulated device when ``cluster.device_memory_gib`` is null.
+SIMULATED_DEVICE_GIB = 4.0
+
+
+def simulated_device_gib(configured: float | None) -> float:
+    """The capacity of a simulated device: ``cluster.device_memory_gib``, or 4 GiB when null."""
+    return SIMULATED_DEVICE_GIB if configured is None else float(configured)
+
+
+_LOCAL_GPU_MEMORY: list[int | None] = []
+
+
+def local_gpu_memory_bytes() -> int | None:
+    """Memory of this machine's smallest GPU, in bytes, as ``nvidia-smi`` reports it.
+
+    Read with the driver's own tool rather than torch or NVML so that the driver process
+    (which plans before Ray starts) never holds a CUDA context on a device the workers need.
+    Read once per process.
+
+    Returns:
+        The bytes, or None where the machine shows no GPU (no driver, no ``nvidia-smi``, an
+        empty ``CUDA_VISIBLE_DEVICES``, or a tool that fails).
+    """
+    if not _LOCAL_GPU_MEMORY:
+        _LOCAL_GPU_MEMORY.append(_read_nvidia_smi())
+    return _LOCAL_GPU_MEMORY[0]
+
+
+def _read_nvidia_smi() -> int | None:
+    import shutil
+    import subprocess
+
+    tool = shutil.which("nvidia-smi")
+    if tool is None or os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return None
+    try:
+        out = subprocess.run(
+            [tool, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        mib = [int(float(line)) for line in out.split() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return min(mib) * 2**20 if mib else None

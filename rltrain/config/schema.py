@@ -53,7 +53,9 @@ class ClusterConfig:
     address: Optional[str] = None  # null: start a local Ray; "auto" or "host:port": join one
     num_nodes: int = 1  # nodes the placement may use
     devices_per_node: Any = 2  # accelerators per node: an int, or a list with one per node
-    device_memory_gib: float = 4.0  # capacity per device (simulated; discovered on GPUs)
+    # GiB per device. Simulated devices: their capacity (null: 4). GPUs: the most rltrain plans
+    # to use of each (null: all of it, read from nvidia-smi before Ray, measured after)
+    device_memory_gib: Optional[float] = None
     simulate_devices: bool = True  # declare logical devices when the node has no GPU
     cpus_per_node: Optional[float] = None  # CPUs Ray may schedule per node; null: all cores
     # labelled subsets of nodes placements may address

@@ -199,7 +199,8 @@ def _run(cfg: RunConfig) -> Iterator[str]:
 def _cluster(cfg: RunConfig) -> Iterator[str]:
     c = cfg.cluster
     yield from _positive("cluster.num_nodes", c.num_nodes)
-    yield from _positive("cluster.device_memory_gib", c.device_memory_gib)
+    if c.device_memory_gib is not None:
+        yield from _positive("cluster.device_memory_gib", c.device_memory_gib)
     yield from _positive("cluster.startup_timeout_s", c.startup_timeout_s)
     yield from _positive("cluster.collective_timeout_s", c.collective_timeout_s)
     yield from _one_of("cluster.node_order", c.node_order, ("head_first", "ip", "label"))

@@ -210,18 +210,9 @@ class ClusterSpec:
                 f"{total:,} devices, beyond any real cluster (rltrain plans at most "
                 f"{MAX_DEVICES:,}): lower cluster.devices_per_node or cluster.num_nodes"
             )
-        gib = get("device_memory_gib", 4.0)
-        try:
-            gib = float(gib)
-        except (TypeError, ValueError):
-            gib = math.nan
-        if not math.isfinite(gib) or gib <= 0 or gib * GIB > MAX_DEVICE_BYTES:
-            raise ConfigError(
-                f"cluster.device_memory_gib={get('device_memory_gib', 4.0)!r} is not a device "
-                f"memory: give a positive number of GiB, e.g. 80"
-            )
-        memory = int(gib * GIB)
         accel = "sim" if get("simulate_devices", True) else "cuda"
+        # a cluster of CPU nodes only has no device memory to read
+        memory = _device_memory(get("device_memory_gib", None), accel if total else "sim")
         cpus = get("cpus_per_node", None)
         nodes = tuple(
             NodeSpec(
@@ -306,3 +297,42 @@ class Placement:
         if self.hardware_type is not None or self.accelerator_type not in ("cuda", "sim"):
             return ()
         return self.local_hardware_ranks
+
+
+def _device_memory(configured: Any, accel: str) -> int:
+    """The bytes each device holds for the plan made before Ray starts.
+
+    Simulated devices have the configured capacity (4 GiB when null). GPUs have the configured
+    value, or when null the local GPUs' memory (``nvidia-smi``). After Ray starts, every GPU
+    node's own memory is measured and the configured value caps it
+    (:func:`rltrain.scheduler.discovery.build_spec`).
+
+    Raises:
+        ConfigError: a value that is not a device memory, or GPUs planned with no value and
+            no local GPU to read one from.
+    """
+    from rltrain.config.engine_checks import local_gpu_memory_bytes, simulated_device_gib
+
+    if configured is not None:
+        try:
+            gib = float(configured)
+        except (TypeError, ValueError):
+            gib = math.nan
+        if not math.isfinite(gib) or gib <= 0 or gib * GIB > MAX_DEVICE_BYTES:
+            raise ConfigError(
+                f"cluster.device_memory_gib={configured!r} is not a device memory: give a "
+                f"positive number of GiB, e.g. 80, or null"
+            )
+    if accel == "sim":
+        return int(simulated_device_gib(None if configured is None else gib) * GIB)
+    if configured is None:
+        local = local_gpu_memory_bytes()
+        if local is None:
+            raise ConfigError(
+                "cluster.device_memory_gib=null with cluster.simulate_devices=false, and this "
+                "machine shows no GPU to read the memory from (nvidia-smi): set "
+                "cluster.device_memory_gib to the cluster's GPU memory in GiB (e.g. 80) so the "
+                "plan is checked before Ray starts"
+            )
+        return local
+    return int(gib * GIB)

@@ -18,6 +18,7 @@ from typing import Any
 
 from rltrain.config import resolve_offload
 from rltrain.config.device_checks import simulated_latency_problem
+from rltrain.config.engine_checks import simulated_device_gib
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
 from rltrain.kinds import registry
@@ -111,7 +112,7 @@ class Job:
 def _simulated_memory(spec: ClusterSpec, run: RunConfig) -> ClusterSpec:
     """Simulated devices have the capacity the config gives them, also on a Ray started before
     (a test session's, a sweep's): their memory is a modelling choice, not a measurement."""
-    configured = int(run.cluster.device_memory_gib * GIB)
+    configured = int(simulated_device_gib(run.cluster.device_memory_gib) * GIB)
     nodes = tuple(
         dataclasses.replace(n, device_memory_bytes=configured) if n.accelerator_type == "sim" else n
         for n in spec.nodes

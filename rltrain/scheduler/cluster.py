@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from rltrain.config.engine_checks import simulated_device_gib
 from rltrain.errors import ConfigError, ResourceError
 from rltrain.placement.types import ClusterSpec, Placement
 from rltrain.scheduler.discovery import MEMORY_LABEL, build_spec
@@ -318,7 +319,7 @@ class Cluster:
         real = local_gpu_count()
         simulate = bool(_get(config, "simulate_devices", True)) and real == 0
         cpus = _get(config, "cpus_per_node") or os.cpu_count() or 1
-        memory = str(float(_get(config, "device_memory_gib", 4.0)))
+        memory = str(simulated_device_gib(_get(config, "device_memory_gib", None)))
         out = []
         for d in devices:
             args: dict[str, Any] = {"num_cpus": int(cpus) if float(cpus).is_integer() else cpus}

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rltrain.config.engine_checks import simulated_device_gib
 from rltrain.errors import ConfigError, ResourceError
 from rltrain.placement.types import GIB, ClusterSpec, NodeGroup, NodeSpec
 
@@ -185,8 +186,9 @@ def build_spec(
         entries: ``ray.nodes()`` (dead nodes are skipped).
         cluster_cfg: the ``cluster`` section (``num_nodes``, ``node_order``, ``node_groups``,
             ``device_memory_gib``, ``cpus_per_node``).
-        device_memory_bytes: measured memory per device by node id (real GPUs); nodes missing
-            here use their ``rltrain.io/device-memory-gib`` label, else the config.
+        device_memory_bytes: measured memory per device by node id (real GPUs), capped by
+            ``device_memory_gib`` when set; nodes missing here use their
+            ``rltrain.io/device-memory-gib`` label, else the config (4 GiB when null).
 
     Returns:
         The first ``cluster.num_nodes`` nodes in rank order, with their devices and groups.
@@ -204,12 +206,16 @@ def build_spec(
         )
     ranked = order_nodes(alive, str(_get(cluster_cfg, "node_order", "head_first")))[:want]
     measured = device_memory_bytes or {}
-    default_mem = int(float(_get(cluster_cfg, "device_memory_gib", 4.0)) * GIB)
+    configured = _get(cluster_cfg, "device_memory_gib", None)
+    default_mem = int(simulated_device_gib(configured) * GIB)
+    cap = int(float(configured) * GIB) if configured is not None else None
     cpus = _get(cluster_cfg, "cpus_per_node")
     nodes = []
     for rank, n in enumerate(ranked):
         label_mem = n.labels.get(MEMORY_LABEL)
         mem = measured.get(n.node_id) or (int(float(label_mem) * GIB) if label_mem else default_mem)
+        if n.node_id in measured and cap is not None:
+            mem = min(mem, cap)  # on GPUs the configured value caps what the plan may use
         accel = "none" if n.num_gpus == 0 else ("cuda" if n.real_gpus else "sim")
         nodes.append(
             NodeSpec(

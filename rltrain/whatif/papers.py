@@ -17,6 +17,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from rltrain.whatif import hardware as hw
+
 #: Qwen2.5-7B / Qwen2.5-Math-7B shape (config.json of the Hugging Face checkpoints).
 QWEN25_7B = {
     "family": "qwen2",
@@ -212,7 +214,11 @@ def run_for(s: Setup, layout: Layout, mean_response: float, utilization: float =
         run,
         mode="plan",
         cluster=dataclasses.replace(
-            run.cluster, num_nodes=layout.nodes, devices_per_node=8, simulate_devices=False
+            run.cluster,
+            num_nodes=layout.nodes,
+            devices_per_node=8,
+            simulate_devices=False,
+            device_memory_gib=hw.device(s.hardware).memory_gib,
         ),
         placement=dataclasses.replace(
             run.placement,

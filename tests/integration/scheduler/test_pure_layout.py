@@ -74,7 +74,7 @@ def test_build_spec_devices_memory_and_limits():
         entry("cpu", "10.0.0.3", cpus=8),
         entry("dead", "10.0.0.4", gpus=8, alive=False),
     ]
-    cfg = {"num_nodes": 3, "device_memory_gib": 4.0, "cpus_per_node": 16}
+    cfg = {"num_nodes": 3, "device_memory_gib": None, "cpus_per_node": 16}
     spec = build_spec(entries, cfg, device_memory_bytes={"w": 80 * GIB})
     assert [(n.rank, n.ray_node_id, n.num_devices, n.accelerator_type) for n in spec.nodes] == [
         (0, "h", 2, "sim"),
@@ -83,6 +83,9 @@ def test_build_spec_devices_memory_and_limits():
     ]
     assert [n.device_memory_bytes for n in spec.nodes] == [int(1.5 * GIB), 80 * GIB, 4 * GIB]
     assert [n.num_cpus for n in spec.nodes] == [4.0, 16.0, 8.0]  # capped by cpus_per_node
+    # a configured value caps the measured GPUs and sizes the simulated ones without a label
+    capped = build_spec(entries, {**cfg, "device_memory_gib": 40.0}, {"w": 80 * GIB})
+    assert [n.device_memory_bytes for n in capped.nodes] == [int(1.5 * GIB), 40 * GIB, 40 * GIB]
     assert build_spec(entries, {"num_nodes": 1}).num_nodes == 1  # the first num_nodes only
     with pytest.raises(ResourceError, match="cluster.num_nodes=4 but the Ray cluster has 3 alive"):
         build_spec(entries, {"num_nodes": 4})
