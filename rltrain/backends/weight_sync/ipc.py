@@ -23,6 +23,8 @@ by the GPU's UUID, which the sender records.
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +59,14 @@ __all__ = [
 # storage_device, ...)``); the receiver rewrites it to its own index of the same physical GPU.
 _DEVICE_ARG = 6
 
+#: This process's published buffers by (sender rank, receiver, version, bucket index). CUDA
+#: cannot open an IPC handle in the process that made it ("invalid device context"), so a
+#: receiver in the sender's own process reads the buffer itself; weak, so freeing a version
+#: (:class:`HeldVersions`) still frees its memory.
+_OWN_BUFFERS: weakref.WeakValueDictionary[tuple[int, str, int, int], torch.Tensor] = (
+    weakref.WeakValueDictionary()
+)
+
 
 @dataclass(frozen=True)
 class IpcBucket:
@@ -79,6 +89,7 @@ class IpcPayload:
             the buckets are freed); None outside Ray (the sender then frees them itself).
         receiver: the receiving component the buckets were published for (``rollout``,
             ``inference``).
+        sender_pid: the publishing process (a receiver in it reads the buffers directly).
     """
 
     sender_rank: int
@@ -87,6 +98,23 @@ class IpcPayload:
     buckets: tuple[IpcBucket, ...]
     owner: Any = None
     receiver: str = "rollout"
+    sender_pid: int = 0
+
+    def own_buffer(self, index: int) -> torch.Tensor | None:
+        """Bucket ``index``'s buffer when this process published it, else None.
+
+        Raises:
+            WorkerError: this process published the payload but no longer holds the bucket.
+        """
+        if self.sender_pid != os.getpid():
+            return None
+        buf = _OWN_BUFFERS.get((self.sender_rank, self.receiver, self.version, index))
+        if buf is None:
+            raise WorkerError(
+                f"IPC weight sync: version {self.version} of actor rank {self.sender_rank} was "
+                f"freed before this process (its sender) loaded it"
+            )
+        return buf
 
     @property
     def nbytes(self) -> int:
@@ -279,12 +307,16 @@ class IpcSender:
             for i, bucket in enumerate(self._layout)
         ]
         self.held.hold(version, buffers)
+        for i, buf in enumerate(buffers):
+            _OWN_BUFFERS[(self.rank, self.receiver, version, i)] = buf
         layout = zip(self._layout, buffers, strict=True)
         out = tuple(IpcBucket(b, reduce_tensor(buf)) for b, buf in layout)
         # reduce_tensor records an event the receiver waits on; syncing here as well keeps the
         # sender's timeline simple (the receiver never sees half-packed bytes either way).
         torch.cuda.current_stream(device).synchronize()
-        return IpcPayload(self.rank, device_uuid(device), version, out, self.owner, self.receiver)
+        return IpcPayload(
+            self.rank, device_uuid(device), version, out, self.owner, self.receiver, os.getpid()
+        )
 
     def acknowledge(self, receiver: int, version: int) -> int:
         """``receiver`` loaded ``version``: free what all receivers have loaded.
@@ -353,8 +385,9 @@ def receive_ipc(
 
     index = local_device_index(payload.device_uuid)
     written = 0
-    for item in payload.buckets:
-        flat = open_bucket(item, index)
+    for i, item in enumerate(payload.buckets):
+        own = payload.own_buffer(i)
+        flat = own if own is not None else open_bucket(item, index)
         written += loader(item.bucket, flat)
         # Our copies must finish before the sender may free or overwrite its buffer.
         torch.cuda.current_stream(index).synchronize()

@@ -139,3 +139,24 @@ def test_a_sender_outside_ray_never_imports_it() -> None:
         "assert _own_handle() is None and 'ray' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_receiver_in_the_senders_own_process_reads_the_buffer_itself():
+    """CUDA cannot open an IPC handle in the process that made it ("invalid device context",
+    the 2026-11-26 H200 lease): the sender's own process gets its buffer, the weak registry
+    lets a freed version go, and another process opens the handle."""
+    import gc
+    import os
+
+    from rltrain.backends.weight_sync import ipc
+
+    buf = torch.arange(4.0)
+    ipc._OWN_BUFFERS[(0, "rollout", 9, 0)] = buf
+    mine = IpcPayload(0, "GPU-0", 9, (), None, "rollout", os.getpid())
+    assert mine.own_buffer(0) is buf
+    other = IpcPayload(0, "GPU-0", 9, (), None, "rollout", os.getpid() + 1)
+    assert other.own_buffer(0) is None
+    del buf
+    gc.collect()
+    with pytest.raises(WorkerError, match="version 9 of actor rank 0 was freed"):
+        mine.own_buffer(0)
