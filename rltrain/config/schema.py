@@ -423,6 +423,10 @@ class WeightSyncConfig:
 
 
 # --------------------------------------------------------------------------------------- trainer
+#: ``trainer.sampler`` values (rltrain.runners.samplers).
+SAMPLERS = ("in_order", "fifo", "windowed")
+
+
 @dataclass
 class TrainerConfig:
     total_steps: int = 500  # policy updates (the default run reaches 0.9 accuracy in ~250)
@@ -435,6 +439,12 @@ class TrainerConfig:
     max_restarts: int = 0  # automatic resumes after a worker failure
     max_staleness: int = 0  # weight versions rollout may lag behind the actor
     partial_rollout: str = "finish"  # finish | restart | continue: a generation at a weight swap
+    # in_order: step s trains the generation sent for step s; fifo: the freshest completed
+    # rollout shards, those past max_staleness dropped; windowed: the same within the last
+    # sampler_window versions (needs max_staleness >= 1; docs/async.md#samplers)
+    sampler: str = "in_order"
+    # windowed: shards sampled by the last W weight versions train (staleness <= W - 1), 1..k
+    sampler_window: Optional[int] = None
     time_budget_s: Optional[float] = None  # stop (with a checkpoint) after this many seconds
 
 

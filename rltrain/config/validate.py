@@ -35,7 +35,7 @@ from rltrain.config.files import (
     inputs_in_checkpoint_dir,
 )
 from rltrain.config.offload import policy_config, resolve_offload
-from rltrain.config.schema import MODEL_SIZE_FIELDS, RunConfig
+from rltrain.config.schema import MODEL_SIZE_FIELDS, SAMPLERS, RunConfig
 from rltrain.errors import ConfigError
 from rltrain.kinds import registry
 from rltrain.kinds.records import RunnerKind
@@ -686,6 +686,7 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
             f"counted as stale), 'restart' (it is cancelled and run again with the new ones) or "
             f"'continue' (it keeps its tokens and samples the rest with the new ones)"
         )
+    yield from sampler_problems(cfg)
     if t.time_budget_s is not None:
         yield from _positive("trainer.time_budget_s", t.time_budget_s)
     if t.target_accuracy is not None and not 0 < t.target_accuracy <= 1:
@@ -700,6 +701,43 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
     local = t.resume is not None and "://" not in t.resume
     if t.resume not in (None, "auto") and local and not os.path.exists(t.resume):
         yield (f"trainer.resume={t.resume!r} is neither 'auto' nor an existing checkpoint path")
+
+
+def sampler_problems(cfg: RunConfig) -> Iterator[str]:
+    """``trainer.sampler`` / ``trainer.sampler_window`` where they would change nothing."""
+    t = cfg.trainer
+    if t.sampler not in SAMPLERS:
+        yield f"trainer.sampler={t.sampler!r} is not valid: choose one of {list(SAMPLERS)}"
+        return
+    if t.sampler_window is not None and t.sampler != "windowed":
+        yield (
+            f"trainer.sampler_window={t.sampler_window} sizes the window of trainer.sampler="
+            f"'windowed'; trainer.sampler={t.sampler!r} has none: drop trainer.sampler_window "
+            f"or set trainer.sampler=windowed"
+        )
+    if t.sampler == "in_order":
+        return
+    k = t.max_staleness
+    if k < 1 or cfg.runner != "reasoning":
+        yield (
+            f"trainer.sampler={t.sampler!r} with trainer.max_staleness={k} and runner="
+            f"{cfg.runner!r}: a sampler chooses among generations that ran ahead, which only "
+            f"the reasoning runner's asynchronous rollout has; set trainer.max_staleness>=1 "
+            f"(placement=disaggregated) or trainer.sampler=in_order"
+        )
+    elif t.sampler != "windowed":
+        return
+    elif t.sampler_window is None or t.sampler_window < 1:
+        yield (
+            f"trainer.sampler='windowed' needs trainer.sampler_window=W, the versions it "
+            f"keeps, 1 <= W <= trainer.max_staleness={k} (got {t.sampler_window})"
+        )
+    elif t.sampler_window > k:
+        yield (
+            f"trainer.sampler_window={t.sampler_window} with trainer.max_staleness={k}: a "
+            f"window of more than k versions keeps every version the bound allows, which is "
+            f"trainer.sampler=fifo; set trainer.sampler_window<={k} or trainer.sampler=fifo"
+        )
 
 
 # Checks kept in their own modules register themselves on import.

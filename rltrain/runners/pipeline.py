@@ -18,13 +18,26 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.runners.staleness import over_bound, staleness
 
-if TYPE_CHECKING:  # the runner imports this module
-    from rltrain.runners.reasoning import ReasoningRunner
+
+class Generator(Protocol):
+    """What the pipeline needs of its runner (:class:`~rltrain.runners.reasoning.ReasoningRunner`;
+    unit tests pass a stand-in)."""
+
+    version: int  # the newest weights handed to the rollout
+    job: Any  # ``job.stage(component)``: a component's turn on its devices
+    sizes: Any  # ``samples_per_step``, ``rollout_dp``
+
+    def submit_generation(
+        self, step: int, expect_version: int, *, resume: bool = False, policy: str | None = None
+    ) -> Any:
+        """Start a generation on every rollout rank; returns its group future."""
+        ...
+
 
 PARTIAL_ROLLOUTS = ("finish", "restart", "continue")
 
@@ -79,7 +92,7 @@ class GenerationPipeline:
     """
 
     def __init__(
-        self, runner: ReasoningRunner, max_staleness: int, partial_rollout: str = "finish"
+        self, runner: Generator, max_staleness: int, partial_rollout: str = "finish"
     ) -> None:
         if partial_rollout not in PARTIAL_ROLLOUTS:
             raise ConfigError(
@@ -184,15 +197,19 @@ class GenerationPipeline:
     def _submit(self, step: int, restarts: int = 0) -> InFlight:
         r = self.runner
         with r.job.stage("rollout"):
-            future = r.submit_generation(step, max(step - self.k, 0), policy=self.policy)
+            future = r.submit_generation(step, self._expect(step), policy=self.policy)
         return InFlight(step, r.version, future, restarts)
+
+    def _expect(self, step: int) -> int:
+        """The oldest version the rollout may sample step ``step``'s generation with."""
+        return max(step - self.k, 0)
 
     def _continue(self, g: InFlight) -> InFlight:
         """Resubmit a paused generation: the rollout continues its rows with the new weights."""
         r = self.runner
         with r.job.stage("rollout"):
             future = r.submit_generation(
-                g.step, max(g.step - self.k, 0), resume=True, policy=self.policy
+                g.step, self._expect(g.step), resume=True, policy=self.policy
             )
         return InFlight(g.step, r.version, future, g.restarts, g.first_version, g.continues + 1)
 

@@ -8,7 +8,8 @@
 - :class:`TurnSchedule` — separate processes taking turns on their devices (synchronous): the
   rollout generates with the newest weights, then :meth:`ReasoningRunner.learn`.
 - :class:`PipelinedSchedule` — asynchronous rollout (``trainer.max_staleness = k >= 1``): the
-  generations of the next ``k`` steps run while the actor trains (:class:`GenerationPipeline`).
+  generations of the next ``k`` steps run while the actor trains (:class:`GenerationPipeline`;
+  with ``trainer.sampler=fifo|windowed``, :class:`PooledPipeline`).
 
 Each offers the loop's :class:`~rltrain.runners.loop.Schedule` protocol (``begin``, ``step``,
 ``has_queued``, ``evaluate``, ``end``) and ``drain`` for benchmarks.
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rltrain.errors import WorkerError
 from rltrain.runners.loop import StepTimer
 from rltrain.runners.pipeline import GenerationPipeline
+from rltrain.runners.pool import PooledPipeline
 from rltrain.telemetry import trace
 from rltrain.workers.fused import FusedWorker
 
@@ -149,12 +151,17 @@ class PipelinedSchedule(TurnSchedule):
     Args:
         runner: the run whose rollout generates ahead.
         max_staleness: ``k >= 1``, weight versions a batch may lag behind the actor.
-        partial_rollout: ``finish`` or ``restart`` (``trainer.partial_rollout``).
+        partial_rollout: ``finish``, ``restart`` or ``continue`` (``trainer.partial_rollout``).
     """
 
     def __init__(self, runner: ReasoningRunner, max_staleness: int, partial_rollout: str) -> None:
         super().__init__(runner)
-        self.pipeline = GenerationPipeline(runner, max_staleness, partial_rollout)
+        t = runner.run.trainer
+        self.pipeline: GenerationPipeline = (
+            GenerationPipeline(runner, max_staleness, partial_rollout)
+            if t.sampler == "in_order"
+            else PooledPipeline(runner, max_staleness, partial_rollout, t.sampler, t.sampler_window)
+        )
 
     def begin(self, start: int, horizon: int | None) -> None:
         super().begin(start, horizon)

@@ -153,7 +153,7 @@ KNOWN_CYCLES: list[list[str]] = [
     # the algorithm registry imports its entries' modules, which import it to register
     ["rltrain.algorithms.advantages", "rltrain.algorithms.losses", "rltrain.algorithms.registry"],
     # the runner and its schedules (the schedules take the runner; being split up)
-    ["rltrain.runners.pipeline", "rltrain.runners.reasoning", "rltrain.runners.schedules"],
+    ["rltrain.runners.reasoning", "rltrain.runners.schedules"],
     # the Ray runtime: Worker.create_group -> WorkerGroupBuilder -> Worker, and the cluster's
     # and groups' annotations of each other
     [

@@ -1,0 +1,65 @@
+"""``trainer.sampler`` / ``trainer.sampler_window``: refused where they would change nothing."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from rltrain.config import load_config
+from rltrain.config.store import register_configs
+from rltrain.errors import ConfigError
+
+CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
+
+
+def compose_run(*overrides: str):
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+ASYNC = ("placement=disaggregated", "trainer.max_staleness=2")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["trainer.sampler=newest"], "trainer.sampler='newest' is not valid"),
+        (
+            ["trainer.sampler=fifo"],
+            "trainer.sampler='fifo' with trainer.max_staleness=0 and runner='reasoning'",
+        ),
+        (
+            ["experiment=cartpole_collocated", "trainer.sampler=fifo", "trainer.max_staleness=1"],
+            "runner='embodied'",
+        ),
+        ([*ASYNC, "trainer.sampler_window=1"], "drop trainer.sampler_window"),
+        ([*ASYNC, "trainer.sampler=windowed"], "needs trainer.sampler_window=W"),
+        ([*ASYNC, "trainer.sampler=windowed", "trainer.sampler_window=0"], "(got 0)"),
+        (
+            [*ASYNC, "trainer.sampler=windowed", "trainer.sampler_window=3"],
+            "set trainer.sampler_window<=2 or trainer.sampler=fifo",
+        ),
+    ],
+)
+def test_a_sampler_that_would_change_nothing_is_refused_with_the_fix(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(compose_run(*overrides))
+    assert expected in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [*ASYNC, "trainer.sampler=fifo"],
+        [*ASYNC, "trainer.sampler=windowed", "trainer.sampler_window=2"],
+        [*ASYNC, "trainer.sampler=windowed", "trainer.sampler_window=1"],
+    ],
+)
+def test_samplers_are_accepted_with_asynchronous_rollout(overrides):
+    t = load_config(compose_run(*overrides)).trainer
+    assert t.sampler in ("fifo", "windowed")
