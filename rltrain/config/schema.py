@@ -307,6 +307,9 @@ class RolloutConfig:
     temperature: float = 1.0  # sampling temperature
     top_p: float = 1.0  # nucleus sampling mass
     max_new_tokens: int = 4  # response budget in tokens
+    # in_order: rank r gets the r-th slice of the step's prompts; length_aware: packed over the
+    # ranks by expected response length, longest first (docs/async.md#length-aware-dispatch)
+    dispatch: str = "in_order"
     gpu_memory_utilization: float = 0.3  # share of device memory a vLLM engine reserves
     max_model_len: Optional[int] = None  # vLLM: tokens per sequence; null: prompt + new tokens
     max_turns: int = 1  # with task.env: model turns per episode (each ends at EOS or a tool call)
@@ -425,6 +428,8 @@ class WeightSyncConfig:
 # --------------------------------------------------------------------------------------- trainer
 #: ``trainer.sampler`` values (rltrain.runners.samplers).
 SAMPLERS = ("in_order", "fifo", "windowed")
+#: ``rollout.dispatch`` values (rltrain.runners.dispatch).
+DISPATCHES = ("in_order", "length_aware")
 
 
 @dataclass

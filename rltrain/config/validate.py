@@ -35,7 +35,7 @@ from rltrain.config.files import (
     inputs_in_checkpoint_dir,
 )
 from rltrain.config.offload import policy_config, resolve_offload
-from rltrain.config.schema import MODEL_SIZE_FIELDS, SAMPLERS, RunConfig
+from rltrain.config.schema import DISPATCHES, MODEL_SIZE_FIELDS, SAMPLERS, RunConfig
 from rltrain.errors import ConfigError
 from rltrain.kinds import registry
 from rltrain.kinds.records import RunnerKind
@@ -520,6 +520,7 @@ def _components(cfg: RunConfig) -> Iterator[str]:
     if cfg.reward.kind == "model" and not cfg.reward.model_path:
         yield "reward.kind='model' needs reward.model_path: a local reward-model checkpoint"
     yield from _env(cfg)
+    yield from dispatch_problems(cfg)
 
 
 def _token_budget(cfg: RunConfig) -> Iterator[str]:
@@ -701,6 +702,18 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
     local = t.resume is not None and "://" not in t.resume
     if t.resume not in (None, "auto") and local and not os.path.exists(t.resume):
         yield (f"trainer.resume={t.resume!r} is neither 'auto' nor an existing checkpoint path")
+
+
+def dispatch_problems(cfg: RunConfig) -> Iterator[str]:
+    """``rollout.dispatch``: a known value, and only where prompts are dispatched."""
+    d = cfg.rollout.dispatch
+    if d not in DISPATCHES:
+        yield f"rollout.dispatch={d!r} is not valid: choose one of {list(DISPATCHES)}"
+    elif d != "in_order" and cfg.runner != "reasoning":
+        yield (
+            f"rollout.dispatch={d!r} with runner={cfg.runner!r}: only the reasoning runner "
+            f"dispatches prompts to the rollout ranks; set rollout.dispatch=in_order"
+        )
 
 
 def sampler_problems(cfg: RunConfig) -> Iterator[str]:

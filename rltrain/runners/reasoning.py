@@ -44,6 +44,7 @@ from rltrain.runners.checkpoint import (
     read_state,
     training_record,
 )
+from rltrain.runners.dispatch import Dispatcher
 from rltrain.runners.job import Job, start_job
 from rltrain.runners.layout import RECEIVERS, RunLayout, preflight
 from rltrain.runners.loop import StepTimer
@@ -120,6 +121,12 @@ class ReasoningRunner:
         self.weights: dict[str, Any] = {}
         self.transports = {} if self.fused else self._setup_weight_sync()
         self.batch_stage = batch_stage_for(self.run, self.sizes)
+        # rollout.dispatch=length_aware: prompts split over the rollout ranks by expected length
+        self.dispatcher = (
+            Dispatcher(self.run.rollout.n_samples_per_prompt)
+            if self.run.rollout.dispatch == "length_aware"
+            else None
+        )
         k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
         self.schedule = schedule_for(self, k, partial_rollout)
 
@@ -317,9 +324,12 @@ class ReasoningRunner:
     # ------------------------------------------------------------------------ the step's stages
     def rank_prompts(self, step: int, round_: int = 0) -> list[list[str]]:
         """The prompts of a step's generation round (:meth:`BatchStage.data_index`), split
-        over the rollout ranks (rank order)."""
+        over the rollout ranks (rank order): contiguous slices in data order, or packed by
+        expected length (``rollout.dispatch=length_aware``, :mod:`rltrain.runners.dispatch`)."""
         index = self.batch_stage.data_index(step, round_)
         prompts = [ex.prompt for ex in self.task.sample_batch(index, self.sizes.prompts_per_step)]
+        if self.dispatcher is not None:
+            return self.dispatcher.split(prompts, self.sizes.rollout_dp)
         k = self.sizes.prompts_per_rollout_rank
         return [prompts[r * k : (r + 1) * k] for r in range(self.sizes.rollout_dp)]
 
@@ -346,11 +356,14 @@ class ReasoningRunner:
             policy: the schedule's ``trainer.partial_rollout`` (None: the config's).
         """
         weights = self.weights.get("rollout")
+        per_rank = self.rank_prompts(step, round_)
         args = [
-            (prompts, step, weights, expect_version, True, resume, policy)
-            for prompts in self.rank_prompts(step, round_)
+            (prompts, step, weights, expect_version, True, resume, policy) for prompts in per_rank
         ]
-        return self.g.rollout.call_each(RolloutWorker.generate, args)
+        future = self.g.rollout.call_each(RolloutWorker.generate, args)
+        if self.dispatcher is not None:
+            self.dispatcher.sent(future.refs, per_rank)
+        return future
 
     def learn(self, step: int, shards: list[Any], timer: StepTimer) -> dict[str, Any]:
         """Reward, reference, update and weight export for one generated batch.
@@ -364,6 +377,7 @@ class ReasoningRunner:
         selection = Selection()
         if self.batch_stage.needs_scores:  # the stage picks the rows: wait for every score
             shards, scored, selection = self.fill_batch(step, shards, scored, timer)
+        generated = list(shards)  # the rollout's shards (the critic's carry values)
         ref_logprobs = None
         if g.reference is not None:
             with timer("reference"), self.job.stage("reference"):
@@ -395,7 +409,8 @@ class ReasoningRunner:
         with timer("reward"):
             scores = scored.scores()  # answered before the update started
         metrics = self.step_metrics(scores, results, timer.times)
-        return {**metrics, **critic_metrics, **selection.metrics}
+        lengths = self.observe_lengths(generated, scores)
+        return {**metrics, **critic_metrics, **selection.metrics, **lengths}
 
     def score(self, shards: list[Any], timer: StepTimer) -> ScoredShards:
         """Submit the scoring of ``shards`` (a reward model on devices takes its turn now)."""
@@ -428,6 +443,13 @@ class ReasoningRunner:
             all_shards += more.refs
             scores += self.score(more.refs, timer).scores()
         raise AssertionError("unreachable: the last round selects")
+
+    def observe_lengths(self, keys: list[Any], scores: list[Any]) -> dict[str, float]:
+        """Teach ``length_aware`` dispatch the response lengths of the shards ``keys``
+        (their ``Scores``); returns its ``rollout/length_*`` metrics ({} with ``in_order``)."""
+        if self.dispatcher is None:
+            return {}
+        return self.dispatcher.observe(keys, [s.response_tokens for s in scores])
 
     def inference_logprobs(self, shards: list[Any]) -> list[Any]:
         """``[b, R]`` log-probs of every shard under the policy that sampled them (the version

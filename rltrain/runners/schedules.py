@@ -65,7 +65,9 @@ class FusedSchedule:
         results = [result for result, _ in out]
         r.version = step + 1
         r.refresh_ledger("actor", results)
-        return r.step_metrics([scores for _, scores in out], results, timer.times)
+        scores = [scores for _, scores in out]
+        metrics = r.step_metrics(scores, results, timer.times)
+        return {**metrics, **r.observe_lengths(_fused_keys(step, len(scores)), scores)}
 
     def has_queued(self) -> bool:
         return self._queued is not None
@@ -84,8 +86,12 @@ class FusedSchedule:
         """Nothing runs ahead unless queued (and a queued step is the caller's to take)."""
 
     def _submit(self, step: int) -> Any:
-        per_rank = [(prompts, step) for prompts in self.runner.rank_prompts(step)]
-        return self.runner.g.actor.call_each(FusedWorker.step, per_rank)
+        r = self.runner
+        prompts = r.rank_prompts(step)
+        future = r.g.actor.call_each(FusedWorker.step, [(p, step) for p in prompts])
+        if r.dispatcher is not None:  # a fused rank answers with its scores: key by step, rank
+            r.dispatcher.sent(_fused_keys(step, len(prompts)), prompts)
+        return future
 
     def _take_queued(self, step: int) -> Any:
         """The queued call for ``step`` (see ``queue_next``), or a new one."""
@@ -205,3 +211,8 @@ def schedule_for(
         policy = partial_rollout or runner.run.trainer.partial_rollout
         return PipelinedSchedule(runner, max_staleness, policy)
     return TurnSchedule(runner)
+
+
+def _fused_keys(step: int, ranks: int) -> list[tuple[int, int]]:
+    """The dispatcher's keys of a fused step's shards (one per rank)."""
+    return [(step, rank) for rank in range(ranks)]

@@ -1,4 +1,5 @@
-"""``trainer.sampler=windowed`` on a real run: the pooled schedule is the one that trains."""
+"""``trainer.sampler=windowed`` and ``rollout.dispatch=length_aware`` on one real run: the
+pooled schedule is the one that trains, and the dispatch learns from the real shards' scores."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from .test_reasoning import compose_run
 
 
 @pytest.mark.timeout(300)
-def test_a_window_of_one_version_trains_only_fresh_batches(ray_session, tmp_path):
+def test_a_window_of_one_version_trains_only_fresh_batches_dispatched_by_length(
+    ray_session, tmp_path
+):
     ray_session.ensure()
     run = compose_run(
         *SHORT,
@@ -20,6 +23,7 @@ def test_a_window_of_one_version_trains_only_fresh_batches(ray_session, tmp_path
         "trainer.max_staleness=1",
         "trainer.sampler=windowed",
         "trainer.sampler_window=1",
+        "rollout.dispatch=length_aware",
     )
     summary = run_reasoning(run, str(tmp_path))
     assert summary["status"] == "completed" and summary["steps"] == 2
@@ -37,3 +41,6 @@ def test_a_window_of_one_version_trains_only_fresh_batches(ray_session, tmp_path
     assert all("rollout/pooled_samples" in r for r in records)
     # the dropped generation really ran on the rollout, besides the two trained
     assert len(_spans(tmp_path, "generate", "rollout")) == 3
+    # the dispatcher found the prompts of every trained shard by its object ref: each step
+    # folds in one length per prompt group
+    assert [r["rollout/length_groups"] for r in records] == [run.trainer.train_batch_size] * 2

@@ -1,4 +1,5 @@
-"""``trainer.sampler`` / ``trainer.sampler_window``: refused where they would change nothing."""
+"""``trainer.sampler`` / ``trainer.sampler_window`` / ``rollout.dispatch``: refused where they
+would change nothing."""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ ASYNC = ("placement=disaggregated", "trainer.max_staleness=2")
             [*ASYNC, "trainer.sampler=windowed", "trainer.sampler_window=3"],
             "set trainer.sampler_window<=2 or trainer.sampler=fifo",
         ),
+        (["rollout.dispatch=longest"], "rollout.dispatch='longest' is not valid"),
+        (
+            ["experiment=cartpole_collocated", "rollout.dispatch=length_aware"],
+            "rollout.dispatch='length_aware' with runner='embodied'",
+        ),
     ],
 )
 def test_a_sampler_that_would_change_nothing_is_refused_with_the_fix(overrides, expected):
@@ -58,8 +64,9 @@ def test_a_sampler_that_would_change_nothing_is_refused_with_the_fix(overrides, 
         [*ASYNC, "trainer.sampler=fifo"],
         [*ASYNC, "trainer.sampler=windowed", "trainer.sampler_window=2"],
         [*ASYNC, "trainer.sampler=windowed", "trainer.sampler_window=1"],
+        ["rollout.dispatch=length_aware"],
     ],
 )
-def test_samplers_are_accepted_with_asynchronous_rollout(overrides):
-    t = load_config(compose_run(*overrides)).trainer
-    assert t.sampler in ("fifo", "windowed")
+def test_samplers_with_asynchronous_rollout_and_length_aware_dispatch_are_accepted(overrides):
+    run = load_config(compose_run(*overrides))
+    assert run.trainer.sampler != "in_order" or run.rollout.dispatch == "length_aware"
