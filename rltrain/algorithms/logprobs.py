@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor
 
@@ -34,13 +36,30 @@ def response_logits(
     Returns:
         ``[B, R, V]`` float logits; row ``t`` predicts response token ``t``.
     """
+    keep = {"logits_to_keep": response_len + 1} if keeps_logits(model) else {}
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
+        # the LM head runs on the positions that predict the response only: the prompt's
+        # vocabulary-wide logits were the largest tensor of a long-prompt micro-batch
+        **keep,
     )
     return out.logits[:, -response_len - 1 : -1].float()
+
+
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (through DDP/DeepSpeed's ``.module``) takes Hugging Face's
+    ``logits_to_keep`` (every causal LM of transformers 5, and PEFT's wrappers, which pass
+    keyword arguments on)."""
+    inner = model
+    while isinstance(getattr(inner, "module", None), torch.nn.Module):
+        inner = inner.module
+    params = inspect.signature(inner.forward).parameters
+    return "logits_to_keep" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
 
 
 def compute_logprobs(
@@ -51,6 +70,7 @@ def compute_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities of the response tokens under ``model``.
 
@@ -64,6 +84,9 @@ def compute_logprobs(
         response_mask: ``[B, R]``, 1 on response tokens; ``R`` is read from its width.
         temperature: the sampling temperature.
         with_entropy: also return per-token entropies.
+        entropy_grad: the entropies carry gradients (an entropy bonus); False computes them
+            as a metric, without autograd and a slice of rows at a time, so they add no
+            vocabulary-wide tensors to the micro-batch's peak.
 
     Returns:
         ``[B, R]`` log-probs, zero outside the mask; with ``with_entropy`` a pair
@@ -76,7 +99,28 @@ def compute_logprobs(
     logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1) * mask
     if not with_entropy:
         return logp
-    return logp, entropy_from_logits(logits) * mask
+    if entropy_grad:
+        return logp, entropy_from_logits(logits) * mask
+    return logp, entropy_metric(logits) * mask
+
+
+#: Elements of one slice of :func:`entropy_metric` (64 MiB of fp32 logits).
+ENTROPY_SLICE_ELEMENTS = 2**24
+
+
+@torch.no_grad()
+def entropy_metric(logits: Tensor) -> Tensor:
+    """Per-position entropies of ``[..., V]`` logits without autograd, a slice of rows at a time.
+
+    Returns:
+        ``[...]`` float32 entropies in nats, equal to :func:`entropy_from_logits`'s.
+    """
+    flat = logits.detach().reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    rows = max(1, ENTROPY_SLICE_ELEMENTS // max(1, flat.shape[1]))
+    for start in range(0, flat.shape[0], rows):
+        out[start : start + rows] = entropy_from_logits(flat[start : start + rows])
+    return out.reshape(logits.shape[:-1])
 
 
 class LogprobGap:

@@ -193,6 +193,7 @@ def actor_loss(
         mb.response_mask,
         temperature=s.temperature,
         with_entropy=True,
+        entropy_grad=a.entropy_coef != 0,  # a metric only: no vocabulary-wide autograd state
     )
     old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
     mask = mb.token_mask  # observation tokens and infra-failed rows are not trained on

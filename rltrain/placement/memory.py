@@ -249,6 +249,15 @@ def zero_divisors(zero_stage: int, dp: int) -> dict[str, int]:
     }
 
 
+#: Float32 vocabulary-wide rows one response token holds at a micro-batch's peak, by pass.
+#: Measured with torch's memory profiler on CPU (fp32 and bf16 models alike; held by
+#: tests/unit/placement/test_logits_memory.py): a training step keeps the float logits, the
+#: log-softmax autograd saves and backward's gradients (5); an entropy in the loss adds its
+#: own autograd state (6); a forward pass without autograd holds the logits and their
+#: log-softmax (2).
+LOGIT_COPIES = {"train": 5, "train_entropy": 6, "forward": 2}
+
+
 def activation_bytes(
     micro_batch: int,
     seq_len: int,
@@ -258,20 +267,27 @@ def activation_bytes(
     checkpointing: bool = False,
     outputs_per_token: int | None = None,
     max_tokens: int | None = None,
+    response_len: int | None = None,
+    logit_copies: int = 1,
 ) -> int:
     """Activations of one micro-batch, plus its fp32 logits.
 
     Training keeps ``b·s·h·L·17`` elements (model dtype) for backward; with gradient
     checkpointing only each layer's input (``b·s·h·L``) plus one layer recomputed
     (``b·s·h·17``); a forward pass alone holds one layer's (``b·s·h·17``). Logits add
-    ``b·s·V·4`` bytes (``b·s·1·4`` for the critic's values: ``outputs_per_token=1``). The total
-    is divided by ``shards`` (the tensor-parallel size). Under a token budget
+    ``b·r·V·4·c`` bytes: ``r`` the tokens whose log-probs are taken (``response_len``; the
+    whole sequence when None), ``c`` the fp32 copies alive at the peak (:data:`LOGIT_COPIES`);
+    the critic's values are ``b·s·1·4`` (``outputs_per_token=1``). The total is divided by
+    ``shards`` (the tensor-parallel size). Under a token budget
     (``actor.max_tokens_per_micro_batch``: micro-batches of at most ``max_tokens`` padded
-    tokens, whatever their rows) the micro-batch's tokens ``b·s`` are ``min(b·s, max_tokens)``.
+    tokens, whatever their rows) the micro-batch's tokens ``b·s`` are ``min(b·s, max_tokens)``,
+    its response tokens the same share of them.
     """
     tokens = micro_batch * seq_len
+    share = 1.0 if response_len is None else min(response_len, seq_len) / seq_len
     if max_tokens is not None:
         tokens = min(tokens, max_tokens)
+    logit_tokens = math.ceil(tokens * share)
     base = tokens * d.hidden_size
     if not training:
         elements = base * ACTIVATION_ELEMENTS
@@ -279,8 +295,10 @@ def activation_bytes(
         elements = base * d.num_layers + base * ACTIVATION_ELEMENTS
     else:
         elements = base * d.num_layers * ACTIVATION_ELEMENTS
-    outputs = d.vocab_size if outputs_per_token is None else outputs_per_token
-    logits = tokens * outputs * 4
+    if outputs_per_token is None:
+        logits = logit_tokens * d.vocab_size * 4 * logit_copies
+    else:
+        logits = tokens * outputs_per_token * 4
     return _div(elements * dtype_bytes(d.dtype) + logits, shards)
 
 

@@ -591,7 +591,7 @@ def component_terms(
         mp = tp * getattr(sec, "pipeline_parallel_size", 1)
         t["weights"] = mem.weight_bytes(params, dims.dtype, mp)
         b = micro_batch(run, sec.micro_batch_size, max(world // mp, 1))
-        t["activations"] = mem.activation_bytes(b, seq, dims, tp, False)
+        t["activations"] = mem.activation_bytes(b, seq, dims, tp, False, **_logits(run, "forward"))
     elif name == "reward" and run.reward.kind == "model" and run.reward.model_path:
         rdims = mem.checkpoint_dims(run.reward.model_path, dims.dtype)
         t["weights"] = mem.weight_bytes(mem.param_count(rdims), dims.dtype)
@@ -630,10 +630,25 @@ def _trainer_terms(
     # A token budget bounds a micro-batch's tokens, whatever its rows (up to a minibatch).
     budget = getattr(run.actor, "max_tokens_per_micro_batch", None) if name == "actor" else None
     b = micro_batch(run, sec.micro_batch_size if budget is None else budget, dp)
+    entropy = "train_entropy" if run.algorithm.entropy_coef else "train"
     t["activations"] = mem.activation_bytes(
-        b, seq, dims, tp, True, ckpt, outputs_per_token=out, max_tokens=budget
+        b,
+        seq,
+        dims,
+        tp,
+        True,
+        ckpt,
+        outputs_per_token=out,
+        max_tokens=budget,
+        **_logits(run, entropy),
     )
     return t
+
+
+def _logits(run: Any, kind: str) -> dict[str, Any]:
+    """The response tokens a log-prob pass takes logits for, and its fp32 copies at the peak."""
+    new = int(getattr(run.rollout, "max_new_tokens", 0) or 0) or None
+    return {"response_len": new, "logit_copies": mem.LOGIT_COPIES[kind]}
 
 
 def _rollout_terms(

@@ -234,10 +234,12 @@ def test_the_plan_sizes_actor_activations_from_the_budget():
     def actor_activations() -> int:
         return component_terms(run, "actor", 2, 1, node, d)["activations"]
 
-    full = actor_activations()  # 64 rows a rank x 32 tokens = 2048 tokens
-    assert full == 2048 * 1024 * 8 * 17 * 2 + 2048 * 32 * 4
-    run.actor.max_tokens_per_micro_batch = 512
-    assert actor_activations() == 512 * 1024 * 8 * 17 * 2 + 512 * 32 * 4
+    # 64 rows a rank x 32 tokens = 2048 tokens; logits of the 12 response tokens a row (768),
+    # 5 fp32 copies
+    full = actor_activations()
+    assert full == 2048 * 1024 * 8 * 17 * 2 + 768 * 32 * 4 * 5
+    run.actor.max_tokens_per_micro_batch = 512  # 16 rows' worth: 192 response tokens
+    assert actor_activations() == 512 * 1024 * 8 * 17 * 2 + 192 * 32 * 4 * 5
     run.actor.max_tokens_per_micro_batch = 4096  # more than a whole minibatch holds
     assert actor_activations() == full
 

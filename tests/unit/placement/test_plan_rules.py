@@ -105,12 +105,15 @@ def test_activations_and_kv_follow_prompt_and_response_lengths():
     run = run_on({"actor,rollout": "0-1"})
     run.model = MID
     run.task.max_prompt_length, run.rollout.max_new_tokens = 20, 12  # 32 tokens
-    # b*s*h = 64*32*1024 = 2_097_152; *8 layers*17*2 bytes + logits 64*32*32*4
-    assert mid_terms(run, "actor", 2)["activations"] == 570_425_344 + 262_144
+    # b*s*h = 64*32*1024 = 2_097_152; *8 layers*17*2 bytes + logits of the 12 response
+    # tokens, 5 fp32 copies: 64*12*32*4*5
+    assert mid_terms(run, "actor", 2)["activations"] == 570_425_344 + 491_520
     # the torch rollout: ceil(8*16/2) = 64 sequences x 32 tokens x 32_768 bytes per token
     assert mid_terms(run, "rollout", 2)["kv_cache"] == 67_108_864
     run.actor.gradient_checkpointing = True  # layer inputs (8) + one layer recomputed (17)
-    assert mid_terms(run, "actor", 2)["activations"] == 2_097_152 * 25 * 2 + 262_144
+    assert mid_terms(run, "actor", 2)["activations"] == 2_097_152 * 25 * 2 + 491_520
+    run.algorithm.entropy_coef = 0.01  # an entropy bonus keeps a sixth copy
+    assert mid_terms(run, "actor", 2)["activations"] == 2_097_152 * 25 * 2 + 64 * 12 * 32 * 4 * 6
 
 
 def test_a_micro_batch_holds_no_more_rows_than_a_rank_gets():
@@ -119,8 +122,8 @@ def test_a_micro_batch_holds_no_more_rows_than_a_rank_gets():
     run.task.max_prompt_length, run.rollout.max_new_tokens = 20, 12
     run.trainer.train_batch_size, run.rollout.n_samples_per_prompt = 2, 4
     assert micro_batch(run, 64, 2) == 4  # ceil(2*4/2) rows per rank
-    # b*s*h = 4*32*1024 = 131_072 -> *136*2 + logits 4*32*32*4
-    assert mid_terms(run, "actor", 2)["activations"] == 35_651_584 + 16_384
+    # b*s*h = 4*32*1024 = 131_072 -> *136*2 + logits 4*12*32*4*5
+    assert mid_terms(run, "actor", 2)["activations"] == 35_651_584 + 30_720
     run.algorithm.num_minibatches = 2
     assert micro_batch(run, 64, 2) == 2
     run.runner = "embodied"  # its actor batches transitions, not prompts: the setting rules
@@ -147,9 +150,10 @@ def test_qwen25_05b_plans_on_one_80_gib_device(tmp_path, dtype):
     train = plan.memory[(0, 0)].stage("train")
     act = next(t.bytes for t in train.terms if t.kind == "activations")
     # 64 sequences of 512 + 4 tokens (not the checkpoint's 32,768): b*s*h*L*17 elements in the
-    # model dtype plus fp32 logits over the 151,936-token vocabulary.
+    # model dtype plus 5 fp32 copies of the 4 response tokens' logits over the 151,936-token
+    # vocabulary.
     elements = 64 * 516 * 896 * 24 * 17
-    assert act == elements * mem.DTYPE_BYTES[dtype] + 64 * 516 * 151_936 * 4
+    assert act == elements * mem.DTYPE_BYTES[dtype] + 64 * 4 * 151_936 * 4 * 5
     assert train.required_bytes < 80 * GIB
 
 
@@ -157,7 +161,7 @@ def test_fixes_never_suggest_a_setting_already_on(tmp_path):
     over = {
         "model.path": write_qwen(tmp_path),
         "cluster.devices_per_node": 1,
-        "cluster.device_memory_gib": 40,
+        "cluster.device_memory_gib": 24,
     }
     fixes = plan_of(compose("collocated", **over), check_fit=False).fit_problems()[0].fixes
     text = " ".join(fixes)
