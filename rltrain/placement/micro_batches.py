@@ -4,7 +4,8 @@
 ``critic.micro_batch_size`` and ``reward.micro_batch_size`` default to null. Before anything
 starts, :func:`choose_micro_batches` tries one size for all of them, largest first — a rank's
 whole share of an optimizer step, then powers of two below it — and keeps the first whose plan
-fits every device. A size set in the config is kept as it is. The tiny default run's share is
+fits every device (a GPU within 85 % of its memory: the caching allocator's room). A size set
+in the config is kept as it is. The tiny default run's share is
 64 rows per actor rank, so it trains as it always has; a real model on real sequence lengths
 gets the micro-batch its devices hold instead of a refusal.
 
@@ -26,6 +27,9 @@ SECTIONS = ("actor", "reference", "inference", "critic", "reward")
 #: The size that stands for null where the plan does not choose: an embodied run (its actor
 #: trains on whole environment batches; the plan's estimate keeps this many rows).
 FALLBACK = 64
+
+#: The share of a GPU's memory a chosen micro-batch may plan to use (see _fits_with_headroom).
+CUDA_HEADROOM = 0.85
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,7 @@ def choose_micro_batches(run: Any, cluster: Any = None) -> tuple[Any, MicroBatch
         if plan is None:  # the placement itself is wrong: preflight reports it
             return trial, MicroBatchChoice({f"{s}.micro_batch_size": size for s in auto})
         last = (trial, plan, size)
-        if not plan.fit_problems():
+        if _fits_with_headroom(plan):
             break
     assert last is not None  # _candidates is never empty
     trial, plan, size = last
@@ -139,6 +143,26 @@ def choose_micro_batches(run: Any, cluster: Any = None) -> tuple[Any, MicroBatch
         fits=not plan.fit_problems(),
     )
     return _with(run, values), choice
+
+
+def _fits_with_headroom(plan: Any) -> bool:
+    """The plan fits, and on CUDA devices within :data:`CUDA_HEADROOM` of each one's memory:
+    torch's caching allocator needs room the byte count does not show (blocks split and cached
+    between a step's passes), so a size the plan chooses leaves it. A size the config sets is
+    held to the capacity itself."""
+    if plan.fit_problems():
+        return False
+    cuda = {
+        (n.rank, d)
+        for n in plan.cluster.nodes
+        if n.accelerator_type == "cuda"
+        for d in range(n.num_devices)
+    }
+    return all(
+        m.peak_bytes <= CUDA_HEADROOM * m.capacity_bytes
+        for device, m in plan.memory.items()
+        if device in cuda
+    )
 
 
 def _uses(plan: Any, run: Any, section: str) -> bool:

@@ -96,3 +96,41 @@ def test_the_plan_of_a_0_5b_model_fits_the_read_gpu(fake_smi):
     )
     plan = build_plan(run, ClusterSpec.from_config(run.cluster))  # refused at 4 GiB
     assert plan.cluster.nodes[0].device_memory_bytes == 143771 * 2**20
+
+
+def test_a_chosen_micro_batch_leaves_the_allocator_room_on_gpus(fake_smi):
+    """The lease's fused run: micro-batch 128 planned 125 GiB of an H200's 139.8 and ran out;
+    on GPUs the chooser keeps within 85 % (64 rows: 67.5 GiB, the plain loop's 62 measured)."""
+    from omegaconf import OmegaConf
+    from placement_helpers import CONF, compose
+
+    from rltrain.config import load_config
+    from rltrain.placement.micro_batches import CUDA_HEADROOM, choose_micro_batches
+    from rltrain.placement.plan import build_plan
+
+    def lease_run(simulated: bool) -> object:
+        base = OmegaConf.structured(
+            compose(
+                "collocated",
+                **{
+                    "cluster.simulate_devices": str(simulated).lower(),
+                    "cluster.devices_per_node": 1,
+                    "cluster.device_memory_gib": 139.8,
+                    "rollout.max_new_tokens": 256,
+                    "task.max_prompt_length": 8,
+                },
+            )
+        )
+        model = {"model": OmegaConf.load(CONF / "model/qwen2_0_5b.yaml")}
+        return load_config(OmegaConf.merge(base, model))
+
+    fake_smi(143771)
+    chosen = {}
+    for simulated in (True, False):
+        run, _ = choose_micro_batches(lease_run(simulated))
+        chosen[simulated] = run.actor.micro_batch_size
+        plan = build_plan(run, ClusterSpec.from_config(run.cluster))
+        (memory,) = plan.memory.values()
+        share = memory.peak_bytes / memory.capacity_bytes
+        assert share <= (1.0 if simulated else CUDA_HEADROOM)
+    assert chosen == {True: 128, False: 64}
