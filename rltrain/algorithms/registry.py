@@ -78,10 +78,8 @@ register_advantage_estimator = _register(
 
 
 def _lookup(table: dict[str, Callable[..., Any]], key: str, name: str) -> Callable[..., Any]:
-    # The functions register when their modules are imported.
-    import rltrain.algorithms.advantages
-    import rltrain.algorithms.losses  # noqa: F401
-
+    # The built-in functions registered when their modules were imported: the package's
+    # __init__ imports them, and importing this module imports the package first.
     fn = table.get(name)
     if fn is None:
         raise ConfigError(f"{key}={name!r} is not valid: choose one of {sorted(table)}")

@@ -17,17 +17,33 @@ Each offers the loop's :class:`~rltrain.runners.loop.Schedule` protocol (``begin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rltrain.errors import WorkerError
 from rltrain.runners.loop import StepTimer
-from rltrain.runners.pipeline import GenerationPipeline
+from rltrain.runners.pipeline import GenerationPipeline, Generator
 from rltrain.runners.pool import PooledPipeline
 from rltrain.telemetry import trace
 from rltrain.workers.fused import FusedWorker
 
-if TYPE_CHECKING:  # the runner builds its schedule
-    from rltrain.runners.reasoning import ReasoningRunner
+
+class ReasoningRunner(Generator, Protocol):
+    """What a schedule needs of its runner (:class:`~rltrain.runners.reasoning.ReasoningRunner`
+    builds its schedule with itself; named here so the schedules need not import it)."""
+
+    run: Any  # the run config (``trainer``)
+    fused: bool  # actor, rollout and reward share one process per device
+    g: Any  # the worker groups (``g.actor``)
+    dispatcher: Any  # the length-aware dispatcher, or None
+
+    def rank_prompts(self, step: int, round_: int = 0) -> list[list[str]]: ...
+    def learn(self, step: int, shards: list[Any], timer: StepTimer) -> dict[str, Any]: ...
+    def observe_lengths(self, keys: list[Any], scores: list[Any]) -> dict[str, float]: ...
+    def refresh_ledger(self, component: str, results: list[Any]) -> None: ...
+    def step_metrics(self, scores: Any, results: list[Any], times: Any) -> dict[str, Any]: ...
+    def export_weights(self, version: int) -> None: ...
+    def finish_weight_sync(self) -> None: ...
+    def evaluate_rollout(self) -> float: ...
 
 
 class FusedSchedule:
