@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rltrain.backends.weight_sync.choice import TransportChoice, choose_transport
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.placement.micro_batches import adopt_micro_batches
@@ -46,9 +45,10 @@ from rltrain.runners.checkpoint import (
 )
 from rltrain.runners.dispatch import Dispatcher
 from rltrain.runners.job import Job, start_job
-from rltrain.runners.layout import RECEIVERS, RunLayout, preflight
+from rltrain.runners.layout import RunLayout, preflight
 from rltrain.runners.loop import StepTimer
 from rltrain.runners.schedules import schedule_for
+from rltrain.runners.weight_hub import WeightHub
 from rltrain.scheduler import WorkerGroup
 from rltrain.tasks import build_task, build_tokenizer
 from rltrain.workers.actor import ActorWorker
@@ -115,11 +115,9 @@ class ReasoningRunner:
         self.ckpt = CheckpointManager(
             self.run.trainer.checkpoint_dir or f"{job.run_dir}/checkpoints"
         )
-        self.version = 0  # weights the receivers are handed; bumped by every update
         self.fused = self.layout.fused
-        # What each receiver is handed for the newest version (see handed).
-        self.weights: dict[str, Any] = {}
-        self.transports = {} if self.fused else self._setup_weight_sync()
+        # the version the receivers are handed, their transports and what each holds
+        self.hub = WeightHub(job, self.g, ActorWorker, RolloutWorker, fused=self.fused)
         self.batch_stage = batch_stage_for(self.run, self.sizes)
         # rollout.dispatch=length_aware: prompts split over the rollout ranks by expected length
         self.dispatcher = (
@@ -206,120 +204,26 @@ class ReasoningRunner:
 
     # ----------------------------------------------------------------------------- weight sync
     @property
+    def version(self) -> int:
+        """The newest weight version the receivers are handed (:attr:`WeightHub.version`)."""
+        return self.hub.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.hub.version = value
+
+    @property
     def weights_ref(self) -> Any:
-        """What the rollout is handed for the newest weights (host buckets' object ref, IPC
-        payloads by actor rank, or a collective version marker)."""
-        return self.weights.get("rollout")
-
-    def _setup_weight_sync(self) -> dict[str, TransportChoice]:
-        """Choose each receiver's transport from the job's plan, tell both ends, and build the
-        broadcast groups of the collective transport."""
-        choices = {
-            r: choose_transport(self.run, self.job.plan, r)
-            for r in RECEIVERS
-            if self.g.receiver(r) is not None
-        }
-        self.g.actor.call(ActorWorker.setup_weight_sync, choices).wait()
-        for recv, choice in choices.items():
-            members = self.g.receiver(recv).call(RolloutWorker.setup_weight_sync, choice).wait()
-            if choice.name == "collective":
-                self._join_broadcast_groups(recv, choice, members)
-        return choices
-
-    def _join_broadcast_groups(
-        self, recv: str, choice: TransportChoice, members: list[int]
-    ) -> None:
-        """One group per source actor rank: the source (rank 0) and the receivers it feeds
-        (a vLLM receiver brings one member per tensor-parallel worker)."""
-        timeout = self.run.cluster.collective_timeout_s
-        actor, receivers = self.g.actor, self.g.receiver(recv)
-        self.job.cluster.link(actor.name, receivers.name)  # a failure tears down both ends
-        pending = []
-        for src in choice.sources:
-            ranks = choice.receivers_of(src)
-            world = 1 + sum(members[r] for r in ranks)
-            host, port = actor.execute_on(src).call(ActorWorker.open_weight_sync).wait()[0]
-            pending.append(
-                actor.execute_on(src).call(
-                    ActorWorker.join_weight_sync, recv, host, port, world, timeout
-                )
-            )
-            first = 1
-            for r in ranks:
-                pending.append(
-                    receivers.execute_on(r).call(
-                        RolloutWorker.join_weight_sync,
-                        choice.backend or "gloo",
-                        host,
-                        port,
-                        world,
-                        first,
-                        timeout,
-                    )
-                )
-                first += members[r]
-        for f in pending:
-            f.wait(timeout + 30)
-
-    def submit_exports(self, version: int) -> dict[str, Any]:
-        """Queue the export of ``version`` for every receiver on its source actor ranks (behind
-        whatever those ranks run now); :meth:`handed` turns the answers into what the
-        receivers are handed. Receivers on the object store share one export."""
-        out: dict[str, Any] = {}
-        host_future = None
-        for recv, choice in self.transports.items():
-            if choice.name == "host" and host_future is not None:
-                out[recv] = host_future
-                continue
-            fut = self.g.actor.execute_on(*choice.sources).call(
-                ActorWorker.export_weights, version, recv
-            )
-            if choice.name == "host":
-                host_future = fut
-            out[recv] = fut
-        return out
-
-    def handed(self, version: int, futures: dict[str, Any]) -> None:
-        """Wait for the exports and record what each receiver is handed for ``version``."""
-        from rltrain.backends.weight_sync.transport import CollectiveVersion
-
-        for recv, fut in futures.items():
-            choice = self.transports[recv]
-            results = fut.wait()
-            if choice.name == "host":
-                self.weights[recv] = fut.refs[0]  # resolved by Ray as a call argument
-            elif choice.name == "ipc":
-                self.weights[recv] = dict(zip(choice.sources, results, strict=True))
-            else:
-                self.weights[recv] = CollectiveVersion(version)
+        """What the rollout is handed for the newest weights (:meth:`WeightHub.handed_to`)."""
+        return self.hub.handed_to("rollout")
 
     def export_weights(self, version: int) -> None:
-        """Hand every receiver ``version`` (inside the actor's lease: it must be resident; the
-        receivers load it at their next call, when they hold their own lease)."""
-        with self.job.stage("actor"):
-            self.handed(version, self.submit_exports(version))
-        self.version = version
-
-    def catch_up(self, recv: str) -> None:
-        """Collective transport: every receiver rank takes the versions broadcast so far (a
-        broadcast needs all of its group, so a call on some ranks only must come after)."""
-        from rltrain.backends.weight_sync.transport import CollectiveVersion
-
-        weights = self.weights.get(recv)
-        if isinstance(weights, CollectiveVersion):
-            with self.job.stage(recv):
-                self.g.receiver(recv).call(RolloutWorker.catch_up, weights).wait()
+        """Hand every receiver ``version`` (:meth:`WeightHub.export`)."""
+        self.hub.export(version)
 
     def finish_weight_sync(self) -> None:
-        """Leave no version in flight: receivers take the last broadcast, IPC buckets go."""
-        timeout = self.run.cluster.collective_timeout_s
-        for recv, choice in self.transports.items():
-            sources = self.g.actor.execute_on(*choice.sources)
-            if choice.name == "collective":
-                self.catch_up(recv)
-                sources.call(ActorWorker.flush_weight_sync, timeout).wait()
-            elif choice.name == "ipc":
-                sources.call(ActorWorker.release_weights, recv).wait()
+        """Leave no version in flight (:meth:`WeightHub.finish`)."""
+        self.hub.finish()
 
     # ------------------------------------------------------------------------ the step's stages
     def rank_prompts(self, step: int, round_: int = 0) -> list[list[str]]:
@@ -355,7 +259,7 @@ class ReasoningRunner:
                 (``trainer.partial_rollout=continue``).
             policy: the schedule's ``trainer.partial_rollout`` (None: the config's).
         """
-        weights = self.weights.get("rollout")
+        weights = self.hub.handed_to("rollout")
         per_rank = self.rank_prompts(step, round_)
         args = [
             (prompts, step, weights, expect_version, True, resume, policy) for prompts in per_rank
@@ -400,10 +304,10 @@ class ReasoningRunner:
                 old_logprobs=old_logprobs,
                 rows=selection.rows,
             )
-            exported = self.submit_exports(step + 1)
+            exported = self.hub.submit_exports(step + 1)
             results = trained.wait()
             with timer("sync"):
-                self.handed(step + 1, exported)
+                self.hub.handed(step + 1, exported)
         self.version = step + 1
         self.refresh_ledger("actor", results)
         with timer("reward"):
@@ -457,7 +361,7 @@ class ReasoningRunner:
         per_rank = self.g.inference.call(
             InferenceWorker.logprobs,
             shards,
-            weights=self.weights.get("inference"),
+            weights=self.hub.handed_to("inference"),
             expect_version=self.version,
         ).wait()
         return gather_round_robin(per_rank, len(shards))
@@ -488,7 +392,7 @@ class ReasoningRunner:
 
     def evaluate_rollout(self) -> float:
         """Greedy accuracy on rollout rank 0 with the newest handed weights."""
-        self.catch_up("rollout")
+        self.hub.catch_up("rollout")
         with self.job.stage("rollout"):
             return (
                 self.g.rollout.execute_on(0)
@@ -560,7 +464,7 @@ def weight_sync_summary(runner: ReasoningRunner) -> dict[str, Any]:
                 "reason": "placement.fuse: the rollout samples with the actor's own parameters",
             }
         }
-    return {recv: choice.to_dict() for recv, choice in runner.transports.items()}
+    return {recv: choice.to_dict() for recv, choice in runner.hub.transports.items()}
 
 
 def _mean(values: list[Any]) -> float | None:
