@@ -702,3 +702,45 @@ def _check_model(run: Any, path: str, what: str) -> None:
             f"{model_fingerprint(run)}: resume with the model settings it was written with, or "
             f"set trainer.resume=null to start fresh"
         )
+
+
+def resume_state(ckpt: CheckpointManager, run: Any, fingerprint: str, same: str, load: Any) -> int:
+    """The loop's resume hook, shared by the runners: find ``trainer.resume``'s checkpoint,
+    refuse one written for another model, and have the workers load it.
+
+    Args:
+        ckpt: the run's checkpoint manager.
+        run: the run config (``trainer.resume``).
+        fingerprint: this run's model fingerprint (what the checkpoint must record).
+        same: the keys that must match, for the refusal's fix (e.g. ``model settings``).
+        load: ``load(path)``: the workers load the checkpoint (inside their lease).
+
+    Returns:
+        The update to start from (0 without a checkpoint to resume).
+
+    Raises:
+        ConfigError: the checkpoint was written for another model.
+    """
+    path = ckpt.resolve(run.trainer.resume)
+    if path is None:
+        return 0
+    state = read_state(path)
+    if state.get("model") != fingerprint:
+        raise ConfigError(
+            f"trainer.resume={path!r} was written for {state.get('model')} but this run is "
+            f"{fingerprint}: resume with the same {same}"
+        )
+    load(f"{path}")
+    return int(state["step"])
+
+
+def save_state(ckpt: CheckpointManager, run: Any, step: int, fingerprint: str, write: Any) -> str:
+    """The loop's save hook, shared by the runners: the workers write into a pending
+    checkpoint (``write(path)``, inside their lease), which is committed with the run's record.
+
+    Returns:
+        The committed checkpoint's path.
+    """
+    pending = ckpt.begin(step)
+    write(pending.path)
+    return ckpt.commit(pending, {"model": fingerprint, **training_record(run)})

@@ -28,7 +28,7 @@ from rltrain.config.seeds import eval_episode_seed
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.placement.micro_batches import adopt_micro_batches
 from rltrain.runners import loop
-from rltrain.runners.checkpoint import CheckpointManager, read_state, training_record
+from rltrain.runners.checkpoint import CheckpointManager, resume_state, save_state
 from rltrain.runners.job import Job, start_job
 from rltrain.runners.loop import StepTimer
 from rltrain.telemetry import trace
@@ -267,26 +267,20 @@ class EmbodiedRunner:
     # ------------------------------------------------------------------------- checkpoints
     def save(self, step: int) -> str:
         """Write a checkpoint of the state after ``step`` updates."""
+        return save_state(self.ckpt, self.run, step, _fingerprint(self.run, self.spec), self._write)
+
+    def _write(self, path: str) -> None:
         with self.job.stage("actor"):
-            pending = self.ckpt.begin(step)
-            self.g["actor"].execute_on(0).call(EmbodiedActorWorker.save, pending.path).wait()
-        record = {"model": _fingerprint(self.run, self.spec), **training_record(self.run)}
-        return self.ckpt.commit(pending, record)
+            self.g["actor"].execute_on(0).call(EmbodiedActorWorker.save, path).wait()
 
     def resume(self) -> int:
         """Load ``trainer.resume``'s checkpoint; returns the update to start from."""
-        path = self.ckpt.resolve(self.run.trainer.resume)
-        if path is None:
-            return 0
-        state = read_state(path)
-        if state.get("model") != _fingerprint(self.run, self.spec):
-            raise ConfigError(
-                f"trainer.resume={path!r} was written for {state.get('model')} but this run is "
-                f"{_fingerprint(self.run, self.spec)}: resume with the same task.env_id and model"
-            )
+        fingerprint = _fingerprint(self.run, self.spec)
+        return resume_state(self.ckpt, self.run, fingerprint, "task.env_id and model", self._load)
+
+    def _load(self, path: str) -> None:
         with self.job.stage("actor"):
             self.g["actor"].call(EmbodiedActorWorker.load, path).wait()
-        return int(state["step"])
 
     # ---------------------------------------------------------------------------- metrics
     def _step_metrics(self, results, served, trained, times) -> dict[str, Any]:

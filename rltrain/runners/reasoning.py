@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rltrain.config.schema import RunConfig
-from rltrain.errors import ConfigError, WorkerError
+from rltrain.errors import WorkerError
 from rltrain.placement.micro_batches import adopt_micro_batches
 from rltrain.runners import loop, staleness
 from rltrain.runners.batch_stage import Selection, batch_stage_for
@@ -40,8 +40,8 @@ from rltrain.runners.builders import component_builders
 from rltrain.runners.checkpoint import (
     CheckpointManager,
     model_fingerprint,
-    read_state,
-    training_record,
+    resume_state,
+    save_state,
 )
 from rltrain.runners.dispatch import Dispatcher
 from rltrain.runners.job import Job, start_job
@@ -138,21 +138,16 @@ class ReasoningRunner:
 
     # ------------------------------------------------------------------------- the loop's hooks
     def resume(self) -> int:
-        path = self.ckpt.resolve(self.run.trainer.resume)
-        if path is None:
-            return 0
-        state = read_state(path)
-        if state.get("model") != model_fingerprint(self.run):
-            raise ConfigError(
-                f"trainer.resume={path!r} was written for model {state.get('model')} but model.* "
-                f"is {model_fingerprint(self.run)}: resume with the same model settings"
-            )
+        return resume_state(
+            self.ckpt, self.run, model_fingerprint(self.run), "model settings", self._load
+        )
+
+    def _load(self, path: str) -> None:
         with self.job.stage("actor"):
-            self.g.actor.call(ActorWorker.load, f"{path}").wait()
+            self.g.actor.call(ActorWorker.load, path).wait()
         if self.g.critic is not None:
             with self.job.stage("critic"):
-                self.g.critic.call(CriticWorker.load, f"{path}").wait()
-        return int(state["step"])
+                self.g.critic.call(CriticWorker.load, path).wait()
 
     def save(self, step: int) -> str:
         if self.schedule.has_queued():
@@ -160,14 +155,14 @@ class ReasoningRunner:
                 f"saving step {step} with a fused step queued on the ranks would see its "
                 f"update: train that step first"
             )
+        return save_state(self.ckpt, self.run, step, model_fingerprint(self.run), self._write)
+
+    def _write(self, path: str) -> None:
         with self.job.stage("actor"):
-            pending = self.ckpt.begin(step)
-            self.g.actor.call(ActorWorker.save, pending.path).wait()  # every rank: ZeRO shards
+            self.g.actor.call(ActorWorker.save, path).wait()  # every rank: ZeRO shards
         if self.g.critic is not None:
             with self.job.stage("critic"):
-                self.g.critic.call(CriticWorker.save, pending.path).wait()
-        record = {"model": model_fingerprint(self.run), **training_record(self.run)}
-        return self.ckpt.commit(pending, record)
+                self.g.critic.call(CriticWorker.save, path).wait()
 
     def evaluation_due(self, step: int, record: dict[str, Any]) -> bool:
         return loop.Cadence.of(self.run.trainer).every_eval(step)

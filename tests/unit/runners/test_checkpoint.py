@@ -61,3 +61,26 @@ def test_memory_filesystem_uri_works():
     final = mgr.commit(mgr.begin(3), {"x": 1})
     assert final.startswith("memory://")
     assert read_state(final)["x"] == 1
+
+
+def test_the_runners_save_and_resume_hooks_write_load_and_refuse_another_model(tmp_path):
+    """Both runners' hooks (``save_state`` / ``resume_state``): the workers write into the
+    pending checkpoint, the record carries the model fingerprint and the run's settings, a
+    resume loads the checkpoint and a checkpoint of another model is refused naming the key."""
+    from rltrain.config.schema import RunConfig
+    from rltrain.runners.checkpoint import resume_state, save_state
+
+    run = RunConfig()
+    mgr = CheckpointManager(str(tmp_path / "ckpt"))
+    final = save_state(mgr, run, 7, "model-a", lambda path: write_payload(path, "seven"))
+    state = read_state(final)
+    assert state["model"] == "model-a" and state["step"] == 7
+    run.trainer.resume = "auto"
+    loaded: list[str] = []
+    assert resume_state(mgr, run, "model-a", "model settings", loaded.append) == 7
+    assert loaded == [final] and open(os.path.join(final, "model.txt")).read() == "seven"
+    with pytest.raises(ConfigError, match=r"trainer.resume=.* written for model-a .* model-b"):
+        resume_state(mgr, run, "model-b", "model settings", loaded.append)
+    assert len(loaded) == 1  # nothing loaded from the refused checkpoint
+    run.trainer.resume = None
+    assert resume_state(mgr, run, "model-a", "model settings", loaded.append) == 0

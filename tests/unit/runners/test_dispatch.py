@@ -79,7 +79,7 @@ def _runner(dispatch: str) -> ReasoningRunner:
     prompts = ["p0", "p1", "p2", "p3"]
     r.task = SimpleNamespace(sample_batch=lambda i, n: [SimpleNamespace(prompt=p) for p in prompts])
     r.sizes = SimpleNamespace(prompts_per_step=4, prompts_per_rollout_rank=2, rollout_dp=2)
-    r.batch_stage, r.weights = AllRows(), {}
+    r.batch_stage, r.hub = AllRows(), SimpleNamespace(handed_to=lambda receiver: None)
     r.g = SimpleNamespace(rollout=_Group())
     r.dispatcher = Dispatcher(group_size=1) if dispatch == "length_aware" else None
     return r
