@@ -17,10 +17,10 @@ transitions go from their object store to the actor, never through the driver.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from rltrain.config.schema import RunConfig
@@ -31,6 +31,7 @@ from rltrain.runners import loop
 from rltrain.runners.checkpoint import CheckpointManager, resume_state, save_state
 from rltrain.runners.job import Job, start_job
 from rltrain.runners.loop import StepTimer
+from rltrain.runners.weight_hub import WeightHub
 from rltrain.telemetry import trace
 from rltrain.workers.embodied import EmbodiedActorWorker, EmbodiedRolloutWorker
 from rltrain.workers.env import EnvWorker, SpaceSpec, stage_to_rollout
@@ -181,8 +182,9 @@ class EmbodiedRunner:
         self.ckpt = CheckpointManager(
             self.run.trainer.checkpoint_dir or f"{job.run_dir}/checkpoints"
         )
-        self.version = 0
-        self.weights_ref: Any = None
+        # the version the rollout is handed and its host buckets (actor rank 0 packs them)
+        groups = SimpleNamespace(actor=self.g["actor"], receiver=lambda r: self.g.get(r))
+        self.hub = WeightHub.host_only(job, groups, EmbodiedActorWorker, EmbodiedRolloutWorker)
         self.schedule = EnvPipelineSchedule(self)
 
     def fit(self) -> dict[str, Any]:
@@ -242,12 +244,19 @@ class EmbodiedRunner:
                 stack.enter_context(self.job.stage(c))
             yield
 
+    @property
+    def version(self) -> int:
+        """The weight version the rollout is handed (:attr:`WeightHub.version`)."""
+        return self.hub.version
+
+    @property
+    def weights_ref(self) -> Any:
+        """The host buckets of that version (an object ref, resolved by Ray as an argument)."""
+        return self.hub.handed_to("rollout")
+
     def export_weights(self, version: int, lease: bool = True) -> None:
-        """Hand the rollout the actor's weights as ``version``."""
-        with self.job.stage("actor") if lease else contextlib.nullcontext():
-            fut = self.g["actor"].execute_on(0).call(EmbodiedActorWorker.export_weights, version)
-            fut.wait()
-        self.weights_ref, self.version = fut.refs[0], version
+        """Hand the rollout the actor's weights as ``version`` (:meth:`WeightHub.export`)."""
+        self.hub.export(version, lease=lease)
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Greedy episodes with the current weights on rollout rank 0."""

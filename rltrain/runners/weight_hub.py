@@ -12,6 +12,7 @@ so the hub itself imports no worker.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from rltrain.backends.weight_sync.choice import TransportChoice, choose_transport
@@ -39,6 +40,15 @@ class WeightHub:
         # What each receiver is handed for the newest version (see handed).
         self.weights: dict[str, Any] = {}
         self.transports: dict[str, TransportChoice] = {} if fused else self._setup()
+
+    @classmethod
+    def host_only(cls, job: Any, groups: Any, actor_cls: Any, receiver_cls: Any) -> WeightHub:
+        """A hub whose one receiver, the rollout, loads host buckets packed by actor rank 0
+        (the embodied runner's: its workers set nothing up)."""
+        hub = cls(job, groups, actor_cls, receiver_cls, fused=True)
+        why = "the embodied rollout loads the actor's host buckets"
+        hub.transports = {"rollout": TransportChoice("host", why, feeders=((0, (0,)),))}
+        return hub
 
     def handed_to(self, receiver: str) -> Any:
         """What ``receiver`` is handed for the newest weights (host buckets' object ref, IPC
@@ -128,10 +138,11 @@ class WeightHub:
             else:
                 self.weights[recv] = CollectiveVersion(version)
 
-    def export(self, version: int) -> None:
+    def export(self, version: int, lease: bool = True) -> None:
         """Hand every receiver ``version`` (inside the actor's lease: it must be resident; the
-        receivers load it at their next call, when they hold their own lease)."""
-        with self.job.stage("actor"):
+        receivers load it at their next call, when they hold their own lease). ``lease=False``:
+        the caller holds the actor's lease already."""
+        with self.job.stage("actor") if lease else nullcontext():
             self.handed(version, self.submit_exports(version))
         self.version = version
 

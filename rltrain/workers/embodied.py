@@ -352,8 +352,9 @@ class EmbodiedActorWorker(Worker, ResidentState):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def export_weights(self, version: int) -> HostBuckets:
-        """Pack the current weights into host buckets for the rollout workers."""
+    def export_weights(self, version: int, receiver: str = "rollout") -> HostBuckets:
+        """Pack the current weights into host buckets for the rollout workers (the one
+        ``receiver`` an embodied run has)."""
         with trace.span("sync", "actor", self.device_labels):
             return pack_to_host(list(self.model.named_parameters()), version=version)
 

@@ -91,3 +91,15 @@ def test_collective_receivers_catch_up_before_the_sources_flush():
     h.finish()
     assert [c[1] for c in log][-2:] == ["catch_up", "flush"]
     assert h.handed_to("inference") is None
+
+
+def test_the_embodied_hub_hands_the_rollout_rank_0s_host_buckets_without_set_up():
+    log: list[tuple[Any, ...]] = []
+    groups = SimpleNamespace(actor=Group("actor", log), receiver=lambda r: Group(r, log))
+    run = SimpleNamespace(cluster=SimpleNamespace(collective_timeout_s=5.0))
+    job = SimpleNamespace(run=run, plan=None, stage=lambda c: nullcontext())
+    h = WeightHub.host_only(job, groups, Actor, Rollout)
+    assert log == []  # nothing set up on the workers
+    h.export(4, lease=False)
+    assert log == [("actor", "export", (0,), (4, "rollout"))]
+    assert h.handed_to("rollout") == "ref-actor-(4, 'rollout')" and h.version == 4
