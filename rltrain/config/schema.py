@@ -443,7 +443,9 @@ class TrainerConfig:
     resume: Optional[str] = None  # null | auto | a checkpoint path
     max_restarts: int = 0  # automatic resumes after a worker failure
     max_staleness: int = 0  # weight versions rollout may lag behind the actor
-    partial_rollout: str = "finish"  # finish | restart | continue: a generation at a weight swap
+    # finish | restart | continue: what a generation running at a weight swap does (restart and
+    # continue need max_staleness >= 1: a synchronous loop has none running then)
+    partial_rollout: str = "finish"
     # in_order: step s trains the generation sent for step s; fifo: the freshest completed
     # rollout shards, those past max_staleness dropped; windowed: the same within the last
     # sampler_window versions (needs max_staleness >= 1; docs/async.md#samplers)

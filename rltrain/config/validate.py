@@ -687,6 +687,8 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
             f"counted as stale), 'restart' (it is cancelled and run again with the new ones) or "
             f"'continue' (it keeps its tokens and samples the rest with the new ones)"
         )
+    else:
+        yield from partial_rollout_problems(cfg)
     yield from sampler_problems(cfg)
     if t.time_budget_s is not None:
         yield from _positive("trainer.time_budget_s", t.time_budget_s)
@@ -702,6 +704,24 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
     local = t.resume is not None and "://" not in t.resume
     if t.resume not in (None, "auto") and local and not os.path.exists(t.resume):
         yield (f"trainer.resume={t.resume!r} is neither 'auto' nor an existing checkpoint path")
+
+
+def partial_rollout_problems(cfg: RunConfig) -> Iterator[str]:
+    """``trainer.partial_rollout=restart|continue`` where no generation can be running at a
+    weight swap: with ``max_staleness=0`` the next generation starts after the update, so the
+    policy would change nothing (unless ``placement=auto`` may pick ``max_staleness=1``)."""
+    t = cfg.trainer
+    if t.partial_rollout == "finish" or t.max_staleness > 0:
+        return
+    auto = cfg.placement.auto if cfg.placement.mode == "auto" else None
+    if auto is not None and 1 in list(auto.staleness):
+        return  # the candidates with max_staleness=1 use it
+    yield (
+        f"trainer.partial_rollout={t.partial_rollout!r} with trainer.max_staleness=0: the "
+        f"synchronous loop starts each generation after the weight swap, so none is running "
+        f"at one and the policy changes nothing; set trainer.max_staleness>=1 "
+        f"(placement=disaggregated) or drop trainer.partial_rollout (finish)"
+    )
 
 
 def dispatch_problems(cfg: RunConfig) -> Iterator[str]:

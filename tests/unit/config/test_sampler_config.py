@@ -1,5 +1,5 @@
-"""``trainer.sampler`` / ``trainer.sampler_window`` / ``rollout.dispatch``: refused where they
-would change nothing."""
+"""``trainer.sampler`` / ``trainer.sampler_window`` / ``rollout.dispatch`` /
+``trainer.partial_rollout``: refused where they would change nothing."""
 
 from __future__ import annotations
 
@@ -47,6 +47,15 @@ ASYNC = ("placement=disaggregated", "trainer.max_staleness=2")
         ),
         (["rollout.dispatch=longest"], "rollout.dispatch='longest' is not valid"),
         (
+            ["placement=disaggregated", "trainer.partial_rollout=continue"],
+            "trainer.partial_rollout='continue' with trainer.max_staleness=0",
+        ),
+        (
+            ["placement=auto", "placement.auto.staleness=[0]", "trainer.partial_rollout=restart"],
+            "set trainer.max_staleness>=1 (placement=disaggregated) or drop "
+            "trainer.partial_rollout",
+        ),
+        (
             ["experiment=cartpole_collocated", "rollout.dispatch=length_aware"],
             "rollout.dispatch='length_aware' with runner='embodied'",
         ),
@@ -65,8 +74,15 @@ def test_a_sampler_that_would_change_nothing_is_refused_with_the_fix(overrides, 
         [*ASYNC, "trainer.sampler=windowed", "trainer.sampler_window=2"],
         [*ASYNC, "trainer.sampler=windowed", "trainer.sampler_window=1"],
         ["rollout.dispatch=length_aware"],
+        [*ASYNC, "trainer.partial_rollout=continue"],
+        ["placement=auto", "trainer.partial_rollout=restart"],  # may pick max_staleness=1
     ],
 )
 def test_samplers_with_asynchronous_rollout_and_length_aware_dispatch_are_accepted(overrides):
     run = load_config(compose_run(*overrides))
-    assert run.trainer.sampler != "in_order" or run.rollout.dispatch == "length_aware"
+    t = run.trainer
+    assert (
+        t.sampler != "in_order"
+        or run.rollout.dispatch == "length_aware"
+        or (t.partial_rollout != "finish")
+    )
