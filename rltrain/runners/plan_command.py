@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any
 
+from rltrain.errors import ConfigError
 from rltrain.kinds import registry
 from rltrain.placement.export import plan_to_dict
 from rltrain.placement.plan import Plan, build_plan
@@ -41,9 +42,16 @@ def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Pl
 
     Raises:
         PlacementError: for a bad placement.
-        ConfigError: every problem training would refuse before Ray starts (the plan not
-            fitting, sizes, the dataset, the checkpoint to resume), after writing the plan.
+        ConfigError: a setting the what-if simulator does not model, before anything is
+            written (:func:`rltrain.whatif.events.unmodelled`); every problem training would
+            refuse before Ray starts (the plan not fitting, sizes, the dataset, the checkpoint
+            to resume), after writing the plan.
     """
+    from rltrain.whatif.events import unmodelled
+
+    problems = unmodelled(run)  # before anything is written: the prediction would be another's
+    if problems:
+        raise ConfigError(problems)
     out_dir = out_dir or run_dir()
     planned, note = _planned_run(run)
     os.makedirs(out_dir, exist_ok=True)

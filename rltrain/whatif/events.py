@@ -419,6 +419,40 @@ def schedule_of(run: Any, fused: bool) -> tuple[str, int, str]:
     return "turns", 0, "finish"
 
 
+def unmodelled(run: Any) -> list[str]:
+    """Settings of the run that change its schedule but that the simulator does not model, each
+    with the fix (``mode=plan`` refuses them rather than predict another schedule).
+
+    The simulator's pipeline trains step ``s`` on the generation sent for step ``s``
+    (``trainer.sampler=in_order``), and it draws each rank's response lengths independently,
+    with no prompt whose past lengths a dispatcher could know (``rollout.dispatch=in_order``).
+
+    Args:
+        run: the checked run config.
+
+    Returns:
+        One line per unmodelled setting (empty: the prediction is of the run as configured).
+    """
+    out = []
+    sampler = str(run.trainer.sampler)
+    if sampler != "in_order":
+        out.append(
+            f"trainer.sampler={sampler!r}: the what-if simulator (mode=plan) models the "
+            f"in_order schedule only, not the pool of generations run ahead; plan with "
+            f"trainer.sampler=in_order (same placement and memory; the same batches, and about "
+            f"the same seconds per step, when generation is slower than an update)"
+        )
+    dispatch = str(run.rollout.dispatch)
+    if dispatch != "in_order":
+        out.append(
+            f"rollout.dispatch={dispatch!r}: the what-if simulator (mode=plan) draws every "
+            f"rank's response lengths independently, so it has no per-prompt lengths to pack "
+            f"by; plan with rollout.dispatch=in_order (with the torch engine a step's generation "
+            f"ends with the longest response on any rank, whatever the split)"
+        )
+    return out
+
+
 def percentile(xs: Sequence[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``xs`` by linear interpolation."""
     s = sorted(xs)
