@@ -376,6 +376,11 @@ class SimulateConfig:
     # per decoding step of a reasoning generate call: it waits this x its longest response (in
     # tokens) on top of rollout_latency_ms, so response lengths cost modelled device time
     rollout_token_latency_ms: float = 0.0
+    # heavy-tailed response lengths (0: off, the real responses' lengths): each row of a
+    # reasoning generate call gets a modelled length, log-normal with this median in tokens,
+    # sigma 1, capped at 16x the median (drawn per step and rank), and the call is charged
+    # rollout_token_latency_ms x its longest modelled row instead of its real decoding steps
+    response_length_median: float = 0.0
     tool_latency_ms: float = 0.0  # with task.env: each tool call waits this long first
     # with task.env: share of tool calls that raise (seeded), marking their episodes infra-failed
     tool_failure_rate: float = 0.0

@@ -502,6 +502,7 @@ def _components(cfg: RunConfig) -> Iterator[str]:
     yield from _token_budget(cfg)
     for key in dataclasses.fields(cfg.simulate):
         yield from _positive(f"simulate.{key.name}", getattr(cfg.simulate, key.name), zero_ok=True)
+    yield from modelled_length_problems(cfg)
     if cfg.actor.zero_stage not in (0, 1, 2, 3):
         yield f"actor.zero_stage={cfg.actor.zero_stage} must be 0, 1, 2 or 3"
     r = cfg.rollout
@@ -704,6 +705,33 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
     local = t.resume is not None and "://" not in t.resume
     if t.resume not in (None, "auto") and local and not os.path.exists(t.resume):
         yield (f"trainer.resume={t.resume!r} is neither 'auto' nor an existing checkpoint path")
+
+
+def modelled_length_problems(cfg: RunConfig) -> Iterator[str]:
+    """``simulate.response_length_median`` where it would charge nothing, or would be
+    predicted with other lengths."""
+    median = cfg.simulate.response_length_median
+    if median <= 0:
+        return
+    key = f"simulate.response_length_median={median:g}"
+    if cfg.simulate.rollout_token_latency_ms <= 0:
+        yield (
+            f"{key} sets the modelled lengths that simulate.rollout_token_latency_ms charges per "
+            f"decoding step, which is 0: set simulate.rollout_token_latency_ms > 0 or drop the "
+            f"median"
+        )
+    if cfg.runner != "reasoning":
+        yield (
+            f"{key} models response lengths of the reasoning rollout; runner={cfg.runner!r} "
+            f"decodes none: drop it"
+        )
+    w = cfg.whatif
+    if w.hardware is None and w.response_length != "max":
+        yield (
+            f"{key} with whatif.response_length={w.response_length!r}: the what-if simulator "
+            f"predicts simulated devices with the modelled lengths; drop "
+            f"whatif.response_length (or the median)"
+        )
 
 
 def partial_rollout_problems(cfg: RunConfig) -> Iterator[str]:

@@ -15,6 +15,7 @@ DEVICE_TIME_KEYS = (
     "rollout_latency_ms",
     "actor_latency_ms",
     "rollout_token_latency_ms",
+    "response_length_median",
     "env_policy_latency_ms",
     "env_policy_jitter_ms",
 )

@@ -132,9 +132,27 @@ MODELS: dict[str, Callable[[int, Any], LengthModel]] = {
 }
 
 
+#: ``simulate.response_length_median``'s log-normal: its spread and its cap (x the median).
+SIM_SIGMA = 1.0
+SIM_CAP = 16
+
+
+def simulated(median: float) -> LogNormal:
+    """The heavy-tailed lengths of simulated devices (``simulate.response_length_median``):
+    log-normal with this median (tokens), sigma :data:`SIM_SIGMA`, capped at :data:`SIM_CAP`
+    x the median."""
+    return LogNormal(
+        median * math.exp(SIM_SIGMA**2 / 2), SIM_SIGMA, max(1, round(SIM_CAP * median))
+    )
+
+
 def from_config(run: Any) -> LengthModel:
-    """The run's response-length model (``whatif.response_length``; ``max`` without the
-    section), capped at ``rollout.max_new_tokens``."""
+    """The run's response-length model: ``simulate.response_length_median``'s when set (the
+    modelled lengths of simulated devices, :func:`simulated`), else ``whatif.response_length``
+    (``max`` without the section), capped at ``rollout.max_new_tokens``."""
+    median = getattr(getattr(run, "simulate", None), "response_length_median", 0)
+    if median:
+        return simulated(float(median))
     w = getattr(run, "whatif", None)
     kind = getattr(w, "response_length", "max") if w is not None else "max"
     return MODELS[kind](int(run.rollout.max_new_tokens), w)

@@ -145,7 +145,10 @@ class StepModel:
         if self.sim:
             steps = max(lens) if lens else 0
             s = (sim.rollout_latency_ms + sim.rollout_token_latency_ms * steps) / 1000
-            host = self.calib.generate_extra(world) + self.calib.decode_step_s * steps
+            # the host decodes the real responses, at most the budget (modelled lengths,
+            # simulate.response_length_median, may run past it)
+            real = min(steps, int(self.run.rollout.max_new_tokens))
+            host = self.calib.generate_extra(world) + self.calib.decode_step_s * real
             return s + host, sum(lens), steps
         s, steps = generate_seconds(
             self.device, self.cost, self.prompt, lens, self.concurrency(), self.tp

@@ -66,7 +66,7 @@ class FusedWorker(ActorWorker):
             batch = as_rollout_logprobs(
                 self.interaction.generate(prompts, seed, True, None).to("cpu")
             )
-            wait = modelled_generate_s(self.run.simulate, batch)  # a slower device
+            wait = modelled_generate_s(self.run, batch, step, self.rank)  # a slower device
             if wait:
                 time.sleep(wait)
         times["generate"], t = time.perf_counter() - t, time.perf_counter()

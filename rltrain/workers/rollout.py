@@ -8,6 +8,7 @@ step, weight version), the weight loads and the residency calls.
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 from typing import Any
@@ -25,6 +26,7 @@ from rltrain.config.schema import RunConfig
 from rltrain.scheduler import Worker
 from rltrain.tasks import build_task
 from rltrain.telemetry import trace
+from rltrain.whatif.lengths import simulated as simulated_lengths
 from rltrain.workers.common import (
     ResidentState,
     WeightReceiver,
@@ -58,6 +60,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         self._parked: dict[int, Parked] = {}
         self._ended: dict[int, RolloutBatch] = {}
         self._discarded: dict[int, int] = {}  # tokens thrown away per step (``restart``)
+        # simulate.response_length_median: seconds of a paused call's modelled decoding done
+        self._modelled: dict[int, float] = {}
 
     # The engine owns the model and its memory; properties keep them out of the worker's own
     # attributes, so the ledger's walk reaches each tensor once.
@@ -132,7 +136,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             self._continues = partial_rollout == "continue"
         self._forget_before(step)
         if resume and step in self._ended:
-            return self._ended.pop(step)
+            return self._resume_ended(step)
         parked = self._parked.pop(step, None) if resume else None
         with trace.span("generate", "rollout", self.device_labels):
             try:
@@ -142,6 +146,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                 return None  # nobody reads a cancelled call's result
             batch = self._handed_on(step, done)
             try:
+                self._modelled_decoding(step, batch)
                 if self.run.simulate.rollout_latency_ms:  # a slower device: its fixed cost
                     _sleep_unless_cancelled(self.run.simulate.rollout_latency_ms / 1000)
             except GenerationStopped:
@@ -149,6 +154,38 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                     self._count_discarded(step, batch)
                 return None
             return batch
+
+    def _resume_ended(self, step: int) -> RolloutBatch | None:
+        """A resumed call whose rows had all ended: it finishes the modelled decoding its pause
+        cut short (``simulate.response_length_median``), then hands the batch on."""
+        if step in self._modelled:
+            with trace.span("generate", "rollout", self.device_labels):
+                try:
+                    self._modelled_decoding(step, self._ended[step])
+                except GenerationStopped:
+                    return None  # paused again: the progress is kept
+        return self._ended.pop(step)
+
+    def _modelled_decoding(self, step: int, batch: RolloutBatch) -> None:
+        """``simulate.response_length_median``: wait ``rollout_token_latency_ms`` per decoding
+        step of the call's longest modelled row, less what a paused pass of it waited already
+        (with ``continue``; ``restart`` and ``finish`` start again from 0).
+
+        Raises:
+            GenerationStopped: cancelled (a weight swap) before the wait ended.
+        """
+        sim = self.run.simulate
+        if not sim.response_length_median:
+            return
+        total = sim.rollout_token_latency_ms * modelled_steps(self.run, step, self.rank, batch)
+        done = self._modelled.pop(step, 0.0)
+        start = time.monotonic()
+        try:
+            _sleep_unless_cancelled(total / 1000 - done)
+        except GenerationStopped:
+            if self._continues:
+                self._modelled[step] = done + time.monotonic() - start
+            raise
 
     def _handed_on(self, step: int, done: Parked) -> RolloutBatch:
         """The finished rows as the batch the actor gets (with the step's discarded count
@@ -208,7 +245,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         """Drop what was held for steps that can no longer be taken (the pipeline submits in
         step order, at most ``max_staleness + 1`` ahead, so anything older is abandoned)."""
         oldest = step - self.run.trainer.max_staleness - 1
-        for held in (self._parked, self._ended, self._discarded):
+        for held in (self._parked, self._ended, self._discarded, self._modelled):
             for s in [s for s in held if s < oldest]:
                 del held[s]
 
@@ -218,8 +255,10 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
 
     def _decode_step(self) -> bool:
         """Asked before every decoding step: wait out ``simulate.rollout_token_latency_ms``
-        (a slower device's time per token) and say whether the call was cancelled."""
-        ms = self.run.simulate.rollout_token_latency_ms
+        (a slower device's time per token; with modelled lengths the call waits after its real
+        decoding instead) and say whether the call was cancelled."""
+        sim = self.run.simulate
+        ms = 0.0 if sim.response_length_median else sim.rollout_token_latency_ms
         if ms:
             try:
                 _sleep_unless_cancelled(ms / 1000)
@@ -250,22 +289,48 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         return self.memory_report_beside(self.engine, "generation engine", "vLLM's allocator")
 
 
-def modelled_generate_s(sim: Any, batch: Any) -> float:
+def modelled_generate_s(run: RunConfig, batch: Any, step: int, rank: int) -> float:
     """``simulate.*``'s device time of a generate call: ``rollout_latency_ms`` plus
-    ``rollout_token_latency_ms`` per decoding step (the batch's longest response).
+    ``rollout_token_latency_ms`` per decoding step (:func:`modelled_steps`).
 
     Args:
-        sim: the ``simulate`` section.
+        run: the run config (its ``simulate`` section).
         batch: the call's batch (its ``response_mask``), or None.
+        step: the step it generates for.
+        rank: the rollout rank.
 
     Returns:
         Seconds to wait (0 when the knobs are off).
     """
+    sim = run.simulate
     seconds = sim.rollout_latency_ms / 1000
     if sim.rollout_token_latency_ms and batch is not None:
-        steps = int(batch.response_mask.sum(dim=1).max()) if len(batch.response_mask) else 0
-        seconds += sim.rollout_token_latency_ms * steps / 1000
+        seconds += sim.rollout_token_latency_ms * modelled_steps(run, step, rank, batch) / 1000
     return seconds
+
+
+def modelled_steps(run: RunConfig, step: int, rank: int, batch: Any) -> int:
+    """The decoding steps a generate call is charged: its longest response in tokens or, with
+    ``simulate.response_length_median``, the longest of its rows' modelled lengths (drawn per
+    step and rank, as the what-if simulator draws them: the same for a restarted call).
+
+    Args:
+        run: the run config.
+        step: the step the call generates for.
+        rank: the rollout rank.
+        batch: the call's batch (its ``response_mask``: one row per response).
+
+    Returns:
+        Decoding steps (0 for an empty batch).
+    """
+    rows = len(batch.response_mask)
+    if not rows:
+        return 0
+    median = run.simulate.response_length_median
+    if median:
+        rng = random.Random(sampling_seed(run, step, rank))
+        return max(simulated_lengths(median).sample(rng, rows))
+    return int(batch.response_mask.sum(dim=1).max())
 
 
 def _cancelled() -> bool:

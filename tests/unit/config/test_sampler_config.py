@@ -1,5 +1,6 @@
 """``trainer.sampler`` / ``trainer.sampler_window`` / ``rollout.dispatch`` /
-``trainer.partial_rollout``: refused where they would change nothing."""
+``trainer.partial_rollout`` / ``simulate.response_length_median``: refused where they would
+change nothing."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def compose_run(*overrides: str):
 
 
 ASYNC = ("placement=disaggregated", "trainer.max_staleness=2")
+LONG_TAIL = ("simulate.response_length_median=8", "simulate.rollout_token_latency_ms=5")
 
 
 @pytest.mark.parametrize(
@@ -46,6 +48,12 @@ ASYNC = ("placement=disaggregated", "trainer.max_staleness=2")
             "set trainer.sampler_window<=2 or trainer.sampler=fifo",
         ),
         (["rollout.dispatch=longest"], "rollout.dispatch='longest' is not valid"),
+        (["simulate.response_length_median=8"], "set simulate.rollout_token_latency_ms > 0"),
+        (
+            [*LONG_TAIL, "whatif.response_length=lognormal"],
+            "drop whatif.response_length (or the median)",
+        ),
+        (["experiment=cartpole_collocated", *LONG_TAIL], "runner='embodied' decodes none"),
         (
             ["placement=disaggregated", "trainer.partial_rollout=continue"],
             "trainer.partial_rollout='continue' with trainer.max_staleness=0",
@@ -76,6 +84,7 @@ def test_a_sampler_that_would_change_nothing_is_refused_with_the_fix(overrides, 
         ["rollout.dispatch=length_aware"],
         [*ASYNC, "trainer.partial_rollout=continue"],
         ["placement=auto", "trainer.partial_rollout=restart"],  # may pick max_staleness=1
+        [*ASYNC, *LONG_TAIL, "trainer.partial_rollout=continue"],
     ],
 )
 def test_samplers_with_asynchronous_rollout_and_length_aware_dispatch_are_accepted(overrides):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import statistics
 
@@ -57,3 +58,11 @@ def test_from_config_picks_the_model_and_caps_at_the_budget():
     assert d.mean_tokens == 3.0
     w = dataclasses.replace(run.whatif, response_length="uniform")
     assert L.from_config(dataclasses.replace(run, whatif=w)) == L.Uniform(1, 4)
+
+
+def test_simulated_devices_modelled_lengths_are_the_simulators():
+    run = RunConfig()
+    sim = dataclasses.replace(run.simulate, response_length_median=8.0)
+    d = L.from_config(dataclasses.replace(run, simulate=sim))
+    assert d == L.simulated(8.0) and d.cap == 128 and d.sigma == 1.0
+    assert d.mu == pytest.approx(math.log(8.0))  # the median is exp(mu)
