@@ -1,0 +1,176 @@
+"""Long-tail generation: heavy-tailed response lengths, synchronous vs partial rollouts.
+
+One disaggregated job (actor on device 0, rollout on device 1) drives four schedules on the
+same workers: synchronous (``max_staleness=0``, the baseline) and ``max_staleness=1`` with
+``finish``, ``restart`` and ``continue``. The rollout's device time follows heavy-tailed
+response lengths (``simulate.response_length_median``: log-normal, sigma 1, capped at 16x the
+median, drawn per step and rank): a generate call waits ``simulate.rollout_token_latency_ms``
+per decoding step of its longest modelled row, so a few long rows set every call's time.
+
+The extras hold, per schedule, the steps per second (from the step records, warm-up calls
+included), the idle share of the generation slots, the share of sampled tokens thrown away and
+the largest staleness; then each goal of issue 33 with its value and ``_met`` (1 or 0).
+
+Idle share of the generation slots: ``1 - (sum over the trained steps of the modelled
+row-decoding seconds, token latency x mean modelled length) / (sum of the steps' seconds)``.
+A static batch decodes until its longest row ends, so its finished rows idle meanwhile; a
+synchronous loop also idles the rollout while the actor trains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rltrain.bench.harness import Case, Suite, measure
+
+TOKEN_MS = 25.0  # per modelled decoding step: a call of 8 rows takes ~1 s on average
+MEDIAN = 8.0  # modelled tokens; the longest of 8 rows averages ~40
+ACTOR_MS = 1000.0
+POLICIES = ("finish", "restart", "continue")
+ROWS = 8  # train_batch_size 2 x 4 samples, on the one rollout rank
+
+#: The goals of issue 33 on these devices: (key, what, bound, "<=" or ">=").
+GOALS: tuple[tuple[str, str, float, str], ...] = (
+    ("sync_idle", "synchronous generation-slot idle share", 0.5, ">="),
+    ("continue_idle", "continue: generation-slot idle share", 0.10, "<="),
+    ("continue_speedup_vs_sync", "continue: steps/s vs synchronous", 2.0, ">="),
+    ("continue_speedup_vs_best", "continue: steps/s vs the best of finish/restart", 1.3, ">="),
+    ("continue_discarded_share", "continue: sampled tokens thrown away", 0.05, "<="),
+    ("within_bound", "share of trained batches within max_staleness", 1.0, ">="),
+)
+
+
+@measure(
+    "long_tail",
+    "heavy-tailed response lengths: max_staleness=1 finish / restart / continue vs synchronous",
+)
+def long_tail(quick: bool) -> Suite:
+    from rltrain.bench.measures.trainer import compose, start_reasoning
+    from rltrain.runners.reasoning import ReasoningRunner
+
+    steps = 2 if quick else 8
+    scale = 0.05 if quick else 1.0  # --quick (CI) checks the path, not the figures
+    run = compose(
+        "placement=disaggregated",
+        "logging.progress=false",
+        "logging.trace=false",
+        "trainer.save_every=0",
+        "trainer.max_staleness=1",
+        f"simulate.rollout_token_latency_ms={TOKEN_MS * scale}",
+        f"simulate.response_length_median={MEDIAN}",
+        f"simulate.actor_latency_ms={ACTOR_MS * scale}",
+        "trainer.train_batch_size=2",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.max_new_tokens=8",
+    )
+    stack = contextlib.ExitStack()
+    job = start_reasoning(run, stack)
+    names = ("sync",) + POLICIES
+    runners = {
+        "sync": ReasoningRunner(job, max_staleness=0),
+        **{p: ReasoningRunner(job, max_staleness=1, partial_rollout=p) for p in POLICIES},
+    }
+    # disjoint step (and weight version) ranges: every schedule reloads weights each step
+    first = {name: i * 10**6 for i, name in enumerate(names)}
+    counters = {n: iter(range(first[n], first[n] + 10**6)) for n in names}
+    for n, runner in runners.items():
+        runner.schedule.begin(first[n], None)
+    seen: dict[str, list[tuple[int, dict[str, Any]]]] = {n: [] for n in names}
+
+    def steps_of(name: str):
+        def run_steps() -> None:
+            runner = runners[name]
+            for _ in range(steps):
+                step = next(counters[name])
+                seen[name].append((step, runner.train_step(step)))
+            runner.schedule.drain()
+
+        return run_steps
+
+    cases = tuple(
+        Case(
+            f"{steps} steps, {name}" if name != "sync" else f"{steps} steps, synchronous",
+            steps_of(name),
+            work=steps,
+            work_unit="steps",
+        )
+        for name in names
+    )
+    token_s = TOKEN_MS * scale / 1000
+    return Suite(
+        cases=cases,
+        baseline=cases[0].name,
+        warmup=1,
+        repeats=1 if quick else 3,
+        note=f"speed-up = 1/ratio. {TOKEN_MS * scale:g} ms per modelled decoding step, modelled "
+        f"lengths log-normal (median {MEDIAN:g} tokens, sigma 1, cap {16 * MEDIAN:g}), "
+        f"{ACTOR_MS * scale:g} ms per update; simulated devices, one job for every schedule.",
+        teardown=stack.close,
+        extras=lambda: report(extras(seen, lambda s: busy_s(run.seed, s, token_s))),
+    )
+
+
+def busy_s(seed: int, step: int, token_s: float) -> float:
+    """The modelled row-decoding seconds of a step's generation: token latency x the mean of
+    its rows' modelled lengths (what the worker draws for the step on rank 0)."""
+    from rltrain.config.seeds import sampling_seed
+    from rltrain.whatif.lengths import simulated
+
+    drawn = simulated(MEDIAN).sample(random.Random(sampling_seed(seed, step, 0)), ROWS)
+    return token_s * sum(drawn) / len(drawn)
+
+
+def extras(
+    seen: Mapping[str, Sequence[tuple[int, Mapping[str, Any]]]], busy: Any, k: int = 1
+) -> dict[str, float]:
+    """Per schedule: steps/s, generation-slot idle share, discarded share, largest staleness;
+    then the goals' values (:data:`GOALS`).
+
+    Args:
+        seen: each schedule's ``(step, step record)`` pairs (warm-up and timed calls).
+        busy: ``step -> seconds`` of modelled row decoding of that step's batch.
+        k: the pipelined schedules' ``max_staleness``.
+
+    Returns:
+        ``<name>_steps_per_s``, ``<name>_idle``, and for the pipelined schedules
+        ``<name>_discarded_share`` and ``<name>_staleness_max``; then each goal's key.
+    """
+    out: dict[str, float] = {}
+    within = total = 0
+    for name, pairs in seen.items():
+        if not pairs:
+            continue
+        wall = sum(r["time/step_s"] for _, r in pairs)
+        out[f"{name}_steps_per_s"] = len(pairs) / wall
+        out[f"{name}_idle"] = 1 - sum(busy(s) for s, _ in pairs) / wall
+        if name == "sync":
+            continue
+        trained = sum(r["perf/tokens_per_s"] * r["time/step_s"] for _, r in pairs)
+        discarded = sum(r.get("rollout/discarded_tokens", 0) for _, r in pairs)
+        out[f"{name}_discarded_share"] = discarded / (trained + discarded) if trained else 0.0
+        out[f"{name}_staleness_max"] = max(r["rollout/staleness_max"] for _, r in pairs)
+        within += sum(r["rollout/staleness_max"] <= k for _, r in pairs)
+        total += len(pairs)
+    if "sync_steps_per_s" in out and "continue_steps_per_s" in out:
+        rate = out["continue_steps_per_s"]
+        out["continue_speedup_vs_sync"] = rate / out["sync_steps_per_s"]
+        best = max(out.get(f"{p}_steps_per_s", 0.0) for p in ("finish", "restart"))
+        out["continue_speedup_vs_best"] = rate / best if best else math.nan
+        out["within_bound"] = within / total if total else math.nan
+    return out
+
+
+def report(figures: dict[str, float]) -> dict[str, float]:
+    """Print each goal with its value and whether it is met; add ``<goal>_met`` (1 or 0)."""
+    out = dict(figures)
+    for key, what, bound, way in GOALS:
+        value = figures.get(key, math.nan)
+        met = value >= bound if way == ">=" else value <= bound
+        out[f"{key}_met"] = float(met)
+        print(f"goal {what} {way} {bound:g}: {value:.3g} -> {'met' if met else 'NOT met'}")
+    print("goal steps to 0.9 greedy accuracy <= 1.1x synchronous: not measured (docs/async.md)")
+    return out

@@ -1,0 +1,43 @@
+"""The long_tail measure's derived figures and goals, from hand-made step records."""
+
+from __future__ import annotations
+
+import pytest
+
+from rltrain.bench.measures.long_tail import busy_s, extras, report
+
+
+def _rec(step_s: float, staleness: int = 1, discarded: int = 0) -> dict[str, float]:
+    return {
+        "time/step_s": step_s,
+        "perf/tokens_per_s": 10.0 / step_s,  # 10 tokens trained per step
+        "rollout/staleness_max": staleness,
+        "rollout/discarded_tokens": discarded,
+    }
+
+
+def test_idle_speedups_discarded_share_and_goals_by_hand():
+    busy = {0: 0.4, 1: 0.2, 10: 0.4, 11: 0.2, 20: 0.4, 21: 0.2, 30: 0.4, 31: 0.2}.get
+    seen = {
+        "sync": [(0, {"time/step_s": 2.0}), (1, {"time/step_s": 2.0})],
+        "finish": [(10, _rec(1.0)), (11, _rec(1.0, staleness=0))],
+        "restart": [(20, _rec(2.0, discarded=10)), (21, _rec(2.0))],
+        "continue": [(30, _rec(0.5)), (31, _rec(0.5, staleness=2))],
+    }
+    out = extras(seen, busy)
+    assert out["sync_steps_per_s"] == 0.5 and out["continue_steps_per_s"] == 2.0
+    assert out["sync_idle"] == pytest.approx(1 - 0.6 / 4)  # 0.6 s of rows busy in 4 s
+    assert out["continue_idle"] == pytest.approx(1 - 0.6 / 1)
+    assert out["restart_discarded_share"] == pytest.approx(10 / 30)  # 20 trained, 10 thrown
+    assert out["continue_speedup_vs_sync"] == 4.0
+    assert out["continue_speedup_vs_best"] == 2.0  # finish's 1 step/s is the best
+    assert out["within_bound"] == 5 / 6  # continue's second batch was 2 versions stale
+    goals = report(out)
+    assert goals["sync_idle_met"] == 1.0 and goals["continue_idle_met"] == 0.0
+    assert goals["continue_speedup_vs_sync_met"] == 1.0 and goals["within_bound_met"] == 0.0
+
+
+def test_busy_seconds_are_the_workers_modelled_rows():
+    # the mean of the 8 rows the worker draws for the step (median 8 tokens), at 1 s per token
+    assert 1 <= busy_s(1, 0, 1.0) <= 128
+    assert busy_s(1, 0, 1.0) == busy_s(1, 0, 1.0) != busy_s(1, 1, 1.0)
