@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -510,14 +511,24 @@ def refused_run(exc: RltrainError) -> bool:
         return False
     path = run_dir()
     if not _remove_if_untouched(path):
-        with open(os.path.join(path, "rltrain.log"), "a") as f:  # the terminal shows it once
+        # Hydra names run directories to the second: another refused run started in the same
+        # second may have removed this one already (then there is nothing to log into)
+        with (
+            contextlib.suppress(FileNotFoundError),
+            open(os.path.join(path, "rltrain.log"), "a") as f,
+        ):  # the terminal shows it once
             f.write(f"rltrain: refused: {exc}\n")
     return True
 
 
 def _remove_if_untouched(path: str) -> bool:
     """Remove a run directory holding only Hydra's files; say whether it is gone."""
-    if not os.path.isdir(path) or not set(os.listdir(path)) <= HYDRA_FILES:
+    try:
+        if not set(os.listdir(path)) <= HYDRA_FILES:
+            return False
+    except FileNotFoundError:
+        return True  # removed by a refused run of the same second
+    except OSError:
         return False
     shutil.rmtree(path, ignore_errors=True)
     cwd = os.path.abspath(os.getcwd())

@@ -170,22 +170,34 @@ def device_spans(trace: Mapping[str, Any]) -> list[tuple[str, float, float]]:
     ]
 
 
+#: Seconds at the start of a span whose samples still show the stage before: the driver's
+#: memory counter trails a release (on the 2026-11-26 H200 lease a training span's first
+#: sample still held the 38 GiB vLLM had just put to sleep; 0.1 s later it was gone).
+SETTLE_S = 0.2
+
+
 def memory_by_stage(
-    spans: Sequence[tuple[str, float, float]], samples: Sequence[tuple[float, int]], base: int
+    spans: Sequence[tuple[str, float, float]],
+    samples: Sequence[tuple[float, int]],
+    base: int,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, int]:
-    """The most memory in use (above ``base``) seen during each stage's spans.
+    """The most memory in use (above ``base``) seen during each stage's spans, leaving out
+    the first ``settle_s`` of a span (see :data:`SETTLE_S`) unless the span is too short to.
 
     Args:
         spans: ``(stage, start s, end s)``.
         samples: ``(s, used bytes)`` in time order.
         base: bytes in use before the run (other processes, the idle driver).
+        settle_s: seconds at a span's start whose samples belong to the stage before.
 
     Returns:
         stage -> peak bytes above ``base``; stages without a sample inside a span are left out.
     """
     out: dict[str, int] = {}
     for stage, lo, hi in spans:
-        inside = [used for t, used in samples if lo <= t <= hi]
+        start = lo + settle_s if hi - lo > 2 * settle_s else lo
+        inside = [used for t, used in samples if start <= t <= hi]
         if inside:
             out[stage] = max(out.get(stage, 0), max(inside) - base)
     return out

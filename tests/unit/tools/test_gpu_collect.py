@@ -50,6 +50,16 @@ def test_memory_by_stage_is_the_peak_inside_each_stages_spans_above_the_base():
     assert collect.memory_by_stage(spans, samples, base=100) == {"generate": 650, "train": 800}
 
 
+def test_a_spans_first_samples_belong_to_the_stage_before():
+    """The lease's vLLM run: training began as vLLM slept, and its first sample still held
+    vLLM's 52 GB; without the settling time the train stage read 52.3 GB for 11-12."""
+    spans = [("generate", 0.0, 4.0), ("offload", 4.0, 4.08), ("train", 4.1, 7.4)]
+    samples = [(3.9, 53_000), (4.05, 52_990), (4.12, 51_990), (4.4, 12_370), (6.0, 11_850)]
+    got = collect.memory_by_stage(spans, samples, base=0)
+    assert got == {"generate": 53_000, "offload": 52_990, "train": 12_370}
+    assert collect.memory_by_stage(spans, samples, base=0, settle_s=0)["train"] == 51_990
+
+
 def test_device_spans_skip_lanes_that_are_not_devices():
     trace = {
         "traceEvents": [
