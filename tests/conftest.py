@@ -6,6 +6,7 @@ import os
 import pathlib
 
 import pytest
+import suite_order
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,10 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("dist", None) == "loadgroup":
+        suite_order.group_for_xdist(items)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -15,6 +15,8 @@ from rltrain.config.store import register_configs
 from rltrain.runners.embodied import pipeline_overlap, run_embodied
 from rltrain.telemetry.metrics import read_metrics
 
+pytestmark = pytest.mark.spread  # no module fixture: each test may run in either process
+
 CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
 SHORT = (
     "trainer.total_steps=2",

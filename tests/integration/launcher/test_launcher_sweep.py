@@ -15,7 +15,7 @@ import pytest
 from rltrain.errors import WorkerError
 
 HERE = pathlib.Path(__file__).resolve().parent
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.spread]  # spread: no module fixture
 
 ONE_DEVICE = """\
 mode: collocated

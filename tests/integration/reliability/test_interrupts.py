@@ -31,7 +31,7 @@ import pytest
 
 from rltrain.runners.checkpoint import CheckpointManager
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.spread]  # spread: no module fixture
 QUIET = ["logging.progress=false", "trainer.eval_every=0", "trainer.train_batch_size=4"]
 
 #: A run as small as a real one gets: one device, one fused worker, a checkpoint every step.

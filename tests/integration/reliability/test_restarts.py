@@ -23,7 +23,7 @@ import pytest
 
 from rltrain.telemetry.metrics import read_metrics, without_timings
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.spread]  # spread: no module fixture
 
 COMMON = [
     "placement.fuse=false",  # actor and rollout as separate processes, so each can be killed

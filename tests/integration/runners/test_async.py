@@ -115,6 +115,7 @@ def test_disaggregated_max_staleness_one_overlaps_and_bounds_staleness(
     assert all(o > 0 for o in overlaps), overlaps
 
 
+@pytest.mark.spread  # uses no module fixture
 @pytest.mark.timeout(300)
 def test_restart_discards_generations_running_at_a_weight_swap(ray_session, tmp_path):
     ray_session.ensure()
@@ -144,6 +145,7 @@ def test_restart_discards_generations_running_at_a_weight_swap(ray_session, tmp_
     assert any(end - start < latency_ms * 1000 for start, end in gens), gens
 
 
+@pytest.mark.spread  # uses no module fixture
 @pytest.mark.timeout(300)
 def test_continue_keeps_the_tokens_of_generations_running_at_a_weight_swap(ray_session, tmp_path):
     ray_session.ensure()
@@ -181,6 +183,7 @@ def test_continue_keeps_the_tokens_of_generations_running_at_a_weight_swap(ray_s
     assert len(_spans(tmp_path, "generate", "rollout")) == 3 + sum(continued)
 
 
+@pytest.mark.spread  # uses no module fixture
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_continue_learns_the_default_task(ray_session, tmp_path):

@@ -28,6 +28,8 @@ from rltrain.errors import ConfigError
 from rltrain.runners import reasoning
 from rltrain.telemetry.metrics import read_metrics
 
+pytestmark = pytest.mark.spread  # no module fixture: each test may run in either process
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 EXTENSIONS = os.environ.setdefault(EXTENSIONS_ENV, str(ROOT / ".torch_extensions"))
 SHORT = (

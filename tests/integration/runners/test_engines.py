@@ -18,6 +18,8 @@ from rltrain.runners import reasoning
 from rltrain.telemetry.metrics import read_metrics
 from rltrain.workers.rollout import RolloutWorker
 
+pytestmark = pytest.mark.spread  # no module fixture: each test may run in either process
+
 CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
 SHORT = (
     "trainer.total_steps=3",

@@ -92,6 +92,7 @@ def test_resume_after_sigkill_reproduces_the_next_step(main_run, tmp_path):
     assert without_timings(resumed[0]) == without_timings(expected[0])
 
 
+@pytest.mark.spread  # uses no module fixture
 @pytest.mark.timeout(480)
 def test_sigterm_finishes_the_step_in_flight_checkpoints_it_and_exits(tmp_path):
     """SIGTERM mid-run: the step running (and, fused, the one queued behind it) is recorded,

@@ -13,6 +13,8 @@ from rltrain.telemetry.metrics import read_metrics
 
 from .test_reasoning import compose_run
 
+pytestmark = pytest.mark.spread  # no module fixture: each test may run in either process
+
 #: One prompt, "0+0=", a 6-token alphabet and one new token: about 1 sample in 6 answers "0",
 #: so the 32 samples of a step carry a reward signal for the critic to learn (a random policy on
 #: the default task almost never earns one).

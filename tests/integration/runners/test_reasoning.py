@@ -15,6 +15,8 @@ from rltrain.errors import ConfigError, ResourceError
 from rltrain.runners.reasoning import run_reasoning
 from rltrain.telemetry.metrics import read_metrics
 
+pytestmark = pytest.mark.spread  # no module fixture: each test may run in either process
+
 CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
 SHORT = ("trainer.total_steps=3", "trainer.eval_every=3", "trainer.train_batch_size=4",
          "logging.progress=false")

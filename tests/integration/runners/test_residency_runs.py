@@ -11,6 +11,8 @@ from rltrain.runners.reasoning import run_reasoning
 
 from .test_reasoning import compose_run
 
+pytestmark = pytest.mark.spread  # no module fixture: each test may run in either process
+
 SETTINGS = (
     # kl_in=reward: the rollout records the sampler's log-probs for the per-token KL
     "algorithm.kl_coef=0.05", "algorithm.kl_in=reward", "trainer.total_steps=2",

@@ -11,6 +11,8 @@ from rltrain.telemetry.timeline import load_trace, trace_devices
 
 from .test_reasoning import compose_run
 
+pytestmark = pytest.mark.spread  # no module fixture: each test may run in either process
+
 SHORT = (
     "placement=disaggregated",
     "trainer.eval_every=0",

@@ -12,6 +12,7 @@ from rltrain.bench import harness
 from rltrain.bench.harness import Case, Measure, Suite
 
 
+@pytest.mark.spread  # each measure in a process of its own: either test process may start it
 @pytest.mark.parametrize("name", sorted(harness.discover()))
 def test_measure_runs_quick(name, tmp_path):
     out = subprocess.run(

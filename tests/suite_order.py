@@ -1,0 +1,103 @@
+"""How the suite's tests are shared between its two test processes (pytest-xdist).
+
+xdist's ``loadgroup`` hands out work units in the order the items were collected; a unit runs
+whole on one process. Units here are a test file (its tests share module fixtures), or a single
+test where the file is marked ``spread`` (no module fixture: each test may go anywhere). Units
+go out heaviest first, by the seconds each test took in a recorded run (``durations.json``),
+so the long ones start while the other process still has short ones to pick up at the end
+(longest-processing-time-first). Stale or missing figures only change the order, never what
+runs.
+
+``python tests/suite_order.py REPORT.xml`` rewrites ``durations.json`` from a junit report of
+a whole run (``python -m pytest --junitxml=REPORT.xml -o junit_duration_report=total``).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+
+import pytest
+
+DURATIONS = pathlib.Path(__file__).resolve().parent / "durations.json"
+#: Seconds assumed for a test the record does not have (a new test): a short unit test's.
+UNKNOWN_S = 0.2
+#: Tests shorter than this are left out of the record (they count as UNKNOWN_S).
+RECORD_MIN_S = 1.0
+
+
+def load_durations(path: pathlib.Path = DURATIONS) -> dict[str, float]:
+    """Seconds per test node id from the record; empty when there is none."""
+    try:
+        return {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def unit_of(item: pytest.Item) -> str:
+    """The work unit of ``item``: its own node id where it is marked ``spread``, else its file."""
+    if item.get_closest_marker("spread") is not None:
+        return item.nodeid
+    return item.nodeid.split("::", 1)[0]
+
+
+def order(items: list[pytest.Item], durations: dict[str, float]) -> list[str]:
+    """Sort ``items`` in place, heaviest unit first (a unit's tests stay in their order), and
+    return each item's unit.
+
+    Args:
+        items: the collected items.
+        durations: seconds per node id (:func:`load_durations`).
+
+    Returns:
+        The unit of each item, in the new order.
+    """
+    units = {item.nodeid: unit_of(item) for item in items}
+    weight: dict[str, float] = {}
+    for item in items:
+        unit = units[item.nodeid]
+        weight[unit] = weight.get(unit, 0.0) + durations.get(item.nodeid, UNKNOWN_S)
+    first_seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first_seen.setdefault(units[item.nodeid], i)
+    items.sort(key=lambda it: (-weight[units[it.nodeid]], first_seen[units[it.nodeid]]))
+    return [units[item.nodeid] for item in items]
+
+
+def group_for_xdist(items: list[pytest.Item]) -> None:
+    """Order ``items`` and mark each with its unit as its ``xdist_group`` (``--dist
+    loadgroup`` keeps a group on one process)."""
+    units = order(items, load_durations())  # sorts items
+    for item, unit in zip(items, units, strict=True):
+        item.add_marker(pytest.mark.xdist_group(unit))
+
+
+def durations_from_junit(paths: Iterable[str]) -> dict[str, float]:
+    """Seconds per node id (setup, call and teardown) from junit reports, longest kept."""
+    out: dict[str, float] = {}
+    for path in paths:
+        for case in ET.parse(path).getroot().iter("testcase"):
+            module = case.get("classname", "").split(".")
+            name, seconds = case.get("name", ""), float(case.get("time", 0.0))
+            # classname is "tests.unit.x.test_file" or "...test_file.Class"
+            nodeid = _nodeid(module, name)
+            if seconds >= RECORD_MIN_S:
+                out[nodeid] = round(max(seconds, out.get(nodeid, 0.0)), 1)
+    return dict(sorted(out.items()))
+
+
+def _nodeid(parts: list[str], name: str) -> str:
+    for cut in range(len(parts), 0, -1):
+        path = pathlib.Path(*parts[:cut]).with_suffix(".py")
+        if (DURATIONS.parent.parent / path).is_file():
+            return "::".join([path.as_posix(), *parts[cut:], name])
+    return "::".join([*parts, name])
+
+
+if __name__ == "__main__":
+    record = durations_from_junit(sys.argv[1:])
+    DURATIONS.write_text(json.dumps(record, indent=0, sort_keys=True) + "\n")
+    print(f"{len(record)} tests of {RECORD_MIN_S:g} s or more, {sum(record.values()):.0f} s")

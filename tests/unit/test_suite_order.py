@@ -1,0 +1,74 @@
+"""How the suite is shared between its test processes (tests/suite_order.py): units, order,
+and the record read back from a junit report."""
+
+from __future__ import annotations
+
+import pathlib
+
+import suite_order
+
+
+class Item:
+    """What suite_order reads of a pytest item: its node id and its ``spread`` mark."""
+
+    def __init__(self, nodeid: str, spread: bool = False) -> None:
+        self.nodeid, self.spread = nodeid, spread
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name == "spread" and self.spread else None
+
+
+def test_heaviest_unit_first_and_a_files_tests_stay_together_in_order():
+    items = [
+        Item("tests/unit/a.py::t1"),
+        Item("tests/unit/a.py::t2"),
+        Item("tests/int/b.py::t1"),
+        Item("tests/int/c.py::t1", spread=True),
+        Item("tests/int/c.py::t2", spread=True),
+        Item("tests/unit/a.py::t3"),
+    ]
+    seconds = {"tests/int/b.py::t1": 30.0, "tests/int/c.py::t2": 50.0, "tests/unit/a.py::t3": 5.0}
+    units = suite_order.order(items, seconds)
+    assert [i.nodeid for i in items] == [
+        "tests/int/c.py::t2",  # 50 s, a unit of its own (spread)
+        "tests/int/b.py::t1",  # 30 s
+        "tests/unit/a.py::t1",  # 5.4 s in all: 5 + two unrecorded tests
+        "tests/unit/a.py::t2",
+        "tests/unit/a.py::t3",
+        "tests/int/c.py::t1",  # unrecorded: UNKNOWN_S
+    ]
+    assert units == [
+        "tests/int/c.py::t2",
+        "tests/int/b.py",
+        "tests/unit/a.py",
+        "tests/unit/a.py",
+        "tests/unit/a.py",
+        "tests/int/c.py::t1",
+    ]
+
+
+def test_equal_weights_keep_the_collection_order():
+    items = [Item("x.py::a"), Item("y.py::a"), Item("z.py::a")]
+    suite_order.order(items, {})
+    assert [i.nodeid for i in items] == ["x.py::a", "y.py::a", "z.py::a"]
+
+
+def test_the_record_from_a_junit_report(tmp_path: pathlib.Path):
+    report = tmp_path / "r.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.unit.test_suite_order" name="test_x[a.b:1]" time="2.34"/>'
+        '<testcase classname="tests.unit.test_suite_order" name="test_fast" time="0.1"/>'
+        '<testcase classname="tests.unit.test_suite_order.Cls" name="test_m" time="7"/>'
+        "</testsuite></testsuites>"
+    )
+    assert suite_order.durations_from_junit([str(report)]) == {
+        "tests/unit/test_suite_order.py::Cls::test_m": 7.0,
+        "tests/unit/test_suite_order.py::test_x[a.b:1]": 2.3,
+    }
+
+
+def test_a_missing_or_broken_record_only_changes_the_order(tmp_path: pathlib.Path):
+    assert suite_order.load_durations(tmp_path / "none.json") == {}
+    (tmp_path / "bad.json").write_text("{")
+    assert suite_order.load_durations(tmp_path / "bad.json") == {}
