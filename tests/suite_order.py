@@ -23,8 +23,10 @@ from collections.abc import Iterable
 import pytest
 
 DURATIONS = pathlib.Path(__file__).resolve().parent / "durations.json"
-#: Seconds assumed for a test the record does not have (a new test): a short unit test's.
+#: Seconds assumed for a test the record does not have (a new test): its directory's budget
+#: (tests/README.md: a unit test under 1 s, an integration test under 20 s).
 UNKNOWN_S = 0.2
+UNKNOWN_INTEGRATION_S = 20.0
 #: Tests shorter than this are left out of the record (they count as UNKNOWN_S).
 RECORD_MIN_S = 1.0
 
@@ -44,6 +46,11 @@ def unit_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+def unknown_s(nodeid: str) -> float:
+    """Seconds assumed for a test the record does not have."""
+    return UNKNOWN_INTEGRATION_S if nodeid.startswith("tests/integration/") else UNKNOWN_S
+
+
 def order(items: list[pytest.Item], durations: dict[str, float]) -> list[str]:
     """Sort ``items`` in place, heaviest unit first (a unit's tests stay in their order), and
     return each item's unit.
@@ -59,7 +66,7 @@ def order(items: list[pytest.Item], durations: dict[str, float]) -> list[str]:
     weight: dict[str, float] = {}
     for item in items:
         unit = units[item.nodeid]
-        weight[unit] = weight.get(unit, 0.0) + durations.get(item.nodeid, UNKNOWN_S)
+        weight[unit] = weight.get(unit, 0.0) + durations.get(item.nodeid, unknown_s(item.nodeid))
     first_seen: dict[str, int] = {}
     for i, item in enumerate(items):
         first_seen.setdefault(units[item.nodeid], i)

@@ -47,6 +47,12 @@ def test_heaviest_unit_first_and_a_files_tests_stay_together_in_order():
     ]
 
 
+def test_an_unrecorded_integration_test_counts_its_budget():
+    items = [Item("tests/unit/u.py::a"), Item("tests/integration/i.py::a")]
+    suite_order.order(items, {"tests/unit/u.py::a": 19.0})
+    assert [i.nodeid for i in items] == ["tests/integration/i.py::a", "tests/unit/u.py::a"]
+
+
 def test_equal_weights_keep_the_collection_order():
     items = [Item("x.py::a"), Item("y.py::a"), Item("z.py::a")]
     suite_order.order(items, {})

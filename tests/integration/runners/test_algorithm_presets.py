@@ -35,8 +35,11 @@ def _rises(rewards: list[float]) -> bool:
     return sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.1
 
 
-@pytest.mark.timeout(600)
-def test_gspo_and_dapo_presets_learn(ray_session, tmp_path):
+#: Each preset's run is its own test, so the two test processes can take one each.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.spread]
+
+
+def test_gspo_preset_learns(ray_session, tmp_path):
     ray_session.ensure()
     # GSPO with two minibatches: the second step is off-policy, so the sequence clip binds
     gspo = compose_run("algorithm=gspo", "algorithm.num_minibatches=2", *SMALL)
@@ -45,6 +48,9 @@ def test_gspo_and_dapo_presets_learn(ray_session, tmp_path):
     assert max(r["actor/clip_frac"] for r in records) > 0
     assert _rises(_rewards(tmp_path / "gspo")), _rewards(tmp_path / "gspo")
 
+
+def test_dapo_preset_learns_and_its_batch_stage_drops_and_regenerates(ray_session, tmp_path):
+    ray_session.ensure()
     dapo = compose_run("algorithm=dapo", *SMALL)
     assert run_reasoning(dapo, str(tmp_path / "dapo"))["status"] == "completed"
     records = read_metrics(str(tmp_path / "dapo" / "metrics.jsonl"))
