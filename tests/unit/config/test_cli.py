@@ -22,8 +22,10 @@ def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cfg_job_shows_the_chosen_placement():
-    out = run_cli("--cfg", "job", "placement=hybrid", "placement.component_placement.actor=0-1")
+def test_cfg_job_shows_the_chosen_placement(tmp_path):
+    out = run_cli(
+        "--cfg", "job", "placement=hybrid", "placement.component_placement.actor=0-1", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     assert "mode: hybrid" in out.stdout
     assert "actor: 0-1" in out.stdout
@@ -38,15 +40,17 @@ def test_cfg_job_shows_the_chosen_placement():
         ("algorithm.kl_estimator=k9", "algorithm.kl_estimator"),
     ],
 )
-def test_bad_input_names_the_key_and_fails(override: str, expected: str):
-    out = run_cli(override)
+def test_bad_input_names_the_key_and_fails(override: str, expected: str, tmp_path):
+    # in a directory of its own: Hydra names run directories to the second, and a refused run
+    # removes its own, so two refused runs in one directory and second would race
+    out = run_cli(override, cwd=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
     assert expected in out.stderr
     assert "Traceback" not in out.stderr
 
 
-def test_unknown_key_lists_the_known_ones():
-    out = run_cli("+trainer.totl_steps=3")
+def test_unknown_key_lists_the_known_ones(tmp_path):
+    out = run_cli("+trainer.totl_steps=3", cwd=tmp_path)
     assert out.returncode == 2
     assert "total_steps" in out.stderr
 
