@@ -4,7 +4,9 @@ what-if simulator's ranking in ``mode=plan`` reads them too)."""
 from __future__ import annotations
 
 from rltrain.whatif.candidates import (
+    DEFAULT_PARTIAL_ROLLOUTS,
     ON_NODE,
+    PARTIAL_ROLLOUTS,
     PLACED,
     SHARED_OFFLOAD,
     Candidate,
@@ -13,13 +15,16 @@ from rltrain.whatif.candidates import (
     component_placement,
     embodied_candidates,
     offload_policies,
+    partial_rollout_policies,
     reasoning_candidates,
     span_text,
     stage_counts,
 )
 
 __all__ = [
+    "DEFAULT_PARTIAL_ROLLOUTS",
     "ON_NODE",
+    "PARTIAL_ROLLOUTS",
     "PLACED",
     "SHARED_OFFLOAD",
     "Candidate",
@@ -28,6 +33,7 @@ __all__ = [
     "component_placement",
     "embodied_candidates",
     "offload_policies",
+    "partial_rollout_policies",
     "reasoning_candidates",
     "span_text",
     "stage_counts",

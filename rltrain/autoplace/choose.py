@@ -68,7 +68,9 @@ def enumerate_for(run: Any, settings: AutoSettings, total: int) -> list[Candidat
     if registry.runner(run).steps_env:
         stages = stage_counts(run.env.num_envs, settings.pipeline_stages, DEFAULT_STAGES)
         return embodied_candidates(total, stages, settings.candidates)
-    return reasoning_candidates(total, settings.candidates, settings.staleness)
+    return reasoning_candidates(
+        total, settings.candidates, settings.staleness, settings.partial_rollout
+    )
 
 
 def search(run: Any, profile: Profile, settings: AutoSettings) -> list[Row]:

@@ -21,6 +21,16 @@ disaggregated, synchronous      ``G(k) + R + T(D-k) + S + O``
 disaggregated, ``max_staleness=1``  ``max(G(k), R + T(D-k) + S + O)`` (both sides at once)
 ==============================  ===========================================================
 
+An asynchronous candidate's ``trainer.partial_rollout`` matters only where a generation is
+still running when the actor publishes new weights, i.e. ``G > A`` with ``A = R + T + S + O``
+(the actor's part). Then ``finish`` is the row above (``G``), ``restart`` is ``G + A`` (the
+generation is cancelled at the swap and run again from its start) and ``continue`` is
+``max(G, A) + F``: the stopped call resumes under the new weights, paying one more call's
+fixed cost ``F`` to prefill its prompt and the tokens kept (the profile has no prefill figure
+of its own, so ``F`` is the generation's ``fixed`` seconds). With ``G <= A`` all three are
+``A``. The model thus never ranks ``continue`` or ``restart`` faster than ``finish``: what they
+buy is fresher samples (docs/async.md), not step time.
+
 ``T`` includes the actor's pi_old forward pass where the profiled (synchronous) runs made one
 (``algorithm.old_logprobs``: recomputed, more than one optimizer step per batch, no inference
 component); a candidate with ``max_staleness=1`` that makes one where they did not adds its
@@ -263,8 +273,23 @@ def predict(cand: Candidate, costs: ReasoningCosts | EmbodiedCosts) -> Predictio
     learn = c.reward + t + c.sync
     parts = {"generate": g, "reward": c.reward, "train": t, "sync": c.sync, "overhead": c.overhead}
     if cand.staleness > 0:
-        return Prediction(max(g, learn + c.overhead), parts, "max(G, R + T + S + O)")
+        return _asynchronous(cand.partial_rollout, g, learn + c.overhead, c.generate.fixed, parts)
     return Prediction(g + learn + c.overhead, parts, "G + R + T + S + O")
+
+
+def _asynchronous(
+    policy: str, g: float, a: float, prefill: float, parts: dict[str, float]
+) -> Prediction:
+    """An asynchronous step: generation ``g`` beside the actor's part ``a``, and what the
+    ``trainer.partial_rollout`` policy adds where a generation runs past the swap (``g > a``;
+    module docstring)."""
+    if policy == "finish" or g <= a:
+        return Prediction(max(g, a), parts, "max(G, R + T + S + O)")
+    if policy == "restart":
+        return Prediction(g + a, parts, "G + R + T + S + O (restart: G > A)")
+    return Prediction(
+        max(g, a) + prefill, {**parts, "prefill": prefill}, "max(G, R + T + S + O) + F"
+    )
 
 
 def items_per_round(env_world: int, stages: int, rollout_world: int) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rltrain.autoplace.candidates import Candidate, apply
+from rltrain.autoplace.candidates import PARTIAL_ROLLOUTS, Candidate, apply
 from rltrain.autoplace.cost import EmbodiedCosts, Prediction, ReasoningCosts, predict
 from rltrain.errors import ConfigError, RltrainError
 from rltrain.kinds import registry
@@ -65,6 +65,7 @@ class Row:
             "env_devices": c.env_devices,
             "fused": c.fused,
             "max_staleness": c.staleness,
+            "partial_rollout": c.partial_rollout,
             "pipeline_stages": c.stages,
             "predicted_s_per_step": self.seconds,
             "prediction": self.prediction.to_dict(),
@@ -76,10 +77,14 @@ class Row:
 
 
 def preference(c: Candidate) -> tuple:
-    """Order among predictions within :data:`TIE`: synchronous, then fused, then fewer
-    kinds of processes, then more pipeline stages only if needed, then a balanced split."""
+    """Order among predictions within :data:`TIE`: synchronous, then ``finish`` (then
+    ``continue``, then ``restart``: the less generated work thrown away or redone), then fused,
+    then fewer kinds of processes, then more pipeline stages only if needed, then a balanced
+    split."""
     balance = abs(c.rollout_devices - c.actor_devices)
-    return (c.staleness, not c.fused, FAMILY_ORDER.get(c.family, 9), c.stages or 0, balance)
+    policy = PARTIAL_ROLLOUTS.index(c.partial_rollout)
+    family = FAMILY_ORDER.get(c.family, 9)
+    return (c.staleness, policy, not c.fused, family, c.stages or 0, balance)
 
 
 def rank(candidates: Iterable[Candidate], costs: ReasoningCosts | EmbodiedCosts) -> list[Row]:

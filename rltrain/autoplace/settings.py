@@ -13,6 +13,7 @@ from typing import Any
 
 from rltrain.config.validate import AUTO_FAMILIES
 from rltrain.errors import ConfigError
+from rltrain.whatif.candidates import DEFAULT_PARTIAL_ROLLOUTS, partial_rollout_policies
 from rltrain.whatif.profiles import DEFAULT_CACHE_DIR  # where profiles are cached by default
 
 #: Layout families the search knows (the config's vocabulary).
@@ -33,6 +34,9 @@ class AutoSettings:
         reprofile: ignore a cached profile and measure again.
         candidates: the layout families enumerated.
         staleness: ``trainer.max_staleness`` values tried where actor and rollout are apart.
+        partial_rollout: ``trainer.partial_rollout`` policies tried by the asynchronous ones
+            (``placement.auto.partial_rollout`` resolved against ``trainer.partial_rollout``:
+            :func:`rltrain.whatif.candidates.partial_rollout_policies`).
         pipeline_stages: ``env.pipeline_stage_num`` values tried by embodied runs (empty: the
             defaults that divide ``env.num_envs``).
         max_checked: candidates checked with the plan and preflight, fastest predicted first.
@@ -46,6 +50,7 @@ class AutoSettings:
     reprofile: bool = False
     candidates: tuple[str, ...] = FAMILIES
     staleness: tuple[int, ...] = (0, 1)
+    partial_rollout: tuple[str, ...] = DEFAULT_PARTIAL_ROLLOUTS
     pipeline_stages: tuple[int, ...] = ()
     max_checked: int = 32
     profile_passes: int = 1
@@ -71,10 +76,11 @@ class AutoSettings:
         problems = check_auto(run)
         if problems:
             raise ConfigError(problems)
-        return cls._read(getattr(getattr(run, "placement", None), "auto", None))
+        fixed = str(getattr(getattr(run, "trainer", None), "partial_rollout", "finish"))
+        return cls._read(getattr(getattr(run, "placement", None), "auto", None), fixed)
 
     @classmethod
-    def _read(cls, section: Any) -> AutoSettings:
+    def _read(cls, section: Any, fixed: str = "finish") -> AutoSettings:
         d = cls()
 
         def get(name: str, default: Any) -> Any:
@@ -90,6 +96,7 @@ class AutoSettings:
             reprofile=bool(get("reprofile", d.reprofile)),
             candidates=tuple(str(x) for x in get("candidates", d.candidates)),
             staleness=tuple(int(x) for x in get("staleness", d.staleness)),
+            partial_rollout=partial_rollout_policies(get("partial_rollout", None), fixed),
             pipeline_stages=tuple(int(x) for x in get("pipeline_stages", d.pipeline_stages)),
             max_checked=int(get("max_checked", d.max_checked)),
             profile_passes=int(get("profile_passes", d.profile_passes)),

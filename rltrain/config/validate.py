@@ -324,6 +324,17 @@ def auto_problems(a: Any, writes: bool = False) -> Iterator[str]:
             f"placement.auto.staleness={list(a.staleness)}: give a non-empty subset of [0, 1] "
             f"(trainer.max_staleness values to try)"
         )
+    policies = getattr(a, "partial_rollout", None)
+    if policies is not None and (
+        not policies
+        or any(x not in ("finish", "continue", "restart") for x in policies)
+        or len(set(policies)) != len(policies)
+    ):
+        yield (
+            f"placement.auto.partial_rollout={list(policies)}: give distinct values from "
+            f"['finish', 'continue', 'restart'] (trainer.partial_rollout policies to try), or "
+            f"null for [finish, continue]"
+        )
     if any(n < 1 for n in a.pipeline_stages):
         yield (
             f"placement.auto.pipeline_stages={list(a.pipeline_stages)}: stage counts are >= 1; "
@@ -690,6 +701,7 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
         )
     else:
         yield from partial_rollout_problems(cfg)
+        yield from auto_partial_rollout_problems(cfg)
     yield from sampler_problems(cfg)
     if t.time_budget_s is not None:
         yield from _positive("trainer.time_budget_s", t.time_budget_s)
@@ -750,6 +762,31 @@ def partial_rollout_problems(cfg: RunConfig) -> Iterator[str]:
         f"at one and the policy changes nothing; set trainer.max_staleness>=1 "
         f"(placement=disaggregated) or drop trainer.partial_rollout (finish)"
     )
+
+
+def auto_partial_rollout_problems(cfg: RunConfig) -> Iterator[str]:
+    """``placement.auto.partial_rollout`` set where it would change nothing (placement=auto
+    only): no asynchronous candidate to apply it to, or a list that drops the policy
+    ``trainer.partial_rollout`` chose."""
+    a = cfg.placement.auto
+    policies = a.partial_rollout
+    if cfg.placement.mode != "auto" or policies is None:
+        return
+    kind = _runner_kind(cfg)
+    if (kind is not None and kind.steps_env) or 1 not in list(a.staleness):
+        yield (
+            f"placement.auto.partial_rollout={list(policies)}: no candidate runs asynchronously "
+            f"(placement.auto.staleness={list(a.staleness)}, runner={cfg.runner}; only reasoning "
+            f"layouts with max_staleness=1 have a generation running at a weight swap); add 1 "
+            f"to placement.auto.staleness or drop placement.auto.partial_rollout"
+        )
+    chosen = cfg.trainer.partial_rollout
+    if chosen != "finish" and list(policies) != [chosen]:
+        yield (
+            f"placement.auto.partial_rollout={list(policies)} with trainer.partial_rollout="
+            f"{chosen!r}: the trainer key fixes the policy; drop placement.auto.partial_rollout "
+            f"(or set it to [{chosen}]), or drop trainer.partial_rollout to let auto choose"
+        )
 
 
 def dispatch_problems(cfg: RunConfig) -> Iterator[str]:

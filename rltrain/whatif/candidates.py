@@ -8,7 +8,10 @@ Reasoning runs (actor, rollout; the reward and any reference/critic follow the a
 - ``collocated``: actor and rollout on all ``D`` devices, fused into one process per device
   (``placement.fuse=true``) or taking turns as separate processes (``fuse=false``).
 - ``disaggregated``: rollout on the last ``k`` devices, actor on the first ``D - k``, for every
-  ``k`` in ``1..D-1``; each with every allowed ``trainer.max_staleness`` (0 and 1).
+  ``k`` in ``1..D-1``; each with every allowed ``trainer.max_staleness`` (0 and 1), and an
+  asynchronous one (``max_staleness >= 1``) with every allowed ``trainer.partial_rollout``
+  (``finish`` and ``continue`` by default; a synchronous loop has no generation running at a
+  weight swap, so its policy is ``finish``).
 - ``hybrid``: actor on all ``D`` devices, rollout on the last ``k`` (``1..D-1``), taking turns
   where they share; synchronous only (rollout and actor share devices).
 
@@ -20,7 +23,8 @@ Embodied runs (env, rollout, actor), each with every pipeline stage count ``S``:
 - ``hybrid``: simulators on the first ``k`` devices (one process each), rollout on the rest,
   actor on all (RLinf's embodied hybrid).
 
-That is ``3D - 1`` reasoning candidates at most and ``(2D - 1) x |S|`` embodied ones. Nothing
+That is ``2 + (D - 1) x (2 + |P|)`` reasoning candidates (``|P|`` partial-rollout policies;
+``4D - 2`` by default) and ``(2D - 1) x |S|`` embodied ones. Nothing
 here imports Ray or torch.
 """
 
@@ -60,6 +64,7 @@ class Candidate:
         fused: actor, rollout and reward in one process per device (collocated reasoning).
         staleness: ``trainer.max_staleness``.
         stages: ``env.pipeline_stage_num`` (embodied), or None.
+        partial_rollout: ``trainer.partial_rollout`` (``finish`` for a synchronous layout).
     """
 
     family: str
@@ -69,6 +74,7 @@ class Candidate:
     fused: bool = False
     staleness: int = 0
     stages: int | None = None
+    partial_rollout: str = "finish"
 
     @property
     def actor_devices(self) -> int:
@@ -101,6 +107,8 @@ class Candidate:
             head = f"{self.family} " + " ".join(parts)
         if self.staleness:
             head += f" async{self.staleness}"
+        if self.partial_rollout != "finish":  # finish keeps the names it always had
+            head += f" {self.partial_rollout}"
         if self.stages is not None:
             head += f" S={self.stages}"
         return head
@@ -116,6 +124,7 @@ def reasoning_candidates(
     devices: int,
     families: Iterable[str] = ("collocated", "disaggregated", "hybrid"),
     staleness: Iterable[int] = (0, 1),
+    partial_rollout: Iterable[str] = ("finish", "continue"),
 ) -> list[Candidate]:
     """Every reasoning layout on ``devices`` devices (see the module docstring).
 
@@ -123,11 +132,15 @@ def reasoning_candidates(
         devices: the cluster's devices ``D``.
         families: the families to enumerate.
         staleness: ``trainer.max_staleness`` values for layouts with actor and rollout apart.
+        partial_rollout: ``trainer.partial_rollout`` policies for the asynchronous ones
+            (``max_staleness >= 1``), in the order given.
 
     Returns:
-        The candidates: at most ``2 + (D - 1) x (|staleness| + 1)``.
+        The candidates: at most ``2 + (D - 1) x (|staleness without 0| x |partial_rollout|
+        + 2)``.
     """
     fams, ks = set(families), sorted(set(staleness))
+    policies = list(dict.fromkeys(partial_rollout))
     out: list[Candidate] = []
     every = (0, devices)
     if "collocated" in fams:
@@ -135,15 +148,40 @@ def reasoning_candidates(
         out.append(Candidate("collocated", every, every, fused=False))
     for k in range(1, devices):
         if "disaggregated" in fams:
+            actor, rollout = (0, devices - k), (devices - k, devices)
             for s in ks:
-                out.append(
-                    Candidate(
-                        "disaggregated", (0, devices - k), (devices - k, devices), staleness=s
+                for policy in policies if s > 0 else ["finish"]:
+                    out.append(
+                        Candidate(
+                            "disaggregated", actor, rollout, staleness=s, partial_rollout=policy
+                        )
                     )
-                )
         if "hybrid" in fams:
             out.append(Candidate("hybrid", every, (devices - k, devices)))
     return out
+
+
+#: ``trainer.partial_rollout`` policies, in the order the ranking prefers them on a tie.
+PARTIAL_ROLLOUTS = ("finish", "continue", "restart")
+#: The policies an asynchronous candidate tries unless ``placement.auto.partial_rollout`` says.
+DEFAULT_PARTIAL_ROLLOUTS = ("finish", "continue")
+
+
+def partial_rollout_policies(requested: Sequence[str] | None, fixed: str) -> tuple[str, ...]:
+    """The ``trainer.partial_rollout`` policies the asynchronous candidates try.
+
+    Args:
+        requested: ``placement.auto.partial_rollout`` (None: not set).
+        fixed: ``trainer.partial_rollout``; ``restart`` or ``continue`` there is the user's
+            choice and is kept (the config check refuses a list that leaves it out).
+
+    Returns:
+        The requested list; unset, ``(fixed,)`` for a chosen policy, else
+        :data:`DEFAULT_PARTIAL_ROLLOUTS`.
+    """
+    if requested is not None:
+        return tuple(dict.fromkeys(str(p) for p in requested))
+    return DEFAULT_PARTIAL_ROLLOUTS if fixed == "finish" else (fixed,)
 
 
 def embodied_candidates(
@@ -246,8 +284,9 @@ def _policy(when: str, states: Sequence[str]) -> OffloadPolicyConfig:
 
 
 def apply(run: Any, cand: Candidate) -> Any:
-    """The run config of a candidate: the base run with its placement (and staleness, stage
-    count, fusion) replaced; ``placement.mode`` is null so the plan classifies the layout.
+    """The run config of a candidate: the base run with its placement (and staleness, partial
+    rollout policy, stage count, fusion) replaced; ``placement.mode`` is null so the plan
+    classifies the layout.
 
     Args:
         run: the base :class:`~rltrain.config.schema.RunConfig`.
@@ -264,7 +303,9 @@ def apply(run: Any, cand: Candidate) -> Any:
         offload=offload_policies(dict(p.offload or {}), cand),
         fuse="true" if cand.fused else "false",
     )
-    trainer = dataclasses.replace(run.trainer, max_staleness=cand.staleness)
+    trainer = dataclasses.replace(
+        run.trainer, max_staleness=cand.staleness, partial_rollout=cand.partial_rollout
+    )
     changes: dict[str, Any] = {"placement": placement, "trainer": trainer}
     if cand.stages is not None:
         changes["env"] = dataclasses.replace(run.env, pipeline_stage_num=cand.stages)

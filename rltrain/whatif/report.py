@@ -93,7 +93,8 @@ def rank(run: Any, cluster: Any, fusable: Fusable, calib: Calibration) -> list[R
         stages = cands.stage_counts(run.env.num_envs, list(auto.pipeline_stages), (1, 2, 4, 8))
         found = cands.embodied_candidates(devices, stages, auto.candidates)
     else:
-        found = cands.reasoning_candidates(devices, auto.candidates, auto.staleness)
+        policies = cands.partial_rollout_policies(auto.partial_rollout, run.trainer.partial_rollout)
+        found = cands.reasoning_candidates(devices, auto.candidates, auto.staleness, policies)
     out = []
     for cand in found:
         cand_run = cands.apply(run, cand)

@@ -48,7 +48,7 @@ def test_auto_profiles_chooses_and_trains_the_winner(ray_session, tmp_path):
     split = tmp_path / "first" / "auto_profile" / "disaggregated_actor_0_rollout_1"
     assert (split / "trace.json").exists()
     # Every candidate was checked and ranked; the asynchronous split wins.
-    assert len(choice.ranking) == 5 and all(r["status"] == "ok" for r in choice.ranking)
+    assert len(choice.ranking) == 6 and all(r["status"] == "ok" for r in choice.ranking)
     assert choice.winner.candidate.name == "disaggregated actor 0 rollout 1 async1"
     fused = next(r for r in choice.ranking if r["candidate"] == "collocated 0-1 fused")
     assert fused["predicted_s_per_step"] > 1.2 * choice.winner.seconds

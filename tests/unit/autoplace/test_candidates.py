@@ -10,6 +10,7 @@ from rltrain.autoplace.candidates import (
     component_placement,
     embodied_candidates,
     offload_policies,
+    partial_rollout_policies,
     reasoning_candidates,
     span_text,
     stage_counts,
@@ -17,23 +18,38 @@ from rltrain.autoplace.candidates import (
 from rltrain.config.schema import OffloadPolicyConfig, RunConfig
 
 
-def test_reasoning_on_two_devices_lists_five_layouts():
-    names = [c.name for c in reasoning_candidates(2)]
-    assert names == [
+def test_reasoning_on_two_devices_lists_six_layouts():
+    cands = reasoning_candidates(2)
+    assert [c.name for c in cands] == [
         "collocated 0-1 fused",
         "collocated 0-1 turns",
         "disaggregated actor 0 rollout 1",
         "disaggregated actor 0 rollout 1 async1",
+        "disaggregated actor 0 rollout 1 async1 continue",
         "hybrid actor 0-1 rollout 1",
     ]
+    assert [c.partial_rollout for c in cands if c.staleness] == ["finish", "continue"]
+    assert all(c.partial_rollout == "finish" for c in cands if not c.staleness)
 
 
 def test_reasoning_count_is_linear_in_devices():
-    # 2 collocated + (D-1) splits x (2 staleness + 1 hybrid)
+    # 2 collocated + (D-1) splits x (1 synchronous + 2 asynchronous policies + 1 hybrid)
     for d in (1, 2, 4, 8, 64):
-        assert len(reasoning_candidates(d)) == 2 + (d - 1) * 3
+        assert len(reasoning_candidates(d)) == 2 + (d - 1) * 4
     assert len(reasoning_candidates(8, staleness=(0,))) == 2 + 7 * 2
-    assert len(reasoning_candidates(8, families=("disaggregated",))) == 14
+    assert len(reasoning_candidates(8, families=("disaggregated",))) == 7 * 3
+    every = reasoning_candidates(2, partial_rollout=("finish", "continue", "restart"))
+    assert [c.name for c in every if c.staleness][
+        -1
+    ] == "disaggregated actor 0 rollout 1 async1 restart"
+    assert len(reasoning_candidates(8, partial_rollout=("continue",))) == 2 + 7 * 3
+
+
+def test_partial_rollout_policies_keep_the_users_choice():
+    assert partial_rollout_policies(None, "finish") == ("finish", "continue")
+    assert partial_rollout_policies(None, "restart") == ("restart",)
+    assert partial_rollout_policies(None, "continue") == ("continue",)
+    assert partial_rollout_policies(["restart", "finish"], "finish") == ("restart", "finish")
 
 
 def test_splits_give_the_rollout_the_last_k_devices():
@@ -133,8 +149,17 @@ def test_apply_replaces_placement_staleness_stages_and_fusion():
     out = apply(run, Candidate("disaggregated", (0, 1), (1, 2), staleness=1))
     assert out.placement.mode is None and out.placement.fuse == "false"
     assert out.placement.component_placement["rollout"] == "1"
-    assert out.trainer.max_staleness == 1
+    assert out.trainer.max_staleness == 1 and out.trainer.partial_rollout == "finish"
     assert run.trainer.max_staleness == 0 and run.placement.mode == "collocated"  # base untouched
+    cont = apply(
+        run, Candidate("disaggregated", (0, 1), (1, 2), staleness=1, partial_rollout="continue")
+    )
+    assert cont.trainer.partial_rollout == "continue" and run.trainer.partial_rollout == "finish"
+    # a synchronous candidate of a run whose trainer asks for restart: no swap mid-generation
+    restart = dataclasses.replace(
+        run, trainer=dataclasses.replace(run.trainer, partial_rollout="restart")
+    )
+    assert apply(restart, Candidate("hybrid", (0, 2), (1, 2))).trainer.partial_rollout == "finish"
     fused = apply(run, Candidate("collocated", (0, 2), (0, 2), fused=True))
     assert fused.placement.fuse == "true"
     emb = apply(run, Candidate("collocated", (0, 2), (0, 2), stages=4))

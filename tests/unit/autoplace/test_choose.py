@@ -50,7 +50,7 @@ def test_choose_runs_the_fastest_valid_layout(tmp_path):
     choice = choose(run, str(tmp_path), _cache(run, tmp_path, GEN_HEAVY))
     assert choice.profile.source == "cache"
     assert choice.winner.candidate.name == "disaggregated actor 0 rollout 1 async1"
-    assert choice.rows[0] is choice.winner and len(choice.rows) == 5
+    assert choice.rows[0] is choice.winner and len(choice.rows) == 6
     w = choice.run
     assert w.placement.mode is None and w.trainer.max_staleness == 1
     assert w.placement.component_placement["actor"] == "0"
@@ -58,7 +58,7 @@ def test_choose_runs_the_fastest_valid_layout(tmp_path):
     assert w.placement.offload == {}  # nothing shares a device
     assert choice.text.splitlines()[3].startswith("  1* disaggregated actor 0 rollout 1 async1")
     doc = json.loads((tmp_path / "auto_placement.json").read_text())
-    assert doc["winner"] == choice.winner.candidate.name and len(doc["ranking"]) == 5
+    assert doc["winner"] == choice.winner.candidate.name and len(doc["ranking"]) == 6
     assert (tmp_path / "auto_placement.txt").read_text().strip() == choice.text
     # the what-if simulator's second opinion, calibrated from the same profile: generation
     # (1.2 s, all of it rltrain's host work here: no simulate.* latency) bounds the async step
@@ -79,5 +79,5 @@ def test_choose_refuses_when_nothing_fits(tmp_path):
     run = compose("placement=auto", "cluster.device_memory_gib=0.01")
     with pytest.raises(ConfigError) as err:
         choose(run, str(tmp_path), _cache(run, tmp_path, GEN_HEAVY))
-    assert len(err.value.problems) == 1 + 5
+    assert len(err.value.problems) == 1 + 6
     assert "collocated 0-1 turns: " in "\n".join(err.value.problems)

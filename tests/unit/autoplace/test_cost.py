@@ -86,6 +86,31 @@ def test_disaggregated_sequential_and_asynchronous():
     assert t_bound.seconds == pytest.approx(0.01 + 1.0 + 0.04 + 0.05)
 
 
+def _policy(actor, rollout, policy):
+    cand = Candidate("disaggregated", actor, rollout, staleness=1, partial_rollout=policy)
+    return predict(cand, COSTS)
+
+
+def test_partial_rollout_policies_where_generation_runs_past_the_swap():
+    # G(1) = 1.5 > A = R + T(3) + S + O = 0.01 + 0.4667 + 0.04 + 0.05 = 0.5667
+    a = 0.01 + (0.2 + 0.8 / 3) + 0.04 + 0.05
+    finish = _policy((0, 3), (3, 4), "finish")
+    assert finish.seconds == pytest.approx(1.5) and "prefill" not in finish.parts
+    # restart: the generation cancelled at the swap runs again from its start: G + A
+    restart = _policy((0, 3), (3, 4), "restart")
+    assert restart.seconds == pytest.approx(1.5 + a)
+    # continue: max(G, A) + one more call's fixed cost (generate's fixed, 0.5: no prefill figure)
+    cont = _policy((0, 3), (3, 4), "continue")
+    assert cont.seconds == pytest.approx(1.5 + 0.5) and cont.parts["prefill"] == 0.5
+    assert cont.formula == "max(G, R + T + S + O) + F"
+
+
+def test_partial_rollout_policies_cost_nothing_where_generation_ends_first():
+    # G(3) = 0.8333 <= A = R + T(1) + S + O = 1.1: nothing runs at the swap, all three are A
+    for policy in ("finish", "continue", "restart"):
+        assert _policy((0, 1), (1, 4), policy).seconds == pytest.approx(1.1)
+
+
 def test_hybrid_takes_turns_on_the_rollout_devices():
     hyb = predict(Candidate("hybrid", (0, 4), (3, 4)), COSTS)
     assert hyb.seconds == pytest.approx(1.5 + 0.01 + 0.4 + 0.04 + 0.1 + 0.05)

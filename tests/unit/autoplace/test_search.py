@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from rltrain.autoplace.candidates import Candidate, reasoning_candidates
@@ -31,6 +33,7 @@ def _row(name: str, seconds: float, status: str = OK, **kw) -> Row:
         "turns": Candidate("collocated", (0, 2), (0, 2)),
         "dis": Candidate("disaggregated", (0, 1), (1, 2)),
         "async": Candidate("disaggregated", (0, 1), (1, 2), staleness=1),
+        "cont": Candidate("disaggregated", (0, 1), (1, 2), staleness=1, partial_rollout="continue"),
         "hyb": Candidate("hybrid", (0, 2), (1, 2)),
     }[fam]
     return Row(cand, Prediction(seconds, {}, ""), status=status, **kw)
@@ -49,8 +52,30 @@ def test_rank_orders_by_prediction():
         ("collocated 0-1 turns", 1.63),
         ("hybrid actor 0-1 rollout 1", 1.63),
         ("disaggregated actor 0 rollout 1", 1.63),
+        # G > A: max(1.2, 0.43) + generate's fixed cost 1.2 for the continued call
+        ("disaggregated actor 0 rollout 1 async1 continue", 2.4),
     ]
     assert all(r.status == UNCHECKED for r in rows)
+
+
+def test_finish_wins_a_tie_with_continue():
+    # no fixed generation cost: continue's extra call is free, so it ties finish at G = 1.2
+    costs = ReasoningCosts(generate=Scaling(0.0, 1.2), train=Scaling(0.4), sync=0.02)
+    rows = rank(reasoning_candidates(2, families=("disaggregated",)), costs)
+    assert [r.candidate.name for r in rows[:2]] == [
+        "disaggregated actor 0 rollout 1 async1",
+        "disaggregated actor 0 rollout 1 async1 continue",
+    ]
+    assert rows[0].seconds == rows[1].seconds == pytest.approx(1.2)
+    checked = [dataclasses.replace(r, status=OK) for r in rows]
+    assert pick(checked).candidate.partial_rollout == "finish"
+    # within the tie finish wins even when predicted a little slower; beyond it, the faster one
+    assert pick([_row("cont", 1.0), _row("async", 1.0 * (1 + TIE / 2))]).candidate.name == (
+        "disaggregated actor 0 rollout 1 async1"
+    )
+    assert pick([_row("cont", 1.0), _row("async", 1.0 * (1 + 2 * TIE))]).candidate.name == (
+        "disaggregated actor 0 rollout 1 async1 continue"
+    )
 
 
 def test_pick_prefers_the_simpler_layout_within_the_tie():
@@ -79,8 +104,8 @@ def test_verify_checks_every_row_of_a_small_search():
     rows = rank(reasoning_candidates(2), GEN_HEAVY)
     check, calls = _counting({"disaggregated actor 0 rollout 1 async1"})
     out = verify(None, rows, max_checked=32, check=check, precheck=NO_PRECHECK)
-    assert len(calls) == 5
-    assert [r.status for r in out] == [EXCLUDED, OK, OK, OK, OK]
+    assert len(calls) == 6
+    assert [r.status for r in out] == [EXCLUDED, OK, OK, OK, OK, OK]
     assert out[0].reason == "refused" and out[1].peak_bytes == 123
     assert pick(out).candidate.name == "collocated 0-1 fused"
 
@@ -101,10 +126,10 @@ def test_verify_stops_once_the_winner_is_settled():
 
 
 def test_search_on_1024_nodes_of_8_devices_stays_linear():
-    """8,192 devices: 24,575 candidates ranked; checking stops after the few that can win."""
+    """8,192 devices: 32,766 candidates ranked; checking stops after the few that can win."""
     devices = 1024 * 8
     cands = reasoning_candidates(devices)
-    assert len(cands) == 2 + (devices - 1) * 3
+    assert len(cands) == 2 + (devices - 1) * 4
     costs = ReasoningCosts(
         generate=Scaling(0.05, 400.0), train=Scaling(0.05, 200.0), sync=0.01, overhead=0.01
     )
@@ -160,4 +185,4 @@ def test_render_lists_the_winner_first_with_reasons():
 
 @pytest.mark.parametrize("d", [1, 3, 5])
 def test_every_candidate_gets_a_prediction(d):
-    assert len(rank(reasoning_candidates(d), GEN_HEAVY)) == 2 + (d - 1) * 3
+    assert len(rank(reasoning_candidates(d), GEN_HEAVY)) == 2 + (d - 1) * 4

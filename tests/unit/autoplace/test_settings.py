@@ -68,3 +68,58 @@ def test_every_bad_value_is_named():
     with pytest.raises(ConfigError) as err:
         AutoSettings.from_run(bad)
     assert len(err.value.problems) == 6
+
+
+def test_partial_rollout_policies_follow_the_trainer_key():
+    """Unset: finish and continue, unless trainer.partial_rollout chose restart/continue, which
+    auto then keeps; a list is tried as given."""
+    from rltrain.bench.measures.trainer import compose
+
+    assert AutoSettings.from_run(compose("placement=auto")).partial_rollout == (
+        "finish",
+        "continue",
+    )
+    chosen = compose("placement=auto", "trainer.partial_rollout=restart")
+    assert AutoSettings.from_run(chosen).partial_rollout == ("restart",)
+    asked = compose("placement=auto", "placement.auto.partial_rollout=[restart,finish]")
+    assert AutoSettings.from_run(asked).partial_rollout == ("restart", "finish")
+    same = compose(
+        "placement=auto",
+        "trainer.partial_rollout=continue",
+        "placement.auto.partial_rollout=[continue]",
+    )
+    assert AutoSettings.from_run(same).partial_rollout == ("continue",)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["placement.auto.partial_rollout=[finish,pause]"],
+            "placement.auto.partial_rollout=['finish', 'pause']: give distinct values",
+        ),
+        (["placement.auto.partial_rollout=[]"], "placement.auto.partial_rollout=[]: give"),
+        (
+            [
+                "placement=auto",
+                "placement.auto.staleness=[0]",
+                "placement.auto.partial_rollout=[continue]",
+            ],
+            "no candidate runs asynchronously",
+        ),
+        (
+            [
+                "placement=auto",
+                "trainer.partial_rollout=restart",
+                "placement.auto.partial_rollout=[finish,continue]",
+            ],
+            "the trainer key fixes the policy",
+        ),
+    ],
+)
+def test_a_partial_rollout_list_that_would_do_nothing_is_refused(overrides, expected):
+    from rltrain.bench.measures.trainer import compose
+
+    with pytest.raises(ConfigError) as err:
+        compose(*overrides)
+    assert expected in str(err.value)

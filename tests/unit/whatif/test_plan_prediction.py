@@ -49,6 +49,11 @@ def test_plan_predicts_the_configured_cluster_and_ranks_candidates(tmp_path):
     ranking = data["predicted_ranking"]
     assert ranking[0]["candidate"] == "disaggregated actor 0 rollout 1 async1"  # overlaps
     assert {r["status"] for r in ranking} == {"ok"}
+    # placement.auto.partial_rollout unset: the async split also with continue, which stops the
+    # generation running at the swap and calls again (another 600 ms call latency): no gain
+    steps = {r["candidate"]: r["step_s"] for r in ranking}
+    assert len(ranking) == 6
+    assert steps["disaggregated actor 0 rollout 1 async1 continue"] > ranking[0]["step_s"] * 1.2
     # plan files only (beside what Hydra itself writes)
     names = set(os.listdir(tmp_path)) - {".hydra", "rltrain.log", ".rltrain_run"}
     assert names == {"plan.json", "plan.svg", "plan_trace.json"}
