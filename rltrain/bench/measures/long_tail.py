@@ -26,7 +26,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rltrain.bench.harness import Case, Suite, measure
+from rltrain.bench.harness import Suite, measure
 
 TOKEN_MS = 25.0  # per modelled decoding step: a call of 8 rows takes ~1 s on average
 MEDIAN = 8.0  # modelled tokens; the longest of 8 rows averages ~40
@@ -50,8 +50,7 @@ GOALS: tuple[tuple[str, str, float, str], ...] = (
     "heavy-tailed response lengths: max_staleness=1 finish / restart / continue vs synchronous",
 )
 def long_tail(quick: bool) -> Suite:
-    from rltrain.bench.measures.trainer import compose, start_reasoning
-    from rltrain.runners.reasoning import ReasoningRunner
+    from rltrain.bench.measures.trainer import compose, policy_cases, start_reasoning
 
     steps = 2 if quick else 8
     scale = 0.05 if quick else 1.0  # --quick (CI) checks the path, not the figures
@@ -70,37 +69,7 @@ def long_tail(quick: bool) -> Suite:
     )
     stack = contextlib.ExitStack()
     job = start_reasoning(run, stack)
-    names = ("sync",) + POLICIES
-    runners = {
-        "sync": ReasoningRunner(job, max_staleness=0),
-        **{p: ReasoningRunner(job, max_staleness=1, partial_rollout=p) for p in POLICIES},
-    }
-    # disjoint step (and weight version) ranges: every schedule reloads weights each step
-    first = {name: i * 10**6 for i, name in enumerate(names)}
-    counters = {n: iter(range(first[n], first[n] + 10**6)) for n in names}
-    for n, runner in runners.items():
-        runner.schedule.begin(first[n], None)
-    seen: dict[str, list[tuple[int, dict[str, Any]]]] = {n: [] for n in names}
-
-    def steps_of(name: str):
-        def run_steps() -> None:
-            runner = runners[name]
-            for _ in range(steps):
-                step = next(counters[name])
-                seen[name].append((step, runner.train_step(step)))
-            runner.schedule.drain()
-
-        return run_steps
-
-    cases = tuple(
-        Case(
-            f"{steps} steps, {name}" if name != "sync" else f"{steps} steps, synchronous",
-            steps_of(name),
-            work=steps,
-            work_unit="steps",
-        )
-        for name in names
-    )
+    cases, seen = policy_cases(job, steps, POLICIES)
     token_s = TOKEN_MS * scale / 1000
     return Suite(
         cases=cases,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from rltrain.bench.harness import Case, Suite, measure
+from rltrain.bench.harness import Suite, measure
 
 TOKEN_MS = 250.0  # x max_new_tokens = 8: a generation takes up to 2 s
 ACTOR_MS = 1000.0
@@ -33,8 +33,7 @@ POLICIES = ("finish", "restart", "continue")
     "max_staleness=1 finish / restart / continue vs synchronous when generation is 2x an update",
 )
 def partial_rollout(quick: bool) -> Suite:
-    from rltrain.bench.measures.trainer import compose, start_reasoning
-    from rltrain.runners.reasoning import ReasoningRunner
+    from rltrain.bench.measures.trainer import compose, policy_cases, start_reasoning
 
     steps = 3 if quick else 6
     scale = 0.1 if quick else 1.0  # --quick (CI) checks the path, not the figures
@@ -53,36 +52,7 @@ def partial_rollout(quick: bool) -> Suite:
     stack = contextlib.ExitStack()
     job = start_reasoning(run, stack)
     threads = job.groups["actor"].reservation.layout.slot("actor", 0).num_threads
-    names = ("sync",) + POLICIES
-    runners = {
-        "sync": ReasoningRunner(job, max_staleness=0),
-        **{p: ReasoningRunner(job, max_staleness=1, partial_rollout=p) for p in POLICIES},
-    }
-    # disjoint step (and weight version) ranges: every schedule reloads weights each step
-    first = {name: i * 10**6 for i, name in enumerate(names)}
-    counters = {n: iter(range(first[n], first[n] + 10**6)) for n in names}
-    for n, runner in runners.items():
-        runner.schedule.begin(first[n], None)
-    seen: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-
-    def steps_of(name: str):
-        def run_steps() -> None:
-            runner = runners[name]
-            for _ in range(steps):
-                seen[name].append(runner.train_step(next(counters[name])))
-            runner.schedule.drain()
-
-        return run_steps
-
-    cases = tuple(
-        Case(
-            f"{steps} steps, {name}" if name != "sync" else f"{steps} steps, synchronous",
-            steps_of(name),
-            work=steps,
-            work_unit="steps",
-        )
-        for name in names
-    )
+    cases, seen = policy_cases(job, steps, POLICIES)
     return Suite(
         cases=cases,
         baseline=cases[0].name,
@@ -92,7 +62,7 @@ def partial_rollout(quick: bool) -> Suite:
         f"response), {ACTOR_MS * scale:.0f} ms per update; simulated devices, one job for every "
         f"schedule, {threads} torch thread(s) per process; tiny-model response lengths.",
         teardown=stack.close,
-        extras=lambda: extras(seen),
+        extras=lambda: extras({n: [r for _, r in calls] for n, calls in seen.items()}),
     )
 
 

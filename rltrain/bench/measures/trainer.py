@@ -209,6 +209,51 @@ def start_reasoning(run, stack: contextlib.ExitStack):
     )
 
 
+def policy_cases(job, steps: int, policies: tuple[str, ...]) -> tuple[tuple[Case, ...], dict]:
+    """One case per schedule on one started job: synchronous (the baseline, first), then
+    ``max_staleness=1`` with each ``trainer.partial_rollout`` policy.
+
+    Every schedule takes its steps from a range of its own (each reloads the weights every
+    step, so versions must not meet); each timed call runs ``steps`` steps and drains.
+
+    Returns:
+        ``(cases, seen)``: ``seen[name]`` collects ``(step, step record)`` of every call.
+    """
+    from rltrain.runners.reasoning import ReasoningRunner
+
+    names = ("sync", *policies)
+    runners = {
+        "sync": ReasoningRunner(job, max_staleness=0),
+        **{p: ReasoningRunner(job, max_staleness=1, partial_rollout=p) for p in policies},
+    }
+    first = {name: i * 10**6 for i, name in enumerate(names)}
+    counters = {n: iter(range(first[n], first[n] + 10**6)) for n in names}
+    for n, runner in runners.items():
+        runner.schedule.begin(first[n], None)
+    seen: dict[str, list[tuple[int, dict]]] = {n: [] for n in names}
+
+    def steps_of(name: str):
+        def run_steps() -> None:
+            runner = runners[name]
+            for _ in range(steps):
+                step = next(counters[name])
+                seen[name].append((step, runner.train_step(step)))
+            runner.schedule.drain()
+
+        return run_steps
+
+    cases = tuple(
+        Case(
+            f"{steps} steps, {name}" if name != "sync" else f"{steps} steps, synchronous",
+            steps_of(name),
+            work=steps,
+            work_unit="steps",
+        )
+        for name in names
+    )
+    return cases, seen
+
+
 @contextlib.contextmanager
 def _torch_threads(threads: int | None):
     """torch computes with ``threads`` threads inside the block (None: as it is)."""
