@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -56,7 +57,13 @@ def keeps_logits(model: torch.nn.Module) -> bool:
     inner = model
     while isinstance(getattr(inner, "module", None), torch.nn.Module):
         inner = inner.module
-    params = inspect.signature(inner.forward).parameters
+    return _forward_keeps_logits(type(inner))
+
+
+@functools.cache
+def _forward_keeps_logits(cls: type) -> bool:
+    """Read once per model class: the log-prob pass asks on every micro-batch."""
+    params = inspect.signature(cls.forward).parameters
     return "logits_to_keep" in params or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
     )
