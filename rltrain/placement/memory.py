@@ -334,10 +334,39 @@ def _get(obj: Any, key: str, default: Any = None) -> Any:
     return getattr(obj, key, default)
 
 
+def response_budget(run: Any) -> tuple[int, str]:
+    """The tokens a response may take after its prompt, and the keys that set it.
+
+    Single-turn: ``rollout.max_new_tokens``. Multi-turn (``task.env``): ``rollout.max_total_tokens``
+    (every turn and tool result), or where it is null ``rollout.max_turns x
+    rollout.max_new_tokens`` (tool results uncounted).
+
+    Args:
+        run: a :class:`rltrain.config.schema.RunConfig` (or a section-alike).
+
+    Returns:
+        ``(tokens, keys)``: the budget and the config keys to name in a message.
+    """
+    r, task = _get(run, "rollout"), _get(run, "task")
+    new = int(_get(r, "max_new_tokens", 0) or 0)
+    if not _get(task, "env", None):
+        return new, f"rollout.max_new_tokens={new}"
+    total = _get(r, "max_total_tokens", None)
+    if total is not None:
+        return int(total), f"rollout.max_total_tokens={total}"
+    turns = int(_get(r, "max_turns", 1) or 1)
+    return (
+        turns * new,
+        f"rollout.max_turns x rollout.max_new_tokens = {turns} x {new} "
+        f"(rollout.max_total_tokens=null)",
+    )
+
+
 def sequence_length(run: Any, d: ModelDims) -> int:
     """Tokens per sequence the run feeds the model: a prompt plus its response.
 
-    ``task.max_prompt_length + rollout.max_new_tokens``, capped by the model's
+    ``task.max_prompt_length`` plus the response budget (:func:`response_budget`:
+    ``rollout.max_new_tokens``, or a multi-turn episode's total), capped by the model's
     ``max_position_embeddings`` (a checkpoint's context, 32,768 for Qwen2.5, is what the model
     could take, not what the run sends it).
 
@@ -349,7 +378,7 @@ def sequence_length(run: Any, d: ModelDims) -> int:
         The sequence length, at least 1.
     """
     prompt = int(_get(_get(run, "task"), "max_prompt_length", 0) or 0)
-    new = int(_get(_get(run, "rollout"), "max_new_tokens", 0) or 0)
+    new = response_budget(run)[0]
     if prompt + new <= 0:
         return d.max_position_embeddings
     return max(1, min(prompt + new, d.max_position_embeddings))

@@ -399,13 +399,8 @@ class ReasoningRunner:
     def step_metrics(self, scores, results: list[TrainResult], times) -> dict[str, Any]:
         import torch
 
-        r = torch.cat([sc.rewards for sc in scores]).float()
         tokens = torch.cat([sc.response_tokens for sc in scores]).float()
-        out: dict[str, Any] = {
-            "reward/mean": float(r.mean()),
-            "reward/std": float(r.std()),
-            "response/length_mean": float(tokens.mean()),
-        }
+        out: dict[str, Any] = {**reward_stats(scores), "response/length_mean": float(tokens.mean())}
         for sc in scores:  # counts per shard: response/truncated, reward/truncated
             for key, n in sc.counts.items():
                 out[key] = out.get(key, 0) + n
@@ -473,6 +468,32 @@ GAP_MEAN, GAP_MAX, GAP_TOKENS = (
     "rollout/logprob_gap_max",
     "rollout/logprob_gap_tokens",
 )
+
+
+def reward_stats(scores: list[Any]) -> dict[str, float]:
+    """``reward/mean`` and ``reward/std`` of a step's scored rows.
+
+    Infra-failed episodes (a tool raised or timed out) have no score: they are left out,
+    as they are of the group statistics and the loss. A step where every episode failed has
+    no reward to report (the keys are absent).
+
+    Args:
+        scores: the step's :class:`rltrain.workers.reward.Scores`, one per shard.
+
+    Returns:
+        The two metrics, or an empty dict.
+    """
+    import torch
+
+    r = torch.cat([sc.rewards for sc in scores]).float()
+    keep = [
+        torch.ones(len(sc.rewards), dtype=torch.bool) if sc.scored is None else sc.scored
+        for sc in scores
+    ]
+    r = r[torch.cat(keep)]
+    if not r.numel():
+        return {}
+    return {"reward/mean": float(r.mean()), "reward/std": float(r.std()) if len(r) > 1 else 0.0}
 
 
 def _mean_metrics(results: list[TrainResult]) -> dict[str, float]:

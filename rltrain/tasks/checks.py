@@ -173,7 +173,8 @@ def check_task(run: Any) -> list[str]:
     the dataset files and looks at every row: missing, empty, binary or malformed files
     (file and line), unsupported types, rows missing the prompt or answer field (file, row,
     field), message-list prompts without a chat template, prompts over
-    ``task.max_prompt_length`` tokens after the chat template, answers with characters the
+    ``task.max_prompt_length`` tokens after the chat template, a longest prompt that with the
+    response budget overruns the model's context, answers with characters the
     tokenizer cannot spell, a prompt given with two answers, ``task.reward_fn`` that cannot be
     imported, split sizes that leave nothing to train on. Reads 100k-row files in seconds.
 
@@ -214,7 +215,9 @@ def check_task(run: Any) -> list[str]:
         )
     task = assemble(run.task, tokenizer, problems, tokenizer_source(run.model))
     if task is not None and not problems:
+        from rltrain.tasks.context import context_problems
         from rltrain.tasks.reward_check import reward_problems
 
+        problems += collect(problems, lambda: context_problems(run, task, tokenizer)) or []
         problems += reward_problems(run, task, tokenizer)
     return problems

@@ -54,11 +54,15 @@ class Scores(TensorRecord):
         counts: per-shard counts the step sums into its metrics: ``response/truncated`` (rows
             the token budget cut, when the batch says) and, for a reward model,
             ``reward/truncated`` (rows cut to its context).
+        scored: ``[b]`` bool, False on infra-failed episodes (a tool raised or timed out:
+            their reward is no score, ``reward/mean`` leaves them out); None when every row
+            is scored.
     """
 
     rewards: torch.Tensor
     response_tokens: torch.Tensor
     counts: dict[str, int] = field(default_factory=dict)
+    scored: torch.Tensor | None = None
 
 
 def batch_counts(batch: RolloutBatch) -> dict[str, int]:
@@ -79,6 +83,12 @@ def batch_counts(batch: RolloutBatch) -> dict[str, int]:
         if field_ is not None:
             out[key] = int(field_.sum())
     return out
+
+
+def scored_rows(batch: RolloutBatch) -> torch.Tensor | None:
+    """``[b]`` True where a row has a score: every row but infra-failed episodes; None when
+    the batch has none of those."""
+    return None if batch.infra_failed is None else ~batch.infra_failed
 
 
 def continued_tokens(batch: RolloutBatch) -> int:
@@ -112,7 +122,12 @@ class RuleReward:
 
     def scores(self, batch: RolloutBatch) -> Scores:
         """The rewards and response lengths of one batch."""
-        return Scores(self.score_batch(batch), batch.response_mask.sum(dim=1), batch_counts(batch))
+        return Scores(
+            self.score_batch(batch),
+            batch.response_mask.sum(dim=1),
+            batch_counts(batch),
+            scored_rows(batch),
+        )
 
 
 class RewardWorker(Worker):
@@ -299,5 +314,5 @@ class RewardModelWorker(Worker, ResidentState):
             for b in fetch(shards):
                 rewards, cut = self.scorer.score(self.rows.turns(b))
                 counts = {**batch_counts(b), "reward/truncated": cut}
-                out.append(Scores(rewards, b.response_mask.sum(dim=1), counts))
+                out.append(Scores(rewards, b.response_mask.sum(dim=1), counts, scored_rows(b)))
             return out

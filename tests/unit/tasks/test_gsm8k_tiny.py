@@ -162,6 +162,7 @@ def test_check_task_generates_then_the_task_builds_with_the_chat_template(tmp_pa
         setattr(run.task, k, v)
     run.model.path = str(data / "base_model")
     run.model.family = "qwen2"
+    run.model.max_position_embeddings = 128  # a ~95-token prompt and 4 new tokens fit
     assert check_task(run) == []
     tok = build_tokenizer(run.model)
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
