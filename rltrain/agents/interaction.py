@@ -85,6 +85,32 @@ class SingleTurn:
         return self.greedy(task)
 
 
+def call_end_ids(tokenizer: Any) -> frozenset[int]:
+    """Every token whose text holds the call's end (``]``): each ends a turn as a call.
+
+    A character tokenizer has one; a BPE vocabulary also merges ``]`` with what often follows
+    it (``])``, ``].``, ``]]``), and a model that samples such a token has closed its call all
+    the same: stopping only at the lone ``]`` would let the turn run on to its budget.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+
+    Returns:
+        The token ids.
+
+    Raises:
+        WorkerError: no token of the vocabulary can write the call's end.
+    """
+    vocab = tokenizer.get_vocab()
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    ids = [i for i in vocab.values() if i not in special]
+    texts = tokenizer.batch_decode([[i] for i in ids])
+    out = frozenset(i for i, t in zip(ids, texts, strict=True) if CALL_END in t)
+    if not out:
+        raise WorkerError(f"no token of the tokenizer writes the tool call's end {CALL_END!r}")
+    return out
+
+
 @dataclass(frozen=True)
 class EpisodeSettings:
     """The keys a multi-turn rollout reads (``rollout.*``, ``tools.*``, ``simulate.*``)."""
@@ -173,10 +199,7 @@ class ToolEpisodes:
         self.params = SamplingParams.from_rollout(run.rollout)
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.eos_ids = frozenset(int(t) for t in eos_ids)
-        end = tokenizer(CALL_END, add_special_tokens=False)["input_ids"]
-        if len(end) != 1:
-            raise WorkerError(f"the tokenizer spells the tool call's end {CALL_END!r} as {end}")
-        self.call_end = int(end[0])
+        self.call_ends = call_end_ids(tokenizer)
         self.rows = {ex.prompt: ex for ex in (*task.train, *task.eval)}
         self.pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="tool")
         self.seed = run.seed
@@ -264,7 +287,7 @@ class ToolEpisodes:
             ids.to(self.device),
             mask.to(self.device),
             dataclasses.replace(params, max_new_tokens=budget),
-            {*self.eos_ids, self.call_end},
+            {*self.eos_ids, *self.call_ends},
             self.tokenizer.pad_token_id,
             torch.Generator(device=self.device).manual_seed(seed),
             with_logprobs=with_logprobs,
@@ -279,8 +302,9 @@ class ToolEpisodes:
             last = tokens[-1] if tokens else None
             if last in self.eos_ids:
                 self._submit(e, self.tokenizer.decode(tokens[:-1]), calling=False)
-            elif last == self.call_end and self._remaining(e) > 0:
-                self._submit(e, self.tokenizer.decode(tokens), calling=True)
+            elif last in self.call_ends and self._remaining(e) > 0:
+                text = self.tokenizer.decode(tokens)  # a merged "])" keeps its tail in the ids
+                self._submit(e, text[: text.rindex(CALL_END) + 1], calling=True)
             else:  # the token budget cut the turn
                 e.done = e.truncated = True
 

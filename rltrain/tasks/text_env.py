@@ -177,6 +177,11 @@ def env_problems(run: Any) -> list[str]:
         )
     if run.reward.kind != "rule":
         out.append("task.env: the environment gives the reward; set reward.kind=rule")
+    if t.reward_fn is not None:
+        out.append(
+            f"task.reward_fn={t.reward_fn!r} is not read with task.env (the environment scores "
+            f"its episodes: override its score method): set task.reward_fn=null"
+        )
     if r.max_turns < 1:
         out.append(f"rollout.max_turns={r.max_turns} must be >= 1")
     if r.max_total_tokens is not None and r.max_total_tokens < 1:

@@ -126,6 +126,11 @@ def test_task_env_is_checked_before_ray():
         load_env_class("rltrain.tasks.base:Example")
     run = _run(rollout__backend="vllm")
     assert any("rollout.backend='vllm'" in p for p in env_problems(run))
+    scored = _run()
+    scored.task.reward_fn = "rltrain.rewards.math:gsm8k"  # the env scores: it would be ignored
+    assert any(
+        "task.reward_fn='rltrain.rewards.math:gsm8k' is not read" in p for p in env_problems(scored)
+    )
     plain = RunConfig()
     plain.rollout.max_turns = 2
     assert env_problems(plain) == ["rollout.max_turns=2 needs task.env (an environment)"]
