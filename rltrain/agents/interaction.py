@@ -6,9 +6,13 @@ and call ``generate`` / ``evaluate`` on it:
 - :class:`SingleTurn`: one response per sample, as the engine returns it (no environment).
 - :class:`ToolEpisodes` (``task.env`` set): each sample is an episode of a text environment
   (:mod:`rltrain.tasks.text_env`). A turn is sampled until EOS or a tool call's closing ``]``; the
-  call runs on the tool pool (threads, ``tools.concurrency``) and its result is tokenised
-  once and appended to the trajectory with loss mask 0. The trajectory is the exact token ids
-  the engine sampled plus those observation ids: generated text is never re-tokenised.
+  action goes to the :class:`ToolPool` that hosts the episode's environment and its result is
+  tokenised once and appended to the trajectory with loss mask 0. The trajectory is the exact
+  token ids the engine sampled plus those observation ids: generated text is never re-tokenised.
+
+Where the environments live is the pool's business: in a run, the ``tools`` component's Ray
+actors (:class:`rltrain.workers.tools.ToolWorker`, placed and sized by the plan); in tests and
+the in-process benchmark, :class:`LocalToolPool` (threads of this process).
 
 While one part of the batch waits on its tools, the next part generates (``tools.interleave``
 parts take turns; each part's turn is seeded by ``(seed, round, part)``, so a run is
@@ -142,12 +146,130 @@ class InjectedToolFailure(RuntimeError):
     """``simulate.tool_failure_rate``'s failure of one tool call."""
 
 
+# ------------------------------------------------------------------------------ tool messages
+@dataclass(frozen=True)
+class ToolReset:
+    """Start one episode's environment on a tool worker.
+
+    Attributes:
+        key: the episode's key, unique over every process sending to the pool.
+        example: the task row ``reset`` receives.
+    """
+
+    key: str
+    example: Any
+
+
+@dataclass(frozen=True)
+class ToolStep:
+    """One action of an episode, run by the worker hosting its environment.
+
+    Attributes:
+        key: the episode's key (its :class:`ToolReset`'s).
+        action: the model's turn as text.
+        failure_seed: for a tool call, the seed ``simulate.tool_failure_rate`` and
+            ``simulate.tool_latency_ms`` apply with; None for a final answer (never failed).
+    """
+
+    key: str
+    action: str
+    failure_seed: int | None
+
+
+@dataclass(frozen=True)
+class ToolReply:
+    """What an environment's ``step`` returned."""
+
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any]
+
+
+def run_step(env: Any, action: str, failure_seed: int | None, s: EpisodeSettings) -> ToolReply:
+    """One ``env.step``, with the modelled latency and injected failures of a tool call.
+
+    Raises:
+        InjectedToolFailure: the call drew ``simulate.tool_failure_rate``'s failure.
+        Exception: whatever the environment raised (the episode's infra failure).
+    """
+    if failure_seed is not None:
+        if s.tool_latency_s:
+            time.sleep(s.tool_latency_s)
+        if s.tool_failure_rate and random.Random(failure_seed).random() < s.tool_failure_rate:
+            raise InjectedToolFailure("simulate.tool_failure_rate")
+    observation, reward, done, info = env.step(action)
+    return ToolReply(str(observation), float(reward), bool(done), dict(info or {}))
+
+
+class ToolPool(Protocol):
+    """Where episodes' environments live and their steps run."""
+
+    def open(self, examples: Sequence[Any]) -> list[tuple[Any, str]]:
+        """Start one environment per example: ``(handle, first observation)`` each."""
+
+    def step(self, handle: Any, action: str, failure_seed: int | None) -> Future:
+        """Run one action on the episode's environment: a future of its :class:`ToolReply`."""
+
+    def close(self, handles: Sequence[Any]) -> None:
+        """End the episodes' environments."""
+
+    def check(self) -> None:
+        """Raise :class:`~rltrain.errors.WorkerError` when the pool lost a worker."""
+
+
+class LocalToolPool:
+    """Environments in this process, steps on ``tools.concurrency`` threads (tests and the
+    in-process benchmark; a run uses the ``tools`` component's actors).
+
+    Args:
+        run: the checked run config (``task.env``, ``tools.*``, ``simulate.*``).
+    """
+
+    def __init__(self, run: Any) -> None:
+        self.env_class = load_env_class(run.task.env)
+        self.settings = EpisodeSettings.from_run(run)
+        self.threads = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="tool")
+
+    def open(self, examples: Sequence[Any]) -> list[tuple[Any, str]]:
+        out = []
+        for example in examples:
+            env = self.env_class()
+            out.append((env, env.reset(example)))
+        return out
+
+    def step(self, handle: Any, action: str, failure_seed: int | None) -> Future:
+        return self.threads.submit(run_step, handle, action, failure_seed, self.settings)
+
+    def close(self, handles: Sequence[Any]) -> None:
+        for env in handles:
+            env.close()
+
+    def check(self) -> None:
+        return None
+
+
+class UnattachedToolPool:
+    """The pool of a worker whose ``tools`` actors were not handed to it yet."""
+
+    def _refuse(self, *args: Any) -> Any:
+        raise WorkerError(
+            "multi-turn episodes need the tool pool (component tools), and none was attached "
+            "to this process: the runner hands it over at launch (use_tools)"
+        )
+
+    open = step = close = _refuse
+
+    def check(self) -> None:
+        return None
+
+
 @dataclass
 class Episode:
     """One sample's trajectory as it grows (response-side token lists, aligned)."""
 
     row: int
-    env: Any
+    handle: Any
     prompt: list[int]
     ids: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
@@ -179,6 +301,7 @@ class ToolEpisodes:
         device: where the model is.
         eos_ids: the ids that end an episode's final turn.
         task: the built task (its rows give each episode's ``reset`` argument).
+        pool: where the environments live and the steps run (None: a :class:`LocalToolPool`).
 
     Raises:
         ConfigError: ``task.env`` does not load (see :func:`load_env_class`).
@@ -193,15 +316,15 @@ class ToolEpisodes:
         device: torch.device,
         eos_ids: Sequence[int],
         task: Any,
+        pool: ToolPool | None = None,
     ) -> None:
-        self.env_class = load_env_class(run.task.env)
+        self.pool: ToolPool = LocalToolPool(run) if pool is None else pool
         self.settings = EpisodeSettings.from_run(run)
         self.params = SamplingParams.from_rollout(run.rollout)
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         self.call_ends = call_end_ids(tokenizer)
         self.rows = {ex.prompt: ex for ex in (*task.train, *task.eval)}
-        self.pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="tool")
         self.seed = run.seed
 
     # ------------------------------------------------------------------------------ public
@@ -232,15 +355,16 @@ class ToolEpisodes:
 
     # --------------------------------------------------------------------------- episodes
     def _start(self, prompts: Sequence[str]) -> list[Episode]:
-        episodes = []
-        for row, prompt in enumerate(prompts):
+        examples = []
+        for prompt in prompts:
             example = self.rows.get(prompt)
             if example is None:
                 raise WorkerError(f"prompt {prompt!r} is not a row of the task: no env to reset")
-            env = self.env_class()
-            first = env.reset(example)
+            examples.append(example)
+        episodes = []
+        for row, (handle, first) in enumerate(self.pool.open(examples)):
             (ids,) = prompt_token_ids(self.tokenizer, [first])
-            episodes.append(Episode(row, env, list(ids)))
+            episodes.append(Episode(row, handle, list(ids)))
         return episodes
 
     def _run(
@@ -265,8 +389,8 @@ class ToolEpisodes:
             for e in episodes:
                 self._collect(e)
         finally:
-            for e in episodes:
-                e.env.close()
+            self.pool.close([e.handle for e in episodes])
+        self.pool.check()  # a tool worker died: its episodes failed above, and the run stops
 
     def _remaining(self, e: Episode) -> int:
         return self.settings.max_total_tokens - len(e.ids)
@@ -309,21 +433,12 @@ class ToolEpisodes:
                 e.done = e.truncated = True
 
     def _submit(self, e: Episode, action: str, calling: bool) -> None:
-        rng = None
+        failure_seed = None
         if calling:  # failures are drawn per (run seed, row, call): timing never changes them
             e.requests += 1
-            rng = random.Random(seeds.tool_failure_seed(self.seed, e.row, e.requests))
+            failure_seed = seeds.tool_failure_seed(self.seed, e.row, e.requests)
         e.started, e.calling = time.monotonic(), calling
-        e.pending = self.pool.submit(self._step, e.env, action, rng)
-
-    def _step(self, env: Any, action: str, rng: random.Random | None) -> Any:
-        s = self.settings
-        if rng is not None:  # a tool call: the modelled latency and injected failures
-            if s.tool_latency_s:
-                time.sleep(s.tool_latency_s)
-            if s.tool_failure_rate and rng.random() < s.tool_failure_rate:
-                raise InjectedToolFailure("simulate.tool_failure_rate")
-        return env.step(action)
+        e.pending = self.pool.step(e.handle, action, failure_seed)
 
     def _collect(self, e: Episode) -> None:
         """Take an episode's pending step: its observation, reward and end."""
@@ -332,20 +447,21 @@ class ToolEpisodes:
         future, e.pending = e.pending, None
         left = self.settings.timeout_s - (time.monotonic() - e.started)
         try:
-            observation, reward, done, info = future.result(timeout=max(left, 0.0))
-        except Exception as exc:  # raised or timed out: the episode's failure, not the run's
+            reply: ToolReply = future.result(timeout=max(left, 0.0))
+        except Exception as exc:  # raised, timed out or its worker died: the episode's failure
             if isinstance(exc, FutureTimeout):
                 future.cancel()  # a call already running cannot be stopped: its thread is left
             e.calls += int(e.calling)
             e.done = e.failed = True
             return
-        if "tool" in info:  # the env ran a tool (a turn ending in "]" may still be an answer)
+        observation, done = reply.observation, reply.done
+        if "tool" in reply.info:  # the env ran a tool (a turn ending in "]" may still be an answer)
             e.calls += 1
         if observation and not done:
             ids = self.tokenizer(observation, add_special_tokens=False)["input_ids"]
             ids = ids[: max(self._remaining(e), 0)]
             e.append(ids, 0.0, [0.0] * len(ids))
-        e.reward = float(reward)
+        e.reward = reply.reward
         if done:
             e.done = True
         elif e.turns >= self.settings.max_turns or self._remaining(e) <= 0:
@@ -412,6 +528,17 @@ def engine_interaction(run: Any, engine: Any) -> Interaction:
     return tool_episodes(run, lambda: engine.model, engine.tokenizer, engine.device, engine.eos_ids)
 
 
+def attach_pool(interaction: Interaction, pool: ToolPool) -> None:
+    """Give a worker's multi-turn interaction the tool pool it sends its episodes to.
+
+    Raises:
+        WorkerError: the interaction is single-turn (the run has no ``task.env``).
+    """
+    if not isinstance(interaction, ToolEpisodes):
+        raise WorkerError("a tool pool was handed to a single-turn rollout (no task.env)")
+    interaction.pool = pool
+
+
 def tool_episodes(
     run: Any,
     model: Callable[[], torch.nn.Module],
@@ -419,8 +546,10 @@ def tool_episodes(
     device: torch.device,
     eos_ids: Sequence[int],
 ) -> ToolEpisodes:
-    """:class:`ToolEpisodes` for ``task.env``, its task built as the workers build it."""
+    """:class:`ToolEpisodes` for ``task.env``, its task built as the workers build it; its
+    pool is attached at launch (:func:`attach_pool`), the ``tools`` component's actors."""
     from rltrain.tasks import build_task
 
+    load_env_class(run.task.env)  # a bad task.env fails the worker's start, not its first step
     task = build_task(run.task, tokenizer)
-    return ToolEpisodes(run, model, tokenizer, device, eos_ids, task)
+    return ToolEpisodes(run, model, tokenizer, device, eos_ids, task, UnattachedToolPool())

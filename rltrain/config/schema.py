@@ -58,6 +58,9 @@ class ClusterConfig:
     device_memory_gib: Optional[float] = None
     simulate_devices: bool = True  # declare logical devices when the node has no GPU
     cpus_per_node: Optional[float] = None  # CPUs Ray may schedule per node; null: all cores
+    # GiB of host memory per node the plan sizes tool workers against; null: this machine's
+    # memory before Ray starts, the memory Ray reports per node after
+    host_memory_gib: Optional[float] = None
     # labelled subsets of nodes placements may address
     node_groups: List[NodeGroupConfig] = field(default_factory=list)
     node_order: str = "head_first"  # how discovered nodes get ranks: head_first | ip | label
@@ -394,8 +397,13 @@ class SimulateConfig:
 class ToolsConfig:
     """The tool workers of multi-turn rollouts (``task.env``, docs/agents.md)."""
 
+    # tool worker actors (component ``tools``): each hosts environment instances and runs
+    # their tool calls; by default placed on the CPU-only nodes (every node when none is)
+    pool_size: int = 2
+    cpus_per_worker: float = 0.5  # CPUs the plan sizes per tool worker (and its torch threads)
+    memory_gib_per_worker: float = 0.5  # host memory the plan sizes per tool worker, GiB
     timeout_s: float = 10.0  # per tool call; a call that takes longer fails its episode
-    concurrency: int = 8  # tool calls in flight at once per rollout process (threads)
+    concurrency: int = 8  # tool calls one tool worker runs at once (its actor's threads)
     # the batch's episodes are split into this many parts that take turns: while one part's
     # tool calls run, the next part generates (1: every call waits for the whole batch; parts
     # decode in smaller batches, so it pays only for slow tools: docs/agents.md)

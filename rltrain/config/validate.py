@@ -237,6 +237,8 @@ def _cluster(cfg: RunConfig) -> Iterator[str]:
             )
     if c.cpus_per_node is not None:
         yield from _positive("cluster.cpus_per_node", c.cpus_per_node)
+    if c.host_memory_gib is not None:
+        yield from _positive("cluster.host_memory_gib", c.host_memory_gib)
     labels = [g.label for g in c.node_groups]
     for label in labels:
         if label in ("cluster", "node"):

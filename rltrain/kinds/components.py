@@ -55,3 +55,11 @@ INFERENCE = ComponentKind(
     receives_weights=True,
 )
 ENV = ComponentKind(name="env", summary="steps simulators (embodied runs)")
+TOOLS = ComponentKind(
+    name="tools",
+    summary="tool workers of multi-turn runs (task.env): host the environments, run tool calls",
+    workers={"reasoning": "rltrain.workers.tools:ToolWorker"},
+    built_when=lambda run: run.task.env is not None,
+    cpu_only=True,
+    serves_rollout=True,
+)

@@ -82,6 +82,10 @@ class ComponentKind:
         receives_weights: it takes the actor's weight versions (weight sync).
         fused: it runs inside the fused worker when ``placement.fuse`` fuses.
         built_when: whether a run builds its group (None: always).
+        cpu_only: its processes use no accelerator: placed on nodes (``node_group: node``);
+            a placement giving it devices is refused.
+        serves_rollout: the generation calls it while it generates (tool workers): it does not
+            stop ``placement.fuse`` and a fused run starts it beside the fused ranks.
     """
 
     name: str
@@ -91,6 +95,8 @@ class ComponentKind:
     receives_weights: bool = False
     fused: bool = False
     built_when: Callable[[Any], bool] | None = None
+    cpu_only: bool = False
+    serves_rollout: bool = False
 
     def worker_path(self, runner: str, run: Any) -> str | None:
         """``module:Class`` of the worker a run of ``runner`` builds for it (None: none)."""

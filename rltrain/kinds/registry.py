@@ -139,6 +139,7 @@ for _kind in (
     components.REFERENCE,
     components.REWARD,
     components.CRITIC,
+    components.TOOLS,
     components.INFERENCE,
     components.ENV,
     runners.REASONING,

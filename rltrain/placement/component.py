@@ -30,6 +30,7 @@ from rltrain.placement.strategies import (
     PackedPlacementStrategy,
     PlacementStrategy,
 )
+from rltrain.placement.tools import with_tool_pool
 from rltrain.placement.types import ClusterSpec, Placement
 
 
@@ -142,6 +143,7 @@ class ComponentPlacement:
         )
         self.config = config
         mapping, self.key = _mapping_of(config)
+        mapping = with_tool_pool(config, mapping, self.cluster)  # task.env: the default pool
         self.isolate_accelerator = bool(_get(config, "placement.isolate_accelerator", True))
         self._entries = grammar.parse_component_placement(mapping, self.key)
         self._strategies: dict[str, PlacementStrategy] = {}

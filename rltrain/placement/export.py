@@ -39,7 +39,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
     Returns:
         ``{mode, runner, stages, cluster, components, processes, devices, memory_profiles,
-        weight_sync, fits, problems}``.
+        weight_sync, tools, fits, problems}`` (``tools``: the tool pool's sizes per node, or
+        None).
     """
     profiles: dict[int, int] = {}
     profile_list: list[dict[str, Any]] = []
@@ -58,6 +59,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             }
         )
     problems = plan.fit_problems()
+    pool_problems = plan.tools.problems() if plan.tools is not None else []
     return {
         "mode": plan.mode.value,
         "runner": plan.runner,
@@ -83,6 +85,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "devices": devices,
         "memory_profiles": profile_list,
         "weight_sync": {str(a): list(r) for a, r in plan.weight_sync.items()},
-        "fits": not problems and not plan.engine_problems,
-        "problems": [p.message() for p in problems] + list(plan.engine_problems),
+        "tools": dataclasses.asdict(plan.tools) if plan.tools is not None else None,
+        "fits": not problems and not plan.engine_problems and not pool_problems,
+        "problems": [p.message() for p in problems] + list(plan.engine_problems) + pool_problems,
     }

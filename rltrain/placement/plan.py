@@ -40,6 +40,7 @@ from rltrain.placement.constraints import (
     check_weight_sync_layout,
 )
 from rltrain.placement.sizes import UNCHOSEN_MICRO_BATCH
+from rltrain.placement.tools import TOOLS, ToolPool, tool_pool
 from rltrain.placement.types import GIB, ClusterSpec, Placement
 
 _ALL = frozenset(mem.KINDS)
@@ -194,6 +195,8 @@ class Plan:
         run: the run config the plan was built from (read for fix suggestions).
         engine_problems: what an engine would refuse at start-up although the memory fits
             (a vLLM engine without room for one sequence of ``max_model_len`` tokens).
+        tools: the tool pool (component ``tools``: workers per node, their CPUs and host
+            memory against the node's), None without one.
     """
 
     mode: PlacementMode
@@ -208,6 +211,7 @@ class Plan:
     by_component: Mapping[str, tuple[PlannedProcess, ...]] = dataclasses.field(repr=False)
     run: Any = dataclasses.field(default=None, repr=False, compare=False)
     engine_problems: tuple[str, ...] = ()
+    tools: ToolPool | None = None
 
     def world_size(self, component: str) -> int:
         """Processes of ``component``.
@@ -271,6 +275,9 @@ class Plan:
             raise ResourceError(problems[0].message())
         if self.engine_problems:
             raise ResourceError(self.engine_problems[0])
+        pool = self.tools.problems() if self.tools is not None else []
+        if pool:
+            raise ResourceError("; and ".join(pool))
 
 
 def _policy(run: Any, name: str) -> OffloadPolicy:
@@ -316,6 +323,7 @@ def build_plan(run: Any, cluster: ClusterSpec, check_fit: bool = True) -> Plan:
     _check_mode(run, cp, mode)
     names = tuple(cp.components)
     by_component = {n: _planned(n, cp.get_placements(n)) for n in names}
+    _check_cpu_only(by_component)
     check_engine_rules(run, cluster, by_component)
     processes = tuple(p for n in names for p in by_component[n])
     sharing, signature = _device_loads(names, by_component)
@@ -337,10 +345,40 @@ def build_plan(run: Any, cluster: ClusterSpec, check_fit: bool = True) -> Plan:
         by_component=MappingProxyType(by_component),
         run=run,
         engine_problems=tuple(engine_problems),
+        tools=_tool_pool(run, cluster, by_component.get(TOOLS)),
     )
     if check_fit:
         plan.check_fit()
     return plan
+
+
+def _check_cpu_only(by_component: Mapping[str, tuple[PlannedProcess, ...]]) -> None:
+    """Refuse devices for a component whose entry says it uses none (``cpu_only``)."""
+    for name, procs in by_component.items():
+        if name not in registry.component_names() or not registry.component(name).cpu_only:
+            continue
+        if any(p.devices for p in procs):
+            raise PlacementError(
+                f"placement.component_placement.{name} gives {name} devices, but it uses no "
+                f"accelerator: place it on nodes, e.g. {{node_group: node, placement: "
+                f"'0:0-1'}} (two processes on node 0), or leave it out for the default"
+            )
+
+
+def _tool_pool(
+    run: Any, cluster: ClusterSpec, procs: tuple[PlannedProcess, ...] | None
+) -> ToolPool | None:
+    if procs is None:
+        return None
+    if getattr(run, "tools", None) is None:  # a placement-only config (RLinf's): no sizes
+        raise PlacementError(f"{TOOLS} is placed but the config has no tools section")
+    if len(procs) != run.tools.pool_size:
+        raise PlacementError(
+            f"placement.component_placement.{TOOLS} places {len(procs)} tool worker(s) but "
+            f"tools.pool_size={run.tools.pool_size}: set tools.pool_size={len(procs)}, or leave "
+            f"{TOOLS} out of the placement to place tools.pool_size workers on the CPU nodes"
+        )
+    return tool_pool(run, cluster, [p.node_rank for p in procs])
 
 
 def check_engine_rules(

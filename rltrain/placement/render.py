@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
 from rltrain.placement.plan import Plan, PlannedProcess
+from rltrain.placement.tools import TOOLS
 from rltrain.placement.types import GIB
 from rltrain.telemetry.palette import component_color
 
@@ -48,6 +49,9 @@ def size(b: int) -> str:
 
 def _mem(plan: Plan, proc: PlannedProcess) -> str:
     if not proc.devices:
+        if proc.component == TOOLS and plan.tools is not None:
+            t = plan.tools
+            return f"{t.cpus_per_worker:g} CPU, {size(t.memory_bytes_per_worker)} host"
         return "-"
     peak = max(plan.memory[(proc.node_rank, d)].peak_bytes for d in proc.devices)
     cap = plan.memory[(proc.node_rank, proc.devices[0])].capacity_bytes
@@ -202,5 +206,25 @@ def _legend(plan: Plan, y: float, shown: int) -> list[str]:
         out.append(
             f'<text x="8" y="{y + 36}">showing the first {shown} of {len(plan.memory)} '
             f"devices</text>"
+        )
+    return out
+
+
+def tool_pool_lines(plan: Plan) -> list[str]:
+    """The tool pool in words: its sizes, then each node's needs against what it has (empty
+    without a pool)."""
+    t = plan.tools
+    if t is None:
+        return []
+    out = [
+        f"tool pool: {t.workers} worker(s) x {t.cpus_per_worker:g} CPU, "
+        f"{size(t.memory_bytes_per_worker)} host memory, {t.concurrency} call(s) at once each, "
+        f"{t.timeout_s:g} s per call (tools.*)"
+    ]
+    for n in t.nodes:
+        has = size(n.node_memory_bytes) if n.node_memory_bytes is not None else "unknown"
+        out.append(
+            f"  node {n.node}: {n.workers} worker(s) need {n.cpus:g} of {n.node_cpus:g} CPUs, "
+            f"{size(n.memory_bytes)} of {has} host memory"
         )
     return out

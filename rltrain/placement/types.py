@@ -8,6 +8,7 @@ one); placement is resolved against it the same way in both cases.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +103,8 @@ class NodeSpec:
         device_memory_bytes: memory of each accelerator.
         accelerator_type: ``"cuda"`` for real GPUs, ``"sim"`` for simulated devices, ``"none"``.
         num_cpus: CPUs Ray may schedule on the node.
+        host_memory_bytes: host memory the plan sizes CPU components (tool workers) against;
+            None: unknown (not checked).
         ray_node_id: Ray's node id, set when built from a live cluster.
         ip: the node's address.
     """
@@ -111,6 +114,7 @@ class NodeSpec:
     device_memory_bytes: int = 4 * GIB
     accelerator_type: str = "sim"
     num_cpus: float = 1.0
+    host_memory_bytes: int | None = None
     ray_node_id: str | None = None
     ip: str = "127.0.0.1"
 
@@ -214,6 +218,7 @@ class ClusterSpec:
         # a cluster of CPU nodes only has no device memory to read
         memory = _device_memory(get("device_memory_gib", None), accel if total else "sim")
         cpus = get("cpus_per_node", None)
+        host = _host_memory(get("host_memory_gib", None))
         nodes = tuple(
             NodeSpec(
                 rank=r,
@@ -221,6 +226,7 @@ class ClusterSpec:
                 device_memory_bytes=memory,
                 accelerator_type=accel if d else "none",
                 num_cpus=float(cpus) if cpus else 1.0,
+                host_memory_bytes=host,
             )
             for r, d in enumerate(devices)
         )
@@ -297,6 +303,26 @@ class Placement:
         if self.hardware_type is not None or self.accelerator_type not in ("cuda", "sim"):
             return ()
         return self.local_hardware_ranks
+
+
+def _host_memory(configured: Any) -> int | None:
+    """Bytes of host memory per node: ``cluster.host_memory_gib``, or (null) this machine's
+    physical memory, each node assumed alike; None where the OS does not say."""
+    if configured is not None:
+        try:
+            gib = float(configured)
+        except (TypeError, ValueError):
+            gib = -1.0
+        if not gib > 0:
+            raise ConfigError(
+                f"cluster.host_memory_gib={configured!r} is not a memory size: give GiB > 0, "
+                f"or null for this machine's memory"
+            )
+        return int(gib * GIB)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _device_memory(configured: Any, accel: str) -> int:

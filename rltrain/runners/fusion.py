@@ -29,6 +29,10 @@ def fused_components() -> tuple[str, ...]:
     return tuple(n for n in registry.component_names() if registry.component(n).fused)
 
 
+def _serves_rollout(name: str) -> bool:
+    return name in registry.component_names() and registry.component(name).serves_rollout
+
+
 def fusion_blockers(run: RunConfig, plan: Any) -> list[str]:
     """Why the actor, rollout and reward cannot share processes in this run.
 
@@ -52,7 +56,8 @@ def _layout_blockers(plan: Any) -> list[str]:
             "placement.component_placement gives actor and rollout different processes "
             f"(actor {actor}, rollout {rollout}): fusing needs the same devices, rank by rank"
         )
-    others = sorted(set(plan.components) - set(fused_components()))
+    beside = {n for n in plan.components if _serves_rollout(n)}  # tool workers stay apart
+    others = sorted(set(plan.components) - set(fused_components()) - beside)
     if others:
         out.append(
             f"the placement also has {others}: their stages read the rollout's output between "

@@ -15,7 +15,7 @@ from rltrain.errors import ConfigError
 from rltrain.kinds import registry
 from rltrain.placement.export import plan_to_dict
 from rltrain.placement.plan import Plan, build_plan
-from rltrain.placement.render import rows, size, svg
+from rltrain.placement.render import rows, size, svg, tool_pool_lines
 from rltrain.placement.types import ClusterSpec
 
 
@@ -142,6 +142,8 @@ def _print(plan: Plan, max_rows: int) -> None:
     console.print(f"world sizes: {worlds}")
     peak = max((m.peak_bytes for m in plan.memory.values()), default=0)
     console.print(f"highest predicted device peak: {size(peak)}")
+    for line in tool_pool_lines(plan):
+        console.print(line, highlight=False)
 
 
 def _per_node(cluster: ClusterSpec) -> str:

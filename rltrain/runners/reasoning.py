@@ -33,6 +33,7 @@ from typing import Any
 
 from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
+from rltrain.kinds import registry
 from rltrain.placement.micro_batches import adopt_micro_batches
 from rltrain.runners import loop, staleness
 from rltrain.runners.batch_stage import Selection, batch_stage_for
@@ -89,9 +90,11 @@ def worker_builders(run: RunConfig, fused: bool = False) -> dict[str, Any]:
     Fused (``placement.fuse``), the actor's processes run the rollout and the reward too and
     the other two groups are not started.
     """
-    if fused:
-        return {"actor": lambda layout: FusedWorker.create_group(run, layout.sizes)}
-    return component_builders(run, "reasoning")
+    builders = component_builders(run, "reasoning")
+    if fused:  # the components the generation calls (tool workers) start beside the fused ranks
+        beside = {n: b for n, b in builders.items() if registry.component(n).serves_rollout}
+        return {"actor": lambda layout: FusedWorker.create_group(run, layout.sizes), **beside}
+    return builders
 
 
 class ReasoningRunner:
@@ -523,6 +526,24 @@ def data_parallel(groups) -> None:
             groups[name].call(cls.setup_data_parallel).wait()
 
 
+def attach_tools(groups) -> None:
+    """Hand the tool pool's actors to the processes that generate (the rollout's, or the fused
+    ranks'), which send their episodes' tool calls to them."""
+    tools = groups.get("tools")
+    if tools is None:
+        return
+    if "rollout" in groups:
+        groups["rollout"].call(RolloutWorker.use_tools, tools.actors).wait()
+    else:
+        groups["actor"].call(FusedWorker.use_tools, tools.actors).wait()
+
+
+def on_launch(groups) -> None:
+    """``start_job``'s ``on_launch``: data parallelism, then the tool pool's handles."""
+    data_parallel(groups)
+    attach_tools(groups)
+
+
 def run_reasoning(run: RunConfig, run_dir: str, layout: RunLayout | None = None) -> dict[str, Any]:
     """Start, train and tear down a reasoning run.
 
@@ -541,7 +562,7 @@ def run_reasoning(run: RunConfig, run_dir: str, layout: RunLayout | None = None)
     layout = layout if layout is not None else preflight(run)
     run = adopt_micro_batches(run, layout.run)  # the sizes the plan chose
     builders = worker_builders(run, layout.fused)
-    with start_job(run, run_dir, builders, layout, on_launch=data_parallel) as job:
+    with start_job(run, run_dir, builders, layout, on_launch=on_launch) as job:
         runner = ReasoningRunner(job)
         summary = runner.fit()
         job.verify_ledger()

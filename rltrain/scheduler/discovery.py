@@ -47,6 +47,7 @@ class DiscoveredNode:
         real_gpus: whether Ray detected the GPUs (an ``accelerator_type:*`` resource) rather than
             having them declared on a CPU node.
         labels: Ray node labels.
+        memory_bytes: the memory Ray schedules tasks and actors against (0: not reported).
     """
 
     node_id: str
@@ -56,6 +57,7 @@ class DiscoveredNode:
     num_gpus: int
     real_gpus: bool
     labels: Mapping[str, str]
+    memory_bytes: int = 0
 
     @classmethod
     def from_ray(cls, entry: Mapping[str, Any]) -> DiscoveredNode:
@@ -73,6 +75,7 @@ class DiscoveredNode:
             num_gpus=int(res.get("GPU", 0)),
             real_gpus=real,
             labels=labels,
+            memory_bytes=int(res.get("memory", 0) or 0),
         )
 
 
@@ -210,6 +213,7 @@ def build_spec(
     default_mem = int(simulated_device_gib(configured) * GIB)
     cap = int(float(configured) * GIB) if configured is not None else None
     cpus = _get(cluster_cfg, "cpus_per_node")
+    host_gib = _get(cluster_cfg, "host_memory_gib")
     nodes = []
     for rank, n in enumerate(ranked):
         label_mem = n.labels.get(MEMORY_LABEL)
@@ -224,6 +228,7 @@ def build_spec(
                 device_memory_bytes=mem,
                 accelerator_type=accel,
                 num_cpus=min(float(cpus), n.num_cpus) if cpus else n.num_cpus,
+                host_memory_bytes=_host_bytes(host_gib, n.memory_bytes),
                 ray_node_id=n.node_id,
                 ip=n.ip,
             )
@@ -238,3 +243,12 @@ def build_spec(
     )
     groups = match_node_groups(parsed.node_groups, ranked)
     return ClusterSpec(nodes=tuple(nodes), node_groups=groups)
+
+
+def _host_bytes(configured_gib: Any, reported: int) -> int | None:
+    """A node's host memory for the plan: what Ray reports, capped by
+    ``cluster.host_memory_gib``; None when neither says."""
+    cap = int(float(configured_gib) * GIB) if configured_gib is not None else None
+    if reported and cap is not None:
+        return min(reported, cap)
+    return reported or cap

@@ -20,6 +20,7 @@ reads the error and may try again); any other exception, or a call that outlives
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable
@@ -160,7 +161,7 @@ def env_problems(run: Any) -> list[str]:
             out.append(f"rollout.max_turns={r.max_turns} needs task.env (an environment)")
         if r.max_total_tokens is not None:
             out.append(f"rollout.max_total_tokens={r.max_total_tokens} needs task.env")
-        return out
+        return out + _idle_tool_keys(run)
     try:
         load_env_class(t.env)
     except ConfigError as exc:
@@ -186,13 +187,48 @@ def env_problems(run: Any) -> list[str]:
         out.append(f"rollout.max_turns={r.max_turns} must be >= 1")
     if r.max_total_tokens is not None and r.max_total_tokens < 1:
         out.append(f"rollout.max_total_tokens={r.max_total_tokens} must be >= 1")
-    tools = run.tools
+    out += _tool_key_problems(run.tools)
+    if not 0 <= run.simulate.tool_failure_rate <= 1:
+        out.append(f"simulate.tool_failure_rate={run.simulate.tool_failure_rate} must be in [0, 1]")
+    return out
+
+
+def _idle_tool_keys(run: Any) -> list[str]:
+    """``tools.*`` set, or ``tools`` placed, in a run without ``task.env``: it would start no
+    tool workers, so nothing would read them."""
+    from rltrain.config.schema import ToolsConfig
+
+    out = []
+    default = ToolsConfig()
+    for f in dataclasses.fields(ToolsConfig):
+        value = getattr(run.tools, f.name)
+        if value != getattr(default, f.name):
+            out.append(
+                f"tools.{f.name}={value!r} is set but the run has no task.env: a single-turn run "
+                f"starts no tool workers. Remove it, or set task.env to an environment"
+            )
+    placement = getattr(getattr(run, "placement", None), "component_placement", None) or {}
+    if any("tools" in {n.strip() for n in str(k).split(",")} for k in placement):
+        out.append(
+            "placement.component_placement places tools but the run has no task.env: a "
+            "single-turn run has no tool pool. Remove the entry, or set task.env"
+        )
+    return out
+
+
+def _tool_key_problems(tools: Any) -> list[str]:
+    """Out-of-range ``tools.*`` values of a run with ``task.env``."""
+    out = []
+    if tools.pool_size < 1:
+        out.append(f"tools.pool_size={tools.pool_size} must be >= 1 (tool worker actors)")
+    if not tools.cpus_per_worker > 0:
+        out.append(f"tools.cpus_per_worker={tools.cpus_per_worker} must be > 0")
+    if not tools.memory_gib_per_worker > 0:
+        out.append(f"tools.memory_gib_per_worker={tools.memory_gib_per_worker} must be > 0")
     if tools.timeout_s <= 0:
         out.append(f"tools.timeout_s={tools.timeout_s} must be > 0")
     if tools.concurrency < 1:
         out.append(f"tools.concurrency={tools.concurrency} must be >= 1")
     if tools.interleave < 1:
         out.append(f"tools.interleave={tools.interleave} must be >= 1")
-    if not 0 <= run.simulate.tool_failure_rate <= 1:
-        out.append(f"simulate.tool_failure_rate={run.simulate.tool_failure_rate} must be in [0, 1]")
     return out

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from rltrain.agents.interaction import Interaction, SingleTurn, tool_episodes
+from rltrain.agents.interaction import Interaction, SingleTurn, attach_pool, tool_episodes
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import SamplingParams, greedy_accuracy
 from rltrain.algorithms.update import add_advantages
@@ -26,6 +27,7 @@ from rltrain.workers.actor import ActorWorker
 from rltrain.workers.common import TrainResult, as_rollout_logprobs
 from rltrain.workers.reward import RuleReward, Scores
 from rltrain.workers.rollout import modelled_generate_s
+from rltrain.workers.tools import RayToolPool
 
 
 class FusedWorker(ActorWorker):
@@ -46,6 +48,10 @@ class FusedWorker(ActorWorker):
             if run.task.env is None
             else tool_episodes(run, lambda: self.model, self.tokenizer, self.device, self.eos_ids)
         )
+
+    def use_tools(self, actors: list[Any]) -> None:
+        """Send this rank's episodes' tool calls to the tool pool's workers (launch)."""
+        attach_pool(self.interaction, RayToolPool(actors))
 
     def step(self, prompts: list[str], step: int) -> tuple[TrainResult, Scores]:
         """Generate, score and train on this rank's prompts.

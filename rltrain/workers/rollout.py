@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rltrain.agents.interaction import Interaction, engine_interaction
+from rltrain.agents.interaction import Interaction, attach_pool, engine_interaction
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import GenerationStopped
 from rltrain.backends import continuation
@@ -33,6 +33,7 @@ from rltrain.workers.common import (
     as_rollout_logprobs,
     compute_device,
 )
+from rltrain.workers.tools import RayToolPool
 
 
 class RolloutWorker(Worker, WeightReceiver, ResidentState):
@@ -66,6 +67,10 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
     # The engine owns the model and its memory; properties keep them out of the worker's own
     # attributes, so the ledger's walk reaches each tensor once.
     @property
+    def use_tools(self, actors: list[Any]) -> None:
+        """Send this rank's episodes' tool calls to the tool pool's workers (launch)."""
+        attach_pool(self.interaction, RayToolPool(actors))
+
     def model(self) -> torch.nn.Module:
         """The torch engine's model (the vLLM engine has none in this process)."""
         return self.engine.model  # type: ignore[attr-defined]

@@ -52,9 +52,9 @@ class ToyWorker:
         return ("toy group", layout_fields)
 
 
-TOOLS = ComponentKind(
-    name="tools",
-    summary="tool workers for agents",
+JUDGE = ComponentKind(
+    name="judge",
+    summary="a toy judge component",
     workers={"reasoning": f"{HERE}:ToyWorker"},
     layout_args=("sizes",),
 )
@@ -108,17 +108,17 @@ def test_fusion_names_an_engine_that_cannot_share_parameters():
 
 def test_a_registered_component_is_placeable_and_built():
     run = compose("collocated")
-    assert "tools" not in component_builders(run, "reasoning")
-    with registry.registered(TOOLS):
+    assert "judge" not in component_builders(run, "reasoning")
+    with registry.registered(JUDGE):
         builders = component_builders(run, "reasoning")
         layout = SimpleNamespace(sizes="the sizes")
-        assert builders["tools"](layout) == ("toy group", ("the sizes",))
+        assert builders["judge"](layout) == ("toy group", ("the sizes",))
         assert load(f"{HERE}:ToyWorker") is ToyWorker
-        placed = compose("collocated", **{"placement.component_placement.tools": "all"})
+        placed = compose("collocated", **{"placement.component_placement.judge": "all"})
         plan = build_plan(placed, ClusterSpec.from_config(placed.cluster), check_fit=False)
-        assert "tools" in plan.components and plan.world_size("tools") >= 1
-    with pytest.raises(ConfigError, match="tools"):
-        compose("collocated", **{"placement.component_placement.tools": "all"})
+        assert "judge" in plan.components and plan.world_size("judge") >= 1
+    with pytest.raises(ConfigError, match="judge"):
+        compose("collocated", **{"placement.component_placement.judge": "all"})
 
 
 def test_registering_a_name_twice_is_refused():
