@@ -60,6 +60,7 @@ from rltrain.workers.inference import InferenceWorker
 from rltrain.workers.reference import ReferenceWorker, gather_round_robin
 from rltrain.workers.reward import RewardModelWorker, RewardWorker
 from rltrain.workers.rollout import RolloutWorker
+from rltrain.workers.tools import pool_summary
 
 
 @dataclass(frozen=True)
@@ -565,6 +566,8 @@ def run_reasoning(run: RunConfig, run_dir: str, layout: RunLayout | None = None)
     with start_job(run, run_dir, builders, layout, on_launch=on_launch) as job:
         runner = ReasoningRunner(job)
         summary = runner.fit()
+        if "tools" in job.groups:  # which worker served how many of the episodes' steps
+            summary["tool_pool"] = pool_summary(job.groups["tools"])
         job.verify_ledger()
         summary.update(job.write_timeline())
     summary["weight_sync"] = weight_sync_summary(runner)

@@ -64,13 +64,13 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         # simulate.response_length_median: seconds of a paused call's modelled decoding done
         self._modelled: dict[int, float] = {}
 
-    # The engine owns the model and its memory; properties keep them out of the worker's own
-    # attributes, so the ledger's walk reaches each tensor once.
-    @property
     def use_tools(self, actors: list[Any]) -> None:
         """Send this rank's episodes' tool calls to the tool pool's workers (launch)."""
         attach_pool(self.interaction, RayToolPool(actors))
 
+    # The engine owns the model and its memory; properties keep them out of the worker's own
+    # attributes, so the ledger's walk reaches each tensor once.
+    @property
     def model(self) -> torch.nn.Module:
         """The torch engine's model (the vLLM engine has none in this process)."""
         return self.engine.model  # type: ignore[attr-defined]

@@ -215,3 +215,20 @@ class RayToolPool:
                 f"does not replace workers. Check the node's memory (tools.memory_gib_per_worker) "
                 f"and the environment's code, then resume (trainer.resume=auto)"
             )
+
+
+def pool_summary(group: Any) -> dict[str, Any]:
+    """The job summary's ``tool_pool``: each tool worker's node, and the steps it served.
+
+    Args:
+        group: the started ``tools`` worker group.
+
+    Returns:
+        ``{"workers": n, "nodes": [node per rank], "steps": [steps per rank]}``.
+    """
+    states = group.call(ToolWorker.state).wait()
+    return {
+        "workers": len(states),
+        "nodes": [s.node for s in states],
+        "steps": [s.steps for s in states],
+    }

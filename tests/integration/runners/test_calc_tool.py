@@ -10,6 +10,7 @@ by hand (docs/agents.md), not asserted here.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -62,4 +63,8 @@ def test_calc_tool_episodes_call_the_tool_on_both_generation_paths(tmp_path):
         assert 0.0 <= records[-1]["eval/accuracy"] <= 1.0
         if name == "separate":
             assert all("rollout/infra_failed" in r for r in steps)
+        # the tool pool's actors (component tools, on the node the plan gave) ran the calls
+        pool = json.loads((tmp_path / name / "summary.json").read_text())["tool_pool"]
+        assert pool["workers"] == 2 and pool["nodes"] == [0, 0]
+        assert all(n > 0 for n in pool["steps"])
     assert {p.name for p in (cache / "calc_tool").iterdir()} >= {"train.jsonl", "base_model"}
