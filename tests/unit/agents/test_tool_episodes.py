@@ -4,15 +4,16 @@ log-prob gap over a multi-turn batch), masks, limits, and tool faults that cost 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from rltrain.agents.interaction import ToolEpisodes
+from rltrain.agents.interaction import LocalToolPool, ToolEpisodes
 from rltrain.algorithms.update import UpdateSettings, add_advantages, ppo_update
 from rltrain.config.schema import ModelConfig, RunConfig
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, WorkerError
 from rltrain.tasks.base import Example
 from rltrain.tasks.calc_tool import ALPHABET, CalcToolSpec, CalculatorEnv, sums, supervise
 from rltrain.tasks.model import build_model
@@ -108,6 +109,38 @@ def test_a_tool_that_times_out_fails_its_episode_and_the_batch_goes_on(agent):
         RELEASE.set()
     called = batch.tool_calls > 0
     assert bool(called.any()) and bool(batch.infra_failed[called].all())
+
+
+class LosingPool(LocalToolPool):
+    """The in-process pool, except that the worker behind every tool call is gone: the call's
+    future raises, and the pool then reports the loss (as RayToolPool does for a dead actor)."""
+
+    def step(self, handle, action, failure_seed):
+        if failure_seed is None:  # a final answer
+            return super().step(handle, action, failure_seed)
+        self.lost = True
+        future: Future = Future()
+        future.set_exception(RuntimeError("the tool worker died"))
+        return future
+
+    def check(self) -> None:
+        if getattr(self, "lost", False):
+            raise WorkerError("tool worker(s) [0] of the tool pool died")
+
+
+def test_a_lost_tool_worker_fails_its_episodes_then_stops_the_batch(agent):
+    model, tok, task = agent
+    run = _run()
+    pool = LosingPool(run)
+    episodes = ToolEpisodes(
+        run, lambda: model, tok, torch.device("cpu"), [tok.eos_token_id], task, pool
+    )
+    failed: list = []
+    collect = episodes._collect
+    episodes._collect = lambda e: (collect(e), failed.append(e.failed))[0]
+    with pytest.raises(WorkerError, match="of the tool pool died"):
+        episodes.generate([ex.prompt for ex in task.train[:4]], 7, False, None)
+    assert any(failed)  # the episodes that called the lost worker were failed first
 
 
 def test_limits_end_episodes_cleanly(agent):
