@@ -144,6 +144,10 @@ def svg(plan: Plan, max_columns: int = 32) -> str:
         f'<text x="8" y="18" font-size="14">rltrain plan: {plan.mode.value}, '
         f"{plan.cluster.num_nodes} node(s), {len(plan.memory)} device(s) used</text>",
     ]
+    pool = tool_pool_lines(plan)  # the tool pool holds no device: one line under the title
+    if pool:
+        nodes = "; ".join(line.strip() for line in pool[1:])
+        out.append(f'<text x="8" y="36">{escape(pool[0])}; {escape(nodes)}</text>')
     for i, (node, dev) in enumerate(devices):
         x = left + i * col_w
         out.append(f'<text x="{x + 4}" y="{top - 8}">n{node}:d{dev}</text>')

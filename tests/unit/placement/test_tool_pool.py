@@ -10,6 +10,7 @@ from placement_helpers import compose
 from rltrain.errors import PlacementError, ResourceError
 from rltrain.placement.export import plan_to_dict
 from rltrain.placement.plan import build_plan
+from rltrain.placement.render import svg
 from rltrain.placement.tools import spread
 from rltrain.placement.types import GIB, ClusterSpec, NodeSpec
 from rltrain.runners.builders import component_builders
@@ -56,6 +57,7 @@ def test_the_pool_goes_to_the_cpu_nodes_and_is_sized_from_the_tools_keys():
     assert pool.problems() == []
     exported = plan_to_dict(plan)
     assert exported["fits"] and exported["tools"]["nodes"][0]["cpus"] == 3.0
+    assert "node 1: 2 worker(s) need 3 of 4 CPUs, 4.00 GiB of 8.00 GiB" in svg(plan)
     assert "tools" in component_builders(run, "reasoning")
 
 
