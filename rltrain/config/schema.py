@@ -461,8 +461,12 @@ class TrainerConfig:
     max_restarts: int = 0  # automatic resumes after a worker failure
     max_staleness: int = 0  # weight versions rollout may lag behind the actor
     # finish | restart | continue: what a generation running at a weight swap does (restart and
-    # continue need max_staleness >= 1: a synchronous loop has none running then)
+    # continue need max_staleness >= 1: a synchronous loop has none running then); carry: rows
+    # unfinished when a call has its batch of complete groups are carried into the next call
+    # (needs max_staleness >= 2 and simulate.response_length_median; docs/async.md#carry)
     partial_rollout: str = "finish"
+    # carry: decoding steps between two re-packings of the rollout's slots (null: 4)
+    carry_segment: Optional[int] = None
     # in_order: step s trains the generation sent for step s; fifo: the freshest completed
     # rollout shards, those past max_staleness dropped; windowed: the same within the last
     # sampler_window versions (needs max_staleness >= 1; docs/async.md#samplers)

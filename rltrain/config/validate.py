@@ -694,16 +694,25 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
     yield from _positive("trainer.save_every", t.save_every, zero_ok=True)
     yield from _positive("trainer.max_restarts", t.max_restarts, zero_ok=True)
     yield from _positive("trainer.max_staleness", t.max_staleness, zero_ok=True)
-    if t.partial_rollout not in ("finish", "restart", "continue"):
+    if t.partial_rollout not in ("finish", "restart", "continue", "carry"):
         yield (
             f"trainer.partial_rollout={t.partial_rollout!r} is not valid: choose 'finish' (a "
             f"generation running when the actor publishes new weights ends with the old ones, "
-            f"counted as stale), 'restart' (it is cancelled and run again with the new ones) or "
-            f"'continue' (it keeps its tokens and samples the rest with the new ones)"
+            f"counted as stale), 'restart' (it is cancelled and run again with the new ones), "
+            f"'continue' (it keeps its tokens and samples the rest with the new ones) or 'carry' "
+            f"(unfinished rows are carried into the next generation call)"
         )
+    elif t.partial_rollout == "carry":
+        yield from carry_problems(cfg)
     else:
         yield from partial_rollout_problems(cfg)
         yield from auto_partial_rollout_problems(cfg)
+    if t.carry_segment is not None and t.partial_rollout != "carry":
+        yield (
+            f"trainer.carry_segment={t.carry_segment} sizes the segments of "
+            f"trainer.partial_rollout=carry; trainer.partial_rollout={t.partial_rollout!r} has "
+            f"none: drop trainer.carry_segment or set trainer.partial_rollout=carry"
+        )
     yield from sampler_problems(cfg)
     if t.time_budget_s is not None:
         yield from _positive("trainer.time_budget_s", t.time_budget_s)
@@ -746,6 +755,48 @@ def modelled_length_problems(cfg: RunConfig) -> Iterator[str]:
             f"predicts simulated devices with the modelled lengths; drop "
             f"whatif.response_length (or the median)"
         )
+
+
+def carry_problems(cfg: RunConfig) -> Iterator[str]:
+    """``trainer.partial_rollout=carry`` with settings it does not support (docs/async.md#carry):
+    each line names the key, the value and the fix."""
+    t, fix = cfg.trainer, "or choose trainer.partial_rollout=continue"
+    if t.carry_segment is not None and t.carry_segment < 1:
+        yield f"trainer.carry_segment={t.carry_segment}: give at least 1 decoding step"
+    if t.max_staleness < 2:
+        yield (
+            f"trainer.partial_rollout=carry with trainer.max_staleness={t.max_staleness}: a row "
+            f"carried into the next call trains at least 2 versions after the one that started "
+            f"it; set trainer.max_staleness>=2 (placement=disaggregated) {fix}"
+        )
+    if not cfg.simulate.response_length_median:
+        yield (
+            "trainer.partial_rollout=carry with simulate.response_length_median=0: the engines "
+            "decode a call's rows to their end, so rows are carried on the modelled device "
+            "only; set simulate.response_length_median (and simulate.rollout_token_latency_ms) "
+            f"{fix}"
+        )
+    unsupported = (
+        ("rollout.backend", cfg.rollout.backend, cfg.rollout.backend == "vllm",
+         "the vLLM engine keeps no rows between calls", "torch"),
+        ("placement.fuse", cfg.placement.fuse, str(cfg.placement.fuse).lower() == "true",
+         "a fused rank trains what its own call generated", "false"),
+        ("placement.mode", cfg.placement.mode, cfg.placement.mode == "auto",
+         "the placement cost model does not rank carry", "disaggregated"),
+        ("algorithm.filter_groups", cfg.algorithm.filter_groups, bool(cfg.algorithm.filter_groups),
+         "the batch stage would ask one step for more rounds", "false"),
+        ("trainer.sampler", t.sampler, t.sampler != "in_order",
+         "the pooled samplers train rank shards, carry hands on groups", "in_order"),
+        ("rollout.dispatch", cfg.rollout.dispatch, cfg.rollout.dispatch != "in_order",
+         "the groups handed on are not the prompts sent", "in_order"),
+        ("task.env", cfg.task.env, cfg.task.env is not None,
+         "multi-turn episodes are not carried", "null"),
+    )  # fmt: skip
+    for key, value, hit, why, ok in unsupported:
+        if hit:
+            yield (
+                f"trainer.partial_rollout=carry with {key}={value!r}: {why}; set {key}={ok} {fix}"
+            )
 
 
 def partial_rollout_problems(cfg: RunConfig) -> Iterator[str]:

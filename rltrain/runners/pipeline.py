@@ -11,7 +11,11 @@ weights is ``trainer.partial_rollout``:
   the work done so far is lost);
 - ``continue``: it is paused and continued with the newest weights: the rollout keeps the tokens
   sampled so far (and their behaviour log-probs and versions) and samples the rest with the new
-  weights. The batch's staleness still counts from the version that started it.
+  weights. The batch's staleness still counts from the version that started it;
+- ``carry``: nothing is cancelled; each rollout rank carries the rows a call has not finished
+  into its next call (:mod:`rltrain.backends.carry`). The pipeline then runs one generation
+  ahead, so a group may be carried for ``k - 1`` calls within the bound; the rollout drops the
+  groups past it (``oldest_version``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ class Generator(Protocol):
         ...
 
 
-PARTIAL_ROLLOUTS = ("finish", "restart", "continue")
+PARTIAL_ROLLOUTS = ("finish", "restart", "continue", "carry")
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,9 @@ class GenerationPipeline:
         self.policy = partial_rollout
         self.restart = partial_rollout == "restart"
         self.resume = partial_rollout == "continue"
+        # carry: one generation ahead (a carried row spends the other k - 1 versions)
+        self.ahead = 1 if partial_rollout == "carry" else max_staleness
+        self._primed = False
         self.queue: deque[InFlight] = deque()
         self.next_step, self.horizon = 0, None
         self.restarts_total = 0  # generations cancelled and submitted again, whole run
@@ -124,6 +131,7 @@ class GenerationPipeline:
                 _cancel(g.future)
         self.queue.clear()
         self.next_step, self.horizon = step, horizon
+        self._primed = False  # carry: the rollout starts a new buffer
 
     def fill(self, step: int) -> None:
         """Submit the generations of steps up to ``step + k`` not yet in flight.
@@ -135,7 +143,10 @@ class GenerationPipeline:
         self._restarts_at_fill = self._swap_stale() if self.restart or self.resume else 0
         if not self.queue:
             self.next_step = max(self.next_step, step)
-        last = step + self.k if self.horizon is None else min(step + self.k, self.horizon - 1)
+            if self.policy == "carry" and not self._primed:
+                self._prime(self.next_step)
+        ahead = step + self.ahead
+        last = ahead if self.horizon is None else min(ahead, self.horizon - 1)
         while self.next_step <= last:
             self.queue.append(self._submit(self.next_step))
             self.next_step += 1
@@ -196,13 +207,30 @@ class GenerationPipeline:
     # ------------------------------------------------------------------------------ helpers
     def _submit(self, step: int, restarts: int = 0) -> InFlight:
         r = self.runner
+        extra = self._carry_args(step) if self.policy == "carry" else {}
         with r.job.stage("rollout"):
-            future = r.submit_generation(step, self._expect(step), policy=self.policy)
+            future = r.submit_generation(step, self._expect(step), policy=self.policy, **extra)
         return InFlight(step, r.version, future, restarts)
+
+    def _carry_args(self, step: int) -> dict[str, Any]:
+        """``carry``: the bound the rollout drops carried groups by, and the prompts sampled:
+        the next step's, since the rank's buffer holds a step's groups ahead (:meth:`_prime`)."""
+        return {"oldest_version": max(step - self.k, 0), "data_step": step + 1}
+
+    def _prime(self, step: int) -> None:
+        """``carry``: before the first generation, the rollout samples ``step``'s prompts into
+        its buffer without handing anything on, so each call has more groups than it hands on
+        and the unfinished ones can be carried."""
+        r = self.runner
+        with r.job.stage("rollout"):
+            r.submit_generation(  # type: ignore[call-arg]
+                step - 1, self._expect(step), policy=self.policy, data_step=step, hand_on=False
+            ).wait()
+        self._primed = True
 
     def _expect(self, step: int) -> int:
         """The oldest version the rollout may sample step ``step``'s generation with."""
-        return max(step - self.k, 0)
+        return max(step - self.ahead, 0)
 
     def _continue(self, g: InFlight) -> InFlight:
         """Resubmit a paused generation: the rollout continues its rows with the new weights."""

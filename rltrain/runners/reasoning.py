@@ -243,6 +243,9 @@ class ReasoningRunner:
         round_: int = 0,
         resume: bool = False,
         policy: str | None = None,
+        oldest_version: int | None = None,
+        data_step: int | None = None,
+        hand_on: bool = True,
     ) -> Any:
         """Start the step's generation on every rollout rank with the newest handed weights.
 
@@ -257,11 +260,17 @@ class ReasoningRunner:
             resume: continue the step's generation paused at a weight swap
                 (``trainer.partial_rollout=continue``).
             policy: the schedule's ``trainer.partial_rollout`` (None: the config's).
+            oldest_version: ``carry``: carried groups started before this version are dropped.
+            data_step: the step whose prompts are sampled (None: ``step``; ``carry`` samples
+                ahead of the groups it hands on).
+            hand_on: ``carry``: False only queues the groups (the rollout's first call).
         """
         weights = self.hub.handed_to("rollout")
-        per_rank = self.rank_prompts(step, round_)
+        per_rank = self.rank_prompts(step if data_step is None else data_step, round_)
+        extra = (oldest_version, hand_on)
         args = [
-            (prompts, step, weights, expect_version, True, resume, policy) for prompts in per_rank
+            (prompts, step, weights, expect_version, True, resume, policy, *extra)
+            for prompts in per_rank
         ]
         future = self.g.rollout.call_each(RolloutWorker.generate, args)
         if self.dispatcher is not None:
@@ -407,7 +416,8 @@ class ReasoningRunner:
         out: dict[str, Any] = {**reward_stats(scores), "response/length_mean": float(tokens.mean())}
         for sc in scores:  # counts per shard: response/truncated, reward/truncated
             for key, n in sc.counts.items():
-                out[key] = out.get(key, 0) + n
+                least = key in MIN_COUNTS and key in out  # the oldest over the shards
+                out[key] = min(out[key], n) if least else out.get(key, 0) + n
         out.update(_mean_metrics(results))  # fused ranks time their stages (time/<stage>_s)
         out.update({f"time/{k}_s": v for k, v in times.items()})
         total = sum(times.values())
@@ -415,6 +425,10 @@ class ReasoningRunner:
         out["perf/samples_per_s"] = self.sizes.samples_per_step / total if total else None
         out["perf/tokens_per_s"] = float(tokens.sum()) / total if total else None
         return out
+
+
+#: Per-shard counts a step takes the least of (instead of their sum).
+MIN_COUNTS = ("rollout/oldest_version",)
 
 
 class ScoredShards:

@@ -197,6 +197,11 @@ class PipelinedSchedule(TurnSchedule):
             gen.future.wait()
         metrics = self.runner.learn(step, gen.future.refs, timer)
         metrics.update(self.pipeline.metrics(gen))
+        if self.pipeline.policy == "carry" and "rollout/oldest_version" in metrics:
+            # carried groups started before the generation that handed them on
+            oldest = metrics["rollout/oldest_version"]
+            metrics["rollout/weight_version"] = oldest
+            metrics["rollout/staleness"] = metrics["rollout/staleness_max"] = step - oldest
         return metrics
 
     def end(self, done_steps: int, clean: bool) -> None:

@@ -74,6 +74,9 @@ def batch_counts(batch: RolloutBatch) -> dict[str, int]:
         out["rollout/discarded_tokens"] = batch.discarded_tokens
         if batch.token_versions is not None:
             out["rollout/continued_tokens"] = continued_tokens(batch)
+            oldest = oldest_version(batch)
+            if oldest is not None:  # the step takes the least over its shards
+                out["rollout/oldest_version"] = oldest
     # multi-turn episodes (rltrain.agents): summed over the step's shards
     for key, field_ in (
         ("rollout/turns", batch.turns),
@@ -89,6 +92,14 @@ def scored_rows(batch: RolloutBatch) -> torch.Tensor | None:
     """``[b]`` True where a row has a score: every row but infra-failed episodes; None when
     the batch has none of those."""
     return None if batch.infra_failed is None else ~batch.infra_failed
+
+
+def oldest_version(batch: RolloutBatch) -> int | None:
+    """The oldest weight version that sampled any response token of the batch (None: no
+    response token)."""
+    versions, live = batch.token_versions, batch.response_mask.bool()
+    assert versions is not None
+    return int(versions[live].min()) if bool(live.any()) else None
 
 
 def continued_tokens(batch: RolloutBatch) -> int:

@@ -19,6 +19,7 @@ from rltrain.agents.interaction import Interaction, attach_pool, engine_interact
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import GenerationStopped
 from rltrain.backends import continuation
+from rltrain.backends.carry import CarryBuffer
 from rltrain.backends.continuation import Parked
 from rltrain.backends.generation import GenerationEngine, build_generation, sampling_seed
 from rltrain.config import seeds
@@ -27,6 +28,7 @@ from rltrain.scheduler import Worker
 from rltrain.tasks import build_task
 from rltrain.telemetry import trace
 from rltrain.whatif.lengths import simulated as simulated_lengths
+from rltrain.workers.batching import concat_batches
 from rltrain.workers.common import (
     ResidentState,
     WeightReceiver,
@@ -63,6 +65,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         self._discarded: dict[int, int] = {}  # tokens thrown away per step (``restart``)
         # simulate.response_length_median: seconds of a paused call's modelled decoding done
         self._modelled: dict[int, float] = {}
+        self._carry: Carry | None = None  # trainer.partial_rollout=carry: groups across calls
 
     def use_tools(self, actors: list[Any]) -> None:
         """Send this rank's episodes' tool calls to the tool pool's workers (launch)."""
@@ -105,6 +108,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         behaviour_logprobs: bool = True,
         resume: bool = False,
         partial_rollout: str | None = None,
+        oldest_version: int | None = None,
+        hand_on: bool = True,
     ) -> RolloutBatch | None:
         """Sample ``n`` responses for each prompt.
 
@@ -127,7 +132,12 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                 that ended before its pause arrived); with nothing held for ``step``, sample
                 afresh.
             partial_rollout: the schedule's ``trainer.partial_rollout`` (None: the config's);
-                ``continue`` keeps a cancelled call's rows.
+                ``continue`` keeps a cancelled call's rows; ``carry`` hands on complete groups
+                from the rank's carried rows (:meth:`_carried`).
+            oldest_version: ``carry``: groups started with an older version are dropped
+                (``step - max_staleness``; None: ``expect_version``).
+            hand_on: ``carry``: False only queues the new groups and returns None (the first
+                call of a schedule, so that later calls have groups to carry).
 
         Returns:
             A CPU batch of ``len(prompts) * n`` rows, ``token_versions`` set; ``None`` when
@@ -139,6 +149,9 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         self._sync(weights, expect_version)
         if partial_rollout is not None:
             self._continues = partial_rollout == "continue"
+        if (partial_rollout or self.run.trainer.partial_rollout) == "carry":
+            oldest = expect_version if oldest_version is None else oldest_version
+            return self._carried(prompts, step, behaviour_logprobs, oldest or 0, hand_on)
         self._forget_before(step)
         if resume and step in self._ended:
             return self._resume_ended(step)
@@ -159,6 +172,62 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                     self._count_discarded(step, batch)
                 return None
             return batch
+
+    def _carried(
+        self, prompts: list[str], step: int, logprobs: bool, oldest: int, hand_on: bool = True
+    ) -> RolloutBatch | None:
+        """``trainer.partial_rollout=carry``: sample the new prompts' rows, queue their groups
+        behind the rows carried from earlier calls, and hand on the ``len(prompts)`` oldest
+        groups complete once the modelled decoding (:class:`CarryBuffer`) has them; the rest is
+        carried to the next call. Groups older than ``oldest`` are dropped, their tokens counted
+        in ``discarded_tokens``."""
+        rows = len(prompts) * self.run.rollout.n_samples_per_prompt
+        state = self._carry_state(step, rows, new=not hand_on)
+        with trace.span("generate", "rollout", self.device_labels):
+            seed = sampling_seed(self.run, step, self.rank)
+            try:
+                fresh = self.interaction.generate(prompts, seed, logprobs, self._decode_step)
+            except GenerationStopped:
+                return None  # nobody reads a cancelled call's result
+            state.admit(self._versioned(fresh), step, self.version, self.run, self.rank)
+            if not hand_on:
+                return None
+            done = state.buffer.run(len(prompts), oldest)
+            discarded = state.drop(done.dropped)
+            state.tally(done)
+            try:
+                _sleep_unless_cancelled(
+                    self.run.simulate.rollout_token_latency_ms * done.steps / 1000
+                )
+                if self.run.simulate.rollout_latency_ms:
+                    _sleep_unless_cancelled(self.run.simulate.rollout_latency_ms / 1000)
+            except GenerationStopped:
+                state.drop(done.ready)  # the call's result is never read (a reset)
+                return None
+            shard = concat_batches(state.take(done.ready), self.tokenizer_pad_id)
+            return shard.replace(discarded_tokens=discarded)
+
+    def _versioned(self, batch: RolloutBatch) -> RolloutBatch:
+        """A fresh batch with its token versions (all the weights held) and behaviour
+        log-probs in ``rollout_logprobs``."""
+        return as_rollout_logprobs(
+            continuation.finished(continuation.park(batch, self.version, self.version))
+        )
+
+    def _carry_state(self, step: int, rows: int, new: bool) -> Carry:
+        """The rank's carried groups; a first call (``new``), or one for an earlier step than
+        the last, starts a new buffer (a new schedule or a resumed run: what was carried can no
+        longer train). The modelled device decodes ``rows`` (one call's rows) at once."""
+        if new or self._carry is None or step <= self._carry.last_step:
+            segment = self.run.trainer.carry_segment or CARRY_SEGMENT
+            self._carry = Carry(CarryBuffer(rows, segment))
+        self._carry.last_step = step
+        return self._carry
+
+    def carry_stats(self) -> dict[str, int]:
+        """``carry``: the modelled decoding so far (steps, busy row-steps, slot-steps,
+        groups handed on and dropped, rows carried now); empty for other policies."""
+        return {} if self._carry is None else self._carry.stats()
 
     def _resume_ended(self, step: int) -> RolloutBatch | None:
         """A resumed call whose rows had all ended: it finishes the modelled decoding its pause
@@ -292,6 +361,58 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         if self.engine.walk_sees_state:
             return super().memory_report()
         return self.memory_report_beside(self.engine, "generation engine", "vLLM's allocator")
+
+
+#: ``trainer.carry_segment`` unset: decoding steps between two re-packings of the slots.
+CARRY_SEGMENT = 4
+
+
+class Carry:
+    """A rollout rank's carried prompt groups (``trainer.partial_rollout=carry``): the
+    modelled decoding (:class:`CarryBuffer`) and each group's sampled rows by key.
+
+    Args:
+        buffer: the modelled decoding state.
+    """
+
+    def __init__(self, buffer: CarryBuffer) -> None:
+        self.buffer = buffer
+        self.rows: dict[int, RolloutBatch] = {}
+        self.last_step = -(2**62)
+        self._next = 0
+        self._tally = {"steps": 0, "busy": 0, "slot_steps": 0, "handed_on": 0, "dropped": 0}
+
+    def admit(
+        self, batch: RolloutBatch, step: int, version: int, run: RunConfig, rank: int
+    ) -> None:
+        """Queue ``batch``'s groups (consecutive ``n`` rows each) with their modelled lengths
+        (drawn as :func:`modelled_steps` draws them for ``step`` and ``rank``)."""
+        n = run.rollout.n_samples_per_prompt
+        rows = len(batch.response_mask)
+        rng = random.Random(sampling_seed(run, step, rank))
+        lengths = simulated_lengths(run.simulate.response_length_median).sample(rng, rows)
+        for first in range(0, rows, n):
+            key, self._next = self._next, self._next + 1
+            self.rows[key] = batch.select(torch.arange(first, min(first + n, rows)))
+            self.buffer.admit(key, version, lengths[first : first + n])
+
+    def drop(self, keys: tuple[int, ...]) -> int:
+        """Forget groups; returns the response tokens they had sampled (discarded)."""
+        self._tally["dropped"] += len(keys)
+        return sum(continuation.sampled_tokens(self.rows.pop(k)) for k in keys)
+
+    def take(self, keys: tuple[int, ...]) -> list[RolloutBatch]:
+        """The rows of the groups handed on, in order."""
+        self._tally["handed_on"] += len(keys)
+        return [self.rows.pop(k) for k in keys]
+
+    def tally(self, done: Any) -> None:
+        """Add a call's modelled decoding to the totals."""
+        for key in ("steps", "busy", "slot_steps"):
+            self._tally[key] += getattr(done, key)
+
+    def stats(self) -> dict[str, int]:
+        return {**self._tally, "carried_rows": self.buffer.carried_rows()}
 
 
 def modelled_generate_s(run: RunConfig, batch: Any, step: int, rank: int) -> float:

@@ -1,0 +1,142 @@
+"""Carrying unfinished rows into the next generation call (``trainer.partial_rollout=carry``;
+pure logic, no torch).
+
+A static batch decodes until its longest row ends, so with heavy-tailed lengths most of its
+slots idle behind a few long rows. With ``carry`` the rollout keeps a buffer of prompt groups
+across its calls and decodes them the way partial-rollout systems do:
+
+- the device has ``slots`` decoding slots (the rows one call is given); a row waits for a free
+  slot, then decodes in *segments* of at most ``segment`` tokens; at a segment's end the rows
+  that finished leave and waiting rows take their slots (continuous batching at segment
+  boundaries: a slot whose row ends mid-segment idles until the boundary);
+- a call admits its new prompt groups behind the rows already waiting or decoding, and ends as
+  soon as ``want`` groups are complete (every one of a group's ``n`` rows ended: GRPO needs them
+  all); it hands on the ``want`` oldest complete groups, and the rest stays for later calls;
+- the strict per-sample bound: a call for step ``s`` first drops every group started with a
+  version older than ``s - max_staleness`` (waiting, decoding or complete): it could never
+  train within the bound. Its rows' tokens count as discarded.
+
+The buffer sees lengths only (the modelled decoding of ``simulate.response_length_median``);
+the rollout keeps each group's sampled rows under the group's key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Segmented:
+    """What one call's decoding did.
+
+    Attributes:
+        ready: keys of the groups handed on (``want`` of them, oldest version first).
+        dropped: keys of the groups dropped for the bound.
+        steps: decoding steps the call took (the device time is ``steps`` x token latency).
+        busy: row-steps decoded (a row decoding one token for one step is one row-step).
+        slot_steps: ``slots x steps``: the call's slot capacity; ``1 - busy / slot_steps`` is
+            the share of slots idle while it decoded.
+    """
+
+    ready: tuple[int, ...]
+    dropped: tuple[int, ...]
+    steps: int
+    busy: int
+    slot_steps: int
+
+
+@dataclass
+class _Group:
+    key: int
+    version: int
+    left: list[int]  # decoding steps each row still needs, in row order
+    decoding: set[int] = field(default_factory=set)  # rows holding a slot
+
+    @property
+    def complete(self) -> bool:
+        return not any(self.left)
+
+
+class CarryBuffer:
+    """Prompt groups in flight on one rollout rank, across its generate calls.
+
+    Args:
+        slots: rows the device decodes at once (the rows of one call).
+        segment: the most decoding steps between two re-packings of the slots (``>= 1``).
+
+    Raises:
+        ValueError: ``slots`` or ``segment`` below 1.
+    """
+
+    def __init__(self, slots: int, segment: int) -> None:
+        if slots < 1 or segment < 1:
+            raise ValueError(f"slots={slots} and segment={segment} must be at least 1")
+        self.slots, self.segment = slots, segment
+        self.groups: dict[int, _Group] = {}  # admission order
+
+    def admit(self, key: int, version: int, lengths: Sequence[int]) -> None:
+        """Queue a new prompt group: ``lengths`` are its rows' decoding steps (0 ends at once).
+
+        Raises:
+            ValueError: the key is held already.
+        """
+        if key in self.groups:
+            raise ValueError(f"group {key} is already in the buffer")
+        self.groups[key] = _Group(key, version, [max(int(n), 0) for n in lengths])
+
+    def held(self) -> list[int]:
+        """Keys of the groups held (any state), in admission order."""
+        return list(self.groups)
+
+    def carried_rows(self) -> int:
+        """Rows still to decode (waiting or decoding)."""
+        return sum(1 for g in self.groups.values() for n in g.left if n)
+
+    def run(self, want: int, oldest: int) -> Segmented:
+        """Decode until ``want`` groups are complete; hand them on.
+
+        Args:
+            want: groups the call hands on.
+            oldest: the oldest version a group may have started with (``step - k``); older
+                groups are dropped first.
+
+        Returns:
+            The :class:`Segmented` record; ``ready`` holds fewer than ``want`` keys only when
+            the buffer ran out of groups.
+        """
+        dropped = tuple(k for k, g in self.groups.items() if g.version < oldest)
+        for k in dropped:
+            del self.groups[k]
+        steps = busy = 0
+        while self._complete_count() < want and self._fill():
+            seg = min(self.segment, max(self._decoding_left()))
+            busy += sum(min(n, seg) for n in self._decoding_left())
+            steps += seg
+            for g in self.groups.values():
+                for row in list(g.decoding):
+                    g.left[row] = max(g.left[row] - seg, 0)
+                    if not g.left[row]:
+                        g.decoding.discard(row)
+        ready = sorted(
+            (g for g in self.groups.values() if g.complete), key=lambda g: (g.version, g.key)
+        )[:want]
+        for g in ready:
+            del self.groups[g.key]
+        return Segmented(tuple(g.key for g in ready), dropped, steps, busy, steps * self.slots)
+
+    def _complete_count(self) -> int:
+        return sum(g.complete for g in self.groups.values())
+
+    def _decoding_left(self) -> list[int]:
+        return [g.left[r] for g in self.groups.values() for r in g.decoding]
+
+    def _fill(self) -> bool:
+        """Give free slots to waiting rows (admission order); whether any row is decoding."""
+        free = self.slots - sum(len(g.decoding) for g in self.groups.values())
+        for g in self.groups.values():
+            for row, n in enumerate(g.left):
+                if free and n and row not in g.decoding:
+                    g.decoding.add(row)
+                    free -= 1
+        return any(g.decoding for g in self.groups.values())

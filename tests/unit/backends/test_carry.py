@@ -1,0 +1,80 @@
+"""The carry buffer (``trainer.partial_rollout=carry``): which rows carry, when a group is
+complete, what the bound drops, and the slot accounting, all with hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from rltrain.backends.carry import CarryBuffer, Segmented
+
+
+def _three_groups() -> CarryBuffer:
+    buf = CarryBuffer(slots=4, segment=2)
+    buf.admit(0, 0, [1, 5])
+    buf.admit(1, 0, [2, 2])
+    buf.admit(2, 0, [3, 1])
+    return buf
+
+
+def test_a_call_ends_once_enough_groups_are_complete_and_carries_the_rest():
+    buf = _three_groups()
+    done = buf.run(want=2, oldest=0)
+    # segment 1 (2 steps): rows g0[1,5] g1[2,2] decode, 1+2+2+2 = 7 row-steps; g1 completes.
+    # segment 2 (2 steps): g0's row of 3 left and g2[3,1] decode, 2+2+1 = 5; nothing completes.
+    # segment 3 (1 step, the longest left): g0's 1 and g2's 1: 2; g0 and g2 complete.
+    assert done == Segmented(ready=(0, 1), dropped=(), steps=5, busy=14, slot_steps=20)
+    assert buf.held() == [2]  # complete, carried to the next call
+    assert buf.carried_rows() == 0
+
+
+def test_carried_groups_are_handed_on_before_newer_ones():
+    buf = _three_groups()
+    buf.run(want=2, oldest=0)
+    buf.admit(3, 1, [4, 4])
+    done = buf.run(want=2, oldest=0)
+    assert done == Segmented(ready=(2, 3), dropped=(), steps=4, busy=8, slot_steps=16)
+    assert buf.held() == []
+
+
+def test_a_group_past_the_bound_is_dropped_even_when_complete():
+    buf = _three_groups()
+    buf.run(want=2, oldest=0)
+    buf.admit(3, 1, [4, 4])
+    buf.admit(4, 1, [1, 1])
+    done = buf.run(want=2, oldest=1)
+    # g2 started with version 0 < 1: dropped; g3 and g4 decode together (2, then 2 steps)
+    assert done == Segmented(ready=(3, 4), dropped=(2,), steps=4, busy=10, slot_steps=16)
+
+
+def test_rows_wait_for_a_free_slot_and_unfinished_rows_stay():
+    buf = CarryBuffer(slots=2, segment=3)
+    buf.admit(0, 0, [1, 1])
+    buf.admit(1, 0, [9, 2])
+    done = buf.run(want=1, oldest=0)
+    # g1 waits for g0's slots; g0's rows end in step 1 and idle until the segment ends
+    assert done == Segmented(ready=(0,), dropped=(), steps=1, busy=2, slot_steps=2)
+    assert buf.carried_rows() == 2  # g1 has not started: both rows still to decode
+    done = buf.run(want=1, oldest=0)
+    # segment (3): 3 + 2 = 5; then 3 + 3 steps with one row busy: 6
+    assert done == Segmented(ready=(1,), dropped=(), steps=9, busy=11, slot_steps=18)
+
+
+def test_the_slots_idle_less_than_a_static_batch_decoding_to_its_longest_row():
+    lengths = [[1, 12], [2, 3], [1, 2], [4, 1]]
+    static_busy = sum(map(sum, lengths)) / (4 * 2 * max(map(max, lengths)))
+    buf = CarryBuffer(slots=8, segment=1)
+    for key, rows in enumerate(lengths):
+        buf.admit(key, 0, rows)
+    done = buf.run(want=3, oldest=0)
+    assert done.ready == (1, 2, 3) and done.steps == 4  # the 12-token row carries on
+    assert done.busy / done.slot_steps > static_busy
+    assert buf.carried_rows() == 1
+
+
+def test_bad_sizes_and_a_held_key_are_refused():
+    with pytest.raises(ValueError, match="slots=0"):
+        CarryBuffer(0, 1)
+    buf = CarryBuffer(1, 1)
+    buf.admit(0, 0, [1])
+    with pytest.raises(ValueError, match="already"):
+        buf.admit(0, 0, [1])

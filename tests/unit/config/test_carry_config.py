@@ -1,0 +1,66 @@
+"""``trainer.partial_rollout=carry`` / ``trainer.carry_segment``: what carry does not support
+is refused before Ray, naming the key, the value and the fix."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from rltrain.config import load_config
+from rltrain.config.store import register_configs
+from rltrain.errors import ConfigError
+
+CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
+
+CARRY = (
+    "placement=disaggregated",
+    "trainer.max_staleness=2",
+    "trainer.partial_rollout=carry",
+    "simulate.response_length_median=8",
+    "simulate.rollout_token_latency_ms=5",
+)
+
+
+def compose_run(*overrides: str):
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            [*CARRY, "trainer.max_staleness=1"],
+            "carry with trainer.max_staleness=1: a row carried into the next call trains at "
+            "least 2 versions",
+        ),
+        ([*CARRY, "simulate.response_length_median=0"], "set simulate.response_length_median"),
+        ([*CARRY, "rollout.backend=vllm"], "carry with rollout.backend='vllm'"),
+        ([*CARRY, "trainer.sampler=fifo"], "set trainer.sampler=in_order"),
+        ([*CARRY, "rollout.dispatch=length_aware"], "set rollout.dispatch=in_order"),
+        ([*CARRY, "algorithm.filter_groups=true"], "set algorithm.filter_groups=false"),
+        ([*CARRY, "placement.fuse=true"], "set placement.fuse=false"),
+        ([*CARRY, "experiment=calc_tool"], "carry with task.env="),
+        ([*CARRY, "trainer.carry_segment=0"], "trainer.carry_segment=0: give at least 1"),
+        (
+            ["placement=disaggregated", "trainer.max_staleness=1", "trainer.carry_segment=4"],
+            "trainer.partial_rollout='finish' has none: drop trainer.carry_segment",
+        ),
+        (["trainer.partial_rollout=carried"], "or 'carry' (unfinished rows are carried"),
+    ],
+)
+def test_what_carry_does_not_support_is_refused_with_the_fix(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(compose_run(*overrides))
+    assert expected in str(err.value)
+
+
+@pytest.mark.parametrize("extra", [[], ["trainer.carry_segment=2"], ["trainer.max_staleness=3"]])
+def test_carry_on_the_modelled_long_tail_is_accepted(extra):
+    run = load_config(compose_run(*CARRY, *extra))
+    assert run.trainer.partial_rollout == "carry"

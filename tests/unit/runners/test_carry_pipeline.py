@@ -1,0 +1,75 @@
+"""The pipeline with ``trainer.partial_rollout=carry`` (pure logic, a stand-in runner): it
+primes the rollout's buffer once, runs one generation ahead, samples the next step's prompts
+and sends the bound the rollout drops carried groups by."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+from rltrain.runners.pipeline import GenerationPipeline
+
+
+class _Done:
+    refs: list = []
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+
+class _Runner:
+    def __init__(self) -> None:
+        self.version = 0
+        self.job = self
+        self.sizes = SimpleNamespace(samples_per_step=8)
+        self.sent: list[tuple] = []  # (step, expect, version, oldest, data step, hand on)
+
+    def stage(self, component: str):
+        return nullcontext()
+
+    def submit_generation(
+        self,
+        step: int,
+        expect: int,
+        resume: bool = False,
+        policy: str | None = None,
+        oldest_version: int | None = None,
+        data_step: int | None = None,
+        hand_on: bool = True,
+    ) -> _Done:
+        assert policy == "carry" and not resume
+        self.sent.append((step, expect, self.version, oldest_version, data_step, hand_on))
+        return _Done()
+
+
+def test_carry_primes_once_runs_one_ahead_and_sends_the_bound():
+    runner = _Runner()
+    pipe = GenerationPipeline(runner, 2, "carry")  # type: ignore[arg-type]
+    pipe.reset(0, horizon=4)
+    for step in range(4):
+        pipe.fill(step)
+        assert pipe.take(step).step == step
+        runner.version = step + 1
+    assert runner.sent == [
+        (-1, 0, 0, None, 0, False),  # primes the buffer with step 0's prompts
+        (0, 0, 0, 0, 1, True),
+        (1, 0, 0, 0, 2, True),
+        (2, 1, 1, 0, 3, True),  # one ahead: expect step - 1; carried groups from version 0 on
+        (3, 2, 2, 1, 4, True),
+    ]
+    pipe.reset(4)
+    pipe.fill(4)
+    # a reset primes a new buffer (with the weights held now), then two steps go out again
+    assert runner.sent[-3:] == [
+        (3, 3, 4, None, 4, False),
+        (4, 3, 4, 2, 5, True),
+        (5, 4, 4, 3, 6, True),
+    ]
+
+
+def test_other_policies_keep_k_ahead_and_send_no_carry_arguments():
+    pipe = GenerationPipeline(_Runner(), 2, "finish")  # type: ignore[arg-type]
+    assert pipe.ahead == 2 and pipe._carry_args(5) == {"oldest_version": 3, "data_step": 6}
