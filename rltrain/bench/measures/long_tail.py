@@ -1,11 +1,13 @@
 """Long-tail generation: heavy-tailed response lengths, synchronous vs partial rollouts.
 
-One disaggregated job (actor on device 0, rollout on device 1) drives four schedules on the
-same workers: synchronous (``max_staleness=0``, the baseline) and ``max_staleness=1`` with
-``finish``, ``restart`` and ``continue``. The rollout's device time follows heavy-tailed
-response lengths (``simulate.response_length_median``: log-normal, sigma 1, capped at 16x the
-median, drawn per step and rank): a generate call waits ``simulate.rollout_token_latency_ms``
-per decoding step of its longest modelled row, so a few long rows set every call's time.
+One disaggregated job (actor on device 0, rollout on device 1) drives five schedules on the
+same workers: synchronous (``max_staleness=0``, the baseline), ``max_staleness=1`` with
+``finish``, ``restart`` and ``continue``, and ``carry`` with ``max_staleness=2`` (a row carried
+into the next call trains 2 versions after it started; docs/async.md#carry). The rollout's
+device time follows heavy-tailed response lengths (``simulate.response_length_median``:
+log-normal, sigma 1, capped at 16x the median, drawn per step and rank): a generate call waits
+``simulate.rollout_token_latency_ms`` per decoding step of its longest modelled row, so a few
+long rows set every call's time (with ``carry``, per decoding step of its carry buffer).
 
 The extras hold, per schedule, the steps per second (from the step records of the timed
 calls, the warm-up call left out), the idle share of the generation slots, the share of sampled
@@ -16,6 +18,11 @@ Idle share of the generation slots: ``1 - (sum over the trained steps of the mod
 row-decoding seconds, token latency x mean modelled length) / (sum of the steps' seconds)``.
 A static batch decodes until its longest row ends, so its finished rows idle meanwhile; a
 synchronous loop also idles the rollout while the actor trains.
+
+Idle share while the rollout decodes (``_rollout_idle``): the slots idle during the decoding
+itself, the rollout's waits for the actor left out: ``1 - sum(mean length) / sum(longest
+length)`` over the trained steps' draws for a static batch, and ``1 - busy / slot_steps`` of
+the rollout's carry buffer (:meth:`RolloutWorker.carry_stats`, the whole run) for ``carry``.
 """
 
 from __future__ import annotations
@@ -31,23 +38,32 @@ from rltrain.bench.harness import Suite, measure
 TOKEN_MS = 25.0  # per modelled decoding step: a call of 8 rows takes ~1 s on average
 MEDIAN = 8.0  # modelled tokens; the longest of 8 rows averages ~40
 ACTOR_MS = 1000.0
-POLICIES = ("finish", "restart", "continue")
+POLICIES = ("finish", "restart", "continue", "carry")
+STALENESS = {"carry": 2}  # the others run with max_staleness=1
 ROWS = 8  # train_batch_size 2 x 4 samples, on the one rollout rank
 
 #: The goals of issue 33 on these devices: (key, what, bound, "<=" or ">=").
 GOALS: tuple[tuple[str, str, float, str], ...] = (
     ("sync_idle", "synchronous generation-slot idle share", 0.5, ">="),
-    ("continue_idle", "continue: generation-slot idle share", 0.10, "<="),
-    ("continue_speedup_vs_sync", "continue: steps/s vs synchronous", 2.0, ">="),
-    ("continue_speedup_vs_best", "continue: steps/s vs the best of finish/restart", 1.3, ">="),
-    ("continue_discarded_share", "continue: sampled tokens thrown away", 0.05, "<="),
-    ("within_bound", "share of trained batches within max_staleness", 1.0, ">="),
+    *(
+        goal
+        for p in ("continue", "carry")
+        for goal in (
+            (f"{p}_idle", f"{p}: generation-slot idle share over the step", 0.10, "<="),
+            (f"{p}_rollout_idle", f"{p}: slot idle share while the rollout decodes", 0.10, "<="),
+            (f"{p}_speedup_vs_sync", f"{p}: steps/s vs synchronous", 2.0, ">="),
+            (f"{p}_speedup_vs_best", f"{p}: steps/s vs the best of finish/restart", 1.3, ">="),
+            (f"{p}_discarded_share", f"{p}: sampled tokens thrown away", 0.05, "<="),
+        )
+    ),
+    ("within_bound", "share of trained batches within their max_staleness", 1.0, ">="),
 )
 
 
 @measure(
     "long_tail",
-    "heavy-tailed response lengths: max_staleness=1 finish / restart / continue vs synchronous",
+    "heavy-tailed response lengths: max_staleness=1 finish / restart / continue and "
+    "max_staleness=2 carry vs synchronous",
 )
 def long_tail(quick: bool) -> Suite:
     from rltrain.bench.measures.trainer import compose, policy_cases, start_reasoning
@@ -69,8 +85,16 @@ def long_tail(quick: bool) -> Suite:
     )
     stack = contextlib.ExitStack()
     job = start_reasoning(run, stack)
-    cases, seen = policy_cases(job, steps, POLICIES)
+    cases, seen = policy_cases(job, steps, POLICIES, STALENESS)
     token_s = TOKEN_MS * scale / 1000
+
+    def figures() -> dict[str, float]:
+        timed = {n: p[steps:] for n, p in seen.items()}
+        out = extras(
+            timed, lambda s: busy_s(run.seed, s, token_s), spread=lambda s: spread(run.seed, s)
+        )
+        return report({**out, **carry_idle(carry_stats(job))})
+
     return Suite(
         cases=cases,
         baseline=cases[0].name,
@@ -78,26 +102,55 @@ def long_tail(quick: bool) -> Suite:
         repeats=1 if quick else 3,
         note=f"speed-up = 1/ratio. {TOKEN_MS * scale:g} ms per modelled decoding step, modelled "
         f"lengths log-normal (median {MEDIAN:g} tokens, sigma 1, cap {16 * MEDIAN:g}), "
-        f"{ACTOR_MS * scale:g} ms per update; simulated devices, one job for every schedule.",
+        f"{ACTOR_MS * scale:g} ms per update; simulated devices, one job for every schedule; "
+        f"carry runs with max_staleness=2, the others with 1.",
         teardown=stack.close,
-        extras=lambda: report(
-            extras({n: p[steps:] for n, p in seen.items()}, lambda s: busy_s(run.seed, s, token_s))
-        ),
+        extras=figures,
     )
+
+
+def carry_stats(job: Any) -> list[dict[str, int]]:
+    """Each rollout rank's carry totals (:meth:`RolloutWorker.carry_stats`)."""
+    from rltrain.workers.rollout import RolloutWorker
+
+    return list(job.groups["rollout"].call(RolloutWorker.carry_stats).wait())
+
+
+def carry_idle(stats: Sequence[Mapping[str, int]]) -> dict[str, float]:
+    """``carry_rollout_idle``: the share of slot-steps no row decoded, over the ranks."""
+    slots = sum(s.get("slot_steps", 0) for s in stats)
+    if not slots:
+        return {}
+    return {"carry_rollout_idle": 1 - sum(s["busy"] for s in stats) / slots}
+
+
+def _drawn(seed: int, step: int) -> list[int]:
+    """The modelled lengths the worker draws for a step's rows on rank 0."""
+    from rltrain.config.seeds import sampling_seed
+    from rltrain.whatif.lengths import simulated
+
+    return simulated(MEDIAN).sample(random.Random(sampling_seed(seed, step, 0)), ROWS)
+
+
+def spread(seed: int, step: int) -> tuple[float, float]:
+    """``(mean, longest)`` of a step's modelled lengths: a static batch keeps its slots for the
+    longest, and its rows decode the mean."""
+    drawn = _drawn(seed, step)
+    return sum(drawn) / len(drawn), max(drawn)
 
 
 def busy_s(seed: int, step: int, token_s: float) -> float:
     """The modelled row-decoding seconds of a step's generation: token latency x the mean of
     its rows' modelled lengths (what the worker draws for the step on rank 0)."""
-    from rltrain.config.seeds import sampling_seed
-    from rltrain.whatif.lengths import simulated
-
-    drawn = simulated(MEDIAN).sample(random.Random(sampling_seed(seed, step, 0)), ROWS)
+    drawn = _drawn(seed, step)
     return token_s * sum(drawn) / len(drawn)
 
 
 def extras(
-    seen: Mapping[str, Sequence[tuple[int, Mapping[str, Any]]]], busy: Any, k: int = 1
+    seen: Mapping[str, Sequence[tuple[int, Mapping[str, Any]]]],
+    busy: Any,
+    k: int = 1,
+    spread: Any = None,
 ) -> dict[str, float]:
     """Per schedule: steps/s, generation-slot idle share, discarded share, largest staleness;
     then the goals' values (:data:`GOALS`).
@@ -105,11 +158,14 @@ def extras(
     Args:
         seen: each schedule's ``(step, step record)`` pairs (of the timed calls).
         busy: ``step -> seconds`` of modelled row decoding of that step's batch.
-        k: the pipelined schedules' ``max_staleness``.
+        k: the pipelined schedules' ``max_staleness`` (``carry``'s: :data:`STALENESS`).
+        spread: ``step -> (mean, longest)`` modelled length of its rows, for the static
+            batches' ``<name>_rollout_idle`` (None: not computed).
 
     Returns:
-        ``<name>_steps_per_s``, ``<name>_idle``, and for the pipelined schedules
-        ``<name>_discarded_share`` and ``<name>_staleness_max``; then each goal's key.
+        ``<name>_steps_per_s``, ``<name>_idle``, ``<name>_rollout_idle`` (static batches), and
+        for the pipelined schedules ``<name>_discarded_share`` and ``<name>_staleness_max``;
+        then each goal's key.
     """
     out: dict[str, float] = {}
     within = total = 0
@@ -119,20 +175,26 @@ def extras(
         wall = sum(r["time/step_s"] for _, r in pairs)
         out[f"{name}_steps_per_s"] = len(pairs) / wall
         out[f"{name}_idle"] = 1 - sum(busy(s) for s, _ in pairs) / wall
+        if spread is not None and name != "carry":
+            drawn = [spread(s) for s, _ in pairs]
+            out[f"{name}_rollout_idle"] = 1 - sum(m for m, _ in drawn) / sum(x for _, x in drawn)
         if name == "sync":
             continue
         trained = sum(r["perf/tokens_per_s"] * r["time/step_s"] for _, r in pairs)
         discarded = sum(r.get("rollout/discarded_tokens", 0) for _, r in pairs)
         out[f"{name}_discarded_share"] = discarded / (trained + discarded) if trained else 0.0
         out[f"{name}_staleness_max"] = max(r["rollout/staleness_max"] for _, r in pairs)
-        within += sum(r["rollout/staleness_max"] <= k for _, r in pairs)
+        bound = STALENESS.get(name, k)
+        within += sum(r["rollout/staleness_max"] <= bound for _, r in pairs)
         total += len(pairs)
-    if "sync_steps_per_s" in out and "continue_steps_per_s" in out:
-        rate = out["continue_steps_per_s"]
-        out["continue_speedup_vs_sync"] = rate / out["sync_steps_per_s"]
-        best = max(out.get(f"{p}_steps_per_s", 0.0) for p in ("finish", "restart"))
-        out["continue_speedup_vs_best"] = rate / best if best else math.nan
-        out["within_bound"] = within / total if total else math.nan
+    best = max(out.get(f"{p}_steps_per_s", 0.0) for p in ("finish", "restart"))
+    for p in ("continue", "carry"):
+        if "sync_steps_per_s" in out and f"{p}_steps_per_s" in out:
+            rate = out[f"{p}_steps_per_s"]
+            out[f"{p}_speedup_vs_sync"] = rate / out["sync_steps_per_s"]
+            out[f"{p}_speedup_vs_best"] = rate / best if best else math.nan
+    if total:
+        out["within_bound"] = within / total
     return out
 
 

@@ -209,9 +209,11 @@ def start_reasoning(run, stack: contextlib.ExitStack):
     )
 
 
-def policy_cases(job, steps: int, policies: tuple[str, ...]) -> tuple[tuple[Case, ...], dict]:
+def policy_cases(
+    job, steps: int, policies: tuple[str, ...], staleness: dict[str, int] | None = None
+) -> tuple[tuple[Case, ...], dict]:
     """One case per schedule on one started job: synchronous (the baseline, first), then
-    ``max_staleness=1`` with each ``trainer.partial_rollout`` policy.
+    ``max_staleness=1`` (or ``staleness[policy]``) with each ``trainer.partial_rollout`` policy.
 
     Every schedule takes its steps from a range of its own (each reloads the weights every
     step, so versions must not meet); each timed call runs ``steps`` steps and drains.
@@ -224,7 +226,10 @@ def policy_cases(job, steps: int, policies: tuple[str, ...]) -> tuple[tuple[Case
     names = ("sync", *policies)
     runners = {
         "sync": ReasoningRunner(job, max_staleness=0),
-        **{p: ReasoningRunner(job, max_staleness=1, partial_rollout=p) for p in policies},
+        **{
+            p: ReasoningRunner(job, max_staleness=(staleness or {}).get(p, 1), partial_rollout=p)
+            for p in policies
+        },
     }
     first = {name: i * 10**6 for i, name in enumerate(names)}
     counters = {n: iter(range(first[n], first[n] + 10**6)) for n in names}

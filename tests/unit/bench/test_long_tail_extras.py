@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rltrain.bench.measures.long_tail import busy_s, extras, report
+from rltrain.bench.measures.long_tail import busy_s, carry_idle, extras, report
 
 
 def _rec(step_s: float, staleness: int = 1, discarded: int = 0) -> dict[str, float]:
@@ -41,3 +41,26 @@ def test_busy_seconds_are_the_workers_modelled_rows():
     # the mean of the 8 rows the worker draws for the step (median 8 tokens), at 1 s per token
     assert 1 <= busy_s(1, 0, 1.0) <= 128
     assert busy_s(1, 0, 1.0) == busy_s(1, 0, 1.0) != busy_s(1, 1, 1.0)
+
+
+def test_carry_figures_its_own_bound_and_the_idle_while_decoding_by_hand():
+    busy = {0: 0.4, 1: 0.2, 10: 0.4, 11: 0.2, 40: 0.4, 41: 0.2}.get
+    spread = {0: (4.0, 16.0), 1: (2.0, 4.0), 10: (4.0, 16.0), 11: (2.0, 4.0)}.get
+    seen = {
+        "sync": [(0, {"time/step_s": 2.0}), (1, {"time/step_s": 2.0})],
+        "finish": [(10, _rec(1.0)), (11, _rec(1.0))],
+        "carry": [(40, _rec(0.5, staleness=2)), (41, _rec(0.5, staleness=1, discarded=5))],
+    }
+    out = extras(seen, busy, spread=spread)
+    assert out["sync_rollout_idle"] == pytest.approx(1 - 6 / 20)  # rows decode 6 of 20 steps
+    assert out["finish_rollout_idle"] == pytest.approx(0.7)
+    assert "carry_rollout_idle" not in out  # the rollout's carry buffer counts it
+    assert out["carry_speedup_vs_sync"] == 4.0 and out["carry_speedup_vs_best"] == 2.0
+    assert out["carry_discarded_share"] == pytest.approx(5 / 25)
+    assert out["within_bound"] == 1.0  # 2 versions stale is within carry's max_staleness=2
+    idle = carry_idle([{"busy": 30, "slot_steps": 40}, {"busy": 6, "slot_steps": 8}])
+    assert idle == {"carry_rollout_idle": pytest.approx(1 - 36 / 48)}
+    assert carry_idle([{}]) == {}
+    goals = report({**out, **idle})
+    assert goals["carry_rollout_idle_met"] == 0.0 and goals["carry_speedup_vs_sync_met"] == 1.0
+    assert goals["carry_discarded_share_met"] == 0.0 and goals["within_bound_met"] == 1.0
