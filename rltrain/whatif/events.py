@@ -424,7 +424,8 @@ def unmodelled(run: Any) -> list[str]:
     with the fix (``mode=plan`` refuses them rather than predict another schedule).
 
     The simulator's pipeline trains step ``s`` on the generation sent for step ``s``
-    (``trainer.sampler=in_order``), and it draws each rank's response lengths independently,
+    (``trainer.sampler=in_order``; no rows carried across calls, ``partial_rollout=carry``),
+    and it draws each rank's response lengths independently,
     with no prompt whose past lengths a dispatcher could know (``rollout.dispatch=in_order``).
 
     Args:
@@ -441,6 +442,13 @@ def unmodelled(run: Any) -> list[str]:
             f"in_order schedule only, not the pool of generations run ahead; plan with "
             f"trainer.sampler=in_order (same placement and memory; the same batches, and about "
             f"the same seconds per step, when generation is slower than an update)"
+        )
+    if str(run.trainer.partial_rollout) == "carry":
+        out.append(
+            "trainer.partial_rollout='carry': the what-if simulator (mode=plan) models a "
+            "generate call that decodes its own rows to their end, not rows carried across "
+            "calls; plan with trainer.partial_rollout=continue (the same placement and memory; "
+            "an upper bound on carry's seconds per step)"
         )
     dispatch = str(run.rollout.dispatch)
     if dispatch != "in_order":

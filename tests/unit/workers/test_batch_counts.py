@@ -24,11 +24,13 @@ def _batch(**over) -> RolloutBatch:
 
 def test_a_pipelined_shard_counts_continued_and_discarded_tokens():
     counts = batch_counts(_batch(discarded_tokens=6))
-    # row 0 started with version 3 and went on with 4 (2 tokens); row 1 is all version 4
+    # row 0 started with version 3 and went on with 4 (2 tokens); row 1 is all version 4;
+    # the oldest version any token was sampled with is 3 (the -1 outside the mask is no token)
     assert counts == {
         "response/truncated": 1,
         "rollout/discarded_tokens": 6,
         "rollout/continued_tokens": 2,
+        "rollout/oldest_version": 3,
     }
 
 
