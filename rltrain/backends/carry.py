@@ -14,7 +14,8 @@ across its calls and decodes them the way partial-rollout systems do:
   all); it hands on the ``want`` oldest complete groups, and the rest stays for later calls;
 - the strict per-sample bound: a call for step ``s`` first drops every group started with a
   version older than ``s - max_staleness`` (waiting, decoding or complete): it could never
-  train within the bound. Its rows' tokens count as discarded.
+  train within the bound. Its rows' tokens count as discarded, and the rollout samples its
+  prompt again with the newest weights (so the buffer keeps its surplus of groups).
 
 The buffer sees lengths only (the modelled decoding of ``simulate.response_length_median``);
 the rollout keeps each group's sampled rows under the group's key.

@@ -179,33 +179,54 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         """``trainer.partial_rollout=carry``: sample the new prompts' rows, queue their groups
         behind the rows carried from earlier calls, and hand on the ``len(prompts)`` oldest
         groups complete once the modelled decoding (:class:`CarryBuffer`) has them; the rest is
-        carried to the next call. Groups older than ``oldest`` are dropped, their tokens counted
-        in ``discarded_tokens``."""
+        carried to the next call. Groups started before ``oldest`` are dropped first, their
+        tokens counted in ``discarded_tokens``, and their prompts sampled again with the weights
+        held (so the buffer keeps its surplus of groups over what a call hands on)."""
         rows = len(prompts) * self.run.rollout.n_samples_per_prompt
         state = self._carry_state(step, rows, new=not hand_on)
         with trace.span("generate", "rollout", self.device_labels):
-            seed = sampling_seed(self.run, step, self.rank)
+            dropped = state.buffer.run(0, oldest).dropped  # past the bound: sampled again
+            again = [state.prompts[k] for k in dropped]
+            discarded = state.drop(dropped)
             try:
-                fresh = self.interaction.generate(prompts, seed, logprobs, self._decode_step)
+                fresh = self._sample_rows(
+                    prompts, sampling_seed(self.run, step, self.rank), logprobs
+                )
+                redo = self._sample_rows(again, self._redo_seed(step), logprobs)
             except GenerationStopped:
                 return None  # nobody reads a cancelled call's result
-            state.admit(self._versioned(fresh), step, self.version, self.run, self.rank)
+            for batch, asked, seed in (
+                (redo, again, self._redo_seed(step)),
+                (fresh, prompts, None),
+            ):
+                if batch is not None:
+                    state.admit(batch, asked, self.version, self.run, seed, step, self.rank)
             if not hand_on:
                 return None
             done = state.buffer.run(len(prompts), oldest)
-            discarded = state.drop(done.dropped)
             state.tally(done)
+            sim = self.run.simulate
             try:
-                _sleep_unless_cancelled(
-                    self.run.simulate.rollout_token_latency_ms * done.steps / 1000
-                )
-                if self.run.simulate.rollout_latency_ms:
-                    _sleep_unless_cancelled(self.run.simulate.rollout_latency_ms / 1000)
+                _sleep_unless_cancelled(sim.rollout_token_latency_ms * done.steps / 1000)
+                if sim.rollout_latency_ms:
+                    _sleep_unless_cancelled(sim.rollout_latency_ms / 1000)
             except GenerationStopped:
                 state.drop(done.ready)  # the call's result is never read (a reset)
                 return None
             shard = concat_batches(state.take(done.ready), self.tokenizer_pad_id)
             return shard.replace(discarded_tokens=discarded)
+
+    def _sample_rows(self, prompts: list[str], seed: int, logprobs: bool) -> RolloutBatch | None:
+        """``carry``: sample ``prompts``' rows whole with the weights held (None: no prompts)."""
+        if not prompts:
+            return None
+        batch = self.interaction.generate(prompts, seed, logprobs, self._decode_step)
+        return self._versioned(batch)
+
+    def _redo_seed(self, step: int) -> int:
+        """``carry``: the seed of groups sampled again after the bound dropped them (apart from
+        the step's own; a carry run has no continuations to meet)."""
+        return seeds.continuation_seed(self.run.seed, step, self.rank, self.version)
 
     def _versioned(self, batch: RolloutBatch) -> RolloutBatch:
         """A fresh batch with its token versions (all the weights held) and behaviour
@@ -378,32 +399,46 @@ class Carry:
     def __init__(self, buffer: CarryBuffer) -> None:
         self.buffer = buffer
         self.rows: dict[int, RolloutBatch] = {}
+        self.prompts: dict[int, str] = {}
         self.last_step = -(2**62)
         self._next = 0
         self._tally = {"steps": 0, "busy": 0, "slot_steps": 0, "handed_on": 0, "dropped": 0}
 
     def admit(
-        self, batch: RolloutBatch, step: int, version: int, run: RunConfig, rank: int
+        self,
+        batch: RolloutBatch,
+        prompts: list[str],
+        version: int,
+        run: RunConfig,
+        seed: int | None,
+        step: int,
+        rank: int,
     ) -> None:
-        """Queue ``batch``'s groups (consecutive ``n`` rows each) with their modelled lengths
-        (drawn as :func:`modelled_steps` draws them for ``step`` and ``rank``)."""
+        """Queue ``batch``'s groups (consecutive ``n`` rows per prompt) with their modelled
+        lengths, drawn as :func:`modelled_steps` draws them for ``step`` and ``rank`` (or with
+        ``seed``: groups sampled again)."""
         n = run.rollout.n_samples_per_prompt
         rows = len(batch.response_mask)
-        rng = random.Random(sampling_seed(run, step, rank))
+        rng = random.Random(sampling_seed(run, step, rank) if seed is None else seed)
         lengths = simulated_lengths(run.simulate.response_length_median).sample(rng, rows)
-        for first in range(0, rows, n):
+        for i, first in enumerate(range(0, rows, n)):
             key, self._next = self._next, self._next + 1
             self.rows[key] = batch.select(torch.arange(first, min(first + n, rows)))
+            self.prompts[key] = prompts[i]
             self.buffer.admit(key, version, lengths[first : first + n])
 
     def drop(self, keys: tuple[int, ...]) -> int:
         """Forget groups; returns the response tokens they had sampled (discarded)."""
         self._tally["dropped"] += len(keys)
+        for k in keys:
+            del self.prompts[k]
         return sum(continuation.sampled_tokens(self.rows.pop(k)) for k in keys)
 
     def take(self, keys: tuple[int, ...]) -> list[RolloutBatch]:
         """The rows of the groups handed on, in order."""
         self._tally["handed_on"] += len(keys)
+        for k in keys:
+            del self.prompts[k]
         return [self.rows.pop(k) for k in keys]
 
     def tally(self, done: Any) -> None:

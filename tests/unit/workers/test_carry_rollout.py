@@ -14,8 +14,9 @@ from rltrain.config.schema import RunConfig
 from rltrain.workers import rollout as rollout_module
 from rltrain.workers.rollout import RolloutWorker
 
-# modelled lengths of each call's rows (2 prompts x 2 samples), in call order
-LENGTHS = [[1, 1, 1, 12], [2, 2, 1, 1], [1, 1, 1, 1]]
+# modelled lengths of each admission's rows (2 samples per prompt), in order: the priming
+# call, the first call, then the second call's group sampled again and its new prompts
+LENGTHS = [[1, 1, 1, 12], [2, 2, 1, 1], [1, 1], [1, 1, 1, 1]]
 PROMPTS = [["1+1=", "2+2="], ["3+3=", "4+4="], ["5+5=", "6+6="]]
 
 
@@ -76,11 +77,13 @@ def test_rows_carry_into_the_next_call_and_keep_their_versions(worker):
     assert w.carry_stats()["carried_rows"] == 2  # the 12-row of group 1, and group 3's 1-row
     w.version = 2
     second = w.generate(PROMPTS[2], 11, oldest_version=1)
-    # group 1 started with version 0 < 1: dropped with its sampled tokens; group 3's last row
-    # and the new [1,1,1,1] decode one step: groups 3 (version 1) and 4 (version 2) go
+    # group 1 started with version 0 < 1: dropped with its sampled tokens, and its prompt
+    # sampled again with version 2 (queued before the new prompts); group 3's last row, the
+    # two rows sampled again and one new row decode one step: group 3 (version 1) and the one
+    # sampled again (version 2) go
     assert waited[1] == pytest.approx(0.01)
     assert _versions(second) == [1, 1, 2, 2]
-    assert [p.strip() for p in _prompts(w, second)] == ["4+4=", "4+4=", "5+5=", "5+5="]
+    assert [p.strip() for p in _prompts(w, second)] == ["4+4=", "4+4=", "2+2=", "2+2="]
     assert second.discarded_tokens >= 2  # two rows of at least one token each
     stats = w.carry_stats()
     assert (stats["handed_on"], stats["dropped"], stats["steps"]) == (4, 1, 9)
