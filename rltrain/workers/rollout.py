@@ -8,6 +8,7 @@ step, weight version), the weight loads and the residency calls.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 import time
@@ -214,7 +215,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                 state.drop(done.ready)  # the call's result is never read (a reset)
                 return None
             shard = concat_batches(state.take(done.ready), self.tokenizer_pad_id)
-            return shard.replace(discarded_tokens=discarded)
+            return dataclasses.replace(shard, discarded_tokens=discarded)
 
     def _sample_rows(self, prompts: list[str], seed: int, logprobs: bool) -> RolloutBatch | None:
         """``carry``: sample ``prompts``' rows whole with the weights held (None: no prompts)."""
