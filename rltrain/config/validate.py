@@ -777,8 +777,8 @@ def carry_problems(cfg: RunConfig) -> Iterator[str]:
             f"{fix}"
         )
     unsupported = (
-        ("rollout.backend", cfg.rollout.backend, cfg.rollout.backend == "vllm",
-         "the vLLM engine keeps no rows between calls", "torch"),
+        ("rollout.backend", cfg.rollout.backend, cfg.rollout.backend != "torch",
+         "only the torch engine's calls keep rows between calls", "torch"),
         ("placement.fuse", cfg.placement.fuse, str(cfg.placement.fuse).lower() == "true",
          "a fused rank trains what its own call generated", "false"),
         ("placement.mode", cfg.placement.mode, cfg.placement.mode == "auto",
