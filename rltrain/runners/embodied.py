@@ -316,33 +316,17 @@ class EmbodiedRunner:
         return out
 
     def summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
-        stage_keys = {"generate", "train", "sync"}
-        per_stage = {
-            k: sum(r.get(f"time/{k}_s", 0) for r in records) / max(len(records), 1)
-            for k in stage_keys
-        }
         evals = [r["eval/return_mean"] for r in records if r.get("eval/return_mean") is not None]
         returns = [r["env/return_mean"] for r in records if r.get("env/return_mean") is not None]
-        mode = self.job.plan.mode
+        env_steps = steps * self.sizes.env_steps_per_epoch
         return {
-            "placement_mode": getattr(mode, "value", str(mode)),
-            "steps": steps,
-            "steps_per_s": steps / seconds if seconds else None,
-            "env_steps_per_s": steps * self.sizes.env_steps_per_epoch / seconds
-            if seconds
-            else None,
-            "seconds_per_stage": per_stage,
-            "peak_memory_bytes_per_device": {
-                f"{n}:{d}": b for (n, d), b in self.job.residency.peak.items()
-            },
+            **loop.job_summary(self.job, records, steps, seconds, status),
+            # the three stages always, an epoch with none of them timed included
+            "seconds_per_stage": loop.stage_means(records, {"generate", "train", "sync"}),
+            "env_steps_per_s": env_steps / seconds if seconds else None,
             "final_reward": returns[-1] if returns else None,
             "final_return": evals[-1] if evals else None,
             "final_accuracy": None,
-            "simulated_devices": any(
-                n.accelerator_type == "sim" for n in self.job.plan.cluster.nodes
-            ),
-            "status": status,
-            "wall_s": seconds,
             "env_id": self.spec.env_id,
         }
 

@@ -89,6 +89,43 @@ class Runner(Protocol):
         """The job summary of the steps this invocation ran."""
 
 
+def stage_means(records: list[dict[str, Any]], stages: set[str]) -> dict[str, float]:
+    """Mean seconds per step of each stage (``time/<stage>_s``) over ``records``."""
+    n = max(len(records), 1)
+    return {k: sum(r.get(f"time/{k}_s", 0) for r in records) / n for k in stages}
+
+
+def job_summary(
+    job: Any, records: list[dict[str, Any]], steps: int, seconds: float, status: str
+) -> dict[str, Any]:
+    """The summary keys every runner writes: the placement, steps and their rate, seconds per
+    stage (every ``time/<stage>_s`` the records hold), each device's peak memory, whether the
+    devices were simulated, how the run ended and its wall time.
+
+    Args:
+        job: the running :class:`rltrain.runners.job.Job` (its plan and residency ledger).
+        records: the step records this invocation logged.
+        steps: steps this invocation ran.
+        seconds: their wall time.
+        status: how the run ended (``completed``, ``stopped``, ...).
+
+    Returns:
+        The shared keys; a runner adds its own (:meth:`Runner.summary`).
+    """
+    stages = {k[5:-2] for r in records for k in r if k.startswith("time/") and k != "time/step_s"}
+    mode = job.plan.mode
+    return {
+        "placement_mode": getattr(mode, "value", str(mode)),
+        "steps": steps,
+        "steps_per_s": steps / seconds if seconds else None,
+        "seconds_per_stage": stage_means(records, stages),
+        "peak_memory_bytes_per_device": {f"{n}:{d}": b for (n, d), b in job.residency.peak.items()},
+        "simulated_devices": any(n.accelerator_type == "sim" for n in job.plan.cluster.nodes),
+        "status": status,
+        "wall_s": seconds,
+    }
+
+
 @dataclass(frozen=True)
 class Cadence:
     """When the loop evaluates, saves and may queue a step ahead (``trainer.*``)."""

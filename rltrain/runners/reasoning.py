@@ -176,28 +176,13 @@ class ReasoningRunner:
         return target is not None and evaluated is not None and evaluated["eval/accuracy"] >= target
 
     def summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
-        stage_keys = {k for r in records for k in r if k.startswith("time/") and k != "time/step_s"}
-        per_stage = {
-            k[5:-2]: sum(r.get(k, 0) for r in records) / max(len(records), 1) for k in stage_keys
-        }
         return {
-            "placement_mode": getattr(self.job.plan.mode, "value", str(self.job.plan.mode)),
-            "steps": steps,
-            "steps_per_s": steps / seconds if seconds else None,
+            **loop.job_summary(self.job, records, steps, seconds, status),
             "tokens_per_s": _mean([r.get("perf/tokens_per_s") for r in records]),
-            "seconds_per_stage": per_stage,
-            "peak_memory_bytes_per_device": {
-                f"{n}:{d}": b for (n, d), b in self.job.residency.peak.items()
-            },
             "final_reward": records[-1].get("reward/mean") if records else None,
             "final_accuracy": next(
                 (r["eval/accuracy"] for r in reversed(records) if "eval/accuracy" in r), None
             ),
-            "simulated_devices": any(
-                n.accelerator_type == "sim" for n in self.job.plan.cluster.nodes
-            ),
-            "status": status,
-            "wall_s": seconds,
             **rollout_totals(records, self.run.trainer.max_staleness),
         }
 
