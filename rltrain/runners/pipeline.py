@@ -29,8 +29,8 @@ from rltrain.runners.staleness import over_bound, staleness
 
 
 class Generator(Protocol):
-    """What the pipeline needs of its runner (:class:`~rltrain.runners.reasoning.ReasoningRunner`;
-    unit tests pass a stand-in)."""
+    """What the pipeline needs of the step's stages
+    (:class:`~rltrain.runners.stages.ReasoningStages`; unit tests pass a stand-in)."""
 
     version: int  # the newest weights handed to the rollout
     job: Any  # ``job.stage(component)``: a component's turn on its devices
@@ -86,7 +86,7 @@ class GenerationPipeline:
     still running with weights older than the newest and submits it again with the newest.
 
     Args:
-        runner: the runner whose rollout group, weights (``version``) and task are used; it
+        stages: the step's stages whose rollout group, weights (``version``) and task are used; it
             must offer ``job.stage(component)`` and ``submit_generation(step, expect)``.
         max_staleness: ``k >= 1``.
         partial_rollout: ``finish``, ``restart`` or ``continue`` (``trainer.partial_rollout``).
@@ -96,14 +96,14 @@ class GenerationPipeline:
     """
 
     def __init__(
-        self, runner: Generator, max_staleness: int, partial_rollout: str = "finish"
+        self, stages: Generator, max_staleness: int, partial_rollout: str = "finish"
     ) -> None:
         if partial_rollout not in PARTIAL_ROLLOUTS:
             raise ConfigError(
                 f"trainer.partial_rollout={partial_rollout!r} is not valid: choose one of "
                 f"{list(PARTIAL_ROLLOUTS)}"
             )
-        self.runner, self.k = runner, max_staleness
+        self.stages, self.k = stages, max_staleness
         self.policy = partial_rollout
         self.restart = partial_rollout == "restart"
         self.resume = partial_rollout == "continue"
@@ -136,7 +136,7 @@ class GenerationPipeline:
     def fill(self, step: int) -> None:
         """Submit the generations of steps up to ``step + k`` not yet in flight.
 
-        With ``restart``, generations still running with older weights than the runner's
+        With ``restart``, generations still running with older weights than the stages'
         newest are cancelled and submitted again first (in step order: the rollout runs its
         calls in the order they arrive).
         """
@@ -167,7 +167,7 @@ class GenerationPipeline:
         if over_bound(step, gen.first_version, self.k):  # the strict bound: never train it
             if not gen.future.done():
                 _cancel(gen.future)
-            self._dropped_at_take = self.runner.sizes.samples_per_step
+            self._dropped_at_take = self.stages.sizes.samples_per_step
             self.dropped_total += self._dropped_at_take
             gen = self._submit(step)
         return gen
@@ -206,7 +206,7 @@ class GenerationPipeline:
 
     # ------------------------------------------------------------------------------ helpers
     def _submit(self, step: int, restarts: int = 0) -> InFlight:
-        r = self.runner
+        r = self.stages
         extra = self._carry_args(step) if self.policy == "carry" else {}
         with r.job.stage("rollout"):
             future = r.submit_generation(step, self._expect(step), policy=self.policy, **extra)
@@ -221,7 +221,7 @@ class GenerationPipeline:
         """``carry``: before the first generation, the rollout samples ``step``'s prompts into
         its buffer without handing anything on, so each call has more groups than it hands on
         and the unfinished ones can be carried."""
-        r = self.runner
+        r = self.stages
         with r.job.stage("rollout"):
             r.submit_generation(  # type: ignore[call-arg]
                 step - 1, self._expect(step), policy=self.policy, data_step=step, hand_on=False
@@ -234,7 +234,7 @@ class GenerationPipeline:
 
     def _continue(self, g: InFlight) -> InFlight:
         """Resubmit a paused generation: the rollout continues its rows with the new weights."""
-        r = self.runner
+        r = self.stages
         with r.job.stage("rollout"):
             future = r.submit_generation(
                 g.step, self._expect(g.step), resume=True, policy=self.policy
@@ -244,7 +244,7 @@ class GenerationPipeline:
     def _swap_stale(self) -> int:
         """Cancel the generations running with old weights and submit each again: afresh
         (``restart``) or continuing where it stopped (``continue``); returns how many."""
-        newest = self.runner.version
+        newest = self.stages.version
         stale = [g.version < newest and not g.future.done() for g in self.queue]
         if not any(stale):
             return 0

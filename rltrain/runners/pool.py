@@ -58,7 +58,7 @@ class PooledPipeline(GenerationPipeline):
     """Bounded-staleness schedule whose steps train the freshest completed shards.
 
     Args:
-        runner: the runner (as for :class:`GenerationPipeline`; also ``sizes.rollout_dp``).
+        stages: the step's stages (as for :class:`GenerationPipeline`; also ``sizes.rollout_dp``).
         max_staleness: ``k >= 1``.
         partial_rollout: ``trainer.partial_rollout``.
         sampler: ``fifo`` or ``windowed`` (``trainer.sampler``).
@@ -67,16 +67,16 @@ class PooledPipeline(GenerationPipeline):
 
     def __init__(
         self,
-        runner: Generator,
+        stages: Generator,
         max_staleness: int,
         partial_rollout: str,
         sampler: str,
         window: int | None = None,
     ) -> None:
-        super().__init__(runner, max_staleness, partial_rollout)
+        super().__init__(stages, max_staleness, partial_rollout)
         self.sampler, self.limit = sampler, age_limit(sampler, max_staleness, window)
-        self.want = runner.sizes.rollout_dp
-        self.per_shard = runner.sizes.samples_per_step // self.want
+        self.want = stages.sizes.rollout_dp
+        self.per_shard = stages.sizes.samples_per_step // self.want
         self.pool: dict[Pooled, Any] = {}  # shard -> its object ref
 
     def reset(self, step: int, horizon: int | None = None) -> None:
@@ -130,7 +130,7 @@ class PooledPipeline(GenerationPipeline):
 
     # ------------------------------------------------------------------------------ helpers
     def _expect(self, step: int) -> int:
-        return self.runner.version  # a generation runs ahead of the steps: the newest weights
+        return self.stages.version  # a generation runs ahead of the steps: the newest weights
 
     def _short(self, step: int) -> bool:
         """Whether the pool and the generations in flight hold fewer shards than the steps

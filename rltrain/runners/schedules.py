@@ -6,7 +6,7 @@
   (``placement.fuse``): one call per rank generates, scores and trains; step ``s + 1`` may be
   queued behind step ``s``.
 - :class:`TurnSchedule` — separate processes taking turns on their devices (synchronous): the
-  rollout generates with the newest weights, then :meth:`ReasoningRunner.learn`.
+  rollout generates with the newest weights, then :meth:`StepStages.learn`.
 - :class:`PipelinedSchedule` — asynchronous rollout (``trainer.max_staleness = k >= 1``): the
   generations of the next ``k`` steps run while the actor trains (:class:`GenerationPipeline`;
   with ``trainer.sampler=fifo|windowed``, :class:`PooledPipeline`).
@@ -27,9 +27,10 @@ from rltrain.telemetry import trace
 from rltrain.workers.fused import FusedWorker
 
 
-class ReasoningRunner(Generator, Protocol):
-    """What a schedule needs of its runner (:class:`~rltrain.runners.reasoning.ReasoningRunner`
-    builds its schedule with itself; named here so the schedules need not import it)."""
+class StepStages(Generator, Protocol):
+    """What a schedule drives: a reasoning step's stages
+    (:class:`~rltrain.runners.stages.ReasoningStages`; named here so the schedules need not
+    import it, and unit tests may pass a stand-in)."""
 
     run: Any  # the run config (``trainer``)
     fused: bool  # actor, rollout and reward share one process per device
@@ -50,17 +51,17 @@ class FusedSchedule:
     """One call per rank does the whole step; steps may queue behind each other.
 
     Args:
-        runner: the run whose fused actor ranks take the steps.
+        stages: the stages whose fused actor ranks take the steps.
     """
 
     queues_ahead = True
 
-    def __init__(self, runner: ReasoningRunner) -> None:
-        self.runner = runner
+    def __init__(self, stages: StepStages) -> None:
+        self.stages = stages
         self._queued: tuple[int, Any] | None = None
 
     def begin(self, start: int, horizon: int | None) -> None:
-        self.runner.version = start  # the ranks sample with the parameters they train
+        self.stages.version = start  # the ranks sample with the parameters they train
 
     def step(self, step: int, queue_next: bool) -> dict[str, Any]:
         """Generate, score and train on every rank's prompts.
@@ -71,7 +72,7 @@ class FusedSchedule:
                 order, so it still generates with the weights this step leaves). The caller
                 promises to take ``step + 1`` next, with no evaluation or checkpoint between.
         """
-        r = self.runner
+        r = self.stages
         timer = StepTimer()
         with timer("step"), r.job.stage("actor"), trace.span("step", "driver"):
             future = self._take_queued(step)
@@ -90,7 +91,7 @@ class FusedSchedule:
 
     def evaluate(self, step: int) -> dict[str, Any]:
         self._nothing_queued("evaluate")
-        r = self.runner
+        r = self.stages
         with r.job.stage("actor"):
             accuracy = r.g.actor.execute_on(0).call(FusedWorker.evaluate).wait()[0]
         return {"eval/accuracy": accuracy}
@@ -102,7 +103,7 @@ class FusedSchedule:
         """Nothing runs ahead unless queued (and a queued step is the caller's to take)."""
 
     def _submit(self, step: int) -> Any:
-        r = self.runner
+        r = self.stages
         prompts = r.rank_prompts(step)
         future = r.g.actor.call_each(FusedWorker.step, [(p, step) for p in prompts])
         if r.dispatcher is not None:  # a fused rank answers with its scores: key by step, rank
@@ -134,19 +135,19 @@ class TurnSchedule:
     """Separate processes taking turns: generate with the newest weights, then learn.
 
     Args:
-        runner: the run whose rollout generates and whose actor learns.
+        stages: the stages whose rollout generates and whose actor learns.
     """
 
     queues_ahead = False
 
-    def __init__(self, runner: ReasoningRunner) -> None:
-        self.runner = runner
+    def __init__(self, stages: StepStages) -> None:
+        self.stages = stages
 
     def begin(self, start: int, horizon: int | None) -> None:
-        self.runner.export_weights(start)  # the rollout starts from the actor's weights
+        self.stages.export_weights(start)  # the rollout starts from the actor's weights
 
     def step(self, step: int, queue_next: bool) -> dict[str, Any]:
-        r = self.runner
+        r = self.stages
         timer = StepTimer()
         with timer("generate"), r.job.stage("rollout"), trace.span("generate", "driver"):
             rollouts = r.submit_generation(step, r.version)
@@ -157,11 +158,11 @@ class TurnSchedule:
         return False
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        return {"eval/accuracy": self.runner.evaluate_rollout()}
+        return {"eval/accuracy": self.stages.evaluate_rollout()}
 
     def end(self, done_steps: int, clean: bool) -> None:
         if clean:
-            self.runner.finish_weight_sync()
+            self.stages.finish_weight_sync()
 
     def drain(self) -> None:
         """Nothing runs ahead."""
@@ -171,18 +172,18 @@ class PipelinedSchedule(TurnSchedule):
     """Asynchronous rollout: the next ``k`` steps' generations run while the actor trains.
 
     Args:
-        runner: the run whose rollout generates ahead.
+        stages: the stages whose rollout generates ahead.
         max_staleness: ``k >= 1``, weight versions a batch may lag behind the actor.
         partial_rollout: ``finish``, ``restart`` or ``continue`` (``trainer.partial_rollout``).
     """
 
-    def __init__(self, runner: ReasoningRunner, max_staleness: int, partial_rollout: str) -> None:
-        super().__init__(runner)
-        t = runner.run.trainer
+    def __init__(self, stages: StepStages, max_staleness: int, partial_rollout: str) -> None:
+        super().__init__(stages)
+        t = stages.run.trainer
         self.pipeline: GenerationPipeline = (
-            GenerationPipeline(runner, max_staleness, partial_rollout)
+            GenerationPipeline(stages, max_staleness, partial_rollout)
             if t.sampler == "in_order"
-            else PooledPipeline(runner, max_staleness, partial_rollout, t.sampler, t.sampler_window)
+            else PooledPipeline(stages, max_staleness, partial_rollout, t.sampler, t.sampler_window)
         )
 
     def begin(self, start: int, horizon: int | None) -> None:
@@ -195,7 +196,7 @@ class PipelinedSchedule(TurnSchedule):
         with timer("generate"), trace.span("generate_wait", "driver"):
             gen = self.pipeline.take(step)
             gen.future.wait()
-        metrics = self.runner.learn(step, gen.future.refs, timer)
+        metrics = self.stages.learn(step, gen.future.refs, timer)
         metrics.update(self.pipeline.metrics(gen))
         if self.pipeline.policy == "carry" and "rollout/oldest_version" in metrics:
             # carried groups started before the generation that handed them on
@@ -213,25 +214,23 @@ class PipelinedSchedule(TurnSchedule):
         self.pipeline.drain()
 
 
-def schedule_for(
-    runner: ReasoningRunner, max_staleness: int, partial_rollout: str | None = None
-) -> Any:
+def schedule_for(stages: StepStages, max_staleness: int, partial_rollout: str | None = None) -> Any:
     """The schedule the run's layout calls for.
 
     Args:
-        runner: the run.
+        stages: the run's step stages.
         max_staleness: ``trainer.max_staleness`` (or a benchmark's override).
         partial_rollout: a benchmark's override of ``trainer.partial_rollout``.
 
     Returns:
         A :class:`FusedSchedule`, :class:`PipelinedSchedule` or :class:`TurnSchedule`.
     """
-    if runner.fused:
-        return FusedSchedule(runner)
+    if stages.fused:
+        return FusedSchedule(stages)
     if max_staleness > 0:
-        policy = partial_rollout or runner.run.trainer.partial_rollout
-        return PipelinedSchedule(runner, max_staleness, policy)
-    return TurnSchedule(runner)
+        policy = partial_rollout or stages.run.trainer.partial_rollout
+        return PipelinedSchedule(stages, max_staleness, policy)
+    return TurnSchedule(stages)
 
 
 def _fused_keys(step: int, ranks: int) -> list[tuple[int, int]]:

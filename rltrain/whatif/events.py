@@ -101,7 +101,7 @@ def fused_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
 
 
 def _learn(m: StepModel, t: float, sink: Sink) -> float:
-    """The stages after generation (``ReasoningRunner.learn``): reward, log-probs, the critic,
+    """The stages after generation (``ReasoningStages.learn``): reward, log-probs, the critic,
     the update, the weight export; returns the end."""
     c = m.calib
     for comp, name in (("reward", "reward"),):

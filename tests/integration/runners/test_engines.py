@@ -15,6 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from rltrain.config import load_config
 from rltrain.config.store import register_configs
 from rltrain.runners import reasoning
+from rltrain.runners.stages import ReasoningStages
 from rltrain.telemetry.metrics import read_metrics
 from rltrain.workers.rollout import RolloutWorker
 
@@ -142,8 +143,8 @@ def test_reward_model_scores_what_the_run_logs(ray_session, tmp_path, monkeypatc
     rm = tmp_path / "reward_model"
     _tiny_reward_model(rm)
     seen: list = []
-    real_learn = reasoning.ReasoningRunner.learn
-    real_metrics = reasoning.ReasoningRunner.step_metrics
+    real_learn = ReasoningStages.learn
+    real_metrics = ReasoningStages.step_metrics
 
     def learn(self, step, shards, timer):
         import ray
@@ -162,8 +163,8 @@ def test_reward_model_scores_what_the_run_logs(ray_session, tmp_path, monkeypatc
         seen.append({"counts": self.job.residency.counts()})
         return out
 
-    monkeypatch.setattr(reasoning.ReasoningRunner, "learn", learn)
-    monkeypatch.setattr(reasoning.ReasoningRunner, "step_metrics", step_metrics)
+    monkeypatch.setattr(ReasoningStages, "learn", learn)
+    monkeypatch.setattr(ReasoningStages, "step_metrics", step_metrics)
     monkeypatch.setattr(reasoning.ReasoningRunner, "fit", fit)
     run = compose_run(
         "placement=collocated",
@@ -206,7 +207,7 @@ def test_inference_component_computes_the_actors_old_logprobs(ray_session, tmp_p
 
     ray_session.ensure()
     seen: list = []
-    real = reasoning.ReasoningRunner.inference_logprobs
+    real = ReasoningStages.inference_logprobs
 
     def inference_logprobs(self, shards):
         import ray
@@ -221,7 +222,7 @@ def test_inference_component_computes_the_actors_old_logprobs(ray_session, tmp_p
         seen.append((ray.get(list(shards)), out, model))
         return out
 
-    monkeypatch.setattr(reasoning.ReasoningRunner, "inference_logprobs", inference_logprobs)
+    monkeypatch.setattr(ReasoningStages, "inference_logprobs", inference_logprobs)
     run = compose_run(
         "placement=disaggregated",
         "placement.mode=null",

@@ -10,7 +10,7 @@ import torch
 
 from rltrain.runners.batch_stage import AllRows
 from rltrain.runners.dispatch import Dispatcher, LengthModel, pack
-from rltrain.runners.reasoning import ReasoningRunner
+from rltrain.runners.stages import ReasoningGroups, ReasoningStages
 
 
 def test_the_length_model_is_a_moving_average_per_prompt_and_overall():
@@ -73,19 +73,19 @@ class _Group:
         return SimpleNamespace(refs=[f"call{n}rank{r}" for r in range(len(args))])
 
 
-def _runner(dispatch: str) -> ReasoningRunner:
-    """The real :class:`ReasoningRunner` dispatch methods on a stand-in state (no Ray)."""
-    r = ReasoningRunner.__new__(ReasoningRunner)
+def _runner(dispatch: str) -> ReasoningStages:
+    """The real :class:`ReasoningStages` dispatch methods on a stand-in state (no Ray)."""
+    r = ReasoningStages.__new__(ReasoningStages)
     prompts = ["p0", "p1", "p2", "p3"]
     r.task = SimpleNamespace(sample_batch=lambda i, n: [SimpleNamespace(prompt=p) for p in prompts])
     r.sizes = SimpleNamespace(prompts_per_step=4, prompts_per_rollout_rank=2, rollout_dp=2)
     r.batch_stage, r.hub = AllRows(), SimpleNamespace(handed_to=lambda receiver: None)
-    r.g = SimpleNamespace(rollout=_Group())
+    r.g = ReasoningGroups(actor=None, rollout=_Group())  # type: ignore[arg-type]
     r.dispatcher = Dispatcher(group_size=1) if dispatch == "length_aware" else None
     return r
 
 
-def _sent(r: ReasoningRunner) -> list[list[str]]:
+def _sent(r: ReasoningStages) -> list[list[str]]:
     return [args[0] for args in r.g.rollout.calls[-1]]
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.runners.reasoning import reward_stats
+from rltrain.runners.stages import reward_stats
 from rltrain.workers.reward import Scores, scored_rows
 
 
