@@ -2,7 +2,8 @@
 
 xdist's ``loadgroup`` hands out work units in the order the items were collected; a unit runs
 whole on one process. Units here are a test file (its tests share module fixtures), or a single
-test where the file is marked ``spread`` (no module fixture: each test may go anywhere). Units
+test where the file is marked ``spread`` (no module fixture: each test may go anywhere), or the
+tests marked ``spread(unit=NAME)`` together (a fixture only they share). Units
 go out heaviest first, by the seconds each test took in a recorded run (``durations.json``),
 so the long ones start while the other process still has short ones to pick up at the end
 (longest-processing-time-first). Stale or missing figures only change the order, never what
@@ -40,9 +41,12 @@ def load_durations(path: pathlib.Path = DURATIONS) -> dict[str, float]:
 
 
 def unit_of(item: pytest.Item) -> str:
-    """The work unit of ``item``: its own node id where it is marked ``spread``, else its file."""
-    if item.get_closest_marker("spread") is not None:
-        return item.nodeid
+    """The work unit of ``item``: its own node id where it is marked ``spread``, the named unit
+    where it is marked ``spread(unit=NAME)`` (tests sharing a module fixture that the file's
+    other tests do not use), else its file."""
+    mark = item.get_closest_marker("spread")
+    if mark is not None:
+        return mark.kwargs.get("unit") or item.nodeid
     return item.nodeid.split("::", 1)[0]
 
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
 import suite_order
 
 
 class Item:
     """What suite_order reads of a pytest item: its node id and its ``spread`` mark."""
 
-    def __init__(self, nodeid: str, spread: bool = False) -> None:
-        self.nodeid, self.spread = nodeid, spread
+    def __init__(self, nodeid: str, spread: bool = False, unit: str | None = None) -> None:
+        self.nodeid, self.spread, self.unit = nodeid, spread or unit is not None, unit
 
-    def get_closest_marker(self, name: str) -> object | None:
-        return object() if name == "spread" and self.spread else None
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        if name != "spread" or not self.spread:
+            return None
+        return pytest.mark.spread(**({"unit": self.unit} if self.unit else {})).mark
 
 
 def test_heaviest_unit_first_and_a_files_tests_stay_together_in_order():
@@ -45,6 +48,24 @@ def test_heaviest_unit_first_and_a_files_tests_stay_together_in_order():
         "tests/unit/a.py",
         "tests/int/c.py::t1",
     ]
+
+
+def test_tests_marked_with_a_named_unit_go_together_apart_from_their_file():
+    items = [
+        Item("tests/unit/b.py::m1", unit="one ray"),
+        Item("tests/unit/b.py::m2", spread=True),
+        Item("tests/unit/b.py::m3", unit="one ray"),
+        Item("tests/unit/b.py::m4", spread=True),
+    ]
+    seconds = {f"tests/unit/b.py::m{i}": s for i, s in ((1, 10.0), (3, 10.0), (4, 15.0))}
+    units = suite_order.order(items, seconds)
+    assert [i.nodeid for i in items] == [
+        "tests/unit/b.py::m1",  # 20 s together
+        "tests/unit/b.py::m3",
+        "tests/unit/b.py::m4",  # 15 s, alone
+        "tests/unit/b.py::m2",
+    ]
+    assert units == ["one ray", "one ray", "tests/unit/b.py::m4", "tests/unit/b.py::m2"]
 
 
 def test_an_unrecorded_integration_test_counts_its_budget():

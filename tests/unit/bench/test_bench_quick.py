@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,22 +12,96 @@ import pytest
 from rltrain.bench import harness
 from rltrain.bench.harness import Case, Measure, Suite
 
+#: Measures whose quick mode starts one local Ray of the default shape (one node, 2 simulated
+#: devices of the default memory, the machine's cores) and nothing else that depends on it: they
+#: join one such Ray (``--address``, :func:`shared_ray`) instead of each starting and stopping
+#: its own, a few CPU-seconds of Ray's processes each. Each still runs in a process of its own
+#: (a Ray job: its actors and placement groups end with it). They run together on one test
+#: process (one unit, ``spread(unit=...)``), so one Ray serves them and stops after them. The
+#: others start no Ray, or a Ray whose start they time (``startup``), or a Ray of another shape
+#: (``framework_share*``: 1 device; ``weight_sync``: a 2 GiB device per receiver), or read the
+#: processes under their driver (``soak``: Ray's own processes are in its figures).
+SHARED_RAY = frozenset(
+    {
+        "async_rollout",
+        "auto_placement",
+        "channel_16mb",
+        "channel_1kb",
+        "channel_1mb",
+        "channel_64mb",
+        "embodied_pipeline",
+        "long_tail",
+        "partial_rollout",
+        "runtime_call",
+        "runtime_startup",
+        "time_to_accuracy",
+    }
+)
+#: The shared Ray's devices: what those measures' ``Cluster.start`` asks for.
+SHARED_DEVICES = 2
+#: Ray's switch between its host address and loopback: the local Ray rltrain starts listens on
+#: 127.0.0.1 only (``rltrain.scheduler.cluster``), so a process joining it must look there too.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
-@pytest.mark.spread  # each measure in a process of its own: either test process may start it
-@pytest.mark.parametrize("name", sorted(harness.discover()))
-def test_measure_runs_quick(name, tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "rltrain.bench", name, "--quick", "--out", str(tmp_path)],
-        capture_output=True,
+#: The helper process: the local Ray a measure would start (``Cluster.start``), its address on
+#: stdout, stopped when stdin closes.
+_HEAD = """
+import sys
+import ray
+from rltrain.scheduler import Cluster
+cluster = Cluster.start({"devices_per_node": int(sys.argv[1]), "startup_timeout_s": 120})
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()
+cluster.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def shared_ray():
+    """The address of a local Ray of the measures' shape, started by a helper process."""
+    head = subprocess.Popen(
+        [sys.executable, "-c", _HEAD, str(SHARED_DEVICES)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
+    try:
+        address = head.stdout.readline().strip()  # once Ray is up (empty: the helper died)
+        assert address, f"the shared Ray did not start (exit {head.wait(timeout=60)})"
+        yield address
+    finally:
+        head.stdin.close()
+        try:
+            head.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            head.kill()
+
+
+def _marked(name: str):
+    # spread: each measure in a process of its own, so either test process may start it
+    mark = pytest.mark.spread(unit="bench measures on one Ray") if name in SHARED_RAY else None
+    return pytest.param(name, marks=mark or pytest.mark.spread)
+
+
+@pytest.mark.parametrize("name", [_marked(n) for n in sorted(harness.discover())])
+def test_measure_runs_quick(name, tmp_path, request):
+    cmd = [sys.executable, "-m", "rltrain.bench", name, "--quick", "--out", str(tmp_path)]
+    env = dict(os.environ)
+    if name in SHARED_RAY:
+        cmd += ["--address", request.getfixturevalue("shared_ray")]
+        env[LOOPBACK_ENV] = "0"  # the shared Ray listens on loopback only, as a local one does
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads((tmp_path / "results.json").read_text())
     (result,) = data["measures"]
     assert result["name"] == name and result["quick"] is True
     assert all(c["median"] > 0 for c in result["cases"])
     assert f"`{name}`" in (tmp_path / "results.md").read_text()
+
+
+def test_shared_ray_measures_are_registered():
+    """A renamed or removed measure leaves no stale entry (it would silently lose its Ray)."""
+    assert set(SHARED_RAY) <= set(harness.discover())
 
 
 def test_unknown_measure_is_refused(tmp_path):
