@@ -25,9 +25,17 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _loadgroup(config: pytest.Config) -> bool:
+    """Whether this session's tests go out by ``xdist_group``: the controller's ``--dist``, or,
+    in an xdist worker process (where ``dist`` reads "no"), the flag xdist sets from it."""
+    return config.getoption("dist", None) == "loadgroup" or bool(
+        getattr(config.option, "loadgroup", False)
+    )
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("dist", None) == "loadgroup":
+    if _loadgroup(config):
         suite_order.group_for_xdist(items)
     if _has_cuda():
         return

@@ -82,8 +82,28 @@ def group_for_xdist(items: list[pytest.Item]) -> None:
     """Order ``items`` and mark each with its unit as its ``xdist_group`` (``--dist
     loadgroup`` keeps a group on one process)."""
     units = order(items, load_durations())  # sorts items
+    names = group_names(units)
     for item, unit in zip(items, units, strict=True):
-        item.add_marker(pytest.mark.xdist_group(unit))
+        item.add_marker(pytest.mark.xdist_group(names[unit]))
+
+
+def group_names(units: list[str]) -> dict[str, str]:
+    """An ``xdist_group`` name per unit. xdist appends ``@NAME`` to each node id, and a report
+    splits node ids at ``::`` and ``[``: a unit that is a test's own node id (``spread``) is
+    named ``spread-N`` instead, so reports still name the test (:func:`without_group`)."""
+    names: dict[str, str] = {}
+    for unit in units:
+        if unit not in names:
+            plain = "::" not in unit and "[" not in unit and "@" not in unit
+            names[unit] = unit if plain else f"spread-{len(names)}"
+    return names
+
+
+def without_group(name: str) -> str:
+    """A report's test name without the ``@group`` xdist's ``loadgroup`` appended (xdist's
+    own rule: an ``@`` after the last ``]``)."""
+    at = name.rfind("@")
+    return name[:at] if at > name.rfind("]") else name
 
 
 def durations_from_junit(paths: Iterable[str]) -> dict[str, float]:
@@ -92,7 +112,7 @@ def durations_from_junit(paths: Iterable[str]) -> dict[str, float]:
     for path in paths:
         for case in ET.parse(path).getroot().iter("testcase"):
             module = case.get("classname", "").split(".")
-            name, seconds = case.get("name", ""), float(case.get("time", 0.0))
+            name, seconds = without_group(case.get("name", "")), float(case.get("time", 0.0))
             # classname is "tests.unit.x.test_file" or "...test_file.Class"
             nodeid = _nodeid(module, name)
             if seconds >= RECORD_MIN_S:

@@ -95,6 +95,31 @@ def test_the_record_from_a_junit_report(tmp_path: pathlib.Path):
     }
 
 
+def test_group_names_survive_a_reports_split_and_come_off_again(tmp_path: pathlib.Path):
+    units = ["tests/int/c.py::t[a]", "tests/unit/a.py", "tests/unit/a.py", "one-ray", "x.py::t"]
+    names = suite_order.group_names(units)
+    assert names == {
+        "tests/int/c.py::t[a]": "spread-0",
+        "tests/unit/a.py": "tests/unit/a.py",
+        "one-ray": "one-ray",
+        "x.py::t": "spread-3",
+    }
+    # what a junit report holds once xdist appended each test's group to its node id
+    report = tmp_path / "r.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.unit.test_suite_order" name="test_x[a@b]@spread-0" '
+        'time="2"/><testcase classname="tests.unit.test_suite_order" '
+        'name="test_y@tests/unit/test_suite_order.py" time="3"/>'
+        "</testsuite></testsuites>"
+    )
+    assert suite_order.durations_from_junit([str(report)]) == {
+        "tests/unit/test_suite_order.py::test_x[a@b]": 2.0,
+        "tests/unit/test_suite_order.py::test_y": 3.0,
+    }
+    assert suite_order.without_group("test_z[a@b]") == "test_z[a@b]"
+
+
 def test_a_missing_or_broken_record_only_changes_the_order(tmp_path: pathlib.Path):
     assert suite_order.load_durations(tmp_path / "none.json") == {}
     (tmp_path / "bad.json").write_text("{")

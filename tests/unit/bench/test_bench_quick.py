@@ -79,7 +79,7 @@ def shared_ray():
 
 def _marked(name: str):
     # spread: each measure in a process of its own, so either test process may start it
-    mark = pytest.mark.spread(unit="bench measures on one Ray") if name in SHARED_RAY else None
+    mark = pytest.mark.spread(unit="bench-measures-on-one-ray") if name in SHARED_RAY else None
     return pytest.param(name, marks=mark or pytest.mark.spread)
 
 
