@@ -15,7 +15,7 @@ from rltrain.bench.harness import Case, Measure, Suite
 #: Measures whose quick mode starts one local Ray of the default shape (one node, 2 simulated
 #: devices of the default memory, the machine's cores) and nothing else that depends on it: they
 #: join one such Ray (``--address``, :func:`shared_ray`) instead of each starting and stopping
-#: its own, a few CPU-seconds of Ray's processes each. Each still runs in a process of its own
+#: its own (seconds of waiting and Ray's processes each). Each still runs in a process of its own
 #: (a Ray job: its actors and placement groups end with it). They run together on one test
 #: process (one unit, ``spread(unit=...)``), so one Ray serves them and stops after them. The
 #: others start no Ray, or a Ray whose start they time (``startup``), or a Ray of another shape
