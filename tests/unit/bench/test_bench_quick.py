@@ -23,6 +23,7 @@ from rltrain.bench.harness import Case, Measure, Suite
 #: processes under their driver (``soak``: Ray's own processes are in its figures).
 SHARED_RAY = frozenset(
     {
+        "agent_faults",
         "async_rollout",
         "auto_placement",
         "channel_16mb",
