@@ -26,7 +26,7 @@ def spec_values(cls: Any, params: dict[str, Any], seed: int) -> dict[str, Any]:
     from the run, not from ``task.params``.
 
     Args:
-        cls: the generator's spec dataclass (int and float fields).
+        cls: the generator's spec dataclass (int, float and bool fields).
         params: ``task.params``.
         seed: the run's seed.
 
@@ -34,7 +34,8 @@ def spec_values(cls: Any, params: dict[str, Any], seed: int) -> dict[str, Any]:
         Keyword arguments for ``cls``.
 
     Raises:
-        ConfigError: a value of the wrong type (a bool, a string, a non-finite float), naming
+        ConfigError: a value of the wrong type (a bool for a number, a string, a non-finite
+            float, a number for a bool), naming
             ``task.params.<name>``.
     """
     values: dict[str, Any] = {"seed": seed}
@@ -43,6 +44,12 @@ def spec_values(cls: Any, params: dict[str, Any], seed: int) -> dict[str, Any]:
         if f.name == "seed" or f.name not in params:
             continue
         v = params[f.name]
+        if f.type == "bool":
+            if not isinstance(v, bool):
+                problems.append(f"task.params.{f.name}={v!r} must be true or false")
+            else:
+                values[f.name] = v
+            continue
         number = f.type == "float" and isinstance(v, (int, float)) and math.isfinite(v)
         if isinstance(v, bool) or not (isinstance(v, int) or number):
             kind = "a finite number" if f.type == "float" else "an integer"

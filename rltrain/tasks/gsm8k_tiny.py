@@ -12,6 +12,13 @@ and some of the arithmetic, and RL raises its accuracy.
 The problems are templated one-step word problems (adding or taking away small numbers, with
 varying names, objects and phrasing). Everything is written once to the configured paths and
 kept (a stamp records what was generated; other settings regenerate it).
+
+With ``task.params.tool: true`` (``experiment=gsm8k_tool``) the worked solutions have the
+Python tool of :class:`rltrain.tasks.python_tool.PythonEnv` do the arithmetic,
+``python[38+47]=85;`` then ``#### 85``; the tokenizer is trained on that text and the checkpoint
+is supervised on it with the tool's result (``=85;``) masked out of the loss, as ``calc_tool``
+writes its demonstrations. The operands are then larger than the tiny model adds reliably
+alone (``task.params.max_number``), so the tool is what makes it right.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -30,6 +38,7 @@ from typing import Any
 from rltrain.config.schema import MODEL_SIZE_FIELDS
 from rltrain.config.seeds import dataset_seed
 from rltrain.tasks.generated import checked_spec, ensure_written, held_stamp
+from rltrain.tasks.tool_format import format_call, format_result
 from rltrain.telemetry.progress import StageProgress
 
 log = logging.getLogger(__name__)
@@ -103,6 +112,8 @@ class Gsm8kTinySpec:
         sft_batch_size: solutions per supervised step.
         sft_lr: the supervised steps' AdamW learning rate.
         seed: which problems, in which order, and the supervised batches (``task.seed``).
+        tool: the solutions call the ``python`` tool for their arithmetic
+            (:func:`tool_solution`), for ``task.env=rltrain.tasks.python_tool:PythonEnv``.
     """
 
     num_train: int = 4000
@@ -113,6 +124,7 @@ class Gsm8kTinySpec:
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
     seed: int = 0
+    tool: bool = False
 
     @classmethod
     def from_params(cls, params: dict[str, Any], seed: int) -> Gsm8kTinySpec:
@@ -183,6 +195,7 @@ def word_problems(spec: Gsm8kTinySpec) -> tuple[list[dict[str, str]], list[dict[
     rows = []
     for t, n, x, a, b in picked:
         op, question, solution = TEMPLATES[t]
+        solution = tool_solution(op) if spec.tool else solution
         c = a + b if op == "+" else a - b
         words = {"n": NAMES[n], "x": ITEMS[x], "a": a, "b": b, "c": c}
         rows.append(
@@ -192,6 +205,39 @@ def word_problems(spec: Gsm8kTinySpec) -> tuple[list[dict[str, str]], list[dict[
             }
         )
     return rows[: spec.num_train], rows[spec.num_train :]
+
+
+def tool_solution(op: str) -> str:
+    """The solution template of a problem whose arithmetic the ``python`` tool does: the call
+    and its result, ``python[{a}+{b}]={c};`` (the answer line follows). Nothing else to copy
+    from the question: the tiny model learns to copy two operands in a few hundred steps."""
+    return format_call("python", f"{{a}}{op}{{b}}") + format_result("{c}")
+
+
+#: A tool's result in a solution (``=85;`` after a call's ``]``).
+_RESULT = re.compile(r"(?<=\])(=[^;]*;)")
+
+
+def solution_pieces(solution: str) -> list[tuple[str, bool]]:
+    """A worked solution as ``(text, trained_on)`` pieces: the tool's results (written by
+    the tool in a run, so never learned) apart from the model's own text.
+
+    The pieces are tokenized one by one, as a run's trajectory is: the model's turn ends at the
+    call's ``]`` and the result is tokenized apart, so no token spans the two.
+    """
+    parts = _RESULT.split(solution)
+    return [(text, i % 2 == 0) for i, text in enumerate(parts) if text]
+
+
+def _solution_ids(tok: Any, solution: str) -> tuple[list[int], list[bool]]:
+    """A solution's token ids, its pieces tokenized apart, and whether each is trained on."""
+    ids: list[int] = []
+    keep: list[bool] = []
+    for text, trained in solution_pieces(solution):
+        piece = tok(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        keep += [trained] * len(piece)
+    return ids, keep
 
 
 def build_bpe_tokenizer(corpus: Sequence[str], vocab_size: int) -> Any:
@@ -390,10 +436,10 @@ def _write_base_model(
             return
         tok = build_tokenizer(dataclasses.replace(built, path=directory, tokenizer_path=None))
         prompts = render_prompts([r["question"] for r in train], tok, chat, system_prompt)
-        responses = tok([r["answer"] for r in train], add_special_tokens=False)["input_ids"]
+        responses = [_solution_ids(tok, r["answer"]) for r in train]
         pairs = [
             (p, [*r, tok.eos_token_id])
-            for p, r in zip(prompt_token_ids(tok, prompts), responses, strict=True)
+            for p, (r, _) in zip(prompt_token_ids(tok, prompts), responses, strict=True)
         ]
         label = "gsm8k_tiny: supervising the base checkpoint"
         log.info("%s (%d steps of %d solutions)", label, spec.sft_steps, spec.sft_batch_size)
@@ -407,6 +453,7 @@ def _write_base_model(
                 spec.sft_lr,
                 seed=spec.seed,
                 on_step=lambda _, loss: bar.advance(status=f"loss {loss:.3f}"),
+                trained=[[*keep, True] for _, keep in responses],  # EOS is learned
             )
         model.save_pretrained(directory)
         log.info(
@@ -488,7 +535,12 @@ def _generate(
     train, evals = word_problems(spec)
     _write_parquet(train, train_path)
     _write_parquet(evals, eval_path)
-    corpus = [text for r in train for text in (r["question"], r["answer"])]
+    # the solutions in the pieces a run tokenizes apart: no merge across a call's end
+    corpus = [
+        text
+        for r in train
+        for text in (r["question"], *(t for t, _ in solution_pieces(r["answer"])))
+    ]
     log.info("gsm8k_tiny: training a %d-token BPE tokenizer", spec.vocab_size)
     tok = build_bpe_tokenizer(corpus, spec.vocab_size)
     parent = os.path.dirname(os.path.abspath(model_dir))

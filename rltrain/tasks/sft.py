@@ -79,6 +79,7 @@ def supervised_finetune(
     lr: float,
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
+    trained: Sequence[Sequence[bool]] | None = None,
 ) -> list[float]:
     """Train ``model`` in place on random batches of ``pairs`` with AdamW.
 
@@ -91,6 +92,8 @@ def supervised_finetune(
         lr: AdamW learning rate (constant).
         seed: which batches, in which order; the caller's global RNG is untouched.
         on_step: called after every step with its number (from 1) and its loss (progress).
+        trained: per pair, whether each response token is trained on (None: all are); a tool's
+            result in a demonstration is shown to the model but not learned.
 
     Returns:
         The loss of every step, in order.
@@ -104,13 +107,23 @@ def supervised_finetune(
         raise ValueError("supervised_finetune needs at least one example")
     rng = random.Random(seed)
     pool = list(pairs)  # once: rng.sample needs a sequence, and the pairs do not change
+    if trained is not None and [len(k) for k in trained] != [len(r) for _, r in pool]:
+        raise ValueError("trained needs one flag per response token of every pair")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
     model.train()
+    threads = torch.get_num_threads()
+    # a model this small gains nothing from a second thread, and on a shared machine two
+    # threads waiting on each other ran 30x slower (measured, as calc_tool's supervision)
+    torch.set_num_threads(1)
     try:
         for _ in range(steps):
-            batch = rng.sample(pool, min(batch_size, len(pool)))
-            loss = sft_loss(model, *sft_batch(batch, pad_token_id))
+            # indices, not pairs: the same draws as sampling the pairs themselves
+            picked = rng.sample(range(len(pool)), min(batch_size, len(pool)))
+            ids, mask, labels = sft_batch([pool[i] for i in picked], pad_token_id)
+            if trained is not None:
+                _mask_untrained(labels, [(len(pool[i][0]), trained[i]) for i in picked])
+            loss = sft_loss(model, ids, mask, labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -118,5 +131,15 @@ def supervised_finetune(
             if on_step is not None:
                 on_step(len(losses), losses[-1])
     finally:
+        torch.set_num_threads(threads)
         model.eval()
     return losses
+
+
+def _mask_untrained(labels: Tensor, rows: Sequence[tuple[int, Sequence[bool]]]) -> None:
+    """Set :data:`IGNORE` on the response tokens not trained on (``(prompt length, flags)``
+    per row of ``labels``)."""
+    for i, (start, keep) in enumerate(rows):
+        for j, flag in enumerate(keep):
+            if not flag:
+                labels[i, start + j] = IGNORE

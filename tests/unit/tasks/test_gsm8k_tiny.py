@@ -17,8 +17,15 @@ from rltrain.errors import ConfigError
 from rltrain.rewards.math import extract_hash_answer
 from rltrain.tasks import build_task, build_tokenizer, check_task
 from rltrain.tasks.chat import render_prompts
-from rltrain.tasks.gsm8k_tiny import TEMPLATES, Gsm8kTinySpec, ensure_gsm8k_tiny, word_problems
+from rltrain.tasks.gsm8k_tiny import (
+    TEMPLATES,
+    Gsm8kTinySpec,
+    ensure_gsm8k_tiny,
+    solution_pieces,
+    word_problems,
+)
 from rltrain.tasks.model import build_model
+from rltrain.tasks.python_tool import evaluate
 from rltrain.tasks.sft import sft_batch, sft_loss
 from rltrain.tasks.tokenizer import prompt_token_ids
 
@@ -77,6 +84,9 @@ def test_spec_from_params_names_the_bad_keys():
         Gsm8kTinySpec.from_params({"sft_lr": float("nan")}, 0)
     with pytest.raises(ConfigError, match=r"sft_steps=-1 must be in 0..100000"):
         Gsm8kTinySpec.from_params({"sft_steps": -1}, 0)
+    assert Gsm8kTinySpec.from_params({"tool": True}, 0).tool is True
+    with pytest.raises(ConfigError, match="task.params.tool=1 must be true or false"):
+        Gsm8kTinySpec.from_params({"tool": 1}, 0)
 
 
 def _tiny_model() -> ModelConfig:
@@ -264,3 +274,47 @@ def test_generated_paths_that_overlap_are_refused(tmp_path):
     assert any("both are" in p and "give them different files" in p for p in problems)
     assert any("inside model.path=" in p for p in problems)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_tool_solutions_call_python_and_its_result_is_not_trained_on():
+    """task.params.tool: the arithmetic of every solution is a python[...] call whose result is
+    right; the result is the one piece not trained on."""
+    train, _ = word_problems(Gsm8kTinySpec(num_train=300, num_eval=10, max_number=99, tool=True))
+    for row in train:
+        op, a, b = _operation(row["question"])
+        found = re.search(r"python\[(\d+)([+-])(\d+)\]=(\d+);", row["answer"])
+        assert found and found.groups()[:3] == (str(a), op, str(b)), row
+        assert int(found.group(4)) == evaluate(f"{a}{op}{b}")
+        assert extract_hash_answer(row["answer"]) == found.group(4)
+    assert solution_pieces("Ava has python[3+4]=7; apples.\n#### 7") == [
+        ("Ava has python[3+4]", True),
+        ("=7;", False),
+        (" apples.\n#### 7", True),
+    ]
+    plain = "Ava has 3 + 4 = 7 apples.\n#### 7"
+    assert solution_pieces(plain) == [(plain, True)]  # without the tool: all learned
+
+
+def test_the_tool_variant_has_its_own_stamp_and_its_demonstrations_masked(tmp_path):
+    """A gsm8k_tiny cache is never taken for the tool variant (or back): the stamp records
+    task.params.tool. The tool checkpoint's tokenizer has no token across a call's end, and
+    its supervised demonstrations leave exactly the tool's results out of the loss."""
+    from rltrain.tasks.gsm8k_tiny import _solution_ids
+
+    paths = (str(tmp_path / "t.parquet"), str(tmp_path / "e.parquet"), str(tmp_path / "ckpt"))
+    plain = Gsm8kTinySpec(num_train=200, num_eval=8, vocab_size=320, sft_steps=0, max_number=99)
+    tool = dataclasses.replace(plain, tool=True)
+    stamp = tmp_path / "ckpt" / "generated_by_rltrain.json"
+    assert ensure_gsm8k_tiny(*paths, plain, _tiny_model())
+    assert json.loads(stamp.read_text())["spec"]["tool"] is False
+    assert ensure_gsm8k_tiny(*paths, tool, _tiny_model())  # not current: rewritten
+    assert json.loads(stamp.read_text())["spec"]["tool"] is True
+    assert not ensure_gsm8k_tiny(*paths, tool, _tiny_model())
+    assert "python[" in pq.read_table(paths[0]).column("answer")[0].as_py()
+    tok = build_tokenizer(ModelConfig(path=paths[2]))
+    assert [t for t in tok.get_vocab() if "]" in t] == ["]"]
+    ids, keep = _solution_ids(tok, "Ava has python[13+24]=37; apples.\n#### 37")
+    masked = tok.decode([i for i, k in zip(ids, keep, strict=True) if not k])
+    assert masked == "=37;"
+    assert tok.decode(ids) == "Ava has python[13+24]=37; apples.\n#### 37"
+    assert ensure_gsm8k_tiny(*paths, plain, _tiny_model())  # and back

@@ -54,3 +54,19 @@ def test_finetuning_learns_a_mapping_and_leaves_eval_mode():
     assert supervised_finetune(model, pairs, 0, steps=0, batch_size=2, lr=0.1) == []
     with pytest.raises(ValueError, match="batch_size=0"):
         supervised_finetune(model, pairs, 0, steps=1, batch_size=0, lr=0.1)
+
+
+def test_tokens_not_trained_on_get_no_gradient():
+    """A demonstration's tool result is read but not learned: the row of the token before it
+    (which would predict it) is left as it was; the rest learns."""
+    model = Table(torch.zeros(4, 4))
+    # prompt [0], response [1, 2, 3]: 2 is the tool's result (predicted from 1), 3 is learned
+    pairs = [([0], [1, 2, 3])]
+    supervised_finetune(
+        model, pairs, 0, steps=5, batch_size=1, lr=0.1, trained=[[True, False, True]]
+    )
+    table = model.table.detach()
+    assert torch.equal(table[1], torch.zeros(4))  # predicts the masked token: untouched
+    assert table[0].argmax() == 1 and table[2].argmax() == 3  # the trained tokens: learned
+    with pytest.raises(ValueError, match="one flag per response token"):
+        supervised_finetune(model, pairs, 0, steps=1, batch_size=1, lr=0.1, trained=[[True]])
