@@ -27,7 +27,6 @@ from rltrain.workers.actor import ActorWorker
 from rltrain.workers.common import TrainResult, as_rollout_logprobs
 from rltrain.workers.reward import RuleReward, Scores
 from rltrain.workers.rollout import modelled_generate_s
-from rltrain.workers.tools import RayToolPool
 
 
 class FusedWorker(ActorWorker):
@@ -51,6 +50,9 @@ class FusedWorker(ActorWorker):
 
     def use_tools(self, actors: list[Any]) -> None:
         """Send this rank's episodes' tool calls to the tool pool's workers (launch)."""
+        # imports Ray: the vLLM bundle's steps import this module without it
+        from rltrain.workers.tools import RayToolPool
+
         attach_pool(self.interaction, RayToolPool(actors))
 
     def step(self, prompts: list[str], step: int) -> tuple[TrainResult, Scores]:

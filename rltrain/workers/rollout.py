@@ -36,7 +36,6 @@ from rltrain.workers.common import (
     as_rollout_logprobs,
     compute_device,
 )
-from rltrain.workers.tools import RayToolPool
 
 
 class RolloutWorker(Worker, WeightReceiver, ResidentState):
@@ -70,6 +69,9 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
 
     def use_tools(self, actors: list[Any]) -> None:
         """Send this rank's episodes' tool calls to the tool pool's workers (launch)."""
+        # imports Ray: the vLLM bundle's steps import this module without it
+        from rltrain.workers.tools import RayToolPool
+
         attach_pool(self.interaction, RayToolPool(actors))
 
     # The engine owns the model and its memory; properties keep them out of the worker's own

@@ -49,6 +49,7 @@ def test_the_pool_runs_on_its_planned_node_serves_calls_and_fails_clearly_when_o
     pool.check()  # nothing died
 
     ray.kill(group.actors[1], no_restart=True)
+    _wait_dead(group.actors[1])  # ray.kill returns before the actor is gone
     with pytest.raises(ray.exceptions.RayActorError):
         pool.step(opened[1][0], "calculator[1+1]", None).result(timeout=60)
     alive = pool.step(opened[0][0], "calculator[3+4]", None).result(timeout=60)
@@ -56,3 +57,18 @@ def test_the_pool_runs_on_its_planned_node_serves_calls_and_fails_clearly_when_o
     with pytest.raises(WorkerError, match=r"tool worker\(s\) \[1\] of the tool pool died"):
         pool.check()
     pool.close([h for h, _ in opened])
+
+
+def _wait_dead(actor, timeout_s: float = 60.0) -> None:
+    """Return once ``actor`` answers its readiness call with RayActorError (it died)."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            return
+    raise AssertionError(f"the killed actor still answered after {timeout_s} s")

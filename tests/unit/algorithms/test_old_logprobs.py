@@ -21,7 +21,7 @@ from rltrain.config import load_config
 from rltrain.config.numerics import old_logprob_pass, resolve_old_logprobs
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
-from rltrain.runners.reasoning import _mean_metrics
+from rltrain.runners.stages import _mean_metrics
 from rltrain.workers.common import TrainResult
 
 T = torch.tensor
