@@ -111,6 +111,8 @@ def durations_from_junit(paths: Iterable[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for path in paths:
         for case in ET.parse(path).getroot().iter("testcase"):
+            if not case.get("classname"):  # a module that failed to collect: no test ran
+                continue
             module = case.get("classname", "").split(".")
             name, seconds = without_group(case.get("name", "")), float(case.get("time", 0.0))
             # classname is "tests.unit.x.test_file" or "...test_file.Class"

@@ -87,6 +87,7 @@ def test_the_record_from_a_junit_report(tmp_path: pathlib.Path):
         '<testcase classname="tests.unit.test_suite_order" name="test_x[a.b:1]" time="2.34"/>'
         '<testcase classname="tests.unit.test_suite_order" name="test_fast" time="0.1"/>'
         '<testcase classname="tests.unit.test_suite_order.Cls" name="test_m" time="7"/>'
+        '<testcase classname="" name="tests.unit.broken" time="3"/>'  # failed to collect
         "</testsuite></testsuites>"
     )
     assert suite_order.durations_from_junit([str(report)]) == {
