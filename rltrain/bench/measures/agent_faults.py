@@ -89,15 +89,18 @@ def agent_faults(quick: bool) -> Suite:
     overrides: tuple[str, ...] = ("trainer.eval_every=5",)
     seeds = SEEDS
     data = None
-    if quick:  # small generated data and warm start of its own; 3 steps
+    if quick:  # small generated data and warm start of its own; 2 steps
         data = tempfile.mkdtemp(prefix="rltrain-agent-faults-")
         overrides = (
             f"task.params.data_dir={data}",
             "task.params.num_train=64",
             "task.params.num_eval=8",
             "task.params.sft_steps=10",
-            "trainer.total_steps=3",
-            "trainer.eval_every=3",
+            "trainer.total_steps=2",
+            "trainer.eval_every=2",
+            # the machinery on the fewest processes: one fused rank, one tool worker
+            "cluster.devices_per_node=1",
+            "tools.pool_size=1",
         )
         seeds = SEEDS[:1]
     cases = tuple(_case(rate, seeds, overrides, seen) for rate in RATES)
