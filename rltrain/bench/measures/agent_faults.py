@@ -98,8 +98,7 @@ def agent_faults(quick: bool) -> Suite:
             "task.params.sft_steps=10",
             "trainer.total_steps=2",
             "trainer.eval_every=2",
-            # the machinery on the fewest processes: one fused rank, one tool worker
-            "cluster.devices_per_node=1",
+            # one tool worker (the devices stay the cluster's: the test runs it on a shared Ray)
             "tools.pool_size=1",
         )
         seeds = SEEDS[:1]
