@@ -3,8 +3,8 @@
 ``Cluster.start(cfg.cluster)``:
 
 - ``address: null`` (``cluster=local``) starts a local Ray bound to 127.0.0.1 with its own temp
-  dir, no dashboard, and each node's dashboard agent on a free port (another Ray on the
-  machine never makes it wait for Ray's fixed one). When the machine has no GPU and
+  dir, no dashboard, no autoscaler monitor, and each node's dashboard agent on a free port
+  (another Ray on the machine never makes it wait for Ray's fixed one). When the machine has no GPU and
   ``simulate_devices`` is true, each node declares ``devices_per_node`` Ray GPUs (simulated
   devices; ``torch.cuda.is_available()`` stays False in workers) with ``device_memory_gib``
   each; a machine with real GPUs is never given simulated ones. ``num_nodes > 1`` simulates
@@ -130,16 +130,23 @@ def _use_loopback() -> None:
     constants.ENABLE_RAY_CLUSTER = False
 
 
-@contextmanager
-def _any_agent_port() -> Iterator[None]:
-    """Within: a local Ray's dashboard agent listens on a port the OS picks.
+#: Node parameters of a local Ray that ``ray.init`` has no argument for (Ray's own names).
+#: Each node's dashboard agent listens on a port the OS picks: Ray gives every agent the fixed
+#: HTTP port 52365 (Ray's job-submission endpoint, which rltrain does not use); when another
+#: Ray on the machine holds it (a test session's, a sweep's, another user's, a second
+#: simulated node) the agent retries binding for ~3.3 s, and the raylet waits for the agent
+#: before the node joins. No autoscaler monitor (``ray start --no-monitor``, as KubeRay heads
+#: run): a local Ray is a fixed set of nodes and rltrain asks no autoscaler anything; the
+#: monitor is an interpreter that imports the autoscaler (~0.5 CPU-s per start on the 2-core
+#: machine) and then polls the GCS every few seconds.
+LOCAL_NODE_PARAMS: dict[str, Any] = {"dashboard_agent_listen_port": 0, "no_monitor": True}
 
-    Ray gives every node's agent the fixed HTTP port 52365 (Ray's job-submission endpoint,
-    which rltrain does not use). When another Ray on the machine holds it (a test session's, a
-    sweep's, another user's, a second simulated node), the agent retries binding for ~3.3 s
-    before it gives up, and the raylet waits for the agent before the node joins: every such
-    start-up paid those seconds. ``ray.init`` has no argument for the port, so the parameters
-    object it builds gets port 0 (Ray's "any free port") as its default.
+
+@contextmanager
+def _local_node_params() -> Iterator[None]:
+    """Within: the parameters object ``ray.init`` builds defaults to :data:`LOCAL_NODE_PARAMS`.
+
+    An explicit argument still wins (``setdefault``); a joined cluster is never started here.
     """
     import ray._private.parameter as parameter
 
@@ -147,7 +154,8 @@ def _any_agent_port() -> Iterator[None]:
 
     class _Params(original):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("dashboard_agent_listen_port", 0)
+            for key, value in LOCAL_NODE_PARAMS.items():
+                kwargs.setdefault(key, value)
             super().__init__(*args, **kwargs)
 
     parameter.RayParams = _Params  # type: ignore[misc]
@@ -262,7 +270,7 @@ class Cluster:
         node_args = cls._local_node_args(config, num_nodes)
         local = None
         if num_nodes == 1:
-            with _any_agent_port():
+            with _local_node_params():
                 ray.init(
                     address="local",  # never join another Ray instance running on this machine
                     include_dashboard=False,
@@ -288,11 +296,11 @@ class Cluster:
                         "temp_dir": temp,
                         "include_dashboard": False,
                         "_system_config": LOCAL_SYSTEM_CONFIG,
-                        "dashboard_agent_listen_port": 0,  # see _any_agent_port
+                        **LOCAL_NODE_PARAMS,
                     },
                 )
                 for args in node_args[1:]:
-                    local.add_node(**args, dashboard_agent_listen_port=0)
+                    local.add_node(**args, **LOCAL_NODE_PARAMS)
                 local.wait_for_nodes()
             finally:
                 if saved is None:

@@ -3,7 +3,9 @@
 :meth:`Reservation.create` places one bundle per device (GPU 1 + CPU share) and one CPU bundle per
 node with node-only processes, each pinned to its node by the ``ray.io/node-id`` label; waits for
 it with a timeout (a request Ray cannot satisfy would otherwise wait for ever); then asks Ray,
-with one probe task per device bundle, which physical device backs each bundle. The plan's device
+with one probe task per device bundle, which physical device backs each bundle (not needed on a
+node of simulated devices the job holds whole: see
+:meth:`~rltrain.scheduler.resources.ReservationLayout.held_simulated_devices`). The plan's device
 ids are job-local: ``CUDA_VISIBLE_DEVICES`` of a worker is built from this map, so two jobs on one
 Ray cluster never share a device while components collocated by the plan do.
 """
@@ -134,7 +136,13 @@ class Reservation:
     def _probe(
         layout: ReservationLayout, pg: PlacementGroup, spec: ClusterSpec, timeout_s: float
     ) -> dict[tuple[int, int], int]:
-        bundles = layout.device_bundles()
+        # A probe is a task, and a task's worker process is never reused for an actor: each
+        # probe costs a fresh interpreter (~0.8 CPU-s on the 2-core machine) on the path to
+        # the first step. Devices that need no asking are not probed.
+        physical = layout.held_simulated_devices(spec)
+        bundles = {k: i for k, i in layout.device_bundles().items() if k not in physical}
+        if not bundles:
+            return physical
         refs = {
             key: _probe_device.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, idx)
@@ -148,7 +156,6 @@ class Reservation:
                 f"probing which devices back the job's {len(refs)} device bundle(s) took longer "
                 f"than {timeout_s:g} s (cluster.startup_timeout_s): the cluster is overloaded"
             ) from None
-        physical = {}
         for (node_rank, device), (node_id, gpu_ids) in zip(refs, answers, strict=True):
             expected = spec.nodes[node_rank].ray_node_id
             if node_id != expected or len(gpu_ids) != 1:

@@ -108,6 +108,29 @@ class ReservationLayout:
             (b.node_rank, b.device): i for i, b in enumerate(self.bundles) if b.device is not None
         }
 
+    def held_simulated_devices(self, spec: ClusterSpec) -> dict[tuple[int, int], int]:
+        """``(node_rank, device) -> device id`` for bundles whose device needs no asking.
+
+        On a node with simulated devices (``sim``) whose every device this reservation holds,
+        plan device ``d`` is device ``d``: no other job can hold any of that node's devices,
+        so every one-to-one map is as exclusive as the one Ray chose, and Ray numbers a node's
+        declared GPUs ``0..n-1`` (the numbering node placements already see). Bundles not
+        listed here need a probe in the bundle to learn the device Ray gave it.
+
+        Args:
+            spec: the cluster the placements were resolved against.
+
+        Returns:
+            The map for the fully held simulated nodes' device bundles (possibly empty).
+        """
+        per_node = Counter(node for node, _ in self.device_bundles())
+        return {
+            (node, dev): dev
+            for node, dev in self.device_bundles()
+            if spec.nodes[node].accelerator_type == "sim"
+            and per_node[node] == spec.nodes[node].num_devices
+        }
+
     def node_cpus(self, node_rank: int) -> float:
         """CPUs the job holds on a node."""
         return sum(b.cpus for b in self.bundles if b.node_rank == node_rank)
