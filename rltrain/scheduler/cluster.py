@@ -4,11 +4,11 @@
 
 - ``address: null`` (``cluster=local``) starts a local Ray bound to 127.0.0.1 with its own temp
   dir, no dashboard, no autoscaler monitor, and each node's dashboard agent on a free port
-  (another Ray on the machine never makes it wait for Ray's fixed one). When the machine has no GPU and
-  ``simulate_devices`` is true, each node declares ``devices_per_node`` Ray GPUs (simulated
-  devices; ``torch.cuda.is_available()`` stays False in workers) with ``device_memory_gib``
-  each; a machine with real GPUs is never given simulated ones. ``num_nodes > 1`` simulates
-  several nodes on this machine (``ray.cluster_utils.Cluster``).
+  (another Ray on the machine never makes it wait for Ray's fixed one). When the machine has
+  no GPU and ``simulate_devices`` is true, each node declares ``devices_per_node`` Ray GPUs
+  (simulated devices; ``torch.cuda.is_available()`` stays False in workers) with
+  ``device_memory_gib`` each; a machine with real GPUs is never given simulated ones.
+  ``num_nodes > 1`` simulates several nodes on this machine (``ray.cluster_utils.Cluster``).
 - ``address: auto`` or ``host:port`` (``cluster=ray``) joins an existing cluster; nodes, devices
   and device memory are discovered (:mod:`rltrain.scheduler.discovery`).
 - when Ray is already initialised in this process (tests, a Ray-hosted driver), it is reused and

@@ -70,6 +70,39 @@ def test_each_node_agent_binds_its_port_at_once(two_nodes):
             assert "Failed to bind" not in f.read(), log
 
 
+class Talker(Worker):
+    def say(self, text: str) -> int:
+        import os
+
+        print(text, flush=True)
+        return os.getpid()
+
+
+def test_no_autoscaler_monitor_and_worker_output_still_reaches_the_driver(two_nodes, capfd):
+    # A local Ray starts no autoscaler monitor (it writes monitor.log/.out/.err when it runs);
+    # the log monitor, which carries worker output to the driver, still runs.
+    import glob
+    import os
+    import time
+    import uuid
+
+    logs = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")
+    assert not glob.glob(os.path.join(logs, "monitor*")), sorted(os.listdir(logs))
+    assert glob.glob(os.path.join(logs, "log_monitor*.log"))
+    text = f"talker-{uuid.uuid4().hex}"
+    talker = Talker.create_group().launch(
+        two_nodes, name="talker", placement_strategy=PackedPlacementStrategy(0, 0)
+    )
+    (pid,) = talker.call(Talker.say, text).wait(timeout=60)
+    seen, deadline = "", time.monotonic() + 30  # Ray forwards worker output asynchronously
+    while text not in seen and time.monotonic() < deadline:
+        out, err = capfd.readouterr()
+        seen += out + err
+        time.sleep(0.1)
+    assert f"pid={pid}" in seen and text in seen, seen[-2000:]
+    talker.shutdown()
+
+
 def test_actors_land_on_planned_nodes(two_nodes):
     spec = two_nodes.spec
     # Global device ranks 1 and 2: node 0 device 1, node 1 device 0.
