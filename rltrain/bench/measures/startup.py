@@ -6,8 +6,10 @@ with :data:`rltrain.telemetry.startup.MARKS_ENV` set: the driver and every worke
 each phase ends (:func:`rltrain.telemetry.startup.mark`). Meanwhile the bench samples the CPU
 time of every process of the run (the driver, Ray's processes, the workers) every 100 ms. It
 prints one table: per phase, the median over the runs of its wall seconds, the driver's CPU
-seconds and the CPU seconds of all the run's processes together. On a loaded machine the wall
-column grows and the CPU columns stay: compare those first.
+seconds and the CPU seconds of all the run's processes together; then, per kind of process
+(driver, each Ray helper, workers by the actor class or task they ran), how many there were and
+their CPU seconds. On a loaded machine the wall column grows and the CPU columns stay: compare
+those first.
 
 The same-run baseline is raw Ray: a fresh interpreter that starts a local Ray, runs one task
 and stops it (what any Ray program pays on the machine). The timed case is the whole command,
@@ -16,6 +18,7 @@ from its start to its exit.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -61,6 +64,52 @@ ray.shutdown()
 """
 
 
+#: Ray's helper processes by the script or binary they run (their command line).
+_RAY_HELPERS: dict[str, str] = {
+    "gcs_server": "Ray GCS",
+    "raylet": "Ray raylet",
+    "dashboard.py": "Ray dashboard head",
+    "log_monitor.py": "Ray log monitor",
+    "monitor.py": "Ray autoscaler monitor",
+}
+#: Ray's helpers that name themselves ``ray::<name>`` once started.
+_RAY_TITLES: dict[str, str] = {
+    "DashboardAgent": "Ray dashboard agent",
+    "RuntimeEnvAgent": "Ray runtime-env agent",
+    "IDLE": "Ray worker: idle",
+}
+
+
+def process_kind(titles: Sequence[str]) -> str:
+    """What a process of the run was, from the command lines it showed over its life.
+
+    Ray workers retitle themselves ``ray::<Actor>.<method>`` or ``ray::<task>`` while they run
+    and ``ray::IDLE`` between tasks: the first title other than ``IDLE`` names the worker.
+
+    Args:
+        titles: the process's command lines, in the order they were seen (each joined by
+            spaces).
+
+    Returns:
+        A short kind, e.g. ``Ray raylet`` or ``Ray worker: FusedWorker``; ``other`` when unknown.
+    """
+    for title in titles:
+        first = title.split(" ", 1)[0]
+        if first.startswith("ray::"):
+            name = first[len("ray::") :].split(".", 1)[0]
+            if name != "IDLE":
+                return _RAY_TITLES.get(name, f"Ray worker: {name}")
+    for title in titles:
+        first = title.split(" ", 1)[0]
+        if first.startswith("ray::"):
+            return _RAY_TITLES.get(first[len("ray::") :].split(".", 1)[0], "other")
+        for arg in title.split(" ")[:3]:
+            base = os.path.basename(arg)
+            if base in _RAY_HELPERS:
+                return _RAY_HELPERS[base]
+    return "other"
+
+
 @dataclass
 class CpuSampler:
     """Samples the CPU seconds of a process and all its descendants until stopped.
@@ -73,6 +122,7 @@ class CpuSampler:
     interval_s: float = 0.1
     samples: list[tuple[float, float]] = field(default_factory=list)
     _last: dict[int, float] = field(default_factory=dict)
+    _titles: dict[int, list[str]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> CpuSampler:
@@ -97,11 +147,24 @@ class CpuSampler:
             for p in procs:
                 try:
                     t = p.cpu_times()
-                    self._last[p.pid] = t.user + t.system
+                    title = " ".join(p.cmdline())
                 except psutil.Error:
                     continue
+                self._last[p.pid] = t.user + t.system
+                seen = self._titles.setdefault(p.pid, [])
+                if title and title not in seen:
+                    seen.append(title)
             self.samples.append((time.time(), sum(self._last.values())))
             self._stop.wait(self.interval_s)
+
+    def by_kind(self) -> dict[str, tuple[int, float]]:
+        """Kind of process -> (how many, their CPU seconds); the sampled root is the driver."""
+        out: dict[str, tuple[int, float]] = {}
+        for pid, cpu in self._last.items():
+            kind = "driver" if pid == self.root else process_kind(self._titles.get(pid, []))
+            n, total = out.get(kind, (0, 0.0))
+            out[kind] = (n + 1, total + cpu)
+        return out
 
     def at(self, t: float) -> float:
         """CPU seconds of all the processes at wall time ``t`` (the last sample before it)."""
@@ -116,6 +179,7 @@ class StartupRun:
     ends: Mapping[str, float]
     driver_cpu: Mapping[str, float]
     all_cpu: Mapping[str, float]
+    processes: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
 
 def run_once(workdir: str, extra: Sequence[str] = ()) -> StartupRun:
@@ -147,7 +211,8 @@ def run_once(workdir: str, extra: Sequence[str] = ()) -> StartupRun:
     if code != 0:
         with open(log_path, errors="replace") as f:
             raise RuntimeError(f"{' '.join(cmd)} exited {code}:\n{f.read()[-3000:]}")
-    return phase_ends(read_marks(marks_path), t0, t_exit, sampler.at)
+    run = phase_ends(read_marks(marks_path), t0, t_exit, sampler.at)
+    return dataclasses.replace(run, processes=sampler.by_kind())
 
 
 def phase_ends(
@@ -218,6 +283,18 @@ def breakdown(runs: Sequence[StartupRun]) -> list[tuple[str, float, float, float
     return rows
 
 
+def process_rows(runs: Sequence[StartupRun]) -> list[tuple[str, float, float]]:
+    """Per kind of process: the median over the runs of how many there were and their CPU
+    seconds (a run without that kind counts 0), the kinds with the most CPU first."""
+    kinds = {k for r in runs for k in r.processes}
+    rows = []
+    for kind in kinds:
+        counts = [r.processes.get(kind, (0, 0.0))[0] for r in runs]
+        cpus = [r.processes.get(kind, (0, 0.0))[1] for r in runs]
+        rows.append((kind, statistics.median(counts), statistics.median(cpus)))
+    return sorted(rows, key=lambda row: (-row[2], row[0]))
+
+
 def _median_delta(runs: Sequence[StartupRun], attr: str, key: str, prev: str | None) -> float:
     values = []
     for r in runs:
@@ -241,6 +318,13 @@ def table(rows: Sequence[tuple[str, float, float, float]], n: int) -> str:
     return "\n".join(out)
 
 
+def process_table(rows: Sequence[tuple[str, float, float]]) -> str:
+    """The per-process-kind rows as Markdown."""
+    out = ["| process | count | CPU s |", "|---|---|---|"]
+    out += [f"| {kind} | {n:g} | {cpu:.2f} |" for kind, n, cpu in rows]
+    return "\n".join(out)
+
+
 @measure("startup", "python -m rltrain trainer.total_steps=1: start-up phases, wall and CPU")
 def startup_measure(quick: bool) -> Suite:
     """The main command's start-up, against raw Ray start-up in the same run."""
@@ -255,13 +339,17 @@ def startup_measure(quick: bool) -> Suite:
 
     def extras() -> dict[str, float]:
         rows = breakdown(runs)
-        print(table(rows, len(runs)), flush=True)
+        kinds = process_rows(runs)
+        print(table(rows, len(runs)) + "\n\n" + process_table(kinds), flush=True)
         out = {}
         for name, wall, dcpu, acpu in rows:
             out[f"{name}: wall s"] = wall
             if not math.isnan(dcpu):
                 out[f"{name}: driver CPU s"] = dcpu
             out[f"{name}: all CPU s"] = acpu
+        for kind, n, cpu in kinds:
+            out[f"process {kind}: count"] = n
+            out[f"process {kind}: CPU s"] = cpu
         return out
 
     def teardown() -> None:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import math
 
-from rltrain.bench.measures.startup import PHASES, TAIL, breakdown, phase_ends
+from rltrain.bench.measures.startup import (
+    PHASES,
+    TAIL,
+    StartupRun,
+    breakdown,
+    phase_ends,
+    process_kind,
+    process_rows,
+)
 from rltrain.telemetry import startup
 
 
@@ -53,3 +61,41 @@ def test_breakdown_is_the_median_of_each_phases_share():
     assert rows["whole command"][0] == n and rows["whole command"][2] == 2.0 * n
     # ... and the next phase the driver marks holds the driver's CPU since its previous mark
     assert rows["worker imports + model build"][1] == 0.5 * 2
+
+
+def test_process_kinds_from_the_command_lines_ray_shows():
+    site = "/venv/lib/python3.11/site-packages/ray"
+    assert process_kind([f"{site}/core/src/ray/gcs/gcs_server --log_dir=/tmp"]) == "Ray GCS"
+    assert process_kind([f"{site}/core/src/ray/raylet/raylet --x=1"]) == "Ray raylet"
+    assert process_kind([f"/venv/bin/python {site}/dashboard/dashboard.py --host=127.0.0.1"]) == (
+        "Ray dashboard head"
+    )
+    assert process_kind([f"/venv/bin/python -u {site}/_private/log_monitor.py --a"]) == (
+        "Ray log monitor"
+    )
+    assert process_kind([f"/venv/bin/python -u {site}/autoscaler/_private/monitor.py"]) == (
+        "Ray autoscaler monitor"
+    )
+    agent = [f"/venv/bin/python -u {site}/dashboard/agent.py --n", "ray::DashboardAgent"]
+    assert process_kind(agent) == "Ray dashboard agent"
+    boot = f"/venv/bin/python {site}/_private/workers/default_worker.py --node-ip-address=1"
+    # a worker is named by the first actor or task it ran, not by its idle title after it
+    actor = [boot, "ray::IDLE", "ray::FusedWorker.__init__", "ray::FusedWorker.step"]
+    assert process_kind(actor) == "Ray worker: FusedWorker"
+    assert process_kind([boot, "ray::IDLE", "ray::_probe_device", "ray::IDLE"]) == (
+        "Ray worker: _probe_device"
+    )
+    assert process_kind([boot, "ray::IDLE"]) == "Ray worker: idle"
+    assert process_kind(["ldconfig -p"]) == "other"
+
+
+def test_process_rows_are_medians_and_a_missing_kind_counts_zero():
+    def run(processes):
+        return StartupRun({}, {}, {}, processes)
+
+    runs = [
+        run({"driver": (1, 4.0), "Ray worker: _probe_device": (2, 1.6)}),
+        run({"driver": (1, 5.0)}),
+        run({"driver": (1, 6.0), "Ray worker: _probe_device": (2, 1.4)}),
+    ]
+    assert process_rows(runs) == [("driver", 1, 5.0), ("Ray worker: _probe_device", 2, 1.4)]
