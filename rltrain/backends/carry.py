@@ -17,14 +17,22 @@ across its calls and decodes them the way partial-rollout systems do:
   train within the bound. Its rows' tokens count as discarded, and the rollout samples its
   prompt again with the newest weights (so the buffer keeps its surplus of groups).
 
-The buffer sees lengths only (the modelled decoding of ``simulate.response_length_median``);
-the rollout keeps each group's sampled rows under the group's key.
+The buffer schedules slots and segments; it sees lengths only. On the modelled device
+(``simulate.response_length_median``) a row's length is drawn in advance and the buffer decodes
+it by arithmetic; on the torch engine a row's budget is ``rollout.max_new_tokens`` and a
+*decoder* (:data:`Decoder`) decodes each segment for real and says which rows sampled their EOS.
+The rollout keeps each group's rows under the group's key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+#: ``decode(rows, seg)``: decodes the ``(key, row)`` pairs holding slots for at most ``seg``
+#: steps and returns the rows that ended before their budget (an EOS), each with the steps it
+#: decoded; the other rows decoded ``seg`` steps (or to their budget, if less).
+Decoder = Callable[[list[tuple[int, int]], int], dict[tuple[int, int], int]]
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,12 @@ class CarryBuffer:
             raise ValueError(f"group {key} is already in the buffer")
         self.groups[key] = _Group(key, version, [max(int(n), 0) for n in lengths])
 
+    def stamp(self, key: int, version: int) -> None:
+        """Set the version group ``key`` counts its staleness from: on the torch engine a group
+        waits without a token until its rows decode, so it takes the weights held until its
+        first token is sampled."""
+        self.groups[key].version = version
+
     def held(self) -> list[int]:
         """Keys of the groups held (any state), in admission order."""
         return list(self.groups)
@@ -94,13 +108,15 @@ class CarryBuffer:
         """Rows still to decode (waiting or decoding)."""
         return sum(1 for g in self.groups.values() for n in g.left if n)
 
-    def run(self, want: int, oldest: int) -> Segmented:
+    def run(self, want: int, oldest: int, decode: Decoder | None = None) -> Segmented:
         """Decode until ``want`` groups are complete; hand them on.
 
         Args:
             want: groups the call hands on.
             oldest: the oldest version a group may have started with (``step - k``); older
                 groups are dropped first.
+            decode: decodes each segment for real (rows end at their EOS); None: rows end
+                after the steps they were admitted with.
 
         Returns:
             The :class:`Segmented` record; ``ready`` holds fewer than ``want`` keys only when
@@ -112,13 +128,15 @@ class CarryBuffer:
         steps = busy = 0
         while self._complete_count() < want and self._fill():
             seg = min(self.segment, max(self._decoding_left()))
-            busy += sum(min(n, seg) for n in self._decoding_left())
+            rows = [(g.key, r) for g in self.groups.values() for r in sorted(g.decoding)]
+            ended = decode(rows, seg) if decode is not None else {}
             steps += seg
-            for g in self.groups.values():
-                for row in list(g.decoding):
-                    g.left[row] = max(g.left[row] - seg, 0)
-                    if not g.left[row]:
-                        g.decoding.discard(row)
+            for key, row in rows:
+                g = self.groups[key]
+                busy += ended.get((key, row), min(g.left[row], seg))
+                g.left[row] = 0 if (key, row) in ended else max(g.left[row] - seg, 0)
+                if not g.left[row]:
+                    g.decoding.discard(row)
         ready = sorted(
             (g for g in self.groups.values() if g.complete), key=lambda g: (g.version, g.key)
         )[:want]

@@ -9,6 +9,11 @@ samples the rest of the token budget (``max_new_tokens`` minus the columns parke
 lays the continuation after the parked columns, so each row reads as one response whose tokens
 carry the versions that sampled them.
 
+``trainer.partial_rollout=carry`` on the torch engine uses the same records one row at a time:
+a row starts as an empty :class:`Parked` (:func:`start`), each decoding segment continues the
+rows holding slots together (:func:`joined_prompts`), and :func:`stitch` appends each row's
+segment (cut to its token budget, :func:`first_columns`).
+
 Nothing here runs a model: the engines (``continue_rows``) do; the rollout worker parks and
 resumes.
 """
@@ -60,6 +65,69 @@ def park(partial: RolloutBatch, version: int, started: int) -> Parked:
     """
     versions = torch.full(partial.response_ids.shape, version, dtype=torch.long)
     return Parked(partial, versions, started)
+
+
+def start(prompt_ids: Tensor, prompt_mask: Tensor, version: int, with_logprobs: bool) -> Parked:
+    """A row no token of which is sampled yet: ``[1, P]`` prompt, no response column, still
+    decoding (``carry`` admits each new row as one).
+
+    Args:
+        prompt_ids: ``[1, P]`` the row's prompt (left padding allowed).
+        prompt_mask: ``[1, P]``.
+        version: the weights the row's group was admitted with (its staleness counts from it).
+        with_logprobs: keep behaviour log-probs (an empty ``old_logprobs`` column block).
+    """
+    empty = torch.zeros((1, 0))
+    batch = RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=empty.long(),
+        response_mask=empty,
+        old_logprobs=empty.clone() if with_logprobs else None,
+        truncated=torch.ones(1, dtype=torch.bool),
+    )
+    return Parked(batch, empty.long(), version)
+
+
+def joined_prompts(rows: list[Parked], pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """One continuation prompt per 1-row record (prompt, then its response so far), left-padded
+    to a common length, so that rows of different groups and lengths decode together.
+
+    Args:
+        rows: 1-row records still decoding.
+        pad_token_id: fills the left padding.
+
+    Returns:
+        ``(ids [b, L], mask [b, L])``, one row per record, in order.
+    """
+    seqs = []
+    for parked in rows:
+        ids, mask = continuation_prompts(parked)
+        seqs.append(ids[0][mask[0].bool()])
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        ids[i, width - len(seq) :] = seq
+        mask[i, width - len(seq) :] = 1
+    return ids, mask
+
+
+def first_columns(batch: RolloutBatch, columns: int) -> RolloutBatch:
+    """``batch`` (an engine's continuation) cut to its first ``columns`` response columns: a row
+    whose budget ends inside the segment; a row that loses tokens had no EOS in time
+    (``truncated``)."""
+    if batch.response_ids.shape[1] <= columns:
+        return batch
+    cut = batch.response_mask[:, columns:].sum(dim=1) > 0
+    truncated = cut if batch.truncated is None else batch.truncated | cut
+    logps = None if batch.old_logprobs is None else batch.old_logprobs[:, :columns]
+    return batch.replace(
+        response_ids=batch.response_ids[:, :columns],
+        response_mask=batch.response_mask[:, :columns],
+        old_logprobs=logps,
+        truncated=truncated,
+    )
 
 
 def continuation_prompts(parked: Parked) -> tuple[Tensor, Tensor]:

@@ -463,7 +463,8 @@ class TrainerConfig:
     # finish | restart | continue: what a generation running at a weight swap does (restart and
     # continue need max_staleness >= 1: a synchronous loop has none running then); carry: rows
     # unfinished when a call has its batch of complete groups are carried into the next call
-    # (needs max_staleness >= 2 and simulate.response_length_median; docs/async.md#carry)
+    # (needs max_staleness >= 2 and the torch engine, which decodes them in segments;
+    # docs/async.md#carry)
     partial_rollout: str = "finish"
     # carry: decoding steps between two re-packings of the rollout's slots (null: 4)
     carry_segment: Optional[int] = None

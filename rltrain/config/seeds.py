@@ -49,6 +49,12 @@ def continuation_seed(seed: int, step: int, rank: int, version: int) -> int:
     return _wrap((seed * 1_000_003 + step * 1_009 + rank) * 7_919 + version + 1)
 
 
+def segment_seed(seed: int, step: int, rank: int, part: int) -> int:
+    """The sampling seed of the ``part``-th decoding segment of a ``trainer.partial_rollout=carry``
+    call for ``step`` on the torch engine: apart from every other segment, step and rank."""
+    return _wrap(((seed * 1_000_003 + step * 1_009 + rank) * 7_919 + 2**17) * 1_031 + part)
+
+
 def minibatch_seed(seed: int, step: int) -> int:
     """The actor's minibatch shuffling at update ``step`` (the embodied actor's at iteration
     ``step``)."""
@@ -116,6 +122,7 @@ DERIVATIONS: dict[str, tuple[Callable[..., int], str | None]] = {
     "engine_seed": (engine_seed, None),
     "sampling_seed": (sampling_seed, None),
     "continuation_seed": (continuation_seed, None),
+    "segment_seed": (segment_seed, None),
     "minibatch_seed": (minibatch_seed, None),
     "critic_minibatch_seed": (critic_minibatch_seed, None),
     "epoch_order_seed": (epoch_order_seed, None),

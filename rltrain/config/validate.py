@@ -769,16 +769,10 @@ def carry_problems(cfg: RunConfig) -> Iterator[str]:
             f"carried into the next call trains at least 2 versions after the one that started "
             f"it; set trainer.max_staleness>=2 (placement=disaggregated) {fix}"
         )
-    if not cfg.simulate.response_length_median:
-        yield (
-            "trainer.partial_rollout=carry with simulate.response_length_median=0: the engines "
-            "decode a call's rows to their end, so rows are carried on the modelled device "
-            "only; set simulate.response_length_median (and simulate.rollout_token_latency_ms) "
-            f"{fix}"
-        )
     unsupported = (
         ("rollout.backend", cfg.rollout.backend, cfg.rollout.backend != "torch",
-         "only the torch engine's calls keep rows between calls", "torch"),
+         "only the torch engine decodes carried rows in segments (vLLM would need abort and "
+         "resume of its requests, which only a GPU test can cover)", "torch"),
         ("placement.fuse", cfg.placement.fuse, str(cfg.placement.fuse).lower() == "true",
          "a fused rank trains what its own call generated", "false"),
         ("placement.mode", cfg.placement.mode, cfg.placement.mode == "auto",

@@ -130,7 +130,11 @@ class ReasoningRunner:
             "final_accuracy": next(
                 (r["eval/accuracy"] for r in reversed(records) if "eval/accuracy" in r), None
             ),
-            **rollout_totals(records, self.run.trainer.max_staleness),
+            **rollout_totals(
+                records,
+                self.run.trainer.max_staleness,
+                getattr(self.schedule, "left_at_end", None),
+            ),
         }
 
     @property
@@ -144,10 +148,13 @@ class ReasoningRunner:
         return self.stages.weights_ref
 
 
-def rollout_totals(records: list[dict[str, Any]], max_staleness: int) -> dict[str, Any]:
+def rollout_totals(
+    records: list[dict[str, Any]], max_staleness: int, left: dict[str, int] | None = None
+) -> dict[str, Any]:
     """``summary.json``'s ``rollout`` entry: staleness and discarded work over the run
-    (:func:`rltrain.runners.staleness.run_totals`); absent for a synchronous run."""
-    totals = staleness.run_totals(records, max_staleness)
+    (:func:`rltrain.runners.staleness.run_totals`; ``left``: ``carry``'s groups buffered when
+    an early stop ended the run); absent for a synchronous run."""
+    totals = staleness.run_totals(records, max_staleness, left)
     return {"rollout": totals} if totals else {}
 
 

@@ -23,6 +23,7 @@ from rltrain.errors import WorkerError
 from rltrain.runners.loop import StepTimer
 from rltrain.runners.pipeline import GenerationPipeline, Generator
 from rltrain.runners.pool import PooledPipeline
+from rltrain.runners.staleness import UNFINISHED
 from rltrain.telemetry import trace
 from rltrain.workers.fused import FusedWorker
 
@@ -185,6 +186,7 @@ class PipelinedSchedule(TurnSchedule):
             if t.sampler == "in_order"
             else PooledPipeline(stages, max_staleness, partial_rollout, t.sampler, t.sampler_window)
         )
+        self.left_at_end: dict[str, int] | None = None  # carry: groups held after the last record
 
     def begin(self, start: int, horizon: int | None) -> None:
         super().begin(start, horizon)
@@ -203,10 +205,32 @@ class PipelinedSchedule(TurnSchedule):
             oldest = metrics["rollout/oldest_version"]
             metrics["rollout/weight_version"] = oldest
             metrics["rollout/staleness"] = metrics["rollout/staleness_max"] = step - oldest
+        if self.pipeline.policy == "carry" and step == (self.pipeline.horizon or 0) - 1:
+            self._count_left(metrics)  # the run's last step: what is still buffered never trains
         return metrics
+
+    def _count_left(self, metrics: dict[str, Any]) -> None:
+        """``carry``: the groups the rollout ranks still hold, in the step record
+        (``rollout/unfinished_groups``; their tokens in ``rollout/discarded_tokens``)."""
+        left = self._carry_left()
+        metrics[UNFINISHED] = left["groups"]
+        metrics["rollout/discarded_tokens"] = (
+            int(metrics.get("rollout/discarded_tokens") or 0) + left["tokens"]
+        )
+
+    def _carry_left(self) -> dict[str, int]:
+        """``carry``: every rollout rank's groups held (and lost to a cancelled call) and
+        their tokens, summed; the ranks forget them."""
+        from rltrain.workers.rollout import RolloutWorker
+
+        lefts = self.stages.g.need("rollout").call(RolloutWorker.carry_left).wait()
+        return {k: sum(int(x[k]) for x in lefts) for k in ("groups", "tokens")}
 
     def end(self, done_steps: int, clean: bool) -> None:
         self.pipeline.reset(done_steps)  # an early stop drops generations ahead
+        if self.pipeline.policy == "carry" and clean:
+            # an early stop: the last record came before; summary.json counts these
+            self.left_at_end = self._carry_left()
         super().end(done_steps, clean)
 
     def drain(self) -> None:

@@ -18,9 +18,9 @@ import torch
 
 from rltrain.agents.interaction import Interaction, attach_pool, engine_interaction
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.algorithms.sampling import GenerationStopped
+from rltrain.algorithms.sampling import GenerationStopped, encode_prompts
 from rltrain.backends import continuation
-from rltrain.backends.carry import CarryBuffer
+from rltrain.backends.carry import CarryBuffer, Decoder
 from rltrain.backends.continuation import Parked
 from rltrain.backends.generation import GenerationEngine, build_generation, sampling_seed
 from rltrain.config import seeds
@@ -179,45 +179,98 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
     def _carried(
         self, prompts: list[str], step: int, logprobs: bool, oldest: int, hand_on: bool = True
     ) -> RolloutBatch | None:
-        """``trainer.partial_rollout=carry``: sample the new prompts' rows, queue their groups
-        behind the rows carried from earlier calls, and hand on the ``len(prompts)`` oldest
-        groups complete once the modelled decoding (:class:`CarryBuffer`) has them; the rest is
-        carried to the next call. Groups started before ``oldest`` are dropped first, their
-        tokens counted in ``discarded_tokens``, and their prompts sampled again with the weights
-        held (so the buffer keeps its surplus of groups over what a call hands on)."""
+        """``trainer.partial_rollout=carry``: queue the new prompts' groups behind the rows
+        carried from earlier calls and hand on the ``len(prompts)`` oldest groups complete; the
+        rest is carried to the next call. On the torch engine the rows decode for real in
+        segments (:meth:`_segments`); on the modelled device (``simulate.response_length_median``)
+        they are sampled whole at admission and :class:`CarryBuffer` decodes their modelled
+        lengths. Groups started before ``oldest`` are dropped first, their tokens counted in
+        ``discarded_tokens``, and their prompts queued again with the weights held (so the
+        buffer keeps its surplus of groups over what a call hands on)."""
         rows = len(prompts) * self.run.rollout.n_samples_per_prompt
         state = self._carry_state(step, rows, new=not hand_on)
         with trace.span("generate", "rollout", self.device_labels):
-            dropped = state.buffer.run(0, oldest).dropped  # past the bound: sampled again
+            if not self.run.simulate.response_length_median:
+                state.restamp(self.version)
+            dropped = state.buffer.run(0, oldest).dropped  # past the bound: queued again
             again = [state.prompts[k] for k in dropped]
             discarded = state.drop(dropped)
             try:
-                fresh = self._sample_rows(
-                    prompts, sampling_seed(self.run, step, self.rank), logprobs
-                )
-                redo = self._sample_rows(again, self._redo_seed(step), logprobs)
+                self._admit(state, again, self._redo_seed(step), step, logprobs)
+                self._admit(state, prompts, None, step, logprobs)
+                if not hand_on:
+                    return None
+                done = state.buffer.run(len(prompts), oldest, self._segments(state, step, logprobs))
+                state.tally(done)
+                self._carry_wait(done.steps)
             except GenerationStopped:
-                return None  # nobody reads a cancelled call's result
-            for batch, asked, seed in (
-                (redo, again, self._redo_seed(step)),
-                (fresh, prompts, None),
-            ):
-                if batch is not None:
-                    state.admit(batch, asked, self.version, self.run, seed, step, self.rank)
-            if not hand_on:
+                state.lose()  # a reset: the call's result is never read
                 return None
-            done = state.buffer.run(len(prompts), oldest)
-            state.tally(done)
-            sim = self.run.simulate
-            try:
-                _sleep_unless_cancelled(sim.rollout_token_latency_ms * done.steps / 1000)
-                if sim.rollout_latency_ms:
-                    _sleep_unless_cancelled(sim.rollout_latency_ms / 1000)
-            except GenerationStopped:
-                state.drop(done.ready)  # the call's result is never read (a reset)
-                return None
-            shard = concat_batches(state.take(done.ready), self.tokenizer_pad_id)
+            shard = concat_batches(
+                state.take(done.ready, self.tokenizer_pad_id), self.tokenizer_pad_id
+            )
             return dataclasses.replace(shard, discarded_tokens=discarded)
+
+    def _admit(
+        self, state: Carry, prompts: list[str], seed: int | None, step: int, logprobs: bool
+    ) -> None:
+        """``carry``: queue ``prompts``' groups with the weights held: on the torch engine as
+        rows with no token yet; on the modelled device sampled whole (with ``seed``, or the
+        step's sampling seed).
+
+        Raises:
+            GenerationStopped: cancelled while sampling (the modelled device).
+        """
+        if not prompts:
+            return
+        if not self.run.simulate.response_length_median:
+            ids, mask = encode_prompts(self.tokenizer, prompts)
+            state.admit_prompts(ids, mask, prompts, self.version, self.run, logprobs)
+            return
+        sampled = self._sample_rows(
+            prompts, sampling_seed(self.run, step, self.rank) if seed is None else seed, logprobs
+        )
+        state.admit(sampled, prompts, self.version, self.run, seed, step, self.rank)
+
+    def _segments(self, state: Carry, step: int, logprobs: bool) -> Decoder | None:
+        """``carry`` on the torch engine: the decoder of the call's segments. Each segment
+        continues the rows holding slots with ``continue_rows`` (their prefix recomputed under
+        the weights held), each row's tokens appended with this version (:func:`stitch`); None
+        on the modelled device (the buffer decodes its modelled lengths)."""
+        if self.run.simulate.response_length_median:
+            return None
+        budget, pad = self.run.rollout.max_new_tokens, self.tokenizer_pad_id
+
+        def decode(rows: list[tuple[int, int]], seg: int) -> dict[tuple[int, int], int]:
+            parked = [state.live[k][r] for k, r in rows]
+            ids, mask = continuation.joined_prompts(parked, pad)
+            seed = seeds.segment_seed(self.run.seed, step, self.rank, state.next_part())
+            more = self.engine.continue_rows(ids, mask, seg, seed, logprobs, self._decode_step)
+            ended: dict[tuple[int, int], int] = {}
+            for i, ((k, r), row) in enumerate(zip(rows, parked, strict=True)):
+                part = continuation.first_columns(
+                    more.select(torch.tensor([i])), budget - row.columns
+                )
+                state.live[k][r] = continuation.stitch(row, part, self.version, pad)
+                if not bool(state.live[k][r].batch.truncated[0]):  # sampled its EOS
+                    ended[(k, r)] = continuation.sampled_tokens(part)
+            return ended
+
+        return decode
+
+    def _carry_wait(self, steps: int) -> None:
+        """``carry``: a call's modelled device time (``simulate.*``): per decoding step of the
+        modelled lengths (the torch engine waits per real step, :meth:`_decode_step`), then the
+        fixed cost.
+
+        Raises:
+            GenerationStopped: cancelled while waiting.
+        """
+        sim = self.run.simulate
+        if sim.response_length_median:
+            _sleep_unless_cancelled(sim.rollout_token_latency_ms * steps / 1000)
+        if sim.rollout_latency_ms:
+            _sleep_unless_cancelled(sim.rollout_latency_ms / 1000)
 
     def _sample_rows(self, prompts: list[str], seed: int, logprobs: bool) -> RolloutBatch | None:
         """``carry``: sample ``prompts``' rows whole with the weights held (None: no prompts)."""
@@ -247,6 +300,14 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             self._carry = Carry(CarryBuffer(rows, segment))
         self._carry.last_step = step
         return self._carry
+
+    def carry_left(self) -> dict[str, int]:
+        """``carry``: the ``groups`` this rank still holds and those a cancelled call lost since
+        the last ask, with their sampled ``tokens``; forgets them (at a run's end they never
+        train: they count as discarded). Zeros for other policies."""
+        if self._carry is None:
+            return {"groups": 0, "tokens": 0}
+        return self._carry.left()
 
     def carry_stats(self) -> dict[str, int]:
         """``carry``: the modelled decoding so far (steps, busy row-steps, slot-steps,
@@ -392,20 +453,36 @@ CARRY_SEGMENT = 4
 
 
 class Carry:
-    """A rollout rank's carried prompt groups (``trainer.partial_rollout=carry``): the
-    modelled decoding (:class:`CarryBuffer`) and each group's sampled rows by key.
+    """A rollout rank's carried prompt groups (``trainer.partial_rollout=carry``): the slot
+    schedule (:class:`CarryBuffer`) and each group's rows by key: sampled whole on the
+    modelled device (``rows``), or each row as far as the torch engine decoded it (``live``).
 
     Args:
-        buffer: the modelled decoding state.
+        buffer: the slot schedule.
     """
 
     def __init__(self, buffer: CarryBuffer) -> None:
         self.buffer = buffer
         self.rows: dict[int, RolloutBatch] = {}
+        self.live: dict[int, list[Parked]] = {}
         self.prompts: dict[int, str] = {}
         self.last_step = -(2**62)
         self._next = 0
-        self._tally = {"steps": 0, "busy": 0, "slot_steps": 0, "handed_on": 0, "dropped": 0}
+        self._part = 0  # segments decoded (each draws its own seed)
+        self._tally = {
+            "steps": 0,
+            "busy": 0,
+            "slot_steps": 0,
+            "handed_on": 0,
+            "dropped": 0,
+            "lost_groups": 0,
+            "lost_tokens": 0,
+        }
+
+    def _key(self, prompt: str) -> int:
+        key, self._next = self._next, self._next + 1
+        self.prompts[key] = prompt
+        return key
 
     def admit(
         self,
@@ -425,27 +502,94 @@ class Carry:
         rng = random.Random(sampling_seed(run, step, rank) if seed is None else seed)
         lengths = simulated_lengths(run.simulate.response_length_median).sample(rng, rows)
         for i, first in enumerate(range(0, rows, n)):
-            key, self._next = self._next, self._next + 1
+            key = self._key(prompts[i])
             self.rows[key] = batch.select(torch.arange(first, min(first + n, rows)))
-            self.prompts[key] = prompts[i]
             self.buffer.admit(key, version, lengths[first : first + n])
+
+    def admit_prompts(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        prompts: list[str],
+        version: int,
+        run: RunConfig,
+        logprobs: bool,
+    ) -> None:
+        """Queue one group of ``n`` rows per prompt (``[b, P]`` encoded), no token sampled yet;
+        each row may decode ``rollout.max_new_tokens``."""
+        n, budget = run.rollout.n_samples_per_prompt, run.rollout.max_new_tokens
+        for i, prompt in enumerate(prompts):
+            key = self._key(prompt)
+            one = (ids[i : i + 1], mask[i : i + 1])
+            self.live[key] = [continuation.start(*one, version, logprobs) for _ in range(n)]
+            self.buffer.admit(key, version, [budget] * n)
+
+    def restamp(self, version: int) -> None:
+        """Groups with no token sampled yet count their staleness from ``version`` (the
+        weights that will sample their first token: the torch engine)."""
+        for key in self.prompts:
+            if not self.tokens(key):
+                self.buffer.stamp(key, version)
+
+    def next_part(self) -> int:
+        """The index of the next decoded segment (its seed)."""
+        self._part += 1
+        return self._part - 1
+
+    def tokens(self, key: int) -> int:
+        """Response tokens group ``key`` has sampled so far."""
+        if key in self.rows:
+            return continuation.sampled_tokens(self.rows[key])
+        return sum(continuation.sampled_tokens(p.batch) for p in self.live[key])
+
+    def _forget(self, keys: tuple[int, ...]) -> int:
+        tokens = sum(self.tokens(k) for k in keys)
+        for k in keys:
+            del self.prompts[k]
+            self.rows.pop(k, None)
+            self.live.pop(k, None)
+        return tokens
 
     def drop(self, keys: tuple[int, ...]) -> int:
         """Forget groups; returns the response tokens they had sampled (discarded)."""
         self._tally["dropped"] += len(keys)
-        for k in keys:
-            del self.prompts[k]
-        return sum(continuation.sampled_tokens(self.rows.pop(k)) for k in keys)
+        return self._forget(keys)
 
-    def take(self, keys: tuple[int, ...]) -> list[RolloutBatch]:
-        """The rows of the groups handed on, in order."""
+    def lose(self) -> int:
+        """Forget every group held (a cancelled call, or the run's end); returns their tokens,
+        added to the ``lost_*`` totals."""
+        keys = tuple(self.prompts)
+        self.buffer.groups.clear()
+        self._tally["lost_groups"] += len(keys)
+        tokens = self._forget(keys)
+        self._tally["lost_tokens"] += tokens
+        return tokens
+
+    def left(self) -> dict[str, int]:
+        """The groups held and those lost since the last ask, with their tokens; forgets the
+        groups held (:meth:`lose`)."""
+        self.lose()
+        out = {"groups": self._tally["lost_groups"], "tokens": self._tally["lost_tokens"]}
+        self._tally["lost_groups"] = self._tally["lost_tokens"] = 0
+        return out
+
+    def take(self, keys: tuple[int, ...], pad_token_id: int) -> list[RolloutBatch]:
+        """The rows of the groups handed on, in order (token versions and ``rollout_logprobs``
+        set)."""
         self._tally["handed_on"] += len(keys)
+        out = []
         for k in keys:
             del self.prompts[k]
-        return [self.rows.pop(k) for k in keys]
+            if k in self.rows:
+                out.append(self.rows.pop(k))
+                continue
+            rows = [as_rollout_logprobs(continuation.finished(p)) for p in self.live.pop(k)]
+            group = concat_batches(rows, pad_token_id)
+            out.append(group.replace(group_size=len(rows)))
+        return out
 
     def tally(self, done: Any) -> None:
-        """Add a call's modelled decoding to the totals."""
+        """Add a call's decoding to the totals."""
         for key in ("steps", "busy", "slot_steps"):
             self._tally[key] += getattr(done, key)
 

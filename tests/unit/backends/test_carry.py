@@ -78,3 +78,25 @@ def test_bad_sizes_and_a_held_key_are_refused():
     buf.admit(0, 0, [1])
     with pytest.raises(ValueError, match="already"):
         buf.admit(0, 0, [1])
+
+
+def test_a_decoder_ends_rows_at_their_eos_and_a_stamp_moves_a_waiting_group():
+    # the torch engine: budgets of 6 steps, the decoder says which rows sampled their EOS
+    buf = CarryBuffer(slots=2, segment=2)
+    buf.admit(0, 0, [6, 6])
+    buf.admit(1, 0, [6, 6])
+    asked = []
+
+    def decode(rows, seg):
+        asked.append((rows, seg))
+        return {(0, 0): 1, (0, 1): 2} if len(asked) == 1 else {}
+
+    done = buf.run(want=1, oldest=0, decode=decode)
+    # segment 1: group 0's rows end after 1 and 2 steps (EOS): complete; group 1 never started
+    assert asked == [([(0, 0), (0, 1)], 2)]
+    assert done == Segmented(ready=(0,), dropped=(), steps=2, busy=3, slot_steps=4)
+    buf.stamp(1, 3)  # it waits: it counts from the weights that will sample its first token
+    assert buf.run(want=0, oldest=3).dropped == ()
+    done = buf.run(want=1, oldest=3, decode=decode)  # no EOS: rows run to their budget
+    assert len(asked) == 4 and all(a == ([(1, 0), (1, 1)], 2) for a in asked[1:])
+    assert done == Segmented(ready=(1,), dropped=(), steps=6, busy=12, slot_steps=12)

@@ -32,3 +32,20 @@ def test_run_totals_sum_the_counts_and_take_the_largest_staleness():
         "within_bound": 0.75,  # 3 of the 4 steps (equal batches) at most 1 version stale
     }
     assert run_totals([{"step": 0, "reward/mean": 0.1}], 0) == {}  # synchronous: nothing
+
+
+def test_groups_left_in_the_carry_buffer_count_as_discarded():
+    records = [
+        {"step": 0, "rollout/staleness_max": 0, "rollout/discarded_tokens": 4},
+        {
+            "step": 1,
+            "rollout/staleness_max": 2,
+            "rollout/discarded_tokens": 10,  # the last step's record counts what is left
+            "rollout/unfinished_groups": 3,
+        },
+    ]
+    totals = run_totals(records, max_staleness=2)
+    assert (totals["unfinished_groups"], totals["discarded_tokens"]) == (3, 14)
+    # an early stop: the groups held after the last record come from the schedule's end
+    totals = run_totals(records[:1], 2, left={"groups": 2, "tokens": 9})
+    assert (totals["unfinished_groups"], totals["discarded_tokens"]) == (2, 13)
