@@ -77,7 +77,9 @@ def test_carried_rows_continue_under_new_weights_and_each_token_keeps_its_versio
             assert bool(((versions <= v) & (versions >= 1))[live].all())
             for row, m in zip(versions, live, strict=True):  # a row's versions never go back
                 assert bool((row[m][1:] >= row[m][:-1]).all())
-            mixed += sum(len(set(row[m].tolist())) > 1 for row, m in zip(versions, live))
+            mixed += sum(
+                len(set(row[m].tolist())) > 1 for row, m in zip(versions, live, strict=True)
+            )
             for u in versions[live].unique().tolist():
                 w.model.load_state_dict(_weights(base, u))
                 mine = live & (versions == u)
