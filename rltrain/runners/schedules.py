@@ -227,11 +227,24 @@ class PipelinedSchedule(TurnSchedule):
         return {k: sum(int(x[k]) for x in lefts) for k in ("groups", "tokens")}
 
     def end(self, done_steps: int, clean: bool) -> None:
+        unread = self._unread() if self.pipeline.policy == "carry" and clean else None
         self.pipeline.reset(done_steps)  # an early stop drops generations ahead
-        if self.pipeline.policy == "carry" and clean:
+        if unread is not None:
             # an early stop: the last record came before; summary.json counts these
-            self.left_at_end = self._carry_left()
+            left = self._carry_left()
+            self.left_at_end = {k: unread[k] + left[k] for k in left}
         super().end(done_steps, clean)
+
+    def _unread(self) -> dict[str, int]:
+        """``carry``: the groups (and tokens) of the generations submitted ahead that no step
+        will train; waited for, not cancelled, so that none is lost uncounted."""
+        out = {"groups": 0, "tokens": 0}
+        for gen in self.pipeline.queue:
+            for shard in gen.future.wait():
+                if shard is not None:
+                    out["groups"] += len(shard.response_mask) // max(shard.group_size, 1)
+                    out["tokens"] += int(shard.response_mask.sum())
+        return out
 
     def drain(self) -> None:
         """Wait for the generations in flight (benchmarks: a timed section ends idle)."""

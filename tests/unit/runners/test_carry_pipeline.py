@@ -73,3 +73,38 @@ def test_carry_primes_once_runs_one_ahead_and_sends_the_bound():
 def test_other_policies_keep_k_ahead_and_send_no_carry_arguments():
     pipe = GenerationPipeline(_Runner(), 2, "finish")  # type: ignore[arg-type]
     assert pipe.ahead == 2 and pipe._carry_args(5) == {"oldest_version": 3, "data_step": 6}
+
+
+class _Shards(_Done):
+    def __init__(self, shards: list) -> None:
+        self.shards = shards
+
+    def wait(self) -> list:  # type: ignore[override]
+        return self.shards
+
+
+def test_an_early_stop_counts_the_groups_ahead_and_those_still_buffered():
+    import torch
+
+    from rltrain.algorithms.batch import RolloutBatch
+    from rltrain.runners.pipeline import InFlight
+    from rltrain.runners.schedules import PipelinedSchedule
+
+    runner, asked = _Runner(), []
+    runner.run = SimpleNamespace(trainer=SimpleNamespace(sampler="in_order"))
+    runner.finish_weight_sync = lambda: asked.append("sync")
+    lefts = [{"groups": 2, "tokens": 5}, {"groups": 1, "tokens": 0}]  # two rollout ranks
+    runner.g = SimpleNamespace(
+        need=lambda name: SimpleNamespace(
+            call=lambda method: asked.append(method.__name__) or SimpleNamespace(wait=lambda: lefts)
+        )
+    )
+    schedule = PipelinedSchedule(runner, 2, "carry")  # type: ignore[arg-type]
+    ones = torch.ones(4, 3)  # a shard of 2 groups of 2 rows, 12 tokens
+    shard = RolloutBatch(ones.long(), ones.long(), ones.long(), ones, group_size=2)
+    # the generation of the step after the last trained one, already handed on: never read
+    schedule.pipeline.queue.append(InFlight(7, 6, _Shards([shard, None]), 0))
+    schedule.end(7, clean=True)
+    assert asked == ["carry_left", "sync"]
+    assert schedule.left_at_end == {"groups": 2 + 3, "tokens": 12 + 5}
+    assert not schedule.pipeline.queue
