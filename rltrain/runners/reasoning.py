@@ -64,10 +64,16 @@ class ReasoningRunner:
         job: the started job (its ``layout`` gives the sizes and whether the step is fused).
         max_staleness: overrides ``trainer.max_staleness`` (benchmarks compare both schedules
             on one job); ``None`` reads the config.
+        partial_rollout: overrides ``trainer.partial_rollout`` (None: the config's).
+        sampler: overrides ``trainer.sampler`` (None: the config's).
     """
 
     def __init__(
-        self, job: Job, max_staleness: int | None = None, partial_rollout: str | None = None
+        self,
+        job: Job,
+        max_staleness: int | None = None,
+        partial_rollout: str | None = None,
+        sampler: str | None = None,
     ) -> None:
         self.job, self.run, self.layout = job, job.run, job.layout
         self.stages = ReasoningStages(job)
@@ -77,7 +83,7 @@ class ReasoningRunner:
             self.run.trainer.checkpoint_dir or f"{job.run_dir}/checkpoints"
         )
         k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
-        self.schedule = schedule_for(self.stages, k, partial_rollout)
+        self.schedule = schedule_for(self.stages, k, partial_rollout, sampler)
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.total_steps`` (or the target accuracy, or a stop signal)."""

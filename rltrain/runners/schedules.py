@@ -176,15 +176,23 @@ class PipelinedSchedule(TurnSchedule):
         stages: the stages whose rollout generates ahead.
         max_staleness: ``k >= 1``, weight versions a batch may lag behind the actor.
         partial_rollout: ``finish``, ``restart`` or ``continue`` (``trainer.partial_rollout``).
+        sampler: a benchmark's override of ``trainer.sampler`` (None: the config's).
     """
 
-    def __init__(self, stages: StepStages, max_staleness: int, partial_rollout: str) -> None:
+    def __init__(
+        self,
+        stages: StepStages,
+        max_staleness: int,
+        partial_rollout: str,
+        sampler: str | None = None,
+    ) -> None:
         super().__init__(stages)
         t = stages.run.trainer
+        sampler = sampler or t.sampler
         self.pipeline: GenerationPipeline = (
             GenerationPipeline(stages, max_staleness, partial_rollout)
-            if t.sampler == "in_order"
-            else PooledPipeline(stages, max_staleness, partial_rollout, t.sampler, t.sampler_window)
+            if sampler == "in_order"
+            else PooledPipeline(stages, max_staleness, partial_rollout, sampler, t.sampler_window)
         )
         self.left_at_end: dict[str, int] | None = None  # carry: groups held after the last record
 
@@ -251,13 +259,19 @@ class PipelinedSchedule(TurnSchedule):
         self.pipeline.drain()
 
 
-def schedule_for(stages: StepStages, max_staleness: int, partial_rollout: str | None = None) -> Any:
+def schedule_for(
+    stages: StepStages,
+    max_staleness: int,
+    partial_rollout: str | None = None,
+    sampler: str | None = None,
+) -> Any:
     """The schedule the run's layout calls for.
 
     Args:
         stages: the run's step stages.
         max_staleness: ``trainer.max_staleness`` (or a benchmark's override).
         partial_rollout: a benchmark's override of ``trainer.partial_rollout``.
+        sampler: a benchmark's override of ``trainer.sampler``.
 
     Returns:
         A :class:`FusedSchedule`, :class:`PipelinedSchedule` or :class:`TurnSchedule`.
@@ -266,7 +280,7 @@ def schedule_for(stages: StepStages, max_staleness: int, partial_rollout: str | 
         return FusedSchedule(stages)
     if max_staleness > 0:
         policy = partial_rollout or stages.run.trainer.partial_rollout
-        return PipelinedSchedule(stages, max_staleness, policy)
+        return PipelinedSchedule(stages, max_staleness, policy, sampler)
     return TurnSchedule(stages)
 
 

@@ -1,9 +1,11 @@
 """Long-tail generation: heavy-tailed response lengths, synchronous vs partial rollouts.
 
-One disaggregated job (actor on device 0, rollout on device 1) drives five schedules on the
+One disaggregated job (actor on device 0, rollout on device 1) drives six schedules on the
 same workers: synchronous (``max_staleness=0``, the baseline), ``max_staleness=1`` with
-``finish``, ``restart`` and ``continue``, and ``carry`` with ``max_staleness=2`` (a row carried
-into the next call trains 2 versions after it started; docs/async.md#carry). The rollout's
+``finish``, ``restart`` and ``continue``, ``fifo`` (``max_staleness=1``, ``finish`` with
+``trainer.sampler=fifo``: two generations in flight, each step trains the freshest complete
+one), and ``carry`` with ``max_staleness=2`` (a row carried into the next call trains 2
+versions after it started; docs/async.md#carry). The rollout's
 device time follows heavy-tailed response lengths (``simulate.response_length_median``:
 log-normal, sigma 1, capped at 16x the median, drawn per step and rank): a generate call waits
 ``simulate.rollout_token_latency_ms`` per decoding step of its longest modelled row, so a few
@@ -38,8 +40,9 @@ from rltrain.bench.harness import Suite, measure
 TOKEN_MS = 25.0  # per modelled decoding step: a call of 8 rows takes ~1 s on average
 MEDIAN = 8.0  # modelled tokens; the longest of 8 rows averages ~40
 ACTOR_MS = 1000.0
-POLICIES = ("finish", "restart", "continue", "carry")
+POLICIES = ("finish", "restart", "continue", "fifo", "carry")
 STALENESS = {"carry": 2}  # the others run with max_staleness=1
+SAMPLERS = {"fifo": "fifo"}  # finish with trainer.sampler=fifo
 ROWS = 8  # train_batch_size 2 x 4 samples, on the one rollout rank
 
 #: The goals of issue 33 on these devices: (key, what, bound, "<=" or ">=").
@@ -62,8 +65,8 @@ GOALS: tuple[tuple[str, str, float, str], ...] = (
 
 @measure(
     "long_tail",
-    "heavy-tailed response lengths: max_staleness=1 finish / restart / continue and "
-    "max_staleness=2 carry vs synchronous",
+    "heavy-tailed response lengths: max_staleness=1 finish / restart / continue / fifo "
+    "sampler and max_staleness=2 carry vs synchronous",
 )
 def long_tail(quick: bool) -> Suite:
     from rltrain.bench.measures.trainer import compose, policy_cases, start_reasoning
@@ -85,7 +88,7 @@ def long_tail(quick: bool) -> Suite:
     )
     stack = contextlib.ExitStack()
     job = start_reasoning(run, stack)
-    cases, seen = policy_cases(job, steps, POLICIES, STALENESS)
+    cases, seen = policy_cases(job, steps, POLICIES, STALENESS, SAMPLERS)
     token_s = TOKEN_MS * scale / 1000
 
     def figures() -> dict[str, float]:
@@ -103,7 +106,8 @@ def long_tail(quick: bool) -> Suite:
         note=f"speed-up = 1/ratio. {TOKEN_MS * scale:g} ms per modelled decoding step, modelled "
         f"lengths log-normal (median {MEDIAN:g} tokens, sigma 1, cap {16 * MEDIAN:g}), "
         f"{ACTOR_MS * scale:g} ms per update; simulated devices, one job for every schedule; "
-        f"carry runs with max_staleness=2, the others with 1.",
+        f"carry runs with max_staleness=2, the others with 1; fifo is finish with "
+        f"trainer.sampler=fifo.",
         teardown=stack.close,
         extras=figures,
     )
@@ -164,8 +168,9 @@ def extras(
 
     Returns:
         ``<name>_steps_per_s``, ``<name>_idle``, ``<name>_rollout_idle`` (static batches), and
-        for the pipelined schedules ``<name>_discarded_share`` and ``<name>_staleness_max``;
-        then each goal's key.
+        for the pipelined schedules ``<name>_discarded_share``, ``<name>_dropped_samples``
+        (samples past the bound or, with ``fifo``, older than the freshest) and
+        ``<name>_staleness_max``; then each goal's key.
     """
     out: dict[str, float] = {}
     within = total = 0
@@ -183,6 +188,7 @@ def extras(
         trained = sum(r["perf/tokens_per_s"] * r["time/step_s"] for _, r in pairs)
         discarded = sum(r.get("rollout/discarded_tokens", 0) for _, r in pairs)
         out[f"{name}_discarded_share"] = discarded / (trained + discarded) if trained else 0.0
+        out[f"{name}_dropped_samples"] = sum(r.get("rollout/dropped_samples", 0) for _, r in pairs)
         out[f"{name}_staleness_max"] = max(r["rollout/staleness_max"] for _, r in pairs)
         bound = STALENESS.get(name, k)
         within += sum(r["rollout/staleness_max"] <= bound for _, r in pairs)

@@ -210,10 +210,15 @@ def start_reasoning(run, stack: contextlib.ExitStack):
 
 
 def policy_cases(
-    job, steps: int, policies: tuple[str, ...], staleness: dict[str, int] | None = None
+    job,
+    steps: int,
+    policies: tuple[str, ...],
+    staleness: dict[str, int] | None = None,
+    samplers: dict[str, str] | None = None,
 ) -> tuple[tuple[Case, ...], dict]:
     """One case per schedule on one started job: synchronous (the baseline, first), then
-    ``max_staleness=1`` (or ``staleness[policy]``) with each ``trainer.partial_rollout`` policy.
+    ``max_staleness=1`` (or ``staleness[policy]``) with each ``trainer.partial_rollout`` policy;
+    a name in ``samplers`` is ``finish`` with that ``trainer.sampler`` instead.
 
     Every schedule takes its steps from a range of its own (each reloads the weights every
     step, so versions must not meet); each timed call runs ``steps`` steps and drains.
@@ -227,7 +232,12 @@ def policy_cases(
     runners = {
         "sync": ReasoningRunner(job, max_staleness=0),
         **{
-            p: ReasoningRunner(job, max_staleness=(staleness or {}).get(p, 1), partial_rollout=p)
+            p: ReasoningRunner(
+                job,
+                max_staleness=(staleness or {}).get(p, 1),
+                partial_rollout="finish" if p in (samplers or {}) else p,
+                sampler=(samplers or {}).get(p),
+            )
             for p in policies
         },
     }

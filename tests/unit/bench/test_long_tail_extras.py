@@ -17,21 +17,24 @@ def _rec(step_s: float, staleness: int = 1, discarded: int = 0) -> dict[str, flo
 
 
 def test_idle_speedups_discarded_share_and_goals_by_hand():
-    busy = {0: 0.4, 1: 0.2, 10: 0.4, 11: 0.2, 20: 0.4, 21: 0.2, 30: 0.4, 31: 0.2}.get
+    busy = {s + d: b for s in (0, 10, 20, 30, 40) for d, b in ((0, 0.4), (1, 0.2))}.get
     seen = {
         "sync": [(0, {"time/step_s": 2.0}), (1, {"time/step_s": 2.0})],
         "finish": [(10, _rec(1.0)), (11, _rec(1.0, staleness=0))],
         "restart": [(20, _rec(2.0, discarded=10)), (21, _rec(2.0))],
         "continue": [(30, _rec(0.5)), (31, _rec(0.5, staleness=2))],
+        # the fifo sampler dropped an older shard of 8 samples for a fresher one
+        "fifo": [(40, {**_rec(1.0), "rollout/dropped_samples": 8}), (41, _rec(1.0))],
     }
     out = extras(seen, busy)
+    assert out["fifo_dropped_samples"] == 8 and out["restart_dropped_samples"] == 0
     assert out["sync_steps_per_s"] == 0.5 and out["continue_steps_per_s"] == 2.0
     assert out["sync_idle"] == pytest.approx(1 - 0.6 / 4)  # 0.6 s of rows busy in 4 s
     assert out["continue_idle"] == pytest.approx(1 - 0.6 / 1)
     assert out["restart_discarded_share"] == pytest.approx(10 / 30)  # 20 trained, 10 thrown
     assert out["continue_speedup_vs_sync"] == 4.0
     assert out["continue_speedup_vs_best"] == 2.0  # finish's 1 step/s is the best
-    assert out["within_bound"] == 5 / 6  # continue's second batch was 2 versions stale
+    assert out["within_bound"] == 7 / 8  # continue's second batch was 2 versions stale
     goals = report(out)
     assert goals["sync_idle_met"] == 1.0 and goals["continue_idle_met"] == 0.0
     assert goals["continue_speedup_vs_sync_met"] == 1.0 and goals["within_bound_met"] == 0.0
