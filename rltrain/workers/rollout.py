@@ -252,7 +252,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                     more.select(torch.tensor([i])), budget - row.columns
                 )
                 state.live[k][r] = continuation.stitch(row, part, self.version, pad)
-                if not bool(state.live[k][r].batch.truncated[0]):  # sampled its EOS
+                truncated = state.live[k][r].batch.truncated
+                if truncated is not None and not bool(truncated[0]):  # sampled its EOS
                     ended[(k, r)] = continuation.sampled_tokens(part)
             return ended
 
@@ -272,10 +273,9 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         if sim.rollout_latency_ms:
             _sleep_unless_cancelled(sim.rollout_latency_ms / 1000)
 
-    def _sample_rows(self, prompts: list[str], seed: int, logprobs: bool) -> RolloutBatch | None:
-        """``carry``: sample ``prompts``' rows whole with the weights held (None: no prompts)."""
-        if not prompts:
-            return None
+    def _sample_rows(self, prompts: list[str], seed: int, logprobs: bool) -> RolloutBatch:
+        """``carry`` on the modelled device: sample ``prompts``' rows whole with the weights
+        held."""
         batch = self.interaction.generate(prompts, seed, logprobs, self._decode_step)
         return self._versioned(batch)
 
@@ -585,7 +585,7 @@ class Carry:
                 continue
             rows = [as_rollout_logprobs(continuation.finished(p)) for p in self.live.pop(k)]
             group = concat_batches(rows, pad_token_id)
-            out.append(group.replace(group_size=len(rows)))
+            out.append(dataclasses.replace(group, group_size=len(rows)))
         return out
 
     def tally(self, done: Any) -> None:
