@@ -13,7 +13,7 @@ weights is ``trainer.partial_rollout``:
   sampled so far (and their behaviour log-probs and versions) and samples the rest with the new
   weights. The batch's staleness still counts from the version that started it;
 - ``carry``: nothing is cancelled; each rollout rank carries the rows a call has not finished
-  into its next call (:mod:`rltrain.backends.carry`). The pipeline then runs one generation
+  into its next call (:mod:`rltrain.whatif.slots`). The pipeline then runs one generation
   ahead, so a group may be carried for ``k - 1`` calls within the bound; the rollout drops the
   groups past it (``oldest_version``).
 """

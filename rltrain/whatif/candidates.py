@@ -38,6 +38,10 @@ from typing import Any
 from rltrain.config.offload import resolve_offload
 from rltrain.config.schema import OffloadPolicyConfig
 
+#: The least ``trainer.max_staleness`` a policy runs with, where it is more than 1: a row
+#: ``carry`` hands into the next call trains 2 versions after it started (docs/async.md#carry).
+#: An asynchronous candidate with such a policy runs at this staleness.
+MIN_STALENESS: Mapping[str, int] = {"carry": 2}
 #: Components the layouts place explicitly; every other one follows the actor.
 PLACED = ("actor", "rollout", "env")
 #: Offload policies used where actor/rollout/env share devices and the base config gives none.
@@ -133,7 +137,8 @@ def reasoning_candidates(
         families: the families to enumerate.
         staleness: ``trainer.max_staleness`` values for layouts with actor and rollout apart.
         partial_rollout: ``trainer.partial_rollout`` policies for the asynchronous ones
-            (``max_staleness >= 1``), in the order given.
+            (``max_staleness >= 1``), in the order given; a policy with a least staleness
+            (:data:`MIN_STALENESS`) runs at least at it.
 
     Returns:
         The candidates: at most ``2 + (D - 1) x (|staleness without 0| x |partial_rollout|
@@ -149,13 +154,21 @@ def reasoning_candidates(
     for k in range(1, devices):
         if "disaggregated" in fams:
             actor, rollout = (0, devices - k), (devices - k, devices)
+            seen = set()
             for s in ks:
                 for policy in policies if s > 0 else ["finish"]:
-                    out.append(
-                        Candidate(
-                            "disaggregated", actor, rollout, staleness=s, partial_rollout=policy
+                    k_run = max(s, MIN_STALENESS.get(policy, s)) if s > 0 else 0
+                    if (k_run, policy) not in seen:
+                        seen.add((k_run, policy))
+                        out.append(
+                            Candidate(
+                                "disaggregated",
+                                actor,
+                                rollout,
+                                staleness=k_run,
+                                partial_rollout=policy,
+                            )
                         )
-                    )
         if "hybrid" in fams:
             out.append(Candidate("hybrid", every, (devices - k, devices)))
     return out

@@ -28,6 +28,7 @@ from typing import Any
 
 from rltrain.kinds import registry
 from rltrain.telemetry.trace import Span
+from rltrain.whatif.slots import DEFAULT_SEGMENT, CarryBuffer
 from rltrain.whatif.workload import Proc, StepModel
 
 
@@ -321,6 +322,94 @@ class Pipeline:
             self._flush(j.step)
 
 
+class CarryPipeline(Pipeline):
+    """``trainer.partial_rollout=carry``: each rollout rank keeps a
+    :class:`~rltrain.whatif.slots.CarryBuffer` across its calls, the very buffer the rollout
+    worker runs (``RolloutWorker._carried``), fed the same lengths.
+
+    As the runtime does (``GenerationPipeline`` with ``carry``): before the first step every
+    rank samples one step's groups into its buffer and hands nothing on; then the pipeline runs
+    one generation ahead, and the call for step ``s`` drops the groups started before version
+    ``s - k`` (sampling their prompts again with the weights it holds), samples the next step's
+    groups, and decodes segments until it has as many complete groups as it hands on. Its
+    lengths are those the rollout draws: the call for step ``s`` on rank ``r`` draws with the
+    seed of ``(s, r)``, a group sampled again with its continuation seed.
+
+    A call's device time is the buffer's decoding steps: ``simulate.rollout_token_latency_ms``
+    each on simulated devices (plus ``rollout_latency_ms`` per call and the host sampling the
+    new rows whole), else the roofline's decoding step at the call's mean busy slots and a
+    prefill of the rows admitted.
+
+    Args:
+        m: the step model.
+        k: ``trainer.max_staleness`` (``>= 2``), the bound the buffer drops groups by.
+        sink: where spans go.
+    """
+
+    def __init__(self, m: StepModel, k: int, sink: Sink) -> None:
+        super().__init__(m, 1, "finish", sink)  # one generation ahead; nothing is cancelled
+        run = m.run
+        self.bound = k
+        self.n = max(int(run.rollout.n_samples_per_prompt), 1)
+        rows = m.rows_per("rollout")
+        self.want = max(rows // self.n, 1)
+        segment = int(run.trainer.carry_segment or DEFAULT_SEGMENT)
+        slots = rows if m.sim else max(min(rows, m.concurrency()), 1)
+        self.buffers = [CarryBuffer(slots, segment) for _ in self.ranks]
+        self.primed = False
+        self._keys = 0
+
+    def fill(self, step: int, t: float, horizon: int) -> None:
+        if not self.primed:
+            self._prime(step, t)
+        super().fill(step, t, horizon)
+
+    def _prime(self, step: int, t: float) -> None:
+        """Every rank samples ``step``'s groups into its buffer, handing nothing on (the
+        driver waits for it, as the runtime's prime call)."""
+        c, world = self.m.calib, len(self.ranks)
+        for i, p in enumerate(self.ranks):
+            lens = self.m.draw_lengths(step - 1, i, world)
+            self._admit(i, lens, self.version)
+            host = self.m.carry_sampling(lens, world)
+            start = max(self.free[i], t + c.call_s)
+            self.sink.add("generate", p, start, host)
+            self.free[i] = start + host
+        self.primed = True
+
+    def _admit(self, rank: int, lens: Sequence[int], version: int) -> None:
+        for first in range(0, len(lens), self.n):
+            self.buffers[rank].admit(self._keys, version, lens[first : first + self.n])
+            self._keys += 1
+
+    def _submit(self, step: int, t: float) -> Job:
+        m, c = self.m, self.m.calib
+        world = len(self.ranks)
+        job = Job(step, self.version)
+        spans = []
+        oldest = max(step - self.bound, 0)
+        for i, p in enumerate(self.ranks):
+            buf = self.buffers[i]
+            start = max(self.free[i], t + c.call_s)
+            load = m.sync() / 2 if self.version > self.loaded[i] else 0.0
+            again = len(buf.run(0, oldest).dropped) * self.n  # past the bound: sampled again
+            redo = m.redraw_lengths(step, i, self.version, again)
+            fresh = m.draw_lengths(step, i, world)
+            self._admit(i, redo, self.version)
+            self._admit(i, fresh, self.version)
+            versions = {key: g.version for key, g in buf.groups.items()}
+            done = buf.run(self.want, oldest)
+            job.version = min((versions[key] for key in done.ready), default=self.version)
+            g = m.carry_call(done, redo, fresh, world)
+            spans.append((p, "sync", start, load))
+            spans.append((p, "generate", start + load, g))
+            self.free[i] = start + load + g
+            self.loaded[i] = self.version
+            job.work.append((start, self.free[i]))
+        self.pending[step] = spans
+        return job
+
+
 # -------------------------------------------------------------------------------- embodied
 def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
     """One embodied step: the pipelined rollout epoch, then the PPO update and the sync."""
@@ -394,7 +483,11 @@ def simulate(
     sink = Sink()
     t = 0.0
     if schedule == "pipelined":
-        pipe = Pipeline(m, max(staleness, 1), policy, sink)
+        pipe = (
+            CarryPipeline(m, max(staleness, 2), sink)
+            if policy == "carry"
+            else Pipeline(m, max(staleness, 1), policy, sink)
+        )
         for s in range(steps):
             t = pipe.step(s, t, steps)
         pipe.close()
@@ -424,8 +517,8 @@ def unmodelled(run: Any) -> list[str]:
     with the fix (``mode=plan`` refuses them rather than predict another schedule).
 
     The simulator's pipeline trains step ``s`` on the generation sent for step ``s``
-    (``trainer.sampler=in_order``; no rows carried across calls, ``partial_rollout=carry``),
-    and it draws each rank's response lengths independently,
+    (``trainer.sampler=in_order``; ``partial_rollout=carry`` hands on the groups its buffer
+    completed, :class:`CarryPipeline`), and it draws each rank's response lengths independently,
     with no prompt whose past lengths a dispatcher could know (``rollout.dispatch=in_order``).
 
     Args:
@@ -442,13 +535,6 @@ def unmodelled(run: Any) -> list[str]:
             f"in_order schedule only, not the pool of generations run ahead; plan with "
             f"trainer.sampler=in_order (same placement and memory; the same batches, and about "
             f"the same seconds per step, when generation is slower than an update)"
-        )
-    if str(run.trainer.partial_rollout) == "carry":
-        out.append(
-            "trainer.partial_rollout='carry': the what-if simulator (mode=plan) models a "
-            "generate call that decodes its own rows to their end, not rows carried across "
-            "calls; plan with trainer.partial_rollout=continue (the same placement and memory; "
-            "an upper bound on carry's seconds per step)"
         )
     dispatch = str(run.rollout.dispatch)
     if dispatch != "in_order":

@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import rltrain.whatif.lengths as lengths_mod
 from rltrain.config.numerics import old_logprob_pass
-from rltrain.config.seeds import sampling_seed
+from rltrain.config.seeds import continuation_seed, sampling_seed
 from rltrain.placement import memory as mem
 from rltrain.telemetry.trace import device_label
 from rltrain.whatif.calibrate import DEFAULT, Calibration
 from rltrain.whatif.hardware import SIM, Device, Link, link
 from rltrain.whatif.roofline import (
     ModelCost,
+    decode_step_seconds,
     forward_seconds,
     generate_seconds,
     prefill_seconds,
@@ -120,7 +121,7 @@ class StepModel:
         """Every rollout rank's generate call of ``step`` (see :meth:`generate`)."""
         if self.exact_ranks is None or world <= self.exact_ranks or self.sim:
             return [self.generate(step, r, world) for r in range(world)]
-        drawn = [self._lengths(step, r, world) for r in range(world)]
+        drawn = [self.draw_lengths(step, r, world) for r in range(world)]
         k = max(self.exact_ranks // 2, 1)
         by_max = sorted(range(world), key=lambda r: -max(drawn[r], default=0))[:k]
         by_sum = sorted(range(world), key=lambda r: -sum(drawn[r]))[:k]
@@ -128,7 +129,9 @@ class StepModel:
         floor = min(exact.values())
         return [exact.get(r, (floor[0], sum(drawn[r]), floor[2])) for r in range(world)]
 
-    def _lengths(self, step: int, rank: int, world: int) -> list[int]:
+    def draw_lengths(self, step: int, rank: int, world: int) -> list[int]:
+        """The response lengths of rank ``rank``'s generate call for ``step``, drawn as the
+        rollout seeds its sampling (and the carry buffer its modelled lengths)."""
         rng = random.Random(sampling_seed(self.run.seed, step, rank))  # as the rollout seeds
         return self.lengths.sample(rng, math.ceil(self.rows / max(world, 1)))
 
@@ -138,7 +141,7 @@ class StepModel:
         Lengths are drawn per (step, rank) as the worker seeds its sampling, so a restarted
         generation of the same step draws the same lengths.
         """
-        return self._generate(self._lengths(step, rank, world), world)
+        return self._generate(self.draw_lengths(step, rank, world), world)
 
     def _generate(self, lens: list[int], world: int) -> tuple[float, int, int]:
         sim = self.run.simulate
@@ -175,6 +178,47 @@ class StepModel:
         in_flight = min(self.rows_per("rollout"), self.concurrency())
         prefix = in_flight * (self.prompt + share * self.lengths.mean())
         return prefill_seconds(self.device, self.cost, prefix, self.tp) + full_s - done_s
+
+    def redraw_lengths(self, step: int, rank: int, version: int, rows: int) -> list[int]:
+        """``carry``: the lengths of ``rows`` rows sampled again after the bound dropped their
+        groups, drawn with the seed the rollout samples them with."""
+        if rows <= 0:
+            return []
+        rng = random.Random(continuation_seed(self.run.seed, step, rank, version))
+        return self.lengths.sample(rng, rows)
+
+    def carry_sampling(self, lens: Sequence[int], world: int) -> float:
+        """``carry`` on a simulated device: the host samples a call's new rows whole (the
+        buffer decides when they complete); 0 on a catalogue device, whose decoding is the
+        buffer's steps."""
+        if not self.sim or not lens:
+            return 0.0
+        real = min(max(lens), int(self.run.rollout.max_new_tokens))
+        return self.calib.generate_extra(world) + self.calib.decode_step_s * real
+
+    def carry_call(self, done: Any, redo: Sequence[int], fresh: Sequence[int], world: int) -> float:
+        """A rank's ``carry`` call: the segments its buffer decoded (``done``, a
+        :class:`~rltrain.whatif.slots.Segmented`) plus sampling the rows it admitted (``redo``:
+        groups the bound dropped, sampled again; ``fresh``: the next step's).
+
+        Returns:
+            Seconds: on a simulated device ``rollout_latency_ms`` and
+            ``rollout_token_latency_ms`` per decoding step, plus the host's sampling; on a
+            catalogue device each step at the call's mean busy slots plus a prefill of the rows
+            admitted.
+        """
+        if self.sim:
+            sim = self.run.simulate
+            device = (sim.rollout_latency_ms + sim.rollout_token_latency_ms * done.steps) / 1000
+            host = self.carry_sampling(redo, world) + self.carry_sampling(fresh, world)
+            return device + host
+        if done.steps <= 0:
+            return 0.0
+        batch = max(done.busy / done.steps, 1.0)
+        context = self.prompt + self.lengths.mean() / 2
+        step_s = decode_step_seconds(self.device, self.cost, int(round(batch)), context, self.tp)
+        admitted = (len(redo) + len(fresh)) * self.prompt
+        return done.steps * step_s + prefill_seconds(self.device, self.cost, admitted, self.tp)
 
     def reward(self) -> float:
         """Scoring a step's batch (rule reward; a reward model as a log-prob pass)."""

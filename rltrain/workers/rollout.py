@@ -20,7 +20,6 @@ from rltrain.agents.interaction import Interaction, attach_pool, engine_interact
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import GenerationStopped, encode_prompts
 from rltrain.backends import continuation
-from rltrain.backends.carry import CarryBuffer, Decoder
 from rltrain.backends.continuation import Parked
 from rltrain.backends.generation import GenerationEngine, build_generation, sampling_seed
 from rltrain.config import seeds
@@ -29,6 +28,7 @@ from rltrain.scheduler import Worker
 from rltrain.tasks import build_task
 from rltrain.telemetry import trace
 from rltrain.whatif.lengths import simulated as simulated_lengths
+from rltrain.whatif.slots import DEFAULT_SEGMENT, CarryBuffer, Decoder
 from rltrain.workers.batching import concat_batches
 from rltrain.workers.common import (
     ResidentState,
@@ -296,7 +296,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         the last, starts a new buffer (a new schedule or a resumed run: what was carried can no
         longer train). The modelled device decodes ``rows`` (one call's rows) at once."""
         if new or self._carry is None or step <= self._carry.last_step:
-            segment = self.run.trainer.carry_segment or CARRY_SEGMENT
+            segment = self.run.trainer.carry_segment or DEFAULT_SEGMENT
             self._carry = Carry(CarryBuffer(rows, segment))
         self._carry.last_step = step
         return self._carry
@@ -446,10 +446,6 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         if self.engine.walk_sees_state:
             return super().memory_report()
         return self.memory_report_beside(self.engine, "generation engine", "vLLM's allocator")
-
-
-#: ``trainer.carry_segment`` unset: decoding steps between two re-packings of the slots.
-CARRY_SEGMENT = 4
 
 
 class Carry:

@@ -1,8 +1,8 @@
-"""Carrying unfinished rows into the next generation call (``trainer.partial_rollout=carry``;
-pure logic, no torch).
+"""Decoding slots across generate calls: the buffer of ``trainer.partial_rollout=carry``
+(pure logic, no torch).
 
 A static batch decodes until its longest row ends, so with heavy-tailed lengths most of its
-slots idle behind a few long rows. With ``carry`` the rollout keeps a buffer of prompt groups
+slots idle behind a few long rows. With ``carry`` a rollout rank keeps a buffer of prompt groups
 across its calls and decodes them the way partial-rollout systems do:
 
 - the device has ``slots`` decoding slots (the rows one call is given); a row waits for a free
@@ -21,7 +21,9 @@ The buffer schedules slots and segments; it sees lengths only. On the modelled d
 (``simulate.response_length_median``) a row's length is drawn in advance and the buffer decodes
 it by arithmetic; on the torch engine a row's budget is ``rollout.max_new_tokens`` and a
 *decoder* (:data:`Decoder`) decodes each segment for real and says which rows sampled their EOS.
-The rollout keeps each group's rows under the group's key.
+The rollout keeps each group's rows under the group's key. The what-if simulator's carry
+schedule (:class:`rltrain.whatif.events.CarryPipeline`) runs the very same buffer by arithmetic,
+so a plan's prediction of ``carry`` decodes the segments a modelled run decodes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from dataclasses import dataclass, field
 #: steps and returns the rows that ended before their budget (an EOS), each with the steps it
 #: decoded; the other rows decoded ``seg`` steps (or to their budget, if less).
 Decoder = Callable[[list[tuple[int, int]], int], dict[tuple[int, int], int]]
+#: ``trainer.carry_segment`` unset: decoding steps between two re-packings of the slots.
+DEFAULT_SEGMENT = 4
 
 
 @dataclass(frozen=True)

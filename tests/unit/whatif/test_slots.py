@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rltrain.backends.carry import CarryBuffer, Segmented
+from rltrain.whatif.slots import CarryBuffer, Segmented
 
 
 def _three_groups() -> CarryBuffer:
