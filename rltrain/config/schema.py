@@ -443,7 +443,7 @@ class WeightSyncConfig:
 
 
 # --------------------------------------------------------------------------------------- trainer
-#: ``trainer.sampler`` values (rltrain.runners.samplers).
+#: ``trainer.sampler`` values (rltrain.whatif.samplers).
 SAMPLERS = ("in_order", "fifo", "windowed")
 #: ``rollout.dispatch`` values (rltrain.runners.dispatch).
 DISPATCHES = ("in_order", "length_aware")

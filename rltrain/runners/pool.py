@@ -4,7 +4,7 @@ Generation is decoupled from the steps: the rollout always has ``k + 1`` generat
 (``trainer.max_staleness = k``), each with the newest weights when it is submitted and the
 prompts of its own data index (generations are numbered in submission order, from the step the
 schedule starts at). A completed generation's rank shards go into a pool; each step trains the
-pool's freshest shards young enough for the sampler (:mod:`rltrain.runners.samplers`) and drops
+pool's freshest shards young enough for the sampler (:mod:`rltrain.whatif.samplers`) and drops
 those too old, counted in ``rollout/dropped_samples``. When the pool holds too few, the step
 waits for the oldest generation in flight.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rltrain.runners.pipeline import GenerationPipeline, Generator
-from rltrain.runners.samplers import Pooled, age_limit, choose
+from rltrain.whatif.samplers import Pooled, age_limit, choose
 
 
 @dataclass(frozen=True)

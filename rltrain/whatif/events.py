@@ -11,7 +11,9 @@ timeline like a measured one:
   devices: offload and reload), then reward, log-probs, the update, the weight export.
 - :class:`Pipeline`: ``trainer.max_staleness = k``: the generations of the next ``k`` steps run
   on the rollout while the actor learns; what happens to one still running when new weights
-  arrive is the partial-rollout policy (:data:`POLICIES`).
+  arrive is the partial-rollout policy (:data:`POLICIES`). :class:`PoolPipeline`
+  (``trainer.sampler=fifo|windowed``) trains the freshest pooled shards instead;
+  :class:`CarryPipeline` (``partial_rollout=carry``) carries rows across calls.
 - :func:`embodied_step`: env processes and rollout ranks pass pipeline items (a stage of
   environments) back and forth, then the PPO update.
 
@@ -28,6 +30,7 @@ from typing import Any
 
 from rltrain.kinds import registry
 from rltrain.telemetry.trace import Span
+from rltrain.whatif.samplers import Pooled, age_limit, choose
 from rltrain.whatif.slots import DEFAULT_SEGMENT, CarryBuffer
 from rltrain.whatif.workload import Proc, StepModel
 
@@ -250,6 +253,16 @@ class Pipeline:
 
     def fill(self, step: int, t: float, horizon: int) -> None:
         """Restart what the policy cancels, then submit up to ``step + k``."""
+        self._swap_stale(t)
+        last = min(step + self.k, horizon - 1)
+        self.next_step = max(self.next_step, step)
+        while self.next_step <= last:
+            self.queue.append(self._submit(self.next_step, t))
+            self.next_step += 1
+
+    def _swap_stale(self, t: float) -> None:
+        """Generations running with old weights that the policy stops: submitted again whole,
+        or continued (:data:`KEEPS_TOKENS`)."""
         stale = [j for j in self.queue if j.version < self.version and self.cancel(j, t)]
         if stale:
             for i in range(len(self.ranks)):
@@ -261,11 +274,6 @@ class Pipeline:
                 else j
                 for j in self.queue
             ]
-        last = min(step + self.k, horizon - 1)
-        self.next_step = max(self.next_step, step)
-        while self.next_step <= last:
-            self.queue.append(self._submit(self.next_step, t))
-            self.next_step += 1
 
     def _stop(self, job: Job, t: float) -> list[tuple[float, float]]:
         """Cut a generation's spans at ``t`` (the work before stays drawn); returns each rank's
@@ -320,6 +328,75 @@ class Pipeline:
     def close(self) -> None:
         for j in self.queue:
             self._flush(j.step)
+
+
+class PoolPipeline(Pipeline):
+    """``trainer.sampler=fifo|windowed`` (``PooledPipeline``): generation runs ahead of the
+    steps, ``k + 1`` generations in flight while the steps left need more; a generation's rank
+    shards are pooled once every rank completed it, and step ``s`` trains the freshest shards
+    young enough (:func:`rltrain.whatif.samplers.choose`, the runtime's own choice), dropping
+    the aged ones and waiting for the oldest generation in flight while too few qualify.
+
+    Args:
+        m: the step model.
+        k: ``trainer.max_staleness``.
+        policy: ``trainer.partial_rollout``.
+        sink: where spans go.
+        limit: the largest staleness a shard trains with
+            (:func:`~rltrain.whatif.samplers.age_limit`).
+    """
+
+    def __init__(self, m: StepModel, k: int, policy: str, sink: Sink, limit: int) -> None:
+        super().__init__(m, k, policy, sink)
+        self.limit = limit
+        self.want = max(len(self.ranks), 1)
+        self.pool: list[Pooled] = []
+        self.dropped = 0  # shards dropped past the limit, whole simulation
+
+    def fill(self, step: int, t: float, horizon: int) -> None:
+        self._swap_stale(t)
+        self._harvest(t)
+        while len(self.queue) < self.k + 1 and self._short(step, horizon):
+            self._submit_next(t)
+
+    def step(self, step: int, t: float, horizon: int) -> float:
+        m, sink = self.m, self.sink
+        sink.begin(t)
+        self.fill(step, t, horizon)
+        now = t
+        while True:
+            self._harvest(now)
+            choice = choose(self.pool, step, self.want, self.limit)
+            self.dropped += len(choice.drop)
+            self.pool = [p for p in self.pool if p not in choice.drop]
+            if choice.train:
+                break
+            if not self.queue:  # every generation in flight was too old: generate afresh
+                self._submit_next(now)
+            now = max(now, self.queue[0].end)  # wait for the oldest in flight
+        self.pool = [p for p in self.pool if p not in choice.train]
+        end = now + m.calib.call_s
+        sink.tokens[-1] += m.rows * m.lengths.mean()
+        sink.add("generate_wait", None, t, end - t)
+        sink.stage("generate", end - t)
+        t = _learn(m, end, sink)
+        self.version = step + 1
+        return t + m.calib.overhead_s
+
+    def _submit_next(self, t: float) -> None:
+        self.queue.append(self._submit(self.next_step, t))
+        self.next_step += 1
+
+    def _short(self, step: int, horizon: int) -> bool:
+        have = len(self.pool) + len(self.queue) * self.want
+        return have < (horizon - step) * self.want
+
+    def _harvest(self, now: float) -> None:
+        """Pool the shards of the generations every rank completed by ``now``."""
+        for job in [j for j in self.queue if j.end <= now]:
+            self.queue.remove(job)
+            self._flush(job.step)
+            self.pool += [Pooled(job.step, r, job.version, job.version) for r in range(self.want)]
 
 
 class CarryPipeline(Pipeline):
@@ -465,7 +542,12 @@ def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
 
 
 def simulate(
-    m: StepModel, steps: int, schedule: str, staleness: int = 0, policy: str = "finish"
+    m: StepModel,
+    steps: int,
+    schedule: str,
+    staleness: int = 0,
+    policy: str = "finish",
+    sampler: str = "in_order",
 ) -> Sink:
     """Run ``steps`` steps of a schedule.
 
@@ -475,6 +557,8 @@ def simulate(
         schedule: ``fused``, ``turns``, ``pipelined`` or ``embodied``.
         staleness: ``k`` of the pipelined schedule.
         policy: ``trainer.partial_rollout`` of the pipelined schedule.
+        sampler: ``trainer.sampler`` of the pipelined schedule (``fifo`` and ``windowed``:
+            :class:`PoolPipeline`, with ``trainer.sampler_window`` from ``m.run``).
 
     Returns:
         The sink: spans, step starts, per-step stage times and tokens. The end of the last step
@@ -483,11 +567,15 @@ def simulate(
     sink = Sink()
     t = 0.0
     if schedule == "pipelined":
-        pipe = (
-            CarryPipeline(m, max(staleness, 2), sink)
-            if policy == "carry"
-            else Pipeline(m, max(staleness, 1), policy, sink)
-        )
+        k = max(staleness, 1)
+        pipe: Pipeline
+        if policy == "carry":
+            pipe = CarryPipeline(m, max(staleness, 2), sink)
+        elif sampler != "in_order":
+            limit = age_limit(sampler, k, m.run.trainer.sampler_window)
+            pipe = PoolPipeline(m, k, policy, sink, limit)
+        else:
+            pipe = Pipeline(m, k, policy, sink)
         for s in range(steps):
             t = pipe.step(s, t, steps)
         pipe.close()
@@ -516,10 +604,10 @@ def unmodelled(run: Any) -> list[str]:
     """Settings of the run that change its schedule but that the simulator does not model, each
     with the fix (``mode=plan`` refuses them rather than predict another schedule).
 
-    The simulator's pipeline trains step ``s`` on the generation sent for step ``s``
-    (``trainer.sampler=in_order``; ``partial_rollout=carry`` hands on the groups its buffer
-    completed, :class:`CarryPipeline`), and it draws each rank's response lengths independently,
-    with no prompt whose past lengths a dispatcher could know (``rollout.dispatch=in_order``).
+    The simulator's pipelines run the runtime's own choices (the samplers' pool,
+    :class:`PoolPipeline`; ``partial_rollout=carry``'s buffer, :class:`CarryPipeline`), but it
+    draws each rank's response lengths independently, with no prompt whose past lengths a
+    dispatcher could know (``rollout.dispatch=in_order``).
 
     Args:
         run: the checked run config.
@@ -528,14 +616,6 @@ def unmodelled(run: Any) -> list[str]:
         One line per unmodelled setting (empty: the prediction is of the run as configured).
     """
     out = []
-    sampler = str(run.trainer.sampler)
-    if sampler != "in_order":
-        out.append(
-            f"trainer.sampler={sampler!r}: the what-if simulator (mode=plan) models the "
-            f"in_order schedule only, not the pool of generations run ahead; plan with "
-            f"trainer.sampler=in_order (same placement and memory; the same batches, and about "
-            f"the same seconds per step, when generation is slower than an update)"
-        )
     dispatch = str(run.rollout.dispatch)
     if dispatch != "in_order":
         out.append(

@@ -145,7 +145,8 @@ def predict(
         moved=moved_bytes(plan) if shares else {},
     )
     schedule, k, policy = schedule_of(run, fused)
-    sink = simulate(model, steps, schedule, k, policy)
+    sampler = str(run.trainer.sampler) if schedule == "pipelined" else "in_order"
+    sink = simulate(model, steps, schedule, k, policy, sampler)
     return _read(sink, model, plan, schedule, steps, with_trace)
 
 

@@ -9,8 +9,9 @@ over those steps) are read back and compared with :func:`rltrain.whatif.predict.
 same config. Scenarios span fused, taking-turns, disaggregated and hybrid layouts, synchronous
 and asynchronous (``max_staleness`` 1 and 2, ``partial_rollout`` finish and restart), response
 lengths (the token latency with 4 and 16 new tokens; heavy-tailed lengths with ``finish``,
-``continue`` and ``carry``), 2, 4 and 8 simulated devices
-(``cluster.devices_per_node``: more devices than cores), and embodied pipelines (1, 2, 4 stages).
+``continue`` and ``carry``), the samplers (``in_order``, ``fifo``, ``windowed``), 2, 4 and 8
+simulated devices (``cluster.devices_per_node``: more devices than cores), and embodied
+pipelines (1, 2, 4 stages).
 Scenarios of one workload in several layouts form a *group*: the simulator's top pick there is
 compared with the measured best. Goals: step-time median error <= 5 %, p90 <= 10 %, idle shares
 within +-0.05, top pick within 3 % of the best in >= 90 % of groups.
@@ -51,12 +52,13 @@ TOKENS = (
     "simulate.actor_latency_ms=200",
     "simulate.rollout_token_latency_ms=40",
 )
-#: Heavy-tailed response lengths (log-normal, median 8 modelled tokens, 25 ms each): the
-#: partial-rollout policies, ``carry`` included (docs/async.md#carry), on one split.
+#: Heavy-tailed response lengths (log-normal, median 8 modelled tokens, 25 ms each; a call of
+#: 8 rows ~1 s against a 0.2 s update: generation-bound): the partial-rollout policies,
+#: ``carry`` included (docs/async.md#carry), on one split.
 LONG_TAIL = (
     "simulate.rollout_token_latency_ms=25",
     "simulate.response_length_median=8",
-    "simulate.actor_latency_ms=500",
+    "simulate.actor_latency_ms=200",
     "trainer.train_batch_size=2",
     "rollout.n_samples_per_prompt=4",
     "rollout.max_new_tokens=4",
@@ -120,6 +122,17 @@ def _reasoning() -> list[Scenario]:
             Scenario(g, "fused", (*base, *COLLOC)),
             Scenario(g, "split", (*base, *SPLIT)),
             Scenario(g, "split async1 finish", (*base, *SPLIT, "trainer.max_staleness=1")),
+        ]
+    for g, work in (("samplers-gen", GEN_HEAVY), ("samplers-train", TRAIN_HEAVY)):
+        base = (*work, *SMALL, "rollout.max_new_tokens=1", *SPLIT, "trainer.max_staleness=2")
+        out += [
+            Scenario(g, "split async2 in_order", base),
+            Scenario(g, "split async2 fifo", (*base, "trainer.sampler=fifo")),
+            Scenario(
+                g,
+                "split async2 windowed W=1",
+                (*base, "trainer.sampler=windowed", "trainer.sampler_window=1"),
+            ),
         ]
     out += [
         Scenario("long-tail", "split", (*LONG_TAIL, *SPLIT), steps=8),

@@ -14,6 +14,9 @@ into a pool, and each step takes the freshest shards of the pool:
 A shard is the unit: the complete prompt groups one rollout rank generated in one call (all of
 its rows share their first version). Freshest first means the highest first version; shards of
 one version go in generation order, then rank order.
+
+Two users run this very choice: the runtime's pool and the what-if simulator's
+(:class:`rltrain.whatif.events.PoolPipeline`), so ``mode=plan`` predicts the batches a run trains.
 """
 
 from __future__ import annotations

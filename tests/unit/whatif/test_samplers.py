@@ -9,7 +9,7 @@ import pytest
 
 from rltrain.runners.pipeline import GenerationPipeline
 from rltrain.runners.pool import PooledPipeline
-from rltrain.runners.samplers import Pooled, age_limit, choose
+from rltrain.whatif.samplers import Pooled, age_limit, choose
 
 
 def _p(generation: int, version: int, shard: int = 0) -> Pooled:
