@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,26 @@ def enumerate_for(run: Any, settings: AutoSettings, total: int) -> list[Candidat
 
 def search(run: Any, profile: Profile, settings: AutoSettings) -> list[Row]:
     """Enumerate and rank (pure; fast on any cluster size)."""
-    return rank(enumerate_for(run, settings, devices(run)), profile.costs)
+    return rank(enumerate_for(run, settings, devices(run)), profile.costs, carry_busy(run))
+
+
+def carry_busy(run: Any) -> Callable[[int], float]:
+    """``k`` rollout devices -> the busy share of a static batch's decoding under the run's
+    response lengths (:func:`rltrain.whatif.lengths.busy_share`), what a ``carry`` call takes
+    of it; memoised per ``k`` (a ranking asks once per split)."""
+    import functools
+    import math
+
+    from rltrain.whatif.lengths import busy_share, from_config
+
+    model = from_config(run)
+    rows = run.trainer.train_batch_size * run.rollout.n_samples_per_prompt
+
+    @functools.cache
+    def share(k: int) -> float:
+        return busy_share(model, math.ceil(rows / max(k, 1)))
+
+    return share
 
 
 def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> AutoChoice:

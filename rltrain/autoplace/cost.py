@@ -29,7 +29,12 @@ generation is cancelled at the swap and run again from its start) and ``continue
 fixed cost ``F`` to prefill its prompt and the tokens kept (the profile has no prefill figure
 of its own, so ``F`` is the generation's ``fixed`` seconds). With ``G <= A`` all three are
 ``A``. The model thus never ranks ``continue`` or ``restart`` faster than ``finish``: what they
-buy is fresher samples (docs/async.md), not step time.
+buy is fresher samples (docs/async.md), not step time. ``carry`` (``max_staleness=2``) is
+``max(b G, A)``: its calls keep the decoding slots busy across calls instead of waiting for
+each batch's longest row, so a call takes the busy share ``b`` of a static batch's generation:
+``b = mean / E[longest of the rows one rank decodes]`` under the run's length model
+(:func:`rltrain.whatif.lengths.busy_share`; 1 where every response runs to the budget, so
+``carry`` then ranks as ``finish``).
 
 ``T`` includes the actor's pi_old forward pass where the profiled (synchronous) runs made one
 (``algorithm.old_logprobs``: recomputed, more than one optimizer step per batch, no inference
@@ -46,7 +51,7 @@ Embodied step: a pipelined rollout epoch, then the update: ``P + E + T(k) + S + 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -236,12 +241,18 @@ class Prediction:
         return {"seconds": self.seconds, "parts": dict(self.parts), "formula": self.formula}
 
 
-def predict(cand: Candidate, costs: ReasoningCosts | EmbodiedCosts) -> Prediction:
+def predict(
+    cand: Candidate,
+    costs: ReasoningCosts | EmbodiedCosts,
+    busy: Callable[[int], float] | None = None,
+) -> Prediction:
     """A candidate's seconds per step under the cost model (module docstring).
 
     Args:
         cand: the candidate.
         costs: the profile's fitted costs (reasoning or embodied).
+        busy: ``carry``: the busy share of a static batch's decoding on ``k`` rollout devices
+            (:func:`rltrain.whatif.lengths.busy_share` of the run's lengths); None: 1.
 
     Returns:
         The prediction.
@@ -272,6 +283,10 @@ def predict(cand: Candidate, costs: ReasoningCosts | EmbodiedCosts) -> Predictio
         return Prediction(sum(parts.values()), parts, "G + R + T + S + M + O")
     learn = c.reward + t + c.sync
     parts = {"generate": g, "reward": c.reward, "train": t, "sync": c.sync, "overhead": c.overhead}
+    if cand.staleness > 0 and cand.partial_rollout == "carry":
+        b = busy(cand.rollout_devices) if busy is not None else 1.0
+        parts = {**parts, "generate": b * g}
+        return Prediction(max(b * g, learn + c.overhead), parts, "max(b G, R + T + S + O)")
     if cand.staleness > 0:
         return _asynchronous(cand.partial_rollout, g, learn + c.overhead, c.generate.fixed, parts)
     return Prediction(g + learn + c.overhead, parts, "G + R + T + S + O")

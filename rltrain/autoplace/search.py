@@ -87,12 +87,18 @@ def preference(c: Candidate) -> tuple:
     return (c.staleness, policy, not c.fused, family, c.stages or 0, balance)
 
 
-def rank(candidates: Iterable[Candidate], costs: ReasoningCosts | EmbodiedCosts) -> list[Row]:
+def rank(
+    candidates: Iterable[Candidate],
+    costs: ReasoningCosts | EmbodiedCosts,
+    busy: Callable[[int], float] | None = None,
+) -> list[Row]:
     """Predict every candidate and sort them, fastest first (ties by :func:`preference`).
 
     Args:
         candidates: the layouts.
         costs: the profile's fitted costs.
+        busy: ``carry`` candidates' busy share on ``k`` rollout devices
+            (:func:`rltrain.autoplace.cost.predict`).
 
     Returns:
         Unchecked rows.
@@ -103,7 +109,7 @@ def rank(candidates: Iterable[Candidate], costs: ReasoningCosts | EmbodiedCosts)
     paused = gc.isenabled()
     gc.disable()
     try:
-        rows = [Row(c, predict(c, costs)) for c in candidates]
+        rows = [Row(c, predict(c, costs, busy)) for c in candidates]
     finally:
         if paused:
             gc.enable()

@@ -104,8 +104,9 @@ class AutoPlacementConfig:
     # trainer.max_staleness values tried where rollout and actor hold separate devices (0 and/or 1)
     staleness: List[int] = field(default_factory=lambda: [0, 1])
     # trainer.partial_rollout policies tried by candidates with max_staleness 1 (finish,
-    # continue, restart; needs 1 in staleness); null: [finish, continue], or only
-    # trainer.partial_rollout where that is set to restart or continue (docs/auto_placement.md)
+    # continue, restart; carry, which runs at max_staleness 2; needs 1 in staleness); null:
+    # [finish, continue], or only trainer.partial_rollout where that is set to restart,
+    # continue or carry (docs/auto_placement.md)
     partial_rollout: Optional[List[str]] = None
     # embodied: env.pipeline_stage_num values tried; empty: 1, 2, 4, 8 where env.num_envs divides
     pipeline_stages: List[int] = field(default_factory=list)

@@ -329,13 +329,13 @@ def auto_problems(a: Any, writes: bool = False) -> Iterator[str]:
     policies = getattr(a, "partial_rollout", None)
     if policies is not None and (
         not policies
-        or any(x not in ("finish", "continue", "restart") for x in policies)
+        or any(x not in ("finish", "continue", "restart", "carry") for x in policies)
         or len(set(policies)) != len(policies)
     ):
         yield (
             f"placement.auto.partial_rollout={list(policies)}: give distinct values from "
-            f"['finish', 'continue', 'restart'] (trainer.partial_rollout policies to try), or "
-            f"null for [finish, continue]"
+            f"['finish', 'continue', 'restart', 'carry'] (trainer.partial_rollout policies to "
+            f"try; carry runs at max_staleness=2), or null for [finish, continue]"
         )
     if any(n < 1 for n in a.pipeline_stages):
         yield (
@@ -775,8 +775,6 @@ def carry_problems(cfg: RunConfig) -> Iterator[str]:
          "resume of its requests, which only a GPU test can cover)", "torch"),
         ("placement.fuse", cfg.placement.fuse, str(cfg.placement.fuse).lower() == "true",
          "a fused rank trains what its own call generated", "false"),
-        ("placement.mode", cfg.placement.mode, cfg.placement.mode == "auto",
-         "the placement cost model does not rank carry", "disaggregated"),
         ("algorithm.filter_groups", cfg.algorithm.filter_groups, bool(cfg.algorithm.filter_groups),
          "the batch stage would ask one step for more rounds", "false"),
         ("trainer.sampler", t.sampler, t.sampler != "in_order",

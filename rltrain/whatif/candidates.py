@@ -175,7 +175,7 @@ def reasoning_candidates(
 
 
 #: ``trainer.partial_rollout`` policies, in the order the ranking prefers them on a tie.
-PARTIAL_ROLLOUTS = ("finish", "continue", "restart")
+PARTIAL_ROLLOUTS = ("finish", "continue", "restart", "carry")
 #: The policies an asynchronous candidate tries unless ``placement.auto.partial_rollout`` says.
 DEFAULT_PARTIAL_ROLLOUTS = ("finish", "continue")
 

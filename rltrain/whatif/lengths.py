@@ -120,6 +120,17 @@ def expected_max(model: LengthModel, n: int, draws: int = 200, seed: int = 0) ->
     return sum(max(model.sample(rng, n)) for _ in range(draws)) / draws
 
 
+def busy_share(model: LengthModel, n: int) -> float:
+    """The share of a static batch's slot-steps that decode: a batch of ``n`` rows decodes until
+    its longest ends, so ``mean / E[max of n]``; the rest idles. ``trainer.partial_rollout=carry``
+    keeps its slots busy instead, so its calls take about this share of a static batch's
+    decoding (the cost model of ``placement=auto``, :mod:`rltrain.autoplace.cost`)."""
+    if n <= 1:
+        return 1.0
+    longest = expected_max(model, n)
+    return min(model.mean() / longest, 1.0) if longest > 0 else 1.0
+
+
 #: ``whatif.response_length`` -> the model for a budget of ``cap`` tokens and the section.
 MODELS: dict[str, Callable[[int, Any], LengthModel]] = {
     "max": lambda cap, w: Fixed(cap),

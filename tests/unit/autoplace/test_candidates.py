@@ -164,3 +164,12 @@ def test_apply_replaces_placement_staleness_stages_and_fusion():
     assert fused.placement.fuse == "true"
     emb = apply(run, Candidate("collocated", (0, 2), (0, 2), stages=4))
     assert emb.env.pipeline_stage_num == 4
+
+
+def test_carry_candidates_run_at_the_least_staleness_carry_runs_with():
+    cands = reasoning_candidates(2, staleness=(0, 1), partial_rollout=("finish", "carry"))
+    asynchronous = [(c.staleness, c.partial_rollout) for c in cands if c.staleness]
+    assert asynchronous == [(1, "finish"), (2, "carry")]
+    assert [c.name for c in cands if c.partial_rollout == "carry"] == [
+        "disaggregated actor 0 rollout 1 async2 carry"
+    ]

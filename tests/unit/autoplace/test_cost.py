@@ -111,6 +111,22 @@ def test_partial_rollout_policies_cost_nothing_where_generation_ends_first():
         assert _policy((0, 1), (1, 4), policy).seconds == pytest.approx(1.1)
 
 
+def test_carry_takes_the_busy_share_of_a_static_batchs_generation():
+    """carry at max_staleness=2: max(b G(k), A). G(1) = 1.5, A = R + T(3) + S + O = 0.5667:
+    a busy share of 0.5 gives 0.75 (generation-bound still), 0.3 gives 0.45 < A (training-
+    bound); without a length model's share (b = 1) carry ranks as finish."""
+    cand = Candidate("disaggregated", (0, 3), (3, 4), staleness=2, partial_rollout="carry")
+    a = 0.01 + (0.2 + 0.8 / 3) + 0.04 + 0.05
+    half = predict(cand, COSTS, busy=lambda k: 0.5)
+    assert half.seconds == pytest.approx(0.75) and half.parts["generate"] == pytest.approx(0.75)
+    assert half.formula == "max(b G, R + T + S + O)"
+    assert predict(cand, COSTS, busy=lambda k: 0.3).seconds == pytest.approx(a)
+    assert predict(cand, COSTS).seconds == pytest.approx(_policy((0, 3), (3, 4), "finish").seconds)
+    seen = []
+    predict(cand, COSTS, busy=lambda k: seen.append(k) or 1.0)
+    assert seen == [1]  # asked for the candidate's rollout devices
+
+
 def test_hybrid_takes_turns_on_the_rollout_devices():
     hyb = predict(Candidate("hybrid", (0, 4), (3, 4)), COSTS)
     assert hyb.seconds == pytest.approx(1.5 + 0.01 + 0.4 + 0.04 + 0.1 + 0.05)

@@ -66,3 +66,13 @@ def test_simulated_devices_modelled_lengths_are_the_simulators():
     d = L.from_config(dataclasses.replace(run, simulate=sim))
     assert d == L.simulated(8.0) and d.cap == 128 and d.sigma == 1.0
     assert d.mu == pytest.approx(math.log(8.0))  # the median is exp(mu)
+
+
+def test_busy_share_is_the_mean_over_the_expected_longest():
+    from rltrain.whatif.lengths import Fixed, busy_share, expected_max, simulated
+
+    assert busy_share(Fixed(16), 8) == 1.0  # every row runs to the budget: nothing idles
+    assert busy_share(simulated(8), 1) == 1.0  # one row: its slot is busy to its end
+    heavy = simulated(8)
+    assert busy_share(heavy, 8) == pytest.approx(heavy.mean() / expected_max(heavy, 8))
+    assert busy_share(heavy, 8) < 0.5  # heavy tails: a static batch idles most of its slots
