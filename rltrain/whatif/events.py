@@ -607,7 +607,10 @@ def unmodelled(run: Any) -> list[str]:
     The simulator's pipelines run the runtime's own choices (the samplers' pool,
     :class:`PoolPipeline`; ``partial_rollout=carry``'s buffer, :class:`CarryPipeline`), but it
     draws each rank's response lengths independently, with no prompt whose past lengths a
-    dispatcher could know (``rollout.dispatch=in_order``).
+    dispatcher could know. On simulated devices that is the run's own rule (their modelled
+    lengths are drawn per step and rank, whatever prompts a rank gets, and a rank's call lasts
+    its longest row), so ``rollout.dispatch=length_aware`` predicts as ``in_order``; on catalogue
+    hardware (``whatif.hardware``) it is refused.
 
     Args:
         run: the checked run config.
@@ -617,12 +620,14 @@ def unmodelled(run: Any) -> list[str]:
     """
     out = []
     dispatch = str(run.rollout.dispatch)
-    if dispatch != "in_order":
+    hardware = getattr(getattr(run, "whatif", None), "hardware", None)
+    if dispatch != "in_order" and hardware:
         out.append(
-            f"rollout.dispatch={dispatch!r}: the what-if simulator (mode=plan) draws every "
-            f"rank's response lengths independently, so it has no per-prompt lengths to pack "
-            f"by; plan with rollout.dispatch=in_order (with the torch engine a step's generation "
-            f"ends with the longest response on any rank, whatever the split)"
+            f"rollout.dispatch={dispatch!r} with whatif.hardware={hardware!r}: the what-if "
+            f"simulator decodes a catalogue device's requests by continuous batching, where "
+            f"packing prompts by their past lengths would matter, but it draws every rank's "
+            f"response lengths independently, with no per-prompt lengths to pack by; plan with "
+            f"rollout.dispatch=in_order"
         )
     return out
 

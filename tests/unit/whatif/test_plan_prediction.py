@@ -123,16 +123,21 @@ def test_simulated_device_time_with_catalogue_hardware_is_refused():
     assert list(whatif_problems(_w(hardware="h100"))) == []
 
 
-def test_plan_refuses_a_dispatch_it_does_not_model_before_writing(tmp_path):
+def test_plan_refuses_length_aware_dispatch_on_catalogue_hardware_before_writing(tmp_path):
     from rltrain.errors import ConfigError
     from rltrain.runners.plan_command import plan_command
+    from rltrain.whatif.events import unmodelled
 
     run = RunConfig()
     run.trainer.max_staleness = 1
     run.trainer.sampler = "fifo"  # modelled (tests/unit/whatif/test_pool_plan.py)
     run.rollout.dispatch = "length_aware"
+    assert unmodelled(run) == []  # simulated devices: a call lasts its longest modelled row
+    run.whatif.hardware = "h100"
     with pytest.raises(ConfigError) as err:
         plan_command(run, str(tmp_path / "plan"))
-    assert [p.split(":")[0] for p in err.value.problems] == ["rollout.dispatch='length_aware'"]
+    assert [p.split(":")[0] for p in err.value.problems] == [
+        "rollout.dispatch='length_aware' with whatif.hardware='h100'"
+    ]
     assert "plan with rollout.dispatch=in_order" in err.value.problems[0]
     assert not (tmp_path / "plan").exists()
