@@ -212,6 +212,10 @@ POLICIES: dict[str, Callable[[Job, float], bool]] = {
 KEEPS_TOKENS = frozenset({"continue"})
 
 
+#: A span held until its generation is read: (process, name, start, seconds).
+Pending = tuple[Proc, str, float, float]
+
+
 class Pipeline:
     """``PipelinedSchedule``: bounded staleness ``k`` over per-rank rollout queues.
 
@@ -232,24 +236,36 @@ class Pipeline:
         self.queue: list[Job] = []
         self.version = 0
         self.next_step = 0
-        self.pending: dict[int, list[tuple[Proc, str, float, float]]] = {}
+        self.pending: dict[int, list[Pending]] = {}
 
     def _submit(self, step: int, t: float) -> Job:
-        m, c = self.m, self.m.calib
+        m = self.m
         job = Job(step, self.version)
-        spans = []
+        spans: list[Pending] = []
         gens = m.generate_all(step, len(self.ranks))
-        for i, p in enumerate(self.ranks):
-            start = max(self.free[i], t + c.call_s)
-            load = m.sync() / 2 if self.version > self.loaded[i] else 0.0
-            g = gens[i][0]
-            spans.append((p, "sync", start, load))
-            spans.append((p, "generate", start + load, g))
-            self.free[i] = start + load + g
-            self.loaded[i] = self.version
-            job.work.append((start, self.free[i]))
+        for i in range(len(self.ranks)):
+            self._call(i, t, gens[i][0], job, spans)
         self.pending[step] = spans
         return job
+
+    def _call(
+        self,
+        i: int,
+        t: float,
+        seconds: float,
+        job: Job,
+        spans: list[Pending],
+    ) -> None:
+        """Rank ``i``'s generate call sent at ``t``: it starts behind the rank's queue, loads
+        newer weights first, then generates for ``seconds``."""
+        m, p = self.m, self.ranks[i]
+        start = max(self.free[i], t + m.calib.call_s)
+        load = m.sync() / 2 if self.version > self.loaded[i] else 0.0
+        spans.append((p, "sync", start, load))
+        spans.append((p, "generate", start + load, seconds))
+        self.free[i] = start + load + seconds
+        self.loaded[i] = self.version
+        job.work.append((start, self.free[i]))
 
     def fill(self, step: int, t: float, horizon: int) -> None:
         """Restart what the policy cancels, then submit up to ``step + k``."""
@@ -287,22 +303,16 @@ class Pipeline:
     def _resume(self, step: int, t: float, done: list[tuple[float, float]]) -> Job:
         """A stopped generation continued with the newest weights: per rank, load them, then
         a new call prefills the unfinished responses' prefixes and decodes what is left."""
-        m, c = self.m, self.m.calib
+        m = self.m
         job = Job(step, self.version)
-        spans = []
-        for i, p in enumerate(self.ranks):
-            start = max(self.free[i], t + c.call_s)
-            load = m.sync() / 2 if self.version > self.loaded[i] else 0.0
+        spans: list[Pending] = []
+        for i in range(len(self.ranks)):
             ran, full = done[i]
             if ran <= 0:  # not started yet: it simply starts with the newest weights
                 d = full
             else:
                 d = m.continue_generate(full, ran, len(self.ranks)) if ran < full else 0.0
-            spans.append((p, "sync", start, load))
-            spans.append((p, "generate", start + load, d))
-            self.free[i] = start + load + d
-            self.loaded[i] = self.version
-            job.work.append((start, self.free[i]))
+            self._call(i, t, d, job, spans)
         self.pending[step] = spans
         return job
 
@@ -460,15 +470,13 @@ class CarryPipeline(Pipeline):
             self._keys += 1
 
     def _submit(self, step: int, t: float) -> Job:
-        m, c = self.m, self.m.calib
+        m = self.m
         world = len(self.ranks)
         job = Job(step, self.version)
-        spans = []
+        spans: list[Pending] = []
         oldest = max(step - self.bound, 0)
-        for i, p in enumerate(self.ranks):
+        for i in range(len(self.ranks)):
             buf = self.buffers[i]
-            start = max(self.free[i], t + c.call_s)
-            load = m.sync() / 2 if self.version > self.loaded[i] else 0.0
             again = len(buf.run(0, oldest).dropped) * self.n  # past the bound: sampled again
             redo = m.redraw_lengths(step, i, self.version, again)
             fresh = m.draw_lengths(step, i, world)
@@ -477,12 +485,7 @@ class CarryPipeline(Pipeline):
             versions = {key: g.version for key, g in buf.groups.items()}
             done = buf.run(self.want, oldest)
             job.version = min((versions[key] for key in done.ready), default=self.version)
-            g = m.carry_call(done, redo, fresh, world)
-            spans.append((p, "sync", start, load))
-            spans.append((p, "generate", start + load, g))
-            self.free[i] = start + load + g
-            self.loaded[i] = self.version
-            job.work.append((start, self.free[i]))
+            self._call(i, t, m.carry_call(done, redo, fresh, world), job, spans)
         self.pending[step] = spans
         return job
 
