@@ -322,12 +322,17 @@ class Pipeline:
 
     def step(self, step: int, t: float, horizon: int) -> float:
         """One step from ``t``; returns when the next starts."""
-        m, sink = self.m, self.sink
-        sink.begin(t)
+        self.sink.begin(t)
         self.fill(step, t, horizon)
         job = self.queue.pop(0)
         self._flush(job.step)
-        end = max(t, job.end) + m.calib.call_s
+        return self._learn(step, t, max(t, job.end))
+
+    def _learn(self, step: int, t: float, ready: float) -> float:
+        """The driver waited from ``t`` until its batch was ready; the step learns and the
+        version moves on. Returns when the next step starts."""
+        m, sink = self.m, self.sink
+        end = ready + m.calib.call_s
         sink.tokens[-1] += m.rows * m.lengths.mean()
         sink.add("generate_wait", None, t, end - t)
         sink.stage("generate", end - t)
@@ -370,8 +375,7 @@ class PoolPipeline(Pipeline):
             self._submit_next(t)
 
     def step(self, step: int, t: float, horizon: int) -> float:
-        m, sink = self.m, self.sink
-        sink.begin(t)
+        self.sink.begin(t)
         self.fill(step, t, horizon)
         now = t
         while True:
@@ -385,13 +389,7 @@ class PoolPipeline(Pipeline):
                 self._submit_next(now)
             now = max(now, self.queue[0].end)  # wait for the oldest in flight
         self.pool = [p for p in self.pool if p not in choice.train]
-        end = now + m.calib.call_s
-        sink.tokens[-1] += m.rows * m.lengths.mean()
-        sink.add("generate_wait", None, t, end - t)
-        sink.stage("generate", end - t)
-        t = _learn(m, end, sink)
-        self.version = step + 1
-        return t + m.calib.overhead_s
+        return self._learn(step, t, now)
 
     def _submit_next(self, t: float) -> None:
         self.queue.append(self._submit(self.next_step, t))
