@@ -23,6 +23,9 @@ Scenarios (2 simulated devices, compute a few ms next to the knobs):
 - ``memory-tight``: 38 MiB devices and ``actor.micro_batch_size=128`` on the default batch: one
   actor rank does not fit (twice the activations of two), nor does fusing (everything at once);
   generate 0.8 s, update 0.4 s.
+- ``long-tail``: heavy-tailed response lengths (``simulate.response_length_median=8`` at 25 ms
+  per modelled token, 8 rows a call, 0.1 s per call), update 0.3 s; the asynchronous splits
+  tried with ``finish``, ``continue`` and ``carry`` (``max_staleness=2``).
 - ``embodied``: ``experiment=cartpole_collocated``, 16 CartPole environments, 8 steps each per
   epoch, 20 ms per environment for a simulator step and for an inference, PPO 2 epochs x 2
   minibatches (the update is real compute: no knob); pipeline stage counts 1, 2, 4 in
@@ -104,6 +107,22 @@ SCENARIOS = (
         ),
         "38 MiB devices, default batch (8 x 16), micro-batches of 128: one actor rank and "
         "fusing do not fit; generate 0.8 s, update 0.4 s",
+    ),
+    Scenario(
+        "long-tail",
+        (
+            "placement=auto",
+            "simulate.rollout_latency_ms=100",
+            "simulate.rollout_token_latency_ms=25",
+            "simulate.response_length_median=8",
+            "simulate.actor_latency_ms=300",
+            "trainer.train_batch_size=2",
+            "rollout.n_samples_per_prompt=4",
+            "rollout.max_new_tokens=4",
+            "placement.auto.partial_rollout=[finish,continue,carry]",
+        ),
+        "heavy-tailed lengths (log-normal, median 8 modelled tokens at 25 ms, 8 rows a call), "
+        "update 0.3 s; finish, continue and carry tried",
     ),
     Scenario(
         "embodied",
