@@ -345,7 +345,7 @@ def build_plan(run: Any, cluster: ClusterSpec, check_fit: bool = True) -> Plan:
         by_component=MappingProxyType(by_component),
         run=run,
         engine_problems=tuple(engine_problems),
-        tools=_tool_pool(run, cluster, by_component.get(TOOLS)),
+        tools=_tool_pool(run, cluster, by_component),
     )
     if check_fit:
         plan.check_fit()
@@ -366,8 +366,9 @@ def _check_cpu_only(by_component: Mapping[str, tuple[PlannedProcess, ...]]) -> N
 
 
 def _tool_pool(
-    run: Any, cluster: ClusterSpec, procs: tuple[PlannedProcess, ...] | None
+    run: Any, cluster: ClusterSpec, by_component: Mapping[str, tuple[PlannedProcess, ...]]
 ) -> ToolPool | None:
+    procs = by_component.get(TOOLS)
     if procs is None:
         return None
     if getattr(run, "tools", None) is None:  # a placement-only config (RLinf's): no sizes
@@ -378,7 +379,8 @@ def _tool_pool(
             f"tools.pool_size={run.tools.pool_size}: set tools.pool_size={len(procs)}, or leave "
             f"{TOOLS} out of the placement to place tools.pool_size workers on the CPU nodes"
         )
-    return tool_pool(run, cluster, [p.node_rank for p in procs])
+    others = {p.node_rank for n, ps in by_component.items() if n != TOOLS for p in ps}
+    return tool_pool(run, cluster, [p.node_rank for p in procs], sorted(others))
 
 
 def check_engine_rules(

@@ -5,9 +5,10 @@ A run with ``task.env`` gets ``tools.pool_size`` tool workers. Unless
 ``placement.component_placement`` names ``tools`` itself, they are placed on the cluster's
 CPU-only nodes (nodes with no accelerator), or on every node when there are none, spread in
 contiguous runs of ranks as evenly as the nodes allow (``node_group: node``: a tool worker
-reserves no device). The plan sizes each worker at ``tools.cpus_per_worker`` CPUs and
-``tools.memory_gib_per_worker`` GiB of host memory and refuses a pool whose workers on one node
-need more than the node has. Pure: no Ray.
+reserves no device). Each worker asks Ray for exactly ``tools.cpus_per_worker`` CPUs and
+``tools.memory_gib_per_worker`` GiB of Ray's ``memory`` resource; :func:`split_node_cpus` is the
+one rule for what a job then takes of a node's CPUs, used by the plan (which refuses a pool that
+does not fit) and by the Ray reservation (:mod:`rltrain.scheduler.resources`). Pure: no Ray.
 """
 
 from __future__ import annotations
@@ -59,6 +60,47 @@ def with_tool_pool(run: Any, mapping: Mapping[str, Any], cluster: ClusterSpec) -
 
 
 @dataclass(frozen=True)
+class NodeCpus:
+    """What a job reserves of one node's CPUs.
+
+    Attributes:
+        total: CPUs the job reserves on the node (``fixed + rest``).
+        fixed: CPUs asked per process by fixed-size processes (tool workers), summed.
+        rest: CPUs for the job's other processes there (its device bundles and other
+            node-only processes, split evenly); 0 when there are none.
+    """
+
+    total: float
+    fixed: float
+    rest: float
+
+
+def split_node_cpus(share: float, fixed: float, node_cpus: float, shared: bool) -> NodeCpus:
+    """What a job reserves of a node's CPUs when some processes there ask a fixed number.
+
+    The fixed asks (tool workers) are reserved whole. The job's other processes there (when
+    ``shared``) get its usual share of the node, shrunk when needed so the sum stays within the
+    node's cores; a node with only fixed asks reserves just them, leaving the rest to other jobs.
+
+    Args:
+        share: the job's usual CPUs on the node (cores in proportion to the devices it uses).
+        fixed: the fixed asks on the node, summed (0: none).
+        node_cpus: the node's CPUs.
+        shared: whether other processes of the job (devices, node-only ones) are on the node.
+
+    Returns:
+        The split; ``rest <= 0`` while ``shared``, or ``total > node_cpus``, means the fixed
+        asks do not fit (:meth:`ToolPool.problems` refuses that before Ray).
+    """
+    if not shared:
+        return NodeCpus(total=fixed, fixed=fixed, rest=0.0)
+    if fixed <= 0:
+        return NodeCpus(total=share, fixed=0.0, rest=share)
+    rest = min(share, node_cpus - fixed)
+    return NodeCpus(total=fixed + max(rest, 0.0), fixed=fixed, rest=rest)
+
+
+@dataclass(frozen=True)
 class ToolNode:
     """The tool workers of one node and what they need of it.
 
@@ -70,6 +112,8 @@ class ToolNode:
         node_cpus: the node's CPUs (``cluster.cpus_per_node``, this machine's cores before a
             local Ray starts, Ray's count after).
         node_memory_bytes: the node's host memory (None: unknown, not checked).
+        shared: whether other processes of the job are on the node too (they need some of
+            its CPUs: see :func:`split_node_cpus`).
     """
 
     node: int
@@ -78,6 +122,7 @@ class ToolNode:
     memory_bytes: int
     node_cpus: float
     node_memory_bytes: int | None
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,7 +150,17 @@ class ToolPool:
         messages naming the keys and the fixes."""
         out = []
         for n in self.nodes:
-            if n.cpus > n.node_cpus + 1e-9:
+            split = split_node_cpus(n.node_cpus, n.cpus, n.node_cpus, n.shared)
+            if n.shared and n.cpus <= n.node_cpus + 1e-9 and split.rest <= 1e-9:
+                out.append(
+                    f"the tool pool leaves no CPU of node {n.node} for the job's other "
+                    f"processes there: {n.workers} tool worker(s) x tools.cpus_per_worker="
+                    f"{self.cpus_per_worker:g} reserve all {n.node_cpus:g} CPUs "
+                    f"(cluster.cpus_per_node). Fix: lower tools.pool_size or "
+                    f"tools.cpus_per_worker, or place the pool on other nodes "
+                    f"(placement.component_placement.tools)"
+                )
+            if split.total > n.node_cpus + 1e-9:
                 out.append(
                     f"the tool pool does not fit node {n.node}'s CPUs: {n.workers} tool "
                     f"worker(s) x tools.cpus_per_worker={self.cpus_per_worker:g} need "
@@ -136,13 +191,16 @@ def node_cpus(run: Any, node: NodeSpec) -> float:
     return node.num_cpus
 
 
-def tool_pool(run: Any, cluster: ClusterSpec, node_ranks: Sequence[int]) -> ToolPool:
+def tool_pool(
+    run: Any, cluster: ClusterSpec, node_ranks: Sequence[int], others: Sequence[int] = ()
+) -> ToolPool:
     """Size a planned pool.
 
     Args:
         run: the run config (its ``tools`` section).
         cluster: the cluster planned for.
         node_ranks: the node of each tool worker, in rank order.
+        others: the nodes of the job's other processes.
 
     Returns:
         The pool with each node's needs and capacity.
@@ -161,6 +219,7 @@ def tool_pool(run: Any, cluster: ClusterSpec, node_ranks: Sequence[int]) -> Tool
                 memory_bytes=count * per_memory,
                 node_cpus=node_cpus(run, spec),
                 node_memory_bytes=spec.host_memory_bytes,
+                shared=rank in set(others),
             )
         )
     return ToolPool(

@@ -33,6 +33,7 @@ from rltrain.config.engine_checks import simulated_device_gib
 from rltrain.errors import ConfigError, ResourceError
 from rltrain.placement.types import ClusterSpec, Placement
 from rltrain.scheduler.discovery import MEMORY_LABEL, build_spec
+from rltrain.scheduler.resources import ProcessAsk, tool_asks
 from rltrain.telemetry import startup
 
 if TYPE_CHECKING:
@@ -351,6 +352,7 @@ class Cluster:
         timeout_s: float | None = None,
         name: str | None = None,
         overlap: Sequence[frozenset[str]] = (),
+        asks: Mapping[str, ProcessAsk] | None = None,
     ) -> Reservation:
         """Reserve, in one placement group, every device and CPU share the placements use.
 
@@ -361,6 +363,8 @@ class Cluster:
             name: the placement group's name.
             overlap: sets of components whose stages run at the same time (their processes
                 share a node's cores for torch threads instead of each taking all of them).
+            asks: components whose processes ask fixed CPUs / memory (default: from a plan,
+                its tool pool's ``tools.cpus_per_worker`` and ``tools.memory_gib_per_worker``).
 
         Returns:
             The reservation; launch groups into it with ``launch(..., reservation=...)``.
@@ -371,6 +375,8 @@ class Cluster:
         from rltrain.scheduler.reservation import Reservation
 
         if not isinstance(placements, Mapping):
+            if asks is None:
+                asks = tool_asks(getattr(placements, "tools", None))
             placements = {c: list(placements.placements(c)) for c in placements.components}
         res = Reservation.create(
             placements,
@@ -378,6 +384,7 @@ class Cluster:
             self.startup_timeout_s if timeout_s is None else timeout_s,
             name,
             overlap,
+            asks,
         )
         self._reservations.append(res)
         return res

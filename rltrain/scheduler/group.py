@@ -28,6 +28,7 @@ from rltrain.telemetry.trace import device_label
 if TYPE_CHECKING:
     from rltrain.scheduler.cluster import Cluster
     from rltrain.scheduler.reservation import Reservation
+    from rltrain.scheduler.resources import ProcessAsk
     from rltrain.telemetry.trace import Span
 
 P = ParamSpec("P")
@@ -392,7 +393,14 @@ class WorkerGroup(Generic[W]):
 
 
 class WorkerGroupBuilder(Generic[W]):
-    """``MyWorker.create_group(*args, **kwargs)``: the class and its constructor arguments."""
+    """``MyWorker.create_group(*args, **kwargs)``: the class and its constructor arguments.
+
+    Attributes:
+        process_ask: what each process asks Ray for when the group reserves its own
+            resources (``launch`` without a reservation); None: an equal part of its bundle.
+    """
+
+    process_ask: ProcessAsk | None = None
 
     def __init__(self, cls: type[W], args: tuple[Any, ...], kwargs: Mapping[str, Any]):
         if not issubclass(cls, Worker):
@@ -442,7 +450,8 @@ class WorkerGroupBuilder(Generic[W]):
         )
         owns = reservation is None
         if reservation is None:
-            reservation = cluster.reserve({name: placements}, timeout_s=timeout_s)
+            asks = {name: self.process_ask} if self.process_ask is not None else None
+            reservation = cluster.reserve({name: placements}, timeout_s=timeout_s, asks=asks)
         state = _State(name, self.cls, cluster, placements, reservation, owns)
         group: WorkerGroup[W] = WorkerGroup(state)
         cluster.register_group(group)
@@ -499,6 +508,7 @@ class WorkerGroupBuilder(Generic[W]):
             actor = remote_cls.options(
                 num_cpus=slot.cpus,
                 num_gpus=0,
+                memory=slot.memory_bytes or None,
                 scheduling_strategy=state.reservation.strategy(state.name, p.rank),
                 max_concurrency=max_concurrency,
                 max_restarts=0,

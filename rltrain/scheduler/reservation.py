@@ -1,10 +1,11 @@
 """A job's reservation: one Ray placement group for everything its plan uses.
 
 :meth:`Reservation.create` places one bundle per device (GPU 1 + CPU share) and one CPU bundle per
-node with node-only processes, each pinned to its node by the ``ray.io/node-id`` label; waits for
-it with a timeout (a request Ray cannot satisfy would otherwise wait for ever); then asks Ray,
-with one probe task per device bundle, which physical device backs each bundle (not needed on a
-node of simulated devices the job holds whole: see
+node with node-only processes (holding the tool pool's fixed CPU and ``memory`` asks), each
+pinned to its node by the ``ray.io/node-id`` label; waits for it with a timeout (a request Ray
+cannot satisfy would otherwise wait for ever); then asks Ray, with one probe task per device
+bundle, which physical device backs each bundle (not needed on a node of simulated devices the
+job holds whole: see
 :meth:`~rltrain.scheduler.resources.ReservationLayout.held_simulated_devices`). The plan's device
 ids are job-local: ``CUDA_VISIBLE_DEVICES`` of a worker is built from this map, so two jobs on one
 Ray cluster never share a device while components collocated by the plan do.
@@ -22,7 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rltrain.errors import ResourceError
 from rltrain.placement.types import ClusterSpec, Placement
-from rltrain.scheduler.resources import ReservationLayout, plan_reservation
+from rltrain.scheduler.resources import ProcessAsk, ReservationLayout, plan_reservation
 
 NODE_ID_LABEL = "ray.io/node-id"
 
@@ -45,12 +46,19 @@ def _missing(layout: ReservationLayout, spec: ClusterSpec) -> str:
             1 for b in layout.bundles if b.node_rank == node.rank and b.device is not None
         )
         want_cpu = layout.node_cpus(node.rank)
+        want_mem = sum(b.memory_bytes for b in layout.bundles if b.node_rank == node.rank)
         if not want_gpu and not want_cpu:
             continue
         have = free.get(node.ray_node_id or "", {})
+        mem = (
+            f", memory {want_mem / 2**30:.3g} GiB (free {have.get('memory', 0) / 2**30:.3g})"
+            if want_mem
+            else ""
+        )
         lines.append(
             f"node {node.rank} ({(node.ray_node_id or '?')[:12]}): needs GPU {want_gpu}, "
             f"CPU {want_cpu:.4g}; free GPU {have.get('GPU', 0):g}, CPU {have.get('CPU', 0):.4g}"
+            f"{mem}"
         )
     return "; ".join(lines)
 
@@ -89,6 +97,7 @@ class Reservation:
         timeout_s: float,
         name: str | None = None,
         overlap: Sequence[frozenset[str]] = (),
+        asks: Mapping[str, ProcessAsk] | None = None,
     ) -> Reservation:
         """Reserve what ``placements`` use and learn which devices Ray gave.
 
@@ -98,6 +107,7 @@ class Reservation:
             timeout_s: how long to wait for Ray to place every bundle.
             name: the placement group's name (default: a unique ``rltrain-<hex>``).
             overlap: components working at the same time (see :func:`plan_reservation`).
+            asks: components whose processes ask fixed CPUs / memory (the tool pool).
 
         Returns:
             The ready reservation.
@@ -107,7 +117,7 @@ class Reservation:
                 lists what each node lacks); nothing stays reserved.
             PlacementError: when a placement names a node or device the cluster lacks.
         """
-        layout = plan_reservation(placements, spec, overlap)
+        layout = plan_reservation(placements, spec, overlap, asks)
         name = name or f"rltrain-{uuid.uuid4().hex[:10]}"
         selectors = [{NODE_ID_LABEL: spec.nodes[b.node_rank].ray_node_id} for b in layout.bundles]
         pg = placement_group(

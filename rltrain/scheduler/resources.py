@@ -14,6 +14,13 @@ Rules (DESIGN.md, "Ray resource model"):
   jobs on disjoint devices of a node both fit;
 - a process starts in the bundle of its first device (node-only processes in their node's CPU
   bundle) and asks for an equal part of that bundle's CPUs, so collocated processes fit;
+- a component with a fixed ask (:class:`ProcessAsk`: the tool pool's ``tools.cpus_per_worker``
+  and ``tools.memory_gib_per_worker``) is node-only; each of its processes asks exactly that,
+  and its node's CPU bundle holds those asks on top of the equal parts of the other node-only
+  processes. What the job then takes of the node is
+  :func:`~rltrain.placement.tools.split_node_cpus` (the rule the plan refuses a pool by): the
+  fixed asks whole, the usual share for the rest, shrunk to fit the node's cores. Memory asks go
+  to Ray's ``memory`` resource of the bundle;
 - torch threads = the job's cores on the node // the component's processes on that node (they run
   at the same time in their stage), at least 1. Ray's default (1 thread for a fractional-CPU
   actor) halves a small model's speed on 2 cores. Components that work at the same time
@@ -29,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rltrain.errors import PlacementError
+from rltrain.placement.tools import TOOLS, ToolPool, split_node_cpus
 from rltrain.placement.types import ClusterSpec, Placement
 
 #: Ray accounts resources in units of 1e-4; shares are rounded down to it.
@@ -40,6 +48,27 @@ def _floor(x: float) -> float:
 
 
 @dataclass(frozen=True)
+class ProcessAsk:
+    """What each process of a component asks Ray for, whatever else shares its node.
+
+    Attributes:
+        cpus: CPUs per process (> 0).
+        memory_bytes: Ray ``memory`` per process in bytes (0: none reserved).
+    """
+
+    cpus: float
+    memory_bytes: int = 0
+
+
+def tool_asks(pool: ToolPool | None) -> dict[str, ProcessAsk]:
+    """The fixed asks of a plan's tool pool (``tools.cpus_per_worker`` and
+    ``tools.memory_gib_per_worker`` per worker); empty without a pool."""
+    if pool is None:
+        return {}
+    return {TOOLS: ProcessAsk(pool.cpus_per_worker, pool.memory_bytes_per_worker)}
+
+
+@dataclass(frozen=True)
 class Bundle:
     """One bundle of the job's placement group.
 
@@ -47,17 +76,21 @@ class Bundle:
         node_rank: the node it must land on.
         device: the plan's local device id, or None for a node-only CPU bundle.
         cpus: CPUs reserved in the bundle.
+        memory_bytes: Ray ``memory`` reserved in the bundle (0: none).
     """
 
     node_rank: int
     device: int | None
     cpus: float
+    memory_bytes: int = 0
 
     def resources(self) -> dict[str, float]:
         """The Ray resource dict of the bundle."""
         out = {"CPU": self.cpus}
         if self.device is not None:
             out["GPU"] = 1.0
+        if self.memory_bytes:
+            out["memory"] = float(self.memory_bytes)
         return out
 
 
@@ -71,6 +104,7 @@ class ProcessSlot:
         bundle_index: the bundle it starts in.
         cpus: CPUs it asks for inside that bundle.
         num_threads: torch / OpenMP threads for it.
+        memory_bytes: Ray ``memory`` it asks for (0: none).
     """
 
     component: str
@@ -78,6 +112,7 @@ class ProcessSlot:
     bundle_index: int
     cpus: float
     num_threads: int
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,38 +187,98 @@ def _check(component: str, p: Placement, spec: ClusterSpec) -> None:
         )
 
 
-def _node_bundles(
-    spec: ClusterSpec, devices: set[tuple[int, int]], cpu_nodes: set[int]
-) -> tuple[list[Bundle], dict[int, float]]:
-    """The bundles per node, and the job's (unrounded) CPU share of each node it uses."""
+def _ask_cpus(ask: ProcessAsk) -> float:
+    """A fixed ask in Ray's units (at least one unit)."""
+    return max(_floor(ask.cpus), RAY_UNIT)
+
+
+@dataclass(frozen=True)
+class _NodeUse:
+    """What the job places on one node: device ids, other node-only processes, fixed asks."""
+
+    devices: tuple[int, ...] = ()
+    node_only: int = 0
+    fixed_cpus: float = 0.0
+    fixed_memory: int = 0
+
+
+def _node_bundles(spec: ClusterSpec, use: Mapping[int, _NodeUse]) -> tuple[list[Bundle], dict]:
+    """The bundles per node, the CPUs of each node's other processes' equal parts (the
+    node-only bundle's part besides the fixed asks), and the job's usual (unrounded) CPU share
+    of each node (for thread counts)."""
     bundles: list[Bundle] = []
     totals: dict[int, float] = {}
+    parts: dict[int, float] = {}
     for node in spec.nodes:
-        used = sorted(d for n, d in devices if n == node.rank)
-        extra = 1 if node.rank in cpu_nodes else 0
-        if not used and not extra:
+        u = use.get(node.rank)
+        if u is None:
             continue
-        if used:
-            total = node.num_cpus * len(used) / node.num_devices
+        extra = 1 if u.node_only else 0
+        if u.devices:
+            total = node.num_cpus * len(u.devices) / node.num_devices
         else:
             total = node.num_cpus / max(1, node.num_devices)
         totals[node.rank] = total
-        share = _floor(total / (len(used) + extra))
-        if share <= 0:
+        split = split_node_cpus(total, u.fixed_cpus, node.num_cpus, bool(u.devices or extra))
+        count = len(u.devices) + extra
+        share = _floor(split.rest / count) if count else 0.0
+        if count and share <= 0:
             raise PlacementError(
                 f"node {node.rank} has {node.num_cpus} CPUs, too few to share over "
-                f"{len(used) + extra} bundles: raise cluster.cpus_per_node"
+                f"{count} bundles besides {u.fixed_cpus:g} CPUs of fixed asks "
+                f"(tools.cpus_per_worker): raise cluster.cpus_per_node or lower the asks"
             )
-        bundles.extend(Bundle(node.rank, d, share) for d in used)
-        if extra:
-            bundles.append(Bundle(node.rank, None, share))
-    return bundles, totals
+        bundles.extend(Bundle(node.rank, d, share) for d in u.devices)
+        if extra or u.fixed_cpus:
+            parts[node.rank] = share if extra else 0.0
+            cpus = _floor(parts[node.rank] + u.fixed_cpus)
+            bundles.append(Bundle(node.rank, None, cpus, u.fixed_memory))
+    return bundles, {"parts": parts, "totals": totals}
+
+
+def _node_use(
+    placements: Mapping[str, Sequence[Placement]],
+    spec: ClusterSpec,
+    asks: Mapping[str, ProcessAsk],
+) -> dict[int, _NodeUse]:
+    """Per node, what the job places there (checking every placement against the cluster)."""
+    devices: dict[int, set[int]] = {}
+    node_only: Counter[int] = Counter()
+    fixed: dict[int, tuple[float, int]] = {}
+    for component, procs in placements.items():
+        ask = asks.get(component)
+        for p in procs:
+            _check(component, p, spec)
+            node = p.cluster_node_rank
+            if ask is not None and p.device_ids:
+                raise PlacementError(
+                    f"{component} rank {p.rank} is given devices, but its processes ask a "
+                    f"fixed {ask.cpus:g} CPUs each and use none: place it on nodes"
+                )
+            if ask is not None:
+                cpus, mem = fixed.get(node, (0.0, 0))
+                fixed[node] = (cpus + _ask_cpus(ask), mem + ask.memory_bytes)
+            elif p.device_ids:
+                devices.setdefault(node, set()).update(p.device_ids)
+            else:
+                node_only[node] += 1
+    nodes = set(devices) | set(node_only) | set(fixed)
+    return {
+        n: _NodeUse(
+            tuple(sorted(devices.get(n, ()))),
+            node_only[n],
+            fixed.get(n, (0.0, 0))[0],
+            fixed.get(n, (0.0, 0))[1],
+        )
+        for n in nodes
+    }
 
 
 def plan_reservation(
     placements: Mapping[str, Sequence[Placement]],
     spec: ClusterSpec,
     overlap: Sequence[frozenset[str]] = (),
+    asks: Mapping[str, ProcessAsk] | None = None,
 ) -> ReservationLayout:
     """Compute the job's bundles and each process's slot.
 
@@ -192,23 +287,19 @@ def plan_reservation(
         spec: the cluster the placements were resolved against.
         overlap: sets of components whose stages run at the same time; a process's thread
             count divides the node's cores over the processes of its whole set there.
+        asks: components whose processes ask a fixed amount (node-only; threads
+            ``max(1, int(cpus))``); the others share their bundle in equal parts.
 
     Returns:
         The layout; bundles are ordered by node, devices first, then the node's CPU bundle.
 
     Raises:
-        PlacementError: when a placement names a node or device the cluster lacks.
+        PlacementError: when a placement names a node or device the cluster lacks, a fixed-ask
+            component is given devices, or a node's CPUs cannot be shared.
     """
-    devices: set[tuple[int, int]] = set()
-    cpu_nodes: set[int] = set()
-    for component, procs in placements.items():
-        for p in procs:
-            _check(component, p, spec)
-            if p.device_ids:
-                devices.update((p.cluster_node_rank, d) for d in p.device_ids)
-            else:
-                cpu_nodes.add(p.cluster_node_rank)
-    bundles, job_cpus = _node_bundles(spec, devices, cpu_nodes)
+    asks = asks or {}
+    bundles, figures = _node_bundles(spec, _node_use(placements, spec, asks))
+    parts, job_cpus = figures["parts"], figures["totals"]
     by_device = {(b.node_rank, b.device): i for i, b in enumerate(bundles) if b.device is not None}
     by_node = {b.node_rank: i for i, b in enumerate(bundles) if b.device is None}
 
@@ -217,18 +308,24 @@ def plan_reservation(
             return by_device[(p.cluster_node_rank, p.device_ids[0])]
         return by_node[p.cluster_node_rank]
 
-    per_bundle = Counter(home(p) for procs in placements.values() for p in procs)
+    per_bundle = Counter(home(p) for c, procs in placements.items() if c not in asks for p in procs)
     slots = []
     for component, procs in placements.items():
+        ask = asks.get(component)
         together = {component}.union(*(s for s in overlap if component in s))
         per_node = Counter(
             q.cluster_node_rank for c in together if c in placements for q in placements[c]
         )
         for p in procs:
-            idx = home(p)
-            threads = max(
-                1, int(job_cpus[p.cluster_node_rank] + 1e-6) // per_node[p.cluster_node_rank]
-            )
-            cpus = _floor(bundles[idx].cpus / per_bundle[idx])
+            idx, node = home(p), p.cluster_node_rank
+            if ask is not None:
+                cpus = _ask_cpus(ask)
+                slots.append(
+                    ProcessSlot(component, p.rank, idx, cpus, max(1, int(cpus)), ask.memory_bytes)
+                )
+                continue
+            threads = max(1, int(job_cpus[node] + 1e-6) // per_node[node])
+            base = bundles[idx].cpus if p.device_ids else parts[node]
+            cpus = _floor(base / per_bundle[idx])
             slots.append(ProcessSlot(component, p.rank, idx, max(cpus, RAY_UNIT), threads))
     return ReservationLayout(bundles=tuple(bundles), slots=tuple(slots))

@@ -33,8 +33,10 @@ from rltrain.agents.interaction import (
 )
 from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
+from rltrain.placement.types import GIB
 from rltrain.scheduler import Worker
 from rltrain.scheduler.group import WorkerGroupBuilder
+from rltrain.scheduler.resources import ProcessAsk
 from rltrain.tasks.text_env import load_env_class
 
 
@@ -58,17 +60,19 @@ class ToolWorkerState:
 
 
 class _PoolBuilder(WorkerGroupBuilder):
-    """Starts tool workers with ``tools.concurrency`` threads each and the torch threads of
-    ``tools.cpus_per_worker``."""
+    """Starts tool workers with ``tools.concurrency`` call threads each; each asks Ray for
+    ``tools.cpus_per_worker`` CPUs and ``tools.memory_gib_per_worker`` of memory (the
+    reservation's slot, which also gives it ``max(1, int(cpus))`` torch threads)."""
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(ToolWorker, (run,), {})
         self.concurrency = run.tools.concurrency
-        self.threads = max(1, int(run.tools.cpus_per_worker))
+        self.process_ask = ProcessAsk(
+            run.tools.cpus_per_worker, int(run.tools.memory_gib_per_worker * GIB)
+        )
 
     def launch(self, cluster: Any, name: str, placement_strategy: Any, **kw: Any) -> Any:
         kw["max_concurrency"] = self.concurrency
-        kw["num_threads"] = self.threads
         return super().launch(cluster, name, placement_strategy, **kw)
 
 
