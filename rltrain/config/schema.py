@@ -401,8 +401,8 @@ class ToolsConfig:
     # tool worker actors (component ``tools``): each hosts environment instances and runs
     # their tool calls; by default placed on the CPU-only nodes (every node when none is)
     pool_size: int = 2
-    cpus_per_worker: float = 0.5  # CPUs the plan sizes per tool worker (and its torch threads)
-    memory_gib_per_worker: float = 0.5  # host memory the plan sizes per tool worker, GiB
+    cpus_per_worker: float = 0.5  # CPUs each tool worker reserves in Ray (threads: int, min 1)
+    memory_gib_per_worker: float = 0.5  # GiB of Ray memory each tool worker reserves
     timeout_s: float = 10.0  # per tool call; a call that takes longer fails its episode
     concurrency: int = 8  # tool calls one tool worker runs at once (its actor's threads)
     # the batch's episodes are split into this many parts that take turns: while one part's

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +50,8 @@ class ToolWorkerState:
         pid: its process id.
         open_envs: environments it hosts now.
         steps: steps it has run.
+        resources: what Ray assigned it (``CPU``: ``tools.cpus_per_worker``, ``memory``:
+            ``tools.memory_gib_per_worker`` in bytes).
     """
 
     rank: int
@@ -57,6 +59,7 @@ class ToolWorkerState:
     pid: int
     open_envs: int
     steps: int
+    resources: Mapping[str, float]
 
 
 class _PoolBuilder(WorkerGroupBuilder):
@@ -134,9 +137,17 @@ class ToolWorker(Worker):
 
     def state(self) -> ToolWorkerState:
         """Where it runs and what it holds."""
+        import ray
+
+        assigned = ray.get_runtime_context().get_assigned_resources()
         with self.lock:
             return ToolWorkerState(
-                self.rank, self.placement.cluster_node_rank, os.getpid(), len(self.envs), self.steps
+                self.rank,
+                self.placement.cluster_node_rank,
+                os.getpid(),
+                len(self.envs),
+                self.steps,
+                assigned,
             )
 
 

@@ -20,6 +20,7 @@ def calc_run() -> RunConfig:
     run.task.env = "rltrain.tasks.calc_tool:CalculatorEnv"
     run.placement.component_placement = {"actor,rollout,reward": "all"}
     run.tools.pool_size, run.tools.concurrency = 2, 2
+    run.tools.cpus_per_worker, run.tools.memory_gib_per_worker = 0.75, 0.25
     return run
 
 
@@ -34,6 +35,9 @@ def test_the_pool_runs_on_its_planned_node_serves_calls_and_fails_clearly_when_o
     states = group.call(ToolWorker.state).wait()
     assert [s.node for s in states] == [p.cluster_node_rank for p in planned]
     assert len({s.pid for s in states}) == 2  # two actor processes
+    # each asks Ray for exactly tools.cpus_per_worker CPUs and tools.memory_gib_per_worker
+    want = {"CPU": 0.75, "memory": 0.25 * 2**30}
+    assert [{k: s.resources.get(k) for k in want} for s in states] == [want, want]
 
     pool = RayToolPool(group.actors)
     examples = [Example("3+4=", "7"), Example("5+6=", "11"), Example("1+1=", "2")]
