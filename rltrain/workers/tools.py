@@ -239,11 +239,14 @@ def pool_summary(group: Any) -> dict[str, Any]:
         group: the started ``tools`` worker group.
 
     Returns:
-        ``{"workers": n, "nodes": [node per rank], "steps": [steps per rank]}``.
+        ``{"workers": n, "nodes": [node per rank], "steps": [steps per rank],
+        "cpus": [Ray CPUs per rank], "memory_gib": [Ray memory per rank]}``.
     """
     states = group.call(ToolWorker.state).wait()
     return {
         "workers": len(states),
         "nodes": [s.node for s in states],
         "steps": [s.steps for s in states],
+        "cpus": [s.resources.get("CPU", 0.0) for s in states],
+        "memory_gib": [s.resources.get("memory", 0.0) / 2**30 for s in states],
     }
