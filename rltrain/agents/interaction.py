@@ -14,9 +14,11 @@ Where the environments live is the pool's business: in a run, the ``tools`` comp
 actors (:class:`rltrain.workers.tools.ToolWorker`, placed and sized by the plan); in tests and
 the in-process benchmark, :class:`LocalToolPool` (threads of this process).
 
-While one part of the batch waits on its tools, the next part generates (``tools.interleave``
-parts take turns; each part's turn is seeded by ``(seed, round, part)``, so a run is
-reproducible whatever the tools' timing). A tool that raises (other than
+Turns are decoded by continuous batching (:class:`~rltrain.agents.decoding.TurnDecoder`): an
+episode leaves the decoding batch when its turn ends, the others keep decoding while its tool
+runs, and it joins again at the next step once the reply arrived (``tools.slots`` caps the rows
+decoded at once). Each turn samples with its own generator seeded by ``(seed, episode, turn)``,
+so a run is reproducible whatever the tools' timing. A tool that raises (other than
 :class:`~rltrain.tasks.text_env.ToolError`) or outlives ``tools.timeout_s`` marks its episode
 infra-failed: loss mask 0 throughout, left out of the group statistics, counted in
 ``rollout/infra_failed``. ``rollout.max_turns`` and ``rollout.max_total_tokens`` end episodes
@@ -29,15 +31,17 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from rltrain.agents.decoding import TurnDecoder, TurnRequest
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.algorithms.sampling import SamplingParams, generate
+from rltrain.algorithms.sampling import GenerationStopped, SamplingParams
 from rltrain.config import seeds
 from rltrain.errors import WorkerError
 from rltrain.tasks.text_env import load_env_class
@@ -123,7 +127,7 @@ class EpisodeSettings:
     max_total_tokens: int
     timeout_s: float
     concurrency: int
-    interleave: int
+    slots: int
     tool_latency_s: float = 0.0
     tool_failure_rate: float = 0.0
 
@@ -136,7 +140,7 @@ class EpisodeSettings:
             max_total_tokens=total,
             timeout_s=run.tools.timeout_s,
             concurrency=run.tools.concurrency,
-            interleave=run.tools.interleave,
+            slots=run.tools.slots,
             tool_latency_s=run.simulate.tool_latency_ms / 1000,
             tool_failure_rate=run.simulate.tool_failure_rate,
         )
@@ -284,11 +288,16 @@ class Episode:
     pending: Future | None = None
     started: float = 0.0
     calling: bool = False
+    past: Any = None  # the KV cache of the trajectory so far (but its last id), between turns
 
     def append(self, ids: Sequence[int], loss: float, logp: Sequence[float]) -> None:
         self.ids += list(ids)
         self.loss += [loss] * len(ids)
         self.logp += list(logp)
+
+
+#: Decoding steps a ready turn may wait for others to join with it (see ``_joins_now``).
+JOIN_EVERY = 4
 
 
 class ToolEpisodes:
@@ -375,62 +384,101 @@ class ToolEpisodes:
         with_logprobs: bool,
         should_stop: Callable[[], bool] | None,
     ) -> None:
-        k = max(1, min(self.settings.interleave, len(episodes)))
-        parts = [episodes[i::k] for i in range(k)]
+        """Every episode to its end, turns decoded by continuous batching.
+
+        Ready episodes (new ones, and those whose tool reply arrived) join the decoding batch
+        at the next step while it has free slots; an episode leaves it when its turn ends and
+        holds no slot while its tool runs. With nothing to decode, the loop waits for the
+        first tool reply (or the first call's timeout).
+        """
+        model = self.model()
+        was_training = model.training
+        model.eval()
+        slots = self.settings.slots or len(episodes)
+        stops = {*self.eos_ids, *self.call_ends}
+        decoder = TurnDecoder(
+            model, params, stops, self.tokenizer.pad_token_id, self.device, slots, with_logprobs
+        )
+        by_row = {e.row: e for e in episodes}
+        ready = list(episodes)
+        waiting: list[Episode] = []
+        since_join = 0
         try:
-            for round_ in range(self.settings.max_turns):
-                for index, part in enumerate(parts):
-                    for e in part:
-                        self._collect(e)
-                    live = [e for e in part if not e.done]
-                    if live:
-                        turn = seeds.turn_seed(seed, round_, index)
-                        self._turn(live, params, turn, with_logprobs, should_stop)
-            for e in episodes:
-                self._collect(e)
+            while ready or waiting or decoder.rows:
+                if should_stop is not None and should_stop():
+                    raise GenerationStopped()
+                waiting = self._arrivals(waiting, ready, wait=not ready and not decoder.rows)
+                if ready and decoder.free and self._joins_now(decoder, len(ready), since_join):
+                    joining, ready = ready[: decoder.free], ready[decoder.free :]
+                    requests = [self._request(e, params, seed) for e in joining]
+                    ended, since_join = decoder.join(requests), 0
+                else:
+                    ended, since_join = decoder.step(), since_join + 1
+                for result in ended:
+                    e = by_row[result.key]
+                    self._end_turn(e, result.ids, result.logprobs)
+                    if e.pending is not None:
+                        e.past = result.past  # the next turn prefills only the new ids
+                        waiting.append(e)
         finally:
+            model.train(was_training)
             self.pool.close([e.handle for e in episodes])
         self.pool.check()  # a tool worker died: its episodes failed above, and the run stops
+
+    @staticmethod
+    def _joins_now(decoder: TurnDecoder, ready: int, since_join: int) -> bool:
+        """Whether ready turns join now: a join is one prefill forward pass, so turns that
+        arrive one by one wait a few steps (:data:`JOIN_EVERY`) to join together, unless
+        they fill the free slots or nothing else decodes."""
+        return not decoder.rows or ready >= decoder.free or since_join >= JOIN_EVERY
+
+    def _request(self, e: Episode, params: SamplingParams, seed: int) -> TurnRequest:
+        budget = min(params.max_new_tokens, self._remaining(e))
+        turn_seed = seeds.episode_turn_seed(seed, e.row, e.turns)
+        past, e.past = e.past, None
+        return TurnRequest(e.row, e.prompt + e.ids, budget, turn_seed, past)
+
+    def _arrivals(self, waiting: list[Episode], ready: list[Episode], wait: bool) -> list[Episode]:
+        """Collect the tool replies that arrived (blocking for the first when ``wait``): ready
+        episodes go to ``ready``; returns the episodes still waiting."""
+        if not waiting:
+            return waiting
+        if wait:
+            now = time.monotonic()
+            first_deadline = min(e.started + self.settings.timeout_s for e in waiting)
+            pending = [e.pending for e in waiting if e.pending is not None]
+            futures_wait(
+                pending, timeout=max(first_deadline - now, 0.0), return_when=FIRST_COMPLETED
+            )
+        now = time.monotonic()
+        still = []
+        for e in waiting:
+            assert e.pending is not None
+            if e.pending.done() or now - e.started >= self.settings.timeout_s:
+                self._collect(e)
+                if e.done:
+                    e.past = None
+                else:
+                    ready.append(e)
+            else:
+                still.append(e)
+        return still
 
     def _remaining(self, e: Episode) -> int:
         return self.settings.max_total_tokens - len(e.ids)
 
-    def _turn(
-        self,
-        live: list[Episode],
-        params: SamplingParams,
-        seed: int,
-        with_logprobs: bool,
-        should_stop: Callable[[], bool] | None,
-    ) -> None:
-        """Sample one turn of every live episode of a part, then hand its action to its env."""
-        budget = min(params.max_new_tokens, max(self._remaining(e) for e in live))
-        ids, mask = _left_padded([e.prompt + e.ids for e in live], self.tokenizer.pad_token_id)
-        batch = generate(
-            self.model(),
-            ids.to(self.device),
-            mask.to(self.device),
-            dataclasses.replace(params, max_new_tokens=budget),
-            {*self.eos_ids, *self.call_ends},
-            self.tokenizer.pad_token_id,
-            torch.Generator(device=self.device).manual_seed(seed),
-            with_logprobs=with_logprobs,
-            should_stop=should_stop,
-        ).to("cpu")
-        for i, e in enumerate(live):
-            length = min(int(batch.response_mask[i].sum()), self._remaining(e))
-            tokens = batch.response_ids[i, :length].tolist()
-            logp = batch.old_logprobs[i, :length].tolist() if with_logprobs else [0.0] * length
-            e.append(tokens, 1.0, logp)
-            e.turns += 1
-            last = tokens[-1] if tokens else None
-            if last in self.eos_ids:
-                self._submit(e, self.tokenizer.decode(tokens[:-1]), calling=False)
-            elif last in self.call_ends and self._remaining(e) > 0:
-                text = self.tokenizer.decode(tokens)  # a merged "])" keeps its tail in the ids
-                self._submit(e, text[: text.rindex(CALL_END) + 1], calling=True)
-            else:  # the token budget cut the turn
-                e.done = e.truncated = True
+    def _end_turn(self, e: Episode, tokens: list[int], logp: list[float]) -> None:
+        """Append a finished turn to its episode and hand its action to its environment."""
+        e.append(tokens, 1.0, logp)
+        e.turns += 1
+        last = tokens[-1] if tokens else None
+        if last in self.eos_ids:
+            self._submit(e, self.tokenizer.decode(tokens[:-1]), calling=False)
+        elif last in self.call_ends and self._remaining(e) > 0:
+            text = self.tokenizer.decode(tokens)  # a merged "])" keeps its tail in the ids
+            self._submit(e, text[: text.rindex(CALL_END) + 1], calling=True)
+        else:  # the token budget cut the turn
+            e.done = e.truncated = True
 
     def _submit(self, e: Episode, action: str, calling: bool) -> None:
         failure_seed = None

@@ -405,10 +405,11 @@ class ToolsConfig:
     memory_gib_per_worker: float = 0.5  # GiB of Ray memory each tool worker reserves
     timeout_s: float = 10.0  # per tool call; a call that takes longer fails its episode
     concurrency: int = 8  # tool calls one tool worker runs at once (its actor's threads)
-    # the batch's episodes are split into this many parts that take turns: while one part's
-    # tool calls run, the next part generates (1: every call waits for the whole batch; parts
-    # decode in smaller batches, so it pays only for slow tools: docs/agents.md)
-    interleave: int = 1
+    # the most episodes one generating process decodes at once (continuous batching: an
+    # episode leaves the decoding batch while its tool runs and joins it again when the reply
+    # arrives; fewer slots than episodes staggers them so tool waits overlap others' decoding);
+    # 0: every episode of the batch (docs/agents.md)
+    slots: int = 0
 
 
 @dataclass

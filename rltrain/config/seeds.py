@@ -105,10 +105,11 @@ def eval_episode_seed(seed: int, step: int, episodes: int) -> int:
     return _wrap(seed * 7_777 + EVAL_OFFSET + step, episodes)
 
 
-def turn_seed(seed: int, round_: int, part: int) -> int:
-    """The sampling seed of one decoding round of one part of a multi-turn batch
-    (``tools.interleave``): ``seed`` is the call's sampling seed."""
-    return _wrap(seed * 1_000_003 + round_ * 7_919 + part)
+def episode_turn_seed(seed: int, row: int, turn: int) -> int:
+    """The sampling seed of turn ``turn`` of episode ``row`` of a multi-turn batch: ``seed`` is
+    the call's sampling seed. Per episode and turn, so what a turn samples never depends on the
+    rows it shared a decoding batch with, or on when its tool answered."""
+    return _wrap(seed * 1_000_003 + row * 7_919 + turn)
 
 
 def tool_failure_seed(seed: int, row: int, call: int) -> int:
@@ -132,6 +133,6 @@ DERIVATIONS: dict[str, tuple[Callable[..., int], str | None]] = {
     "env_rng_seed": (env_rng_seed, None),
     "env_stage_seed": (env_stage_seed, "envs_per_stage"),
     "eval_episode_seed": (eval_episode_seed, "episodes"),
-    "turn_seed": (turn_seed, None),
+    "episode_turn_seed": (episode_turn_seed, None),
     "tool_failure_seed": (tool_failure_seed, None),
 }

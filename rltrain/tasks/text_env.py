@@ -229,6 +229,6 @@ def _tool_key_problems(tools: Any) -> list[str]:
         out.append(f"tools.timeout_s={tools.timeout_s} must be > 0")
     if tools.concurrency < 1:
         out.append(f"tools.concurrency={tools.concurrency} must be >= 1")
-    if tools.interleave < 1:
-        out.append(f"tools.interleave={tools.interleave} must be >= 1")
+    if tools.slots < 0:
+        out.append(f"tools.slots={tools.slots} must be >= 0 (0: every episode of the batch)")
     return out

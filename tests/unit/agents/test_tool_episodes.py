@@ -3,14 +3,16 @@ log-prob gap over a multi-turn batch), masks, limits, and tool faults that cost 
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from rltrain.agents.interaction import LocalToolPool, ToolEpisodes
+from rltrain.agents.interaction import LocalToolPool, ToolEpisodes, run_step
 from rltrain.algorithms.update import UpdateSettings, add_advantages, ppo_update
 from rltrain.config.schema import ModelConfig, RunConfig
 from rltrain.errors import ConfigError, WorkerError
@@ -147,8 +149,15 @@ def test_limits_end_episodes_cleanly(agent):
     _, _, task = agent
     run = _run(rollout__max_turns=1, rollout__max_total_tokens=5)
     batch = _episodes(agent, run).generate([task.train[0].prompt], 2, False, None)
-    assert int(batch.response_mask.sum(dim=1).max()) <= 5
-    assert bool(batch.truncated.all()) and int(batch.turns.max()) == 1
+    lengths = batch.response_mask.sum(dim=1)
+    assert int(lengths.max()) <= 5 and int(batch.turns.max()) == 1
+    # an episode ends by its own action (EOS, or a "]" its env answered with done), or its
+    # limits cut it: then it is truncated
+    _, tok, _ = agent
+    own = {tok.eos_token_id, tok.convert_tokens_to_ids("]")}
+    last = [int(batch.response_ids[i, int(lengths[i]) - 1]) for i in range(batch.size)]
+    assert bool(batch.truncated.any())
+    assert all(bool(t) or x in own for t, x in zip(batch.truncated, last, strict=True))
 
 
 def test_task_env_is_checked_before_ray():
@@ -167,3 +176,83 @@ def test_task_env_is_checked_before_ray():
     plain = RunConfig()
     plain.rollout.max_turns = 2
     assert env_problems(plain) == ["rollout.max_turns=2 needs task.env (an environment)"]
+
+
+class SlowFirstCallPool(LocalToolPool):
+    """The first tool call answers only once another episode has sent a later action, i.e.
+    decoded a turn after its own tool's reply (or, failing that, after 20 s)."""
+
+    def __init__(self, run):
+        super().__init__(run)
+        self.sent: dict[int, int] = {}
+        self.slow: int | None = None
+        self.later = threading.Event()
+        self.order: list[str] = []
+
+    def step(self, handle, action, failure_seed):
+        sent = self.sent[id(handle)] = self.sent.get(id(handle), 0) + 1
+        if self.slow is None and failure_seed is not None:
+            self.slow = id(handle)
+            future: Future = Future()
+
+            def answer() -> None:
+                self.later.wait(20)
+                self.order.append("slow reply")
+                future.set_result(run_step(handle, action, failure_seed, self.settings))
+
+            threading.Thread(target=answer, daemon=True).start()
+            return future
+        if self.slow is not None and id(handle) != self.slow and sent >= 2:
+            if not self.later.is_set():
+                self.order.append("another episode's next action")
+            self.later.set()
+        return super().step(handle, action, failure_seed)
+
+
+def test_a_slow_tool_does_not_hold_the_other_episodes(agent):
+    model, tok, task = agent
+    run = _run(tools__timeout_s=5.0)  # a loop that waits for every call fails the slow one
+    pool = SlowFirstCallPool(run)
+    episodes = ToolEpisodes(
+        run, lambda: model, tok, torch.device("cpu"), [tok.eos_token_id], task, pool
+    )
+    batch = episodes.generate([ex.prompt for ex in task.train[:2]], 5, False, None)
+    assert pool.order == ["another episode's next action", "slow reply"]
+    assert not bool(batch.infra_failed.any())  # the slow episode went on after its reply too
+    assert int(batch.turns.max()) >= 2
+
+
+class JitterPool(LocalToolPool):
+    """Tool calls that each take a random 0-40 ms (the draws differ by ``seed``)."""
+
+    def __init__(self, run, seed: int):
+        super().__init__(run)
+        self.rng = random.Random(seed)
+
+    def step(self, handle, action, failure_seed):
+        delay = self.rng.uniform(0.0, 0.04)
+
+        def slow() -> object:
+            time.sleep(delay)  # the modelled tool latency, not a wait for an event
+            return run_step(handle, action, failure_seed, self.settings)
+
+        return self.threads.submit(slow)
+
+
+def test_the_same_seed_samples_the_same_tokens_whatever_the_tools_timing(agent):
+    model, tok, task = agent
+    prompts = [ex.prompt for ex in task.train[:3]]
+    batches = []
+    for slots, pool_seed in ((0, None), (3, 1), (5, 2)):
+        run = _run(tools__slots=slots)
+        pool = None if pool_seed is None else JitterPool(run, pool_seed)
+        episodes = ToolEpisodes(
+            run, lambda: model, tok, torch.device("cpu"), [tok.eos_token_id], task, pool
+        )
+        batches.append(episodes.generate(prompts, 9, True, None))
+    first = batches[0]
+    assert int(first.tool_calls.sum()) > 0
+    for other in batches[1:]:
+        assert torch.equal(other.response_ids, first.response_ids)
+        assert torch.equal(other.loss_mask, first.loss_mask)
+        assert torch.allclose(other.old_logprobs, first.old_logprobs, atol=1e-5)

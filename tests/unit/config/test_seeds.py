@@ -35,6 +35,7 @@ ARGS = {
     "part": st.integers(0, 2**10),
     "row": st.integers(0, 2**20),
     "call": st.integers(0, 2**10),
+    "turn": st.integers(0, 2**10),
 }
 
 
