@@ -89,7 +89,7 @@ def agent_rollout(quick: bool) -> Suite:
 
     torch.set_num_threads(1)
     spec = CalcToolSpec(
-        num_train=80, num_eval=8, num_terms=2, digits=1, sft_steps=40 if quick else 80
+        num_train=80, num_eval=8, num_terms=2, digits=1, sft_steps=20 if quick else 80
     )
     train, _ = sums(spec)
     tok = build_char_tokenizer(ALPHABET)
@@ -97,7 +97,7 @@ def agent_rollout(quick: bool) -> Suite:
     supervise(model, tok, train, spec)
     examples = [Example(r["prompt"], r["answer"]) for r in train]
     task = type("Task", (), {"train": examples, "eval": []})
-    prompts = [ex.prompt for ex in examples[: 4 if quick else 64]]
+    prompts = [ex.prompt for ex in examples[: 2 if quick else 64]]
     n = len(prompts) * 4
     chains = CHAINS[:2] if quick else CHAINS
     naive = _naive_class()
@@ -112,6 +112,7 @@ def agent_rollout(quick: bool) -> Suite:
         run.simulate.tool_latency_ms = latency_ms
         return cls(run, lambda: model, tok, torch.device("cpu"), [tok.eos_token_id], task)
 
+    warmup = 0 if quick else 1
     timings: dict[str, list[float]] = {}
     shape: dict[int, tuple[float, float, float]] = {}  # calls -> (latency ms, turns, calls)
 
@@ -145,8 +146,8 @@ def agent_rollout(quick: bool) -> Suite:
         out: dict[str, float] = {}
         for calls in chains:
             latency_ms, turns, made = shape[calls]
-            med = {
-                k.split(": ", 1)[1]: statistics.median(v)
+            med = {  # the timed calls only (the first ``warmup`` of each case are not)
+                k.split(": ", 1)[1]: statistics.median(v[warmup:] or v)
                 for k, v in timings.items()
                 if k.startswith(f"{calls} calls: ")
             }
@@ -170,7 +171,7 @@ def agent_rollout(quick: bool) -> Suite:
     return Suite(
         cases=tuple(cases),
         baseline=f"{chains[0]} calls: naive",
-        warmup=0 if quick else 1,
+        warmup=warmup,
         repeats=1 if quick else 3,
         extras=extras,
         note=f"speed-up = 1/ratio; compare cases of the same chain length. {n} episodes, tool "
