@@ -59,7 +59,10 @@ def test_calc_tool_episodes_call_the_tool_on_both_generation_paths(tmp_path):
         for r in steps:
             assert r["rollout/tool_calls"] > 0  # the supervised model calls the calculator
             assert samples <= r["rollout/turns"] <= 3 * samples
-            assert r["rollout/logprob_gap_max"] <= 1e-5  # observation tokens masked out
+            # observation tokens masked out (unmasked, the gap is O(1)); the batch shapes and the
+            # caches kept across tool waits round differently: ~2e-5 at most (the 1e-5 exactness
+            # test is tests/unit/agents/test_tool_episodes.py on one batch)
+            assert r["rollout/logprob_gap_max"] <= 1e-4
         assert 0.0 <= records[-1]["eval/accuracy"] <= 1.0
         if name == "separate":
             assert all("rollout/infra_failed" in r for r in steps)
