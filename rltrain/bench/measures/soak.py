@@ -7,7 +7,8 @@ phase, evenly spaced, the resident memory (RSS) of the driver and of every proce
 (Ray's raylet and GCS, the workers) and the object store's usage are sampled. Growth is measured
 from the end of the warm-up (the first 10 % of the steps: allocator pools and Ray's first leases
 settle there) to the end. Targets: every process grows by less than 5 % after warm-up,
-and no object is left in the store once the loop has drained.
+and no object is left in the store once the loop has drained. ``--quick`` (CI: 40 and 20 steps)
+runs both phases' jobs on one local Ray; a full run starts one per phase.
 
 The object store is read through Ray's ``memory_summary`` (an internal API; the figures are
 those ``ray memory --stats-only`` prints).
@@ -134,6 +135,14 @@ def _runs(quick: bool) -> dict[str, tuple[Any, int]]:
 def soak(quick: bool) -> Suite:
     runs = _runs(quick)
     records = {name: SoakRecord() for name in runs}
+    cluster = None
+    if quick:
+        # --quick (CI) checks the path: one local Ray for both phases (each phase's job still
+        # starts and ends its own workers). A full run gives each phase a Ray of its own, so
+        # the second phase's Ray services start fresh.
+        from rltrain.scheduler import Cluster
+
+        cluster = Cluster.start(next(iter(runs.values()))[0].cluster)
 
     def phase(name: str):
         def go() -> None:
@@ -187,4 +196,5 @@ def soak(quick: bool) -> Suite:
             f"simulated devices, {os.cpu_count()} cores."
         ),
         extras=extras,
+        teardown=cluster.shutdown if cluster is not None else None,
     )

@@ -12,56 +12,95 @@ import pytest
 from rltrain.bench import harness
 from rltrain.bench.harness import Case, Measure, Suite
 
-#: Measures whose quick mode starts one local Ray of the default shape (one node, 2 simulated
-#: devices of the default memory, the machine's cores) and nothing else that depends on it: they
-#: join one such Ray (``--address``, :func:`shared_ray`) instead of each starting and stopping
-#: its own (seconds of waiting and Ray's processes each). Each still runs in a process of its own
-#: (a Ray job: its actors and placement groups end with it). They run together on one test
-#: process (one unit, ``spread(unit=...)``), so one Ray serves them and stops after them. The
-#: others start no Ray, or a Ray whose start they time (``startup``), or a Ray of another shape
-#: (``framework_share*``: 1 device; ``weight_sync``: a 2 GiB device per receiver), or read the
-#: processes under their driver (``soak``: Ray's own processes are in its figures).
-SHARED_RAY = frozenset(
-    {
-        "agent_faults",
-        "async_rollout",
-        "auto_placement",
-        "channel_16mb",
-        "channel_1kb",
-        "channel_1mb",
-        "channel_64mb",
-        "embodied_pipeline",
-        "long_tail",
-        "partial_rollout",
-        "runtime_call",
-        "runtime_startup",
-        "time_to_accuracy",
-    }
-)
-#: The shared Ray's devices: what those measures' ``Cluster.start`` asks for.
-SHARED_DEVICES = 2
+#: Measures whose quick mode starts one local Ray and nothing else that depends on it, by the
+#: shape they start (``Cluster.start``'s config): each group runs in ONE bench process
+#: (``python -m rltrain.bench a b ... --quick --address A``, the bench's own in-process path) on
+#: one Ray of that shape that a helper process starts, instead of an interpreter, an import of
+#: torch and transformers and a Ray start and stop per measure. A group's tests form one unit
+#: (``spread(unit=NAME)``: one test process); the first to run starts the group's bench run,
+#: and each test checks its own measure's result and shows its own part of the output. The
+#: others start no Ray, or a Ray whose start they time (``startup``), or read the processes
+#: under their driver (``soak``: Ray's own processes are in its figures).
+SHARED = {
+    # the default shape: one node, 2 simulated devices of the default memory, the machine's cores
+    "bench-measures-on-one-ray": (
+        {"devices_per_node": 2},
+        frozenset(
+            {
+                "agent_faults",
+                "async_rollout",
+                "auto_placement",
+                "channel_16mb",
+                "channel_1kb",
+                "channel_1mb",
+                "channel_64mb",
+                "embodied_pipeline",
+                "long_tail",
+                "partial_rollout",
+                "runtime_call",
+                "runtime_startup",
+                "time_to_accuracy",
+            }
+        ),
+    ),
+    # _latency_run: cluster.devices_per_node=1
+    "bench-measures-on-one-device": (
+        {"devices_per_node": 1},
+        frozenset({"framework_share", "framework_share_turns"}),
+    ),
+    # a 2 GiB device for the sender and each receiver: weight_sync --quick asks for 3,
+    # weight_sync_step for 4 (its receivers take the devices after the sender's either way)
+    "bench-measures-on-2gib-devices": (
+        {"devices_per_node": 4, "device_memory_gib": 2.0},
+        frozenset({"weight_sync", "weight_sync_step"}),
+    ),
+}
+#: Measure name -> its shared unit.
+UNIT_OF = {name: unit for unit, (_, names) in SHARED.items() for name in names}
+SHARED_RAY = frozenset(UNIT_OF)
 #: Ray's switch between its host address and loopback: the local Ray rltrain starts listens on
 #: 127.0.0.1 only (``rltrain.scheduler.cluster``), so a process joining it must look there too.
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: A test's wait for its unit's bench run: the first test's set-up runs every measure of the
+#: unit (on a loaded 2-core machine past the suite's 600 s per test).
+SHARED_TIMEOUT_S = 1800
+
+#: The module of the measures that keep one reservation of the node's cores for every measure
+#: of theirs until their process ends (``runtime._STATE``): in a shared run they go last, or
+#: the next measure's job would wait for those cores forever.
+HOLDS_CORES_TO_EXIT = "rltrain.bench.measures.runtime"
+
+
+def bench_order(names) -> list[str]:
+    """``names`` in the order one bench process runs them: by name, the measures of
+    :data:`HOLDS_CORES_TO_EXIT` last."""
+    registry = harness.discover()
+    return sorted(names, key=lambda n: (registry[n].build.__module__ == HOLDS_CORES_TO_EXIT, n))
+
 
 #: The helper process: the local Ray a measure would start (``Cluster.start``), its address on
 #: stdout, stopped when stdin closes.
 _HEAD = """
-import sys
+import json, sys
 import ray
 from rltrain.scheduler import Cluster
-cluster = Cluster.start({"devices_per_node": int(sys.argv[1]), "startup_timeout_s": 120})
+cluster = Cluster.start({**json.loads(sys.argv[1]), "startup_timeout_s": 120})
 print(ray.get_runtime_context().gcs_address, flush=True)
 sys.stdin.read()
 cluster.shutdown()
 """
 
 
-@pytest.fixture(scope="module")
-def shared_ray():
-    """The address of a local Ray of the measures' shape, started by a helper process."""
+def run_on_shared_ray(unit: str, out_dir) -> tuple[int, str, dict, str]:
+    """Start ``unit``'s Ray in a helper process, run its measures in one bench process on it,
+    stop the Ray. A measure that fails is reported by the bench and the others still run.
+
+    Returns:
+        ``(exit code, combined output, results.json's measures by name, results.md)``.
+    """
+    shape, names = SHARED[unit]
     head = subprocess.Popen(
-        [sys.executable, "-c", _HEAD, str(SHARED_DEVICES)],
+        [sys.executable, "-c", _HEAD, json.dumps(shape)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -69,40 +108,93 @@ def shared_ray():
     try:
         address = head.stdout.readline().strip()  # once Ray is up (empty: the helper died)
         assert address, f"the shared Ray did not start (exit {head.wait(timeout=60)})"
-        yield address
+        cmd = [sys.executable, "-m", "rltrain.bench", *bench_order(names), "--quick"]
+        cmd += ["--out", str(out_dir), "--address", address]
+        # the shared Ray listens on loopback only, as a local one does; unbuffered: in order
+        env = dict(os.environ, **{LOOPBACK_ENV: "0", "PYTHONUNBUFFERED": "1"})
+        out = subprocess.run(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            timeout=SHARED_TIMEOUT_S - 120,
+        )
     finally:
         head.stdin.close()
         try:
             head.wait(timeout=120)
         except subprocess.TimeoutExpired:
             head.kill()
+    results = out_dir / "results.json"
+    measures = json.loads(results.read_text())["measures"] if results.exists() else []
+    md = (out_dir / "results.md").read_text() if results.exists() else ""
+    return out.returncode, out.stdout, {m["name"]: m for m in measures}, md
+
+
+@pytest.fixture(scope="module")
+def shared_runs(tmp_path_factory):
+    """Each shared unit's bench run, made by the first of its tests to ask."""
+    done: dict[str, tuple[int, str, dict, str]] = {}
+
+    def get(unit: str) -> tuple[int, str, dict, str]:
+        if unit not in done:
+            done[unit] = run_on_shared_ray(unit, tmp_path_factory.mktemp(unit))
+        return done[unit]
+
+    return get
+
+
+def measure_output(output: str, name: str) -> str:
+    """The part of a bench run's output from ``name``'s start to the next measure's (the bench
+    prints ``running NAME ...`` before each)."""
+    start = output.find(f"running {name} ")
+    if start < 0:
+        return output  # it never started: the whole output says why
+    nxt = output.find("\nrunning ", start + 1)
+    return output[start : nxt if nxt >= 0 else len(output)]
 
 
 def _marked(name: str):
-    # spread: each measure in a process of its own, so either test process may start it
-    mark = pytest.mark.spread(unit="bench-measures-on-one-ray") if name in SHARED_RAY else None
-    return pytest.param(name, marks=mark or pytest.mark.spread)
+    if name in UNIT_OF:
+        unit = pytest.mark.spread(unit=UNIT_OF[name])
+        return pytest.param(name, marks=(unit, pytest.mark.timeout(SHARED_TIMEOUT_S)))
+    # spread: a measure in a process of its own, so either test process may start it
+    return pytest.param(name, marks=pytest.mark.spread)
+
+
+def _check(result: dict, name: str, md: str) -> None:
+    assert result["name"] == name and result["quick"] is True
+    assert all(c["median"] > 0 for c in result["cases"])
+    assert f"`{name}`" in md
 
 
 @pytest.mark.parametrize("name", [_marked(n) for n in sorted(harness.discover())])
 def test_measure_runs_quick(name, tmp_path, request):
+    if name in UNIT_OF:
+        code, output, results, md = request.getfixturevalue("shared_runs")(UNIT_OF[name])
+        own = measure_output(output, name)
+        failed = [
+            ln[len("failed: ") :].split(", ")
+            for ln in output.splitlines()
+            if ln.startswith("failed: ")
+        ]
+        assert name in results and not any(name in names for names in failed), own
+        assert code in (0, 1), output  # 1: another measure failed (its own test says which)
+        _check(results[name], name, md)
+        return
     cmd = [sys.executable, "-m", "rltrain.bench", name, "--quick", "--out", str(tmp_path)]
-    env = dict(os.environ)
-    if name in SHARED_RAY:
-        cmd += ["--address", request.getfixturevalue("shared_ray")]
-        env[LOOPBACK_ENV] = "0"  # the shared Ray listens on loopback only, as a local one does
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    data = json.loads((tmp_path / "results.json").read_text())
-    (result,) = data["measures"]
-    assert result["name"] == name and result["quick"] is True
-    assert all(c["median"] > 0 for c in result["cases"])
-    assert f"`{name}`" in (tmp_path / "results.md").read_text()
+    (result,) = json.loads((tmp_path / "results.json").read_text())["measures"]
+    _check(result, name, (tmp_path / "results.md").read_text())
 
 
 def test_shared_ray_measures_are_registered():
-    """A renamed or removed measure leaves no stale entry (it would silently lose its Ray)."""
+    """A renamed or removed measure leaves no stale entry (it would silently lose its Ray), and
+    no measure is in two units."""
     assert set(SHARED_RAY) <= set(harness.discover())
+    assert sum(len(names) for _, names in SHARED.values()) == len(SHARED_RAY)
 
 
 def test_unknown_measure_is_refused(tmp_path):
