@@ -15,11 +15,18 @@ from rltrain.errors import ConfigError, ResourceError
 from rltrain.runners.reasoning import run_reasoning
 from rltrain.telemetry.metrics import read_metrics
 
-pytestmark = pytest.mark.spread  # no module fixture: each test may run in either process
+# spread: each test may run in either process, except the two that read ``default_run``
+pytestmark = pytest.mark.spread
+#: The unit of the tests that read the module's ``default_run`` (one process runs it once).
+DEFAULT_RUN = pytest.mark.spread(unit="test_reasoning-default-run")
 
 CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
-SHORT = ("trainer.total_steps=3", "trainer.eval_every=3", "trainer.train_batch_size=4",
-         "logging.progress=false")
+SHORT = (
+    "trainer.total_steps=3",
+    "trainer.eval_every=3",
+    "trainer.train_batch_size=4",
+    "logging.progress=false",
+)
 
 
 def compose_run(*overrides: str):
@@ -29,12 +36,26 @@ def compose_run(*overrides: str):
         return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("placement", ["collocated", "disaggregated", "hybrid"])
-def test_a_few_real_steps_in_every_placement_mode(placement, ray_session, tmp_path):
+@pytest.fixture(scope="module")
+def default_run(ray_session, tmp_path_factory):
+    """``(summary, run dir)`` of the shipped default (``placement=collocated``, fused) for
+    ``SHORT``: the collocated case of every placement mode and the fused side of fused vs
+    turns are this one run."""
     ray_session.ensure()
-    run = compose_run(f"placement={placement}", *SHORT)
-    summary = run_reasoning(run, str(tmp_path))
+    out = tmp_path_factory.mktemp("default_run")
+    return run_reasoning(compose_run("placement=collocated", *SHORT), str(out)), out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "placement", [pytest.param("collocated", marks=DEFAULT_RUN), "disaggregated", "hybrid"]
+)
+def test_a_few_real_steps_in_every_placement_mode(placement, ray_session, tmp_path, request):
+    if placement == "collocated":
+        summary, tmp_path = request.getfixturevalue("default_run")
+    else:
+        ray_session.ensure()
+        summary = run_reasoning(compose_run(f"placement={placement}", *SHORT), str(tmp_path))
     assert summary["status"] == "completed" and summary["steps"] == 3
     assert summary["placement_mode"] == placement
     records = read_metrics(str(tmp_path / "metrics.jsonl"))
@@ -93,12 +114,12 @@ def test_missing_component_and_bad_batch_are_refused_before_ray(tmp_path):
         run_reasoning(run, str(tmp_path))
 
 
+@DEFAULT_RUN
 @pytest.mark.timeout(300)
-def test_fused_collocated_learns_what_taking_turns_learns(ray_session, tmp_path):
+def test_fused_collocated_learns_what_taking_turns_learns(default_run, tmp_path):
     """placement.fuse: one process per device does generate, score and train; the rows and
     random streams are the separate workers', so the records match a turn-taking run's."""
-    ray_session.ensure()
-    fused = run_reasoning(compose_run(*SHORT), str(tmp_path / "fused"))
+    fused, fused_dir = default_run  # the shipped default: placement=collocated, fuse=auto
     # after_stage offload moves state between the stages: auto falls back to taking turns
     turns = run_reasoning(
         compose_run(*SHORT, "placement.offload.rollout.when=after_stage"), str(tmp_path / "turns")
@@ -106,7 +127,7 @@ def test_fused_collocated_learns_what_taking_turns_learns(ray_session, tmp_path)
     assert fused["fused"] is True and "fuse_blockers" not in fused
     assert turns["fused"] is False
     assert any("placement.offload.rollout.when" in b for b in turns["fuse_blockers"])
-    a = read_metrics(str(tmp_path / "fused" / "metrics.jsonl"))
+    a = read_metrics(str(fused_dir / "metrics.jsonl"))
     b = read_metrics(str(tmp_path / "turns" / "metrics.jsonl"))
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
     for ra, rb in zip(a, b, strict=True):
@@ -119,8 +140,8 @@ def test_fused_collocated_learns_what_taking_turns_learns(ray_session, tmp_path)
         # the parity check, fused or not: the sampler's log-probs are the trainer's (rounding)
         assert ra["rollout/logprob_gap_max"] <= 1e-5 and rb["rollout/logprob_gap_max"] <= 1e-5
     assert a[-1]["eval/accuracy"] == b[-1]["eval/accuracy"]
-    trace = json.loads((tmp_path / "fused" / "trace.json").read_text())
+    trace = json.loads((fused_dir / "trace.json").read_text())
     processes = {e["args"]["process"] for e in trace["traceEvents"] if e.get("ph") == "X"}
     assert processes == {"driver", "actor[0]", "actor[1]"}  # no rollout or reward processes
-    latest = (tmp_path / "fused" / "checkpoints" / "latest").read_text().strip()
-    assert (tmp_path / "fused" / "checkpoints" / latest / "model" / "model.safetensors").is_file()
+    latest = (fused_dir / "checkpoints" / "latest").read_text().strip()
+    assert (fused_dir / "checkpoints" / latest / "model" / "model.safetensors").is_file()
