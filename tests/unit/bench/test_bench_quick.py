@@ -18,9 +18,11 @@ from rltrain.bench.harness import Case, Measure, Suite
 #: one Ray of that shape that a helper process starts, instead of an interpreter, an import of
 #: torch and transformers and a Ray start and stop per measure. A group's tests form one unit
 #: (``spread(unit=NAME)``: one test process); the first to run starts the group's bench run,
-#: and each test checks its own measure's result and shows its own part of the output. The
-#: others start no Ray, or a Ray whose start they time (``startup``), or read the processes
-#: under their driver (``soak``: Ray's own processes are in its figures).
+#: and each test checks its own measure's result and shows its own part of the output. Measures
+#: that start no Ray join a group too (only the process is shared). The others run in a
+#: process of their own: they start a Ray whose start they time (``startup``), or read the
+#: processes under their driver (``soak``: Ray's own processes are in its figures), or change
+#: often (``agent_rollout``, being reworked).
 SHARED = {
     # the default shape: one node, 2 simulated devices of the default memory, the machine's cores
     "bench-measures-on-one-ray": (
@@ -43,10 +45,22 @@ SHARED = {
             }
         ),
     ),
-    # _latency_run: cluster.devices_per_node=1
+    # _latency_run: cluster.devices_per_node=1; with them the quick modes that start no Ray
+    # (they only share the process: one interpreter and one import of torch for all)
     "bench-measures-on-one-device": (
         {"devices_per_node": 1},
-        frozenset({"framework_share", "framework_share_turns"}),
+        frozenset(
+            {
+                "framework_share",
+                "framework_share_turns",
+                "dynamic_batching",
+                "long_generation",
+                "offload",
+                "plain_grpo",
+                "plan_scale",
+                "whatif",
+            }
+        ),
     ),
     # a 2 GiB device for the sender and each receiver: weight_sync --quick asks for 3,
     # weight_sync_step for 4 (its receivers take the devices after the sender's either way)
