@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
+from collections.abc import Iterable
 
 import pytest
 
@@ -85,7 +87,7 @@ SHARED_TIMEOUT_S = 1800
 HOLDS_CORES_TO_EXIT = "rltrain.bench.measures.runtime"
 
 
-def bench_order(names) -> list[str]:
+def bench_order(names: Iterable[str]) -> list[str]:
     """``names`` in the order one bench process runs them: by name, the measures of
     :data:`HOLDS_CORES_TO_EXIT` last."""
     registry = harness.discover()
@@ -105,7 +107,7 @@ cluster.shutdown()
 """
 
 
-def run_on_shared_ray(unit: str, out_dir) -> tuple[int, str, dict, str]:
+def run_on_shared_ray(unit: str, out_dir: pathlib.Path) -> tuple[int, str, dict, str]:
     """Start ``unit``'s Ray in a helper process, run its measures in one bench process on it,
     stop the Ray. A measure that fails is reported by the bench and the others still run.
 
