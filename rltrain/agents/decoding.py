@@ -179,7 +179,7 @@ class TurnDecoder:
         new = [list(r.prefix[h:]) for r, h in zip(requests, held, strict=True)]
         if any(not n for n in new):
             raise WorkerError("a turn's prefix must extend its held cache by at least one id")
-        ids, new_mask = _left_padded(new, self.pad_id, self.device)
+        ids, new_mask = left_padded(new, self.pad_id, self.device)
         width = max(held)
         past_mask = torch.zeros((len(requests), width), dtype=torch.long, device=self.device)
         for i, h in enumerate(held):
@@ -308,10 +308,10 @@ def _pad_mask(mask: Tensor, width: int) -> Tensor:
     return torch.cat([mask.new_zeros((mask.shape[0], extra)), mask], dim=1)
 
 
-def _left_padded(
+def left_padded(
     rows: Sequence[Sequence[int]], pad: int, device: torch.device | str = "cpu"
 ) -> tuple[Tensor, Tensor]:
-    """``[b, L]`` ids padded on the left and their mask."""
+    """``[b, L]`` ids padded on the left (with ``pad``) and their mask, on ``device``."""
     width = max(1, max(len(r) for r in rows))
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rltrain.agents.decoding import TurnDecoder, TurnRequest
+from rltrain.agents.decoding import TurnDecoder, TurnRequest, left_padded
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import GenerationStopped, SamplingParams
 from rltrain.config import seeds
@@ -518,7 +518,7 @@ class ToolEpisodes:
     # ------------------------------------------------------------------------------ batch
     def _batch(self, episodes: list[Episode], n: int, with_logprobs: bool) -> RolloutBatch:
         pad = self.tokenizer.pad_token_id
-        prompt_ids, prompt_mask = _left_padded([e.prompt for e in episodes], pad)
+        prompt_ids, prompt_mask = left_padded([e.prompt for e in episodes], pad)
         width = max(1, max(len(e.ids) for e in episodes))
         b = len(episodes)
         ids = torch.full((b, width), pad, dtype=torch.long)
@@ -546,18 +546,6 @@ class ToolEpisodes:
             turns=torch.tensor([e.turns for e in episodes]),
             tool_calls=torch.tensor([e.calls for e in episodes]),
         )
-
-
-def _left_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[b, L]`` ids padded on the left and their mask."""
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
-            mask[i, width - len(r) :] = 1
-    return ids, mask
 
 
 def engine_interaction(run: Any, engine: Any) -> Interaction:

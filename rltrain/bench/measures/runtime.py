@@ -51,6 +51,16 @@ def _cluster() -> Any:
     return _STATE["cluster"]
 
 
+def _end() -> None:
+    """A measure's teardown: its groups and the shared reservation go, and the Ray it started
+    stops (a joined Ray, ``--address``, stays). Held past the measure, the reservation's cores
+    would keep the next measure of the same bench process waiting for them."""
+    cluster = _STATE.pop("cluster", None)
+    _STATE.clear()
+    if cluster is not None:
+        cluster.shutdown()
+
+
 def _launch(cls: type, name: str, n: int = 1) -> Any:
     from rltrain.placement.strategies import NodePlacementStrategy
 
@@ -126,6 +136,7 @@ def runtime_call(quick: bool) -> Suite:
             group.call(NoopWorker.noop).wait()
 
     return Suite(
+        teardown=_end,
         cases=(
             Case("raw ray actor call", raw_calls, work=calls, work_unit="calls"),
             Case("group.call(NoopWorker.noop).wait()", typed_calls, work=calls, work_unit="calls"),
@@ -188,6 +199,7 @@ def _channel_suite(nbytes: int, count: int, label: str) -> Suite:
 
     work = nbytes * count
     return Suite(
+        teardown=_end,
         cases=(
             Case("raw ray.put + ray.get", raw, work=work, work_unit="bytes"),
             Case("channel put + get", through_channel, work=work, work_unit="bytes"),
@@ -248,6 +260,7 @@ def channel_1kb(quick: bool) -> Suite:
 
     work = count * 1024
     return Suite(
+        teardown=_end,
         cases=(
             Case("raw ray.put + ray.get per item", raw, work=work, work_unit="bytes"),
             Case("channel put_batch + get_batch", batched, work=work, work_unit="bytes"),
@@ -279,6 +292,7 @@ def runtime_startup(quick: bool) -> Suite:
         return run
 
     return Suite(
+        teardown=_end,
         cases=(
             Case(f"{n} bare Ray actors", bare_actors, size=n),
             Case(f"{n} bare workers (group)", launch(NoopWorker), size=n),
