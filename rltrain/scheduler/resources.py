@@ -202,7 +202,9 @@ class _NodeUse:
     fixed_memory: int = 0
 
 
-def _node_bundles(spec: ClusterSpec, use: Mapping[int, _NodeUse]) -> tuple[list[Bundle], dict]:
+def _node_bundles(
+    spec: ClusterSpec, use: Mapping[int, _NodeUse]
+) -> tuple[list[Bundle], dict[int, float], dict[int, float]]:
     """The bundles per node, the CPUs of each node's other processes' equal parts (the
     node-only bundle's part besides the fixed asks), and the job's usual (unrounded) CPU share
     of each node (for thread counts)."""
@@ -233,7 +235,7 @@ def _node_bundles(spec: ClusterSpec, use: Mapping[int, _NodeUse]) -> tuple[list[
             parts[node.rank] = share if extra else 0.0
             cpus = _floor(parts[node.rank] + u.fixed_cpus)
             bundles.append(Bundle(node.rank, None, cpus, u.fixed_memory))
-    return bundles, {"parts": parts, "totals": totals}
+    return bundles, parts, totals
 
 
 def _node_use(
@@ -267,8 +269,7 @@ def _node_use(
         n: _NodeUse(
             tuple(sorted(devices.get(n, ()))),
             node_only[n],
-            fixed.get(n, (0.0, 0))[0],
-            fixed.get(n, (0.0, 0))[1],
+            *fixed.get(n, (0.0, 0)),
         )
         for n in nodes
     }
@@ -298,8 +299,7 @@ def plan_reservation(
             component is given devices, or a node's CPUs cannot be shared.
     """
     asks = asks or {}
-    bundles, figures = _node_bundles(spec, _node_use(placements, spec, asks))
-    parts, job_cpus = figures["parts"], figures["totals"]
+    bundles, parts, job_cpus = _node_bundles(spec, _node_use(placements, spec, asks))
     by_device = {(b.node_rank, b.device): i for i, b in enumerate(bundles) if b.device is not None}
     by_node = {b.node_rank: i for i, b in enumerate(bundles) if b.device is None}
 
