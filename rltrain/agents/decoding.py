@@ -23,7 +23,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rltrain.algorithms.sampling import SamplingParams, sampled_logprobs, sampling_logits
+from rltrain.algorithms.sampling import (
+    SamplingParams,
+    left_padded,
+    sampled_logprobs,
+    sampling_logits,
+)
 from rltrain.errors import WorkerError
 
 
@@ -179,7 +184,7 @@ class TurnDecoder:
         new = [list(r.prefix[h:]) for r, h in zip(requests, held, strict=True)]
         if any(not n for n in new):
             raise WorkerError("a turn's prefix must extend its held cache by at least one id")
-        ids, new_mask = left_padded(new, self.pad_id, self.device)
+        ids, new_mask = left_padded(new, self.pad_id, self.device, min_width=1)
         width = max(held)
         past_mask = torch.zeros((len(requests), width), dtype=torch.long, device=self.device)
         for i, h in enumerate(held):
@@ -306,17 +311,3 @@ def _pad_mask(mask: Tensor, width: int) -> Tensor:
     if not extra:
         return mask
     return torch.cat([mask.new_zeros((mask.shape[0], extra)), mask], dim=1)
-
-
-def left_padded(
-    rows: Sequence[Sequence[int]], pad: int, device: torch.device | str = "cpu"
-) -> tuple[Tensor, Tensor]:
-    """``[b, L]`` ids padded on the left (with ``pad``) and their mask, on ``device``."""
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
-            mask[i, width - len(r) :] = 1
-    return ids.to(device), mask.to(device)

@@ -39,9 +39,9 @@ from typing import Any, Protocol
 
 import torch
 
-from rltrain.agents.decoding import TurnDecoder, TurnRequest, left_padded
+from rltrain.agents.decoding import TurnDecoder, TurnRequest
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.algorithms.sampling import GenerationStopped, SamplingParams
+from rltrain.algorithms.sampling import GenerationStopped, SamplingParams, left_padded
 from rltrain.config import seeds
 from rltrain.errors import WorkerError
 from rltrain.tasks.text_env import load_env_class
@@ -518,7 +518,7 @@ class ToolEpisodes:
     # ------------------------------------------------------------------------------ batch
     def _batch(self, episodes: list[Episode], n: int, with_logprobs: bool) -> RolloutBatch:
         pad = self.tokenizer.pad_token_id
-        prompt_ids, prompt_mask = left_padded([e.prompt for e in episodes], pad)
+        prompt_ids, prompt_mask = left_padded([e.prompt for e in episodes], pad, min_width=1)
         width = max(1, max(len(e.ids) for e in episodes))
         b = len(episodes)
         ids = torch.full((b, width), pad, dtype=torch.long)

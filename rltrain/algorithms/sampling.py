@@ -76,15 +76,34 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[Tensor, Tens
         ``(ids [B, P], mask [B, P])`` long tensors.
     """
     tokenizer.padding_side = "left"
-    rows = prompt_token_ids(tokenizer, prompts)
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    return left_padded(prompt_token_ids(tokenizer, prompts), tokenizer.pad_token_id)
+
+
+def left_padded(
+    rows: Sequence[Sequence[int]],
+    pad: int,
+    device: torch.device | str = "cpu",
+    min_width: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """Token id rows as one batch padded on the left.
+
+    Args:
+        rows: the id rows (any lengths).
+        pad: fills the padding.
+        device: where the tensors go.
+        min_width: the least width (the longest row's length otherwise).
+
+    Returns:
+        ``(ids [b, L], mask [b, L])`` long tensors.
+    """
+    width = max([min_width, *(len(r) for r in rows)])
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        if len(r):
+            ids[i, width - len(r) :] = torch.as_tensor(r, dtype=torch.long)
             mask[i, width - len(r) :] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def top_p_filter(logits: Tensor, top_p: float) -> Tensor:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rltrain.algorithms.batch import RolloutBatch
+from rltrain.algorithms.sampling import left_padded
 
 
 @dataclass(frozen=True)
@@ -104,13 +105,7 @@ def joined_prompts(rows: list[Parked], pad_token_id: int) -> tuple[Tensor, Tenso
     for parked in rows:
         ids, mask = continuation_prompts(parked)
         seqs.append(ids[0][mask[0].bool()])
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, seq in enumerate(seqs):
-        ids[i, width - len(seq) :] = seq
-        mask[i, width - len(seq) :] = 1
-    return ids, mask
+    return left_padded(seqs, pad_token_id)
 
 
 def first_columns(batch: RolloutBatch, columns: int) -> RolloutBatch:
