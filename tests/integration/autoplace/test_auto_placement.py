@@ -1,9 +1,10 @@
 """placement=auto end to end on the local Ray with simulated devices: profile, choose, train.
 
-Generation takes >= 1.0 s per step and the update >= 0.5 s (latency knobs; the compute of the
+Generation takes >= 1.5 s per step and the update >= 0.5 s (latency knobs; the compute of the
 tiny batch is a few ms), so on two devices the asynchronous split (rollout on one device, actor
-on the other, max_staleness=1: about max(1.0, 0.5) per step) beats every synchronous layout
-(about 1.0 + 0.5) by a third: the answer does not depend on the machine's load.
+on the other, max_staleness=1: about max(1.5, 0.5 + overheads) per step) beats every synchronous
+layout (at least 1.5 + 0.5). The overheads grow with the machine's load and show in the
+measured costs, so the test holds the order of the predictions, never a margin between them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rltrain.runners.reasoning import run_reasoning
 
 KNOBS = (
     "placement=auto",
-    "simulate.rollout_latency_ms=1000",
+    "simulate.rollout_latency_ms=1500",
     "simulate.actor_latency_ms=500",
     "trainer.train_batch_size=2",
     "rollout.n_samples_per_prompt=2",
@@ -44,14 +45,16 @@ def test_auto_profiles_chooses_and_trains_the_winner(ray_session, tmp_path):
         "collocated 0-1 fused",
         "disaggregated actor 0 rollout 1",
     ]
-    assert p.costs.generate.at(1) >= 1.0 and p.costs.train.at(1) >= 0.5  # the knobs' sleeps
+    assert p.costs.generate.at(1) >= 1.5 and p.costs.train.at(1) >= 0.5  # the knobs' sleeps
     split = tmp_path / "first" / "auto_profile" / "disaggregated_actor_0_rollout_1"
     assert (split / "trace.json").exists()
     # Every candidate was checked and ranked; the asynchronous split wins.
     assert len(choice.ranking) == 6 and all(r["status"] == "ok" for r in choice.ranking)
     assert choice.winner.candidate.name == "disaggregated actor 0 rollout 1 async1"
     fused = next(r for r in choice.ranking if r["candidate"] == "collocated 0-1 fused")
-    assert fused["predicted_s_per_step"] > 1.2 * choice.winner.seconds
+    # The fused layout pays both sleeps in turn; the split overlaps them.
+    assert fused["predicted_s_per_step"] >= 1.5 + 0.5
+    assert fused["predicted_s_per_step"] > choice.winner.seconds
     doc = json.loads((tmp_path / "first" / "auto_placement.json").read_text())
     assert doc["winner"] == choice.winner.candidate.name
 
