@@ -213,9 +213,14 @@ class GenerationPipeline:
         return InFlight(step, r.version, future, restarts)
 
     def _carry_args(self, step: int) -> dict[str, Any]:
-        """``carry``: the bound the rollout drops carried groups by, and the prompts sampled:
-        the next step's, since the rank's buffer holds a step's groups ahead (:meth:`_prime`)."""
-        return {"oldest_version": max(step - self.k, 0), "data_step": step + 1}
+        """``carry``: the bound the rollout drops carried groups by, the deadline of the groups
+        the next call would drop (finished in this one), and the prompts sampled: the next
+        step's, since the rank's buffer holds a step's groups ahead (:meth:`_prime`)."""
+        return {
+            "oldest_version": max(step - self.k, 0),
+            "due_version": max(step + 1 - self.k, 0),
+            "data_step": step + 1,
+        }
 
     def _prime(self, step: int) -> None:
         """``carry``: before the first generation, the rollout samples ``step``'s prompts into

@@ -144,6 +144,7 @@ class ReasoningStages:
         oldest_version: int | None = None,
         data_step: int | None = None,
         hand_on: bool = True,
+        due_version: int | None = None,
     ) -> Any:
         """Start the step's generation on every rollout rank with the newest handed weights.
 
@@ -162,10 +163,12 @@ class ReasoningStages:
             data_step: the step whose prompts are sampled (None: ``step``; ``carry`` samples
                 ahead of the groups it hands on).
             hand_on: ``carry``: False only queues the groups (the rollout's first call).
+            due_version: ``carry``: carried groups started before this version are finished
+                in this call (the next call would drop them; None: ``oldest_version + 1``).
         """
         weights = self.hub.handed_to("rollout")
         per_rank = self.rank_prompts(step if data_step is None else data_step, round_)
-        extra = (oldest_version, hand_on)
+        extra = (oldest_version, hand_on, due_version)
         args = [
             (prompts, step, weights, expect_version, True, resume, policy, *extra)
             for prompts in per_rank

@@ -481,7 +481,7 @@ class CarryPipeline(Pipeline):
             self._admit(i, redo, self.version)
             self._admit(i, fresh, self.version)
             versions = {key: g.version for key, g in buf.groups.items()}
-            done = buf.run(self.want, oldest)
+            done = buf.run(self.want, oldest, due=max(step + 1 - self.bound, 0))
             job.version = min((versions[key] for key in done.ready), default=self.version)
             self._call(i, t, m.carry_call(done, redo, fresh, world), job, spans)
         self.pending[step] = spans

@@ -9,13 +9,20 @@ across its calls and decodes them the way partial-rollout systems do:
   slot, then decodes in *segments* of at most ``segment`` tokens; at a segment's end the rows
   that finished leave and waiting rows take their slots (continuous batching at segment
   boundaries: a slot whose row ends mid-segment idles until the boundary);
-- a call admits its new prompt groups behind the rows already waiting or decoding, and ends as
-  soon as ``want`` groups are complete (every one of a group's ``n`` rows ended: GRPO needs them
-  all); it hands on the ``want`` oldest complete groups, and the rest stays for later calls;
+- a call admits its new prompt groups behind the rows already waiting or decoding; free slots
+  go to the rows of the oldest groups first (by the version they started with), so carried
+  rows never wait behind new prompts;
+- a call ends once ``want`` groups are complete (every one of a group's ``n`` rows ended: GRPO
+  needs them all) *and* every group the next call would drop is complete (its *deadline*:
+  groups started before the next call's oldest version, ``due``); it hands on the ``want``
+  oldest complete groups, and the rest stays for later calls. The deadline turns what the bound
+  would throw away into a longer call: a long row is finished rather than dropped and sampled
+  again (which would also bias the trained responses towards short ones);
 - the strict per-sample bound: a call for step ``s`` first drops every group started with a
   version older than ``s - max_staleness`` (waiting, decoding or complete): it could never
-  train within the bound. Its rows' tokens count as discarded, and the rollout samples its
-  prompt again with the newest weights (so the buffer keeps its surplus of groups).
+  train within the bound. With the deadline this only happens to a complete group that more
+  than ``want`` due groups crowded out. Its rows' tokens count as discarded, and the rollout
+  samples its prompt again with the newest weights (so the buffer keeps its surplus of groups).
 
 The buffer schedules slots and segments; it sees lengths only. On the modelled device
 (``simulate.response_length_median``) a row's length is drawn in advance and the buffer decodes
@@ -112,8 +119,11 @@ class CarryBuffer:
         """Rows still to decode (waiting or decoding)."""
         return sum(1 for g in self.groups.values() for n in g.left if n)
 
-    def run(self, want: int, oldest: int, decode: Decoder | None = None) -> Segmented:
-        """Decode until ``want`` groups are complete; hand them on.
+    def run(
+        self, want: int, oldest: int, decode: Decoder | None = None, due: int | None = None
+    ) -> Segmented:
+        """Decode until ``want`` groups are complete and no group past its deadline is left;
+        hand ``want`` of them on.
 
         Args:
             want: groups the call hands on.
@@ -121,6 +131,9 @@ class CarryBuffer:
                 groups are dropped first.
             decode: decodes each segment for real (rows end at their EOS); None: rows end
                 after the steps they were admitted with.
+            due: groups started before this version complete in this call, however long
+                their rows (the next call's ``oldest``: it would drop them); None: ``oldest + 1``,
+                or ``oldest`` with ``want=0`` (a call that hands nothing on only drops).
 
         Returns:
             The :class:`Segmented` record; ``ready`` holds fewer than ``want`` keys only when
@@ -129,8 +142,9 @@ class CarryBuffer:
         dropped = tuple(k for k, g in self.groups.items() if g.version < oldest)
         for k in dropped:
             del self.groups[k]
+        due = (oldest + 1 if want else oldest) if due is None else due
         steps = busy = 0
-        while self._complete_count() < want and self._fill():
+        while (self._complete_count() < want or self._open_before(due)) and self._fill():
             seg = min(self.segment, max(self._decoding_left()))
             rows = [(g.key, r) for g in self.groups.values() for r in sorted(g.decoding)]
             ended = decode(rows, seg) if decode is not None else {}
@@ -151,13 +165,17 @@ class CarryBuffer:
     def _complete_count(self) -> int:
         return sum(g.complete for g in self.groups.values())
 
+    def _open_before(self, due: int) -> bool:
+        return any(g.version < due and not g.complete for g in self.groups.values())
+
     def _decoding_left(self) -> list[int]:
         return [g.left[r] for g in self.groups.values() for r in g.decoding]
 
     def _fill(self) -> bool:
-        """Give free slots to waiting rows (admission order); whether any row is decoding."""
+        """Give free slots to waiting rows, the oldest groups' first (version, then admission
+        order); whether any row is decoding."""
         free = self.slots - sum(len(g.decoding) for g in self.groups.values())
-        for g in self.groups.values():
+        for g in sorted(self.groups.values(), key=lambda g: (g.version, g.key)):
             for row, n in enumerate(g.left):
                 if free and n and row not in g.decoding:
                     g.decoding.add(row)

@@ -113,6 +113,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         partial_rollout: str | None = None,
         oldest_version: int | None = None,
         hand_on: bool = True,
+        due_version: int | None = None,
     ) -> RolloutBatch | None:
         """Sample ``n`` responses for each prompt.
 
@@ -141,6 +142,9 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                 (``step - max_staleness``; None: ``expect_version``).
             hand_on: ``carry``: False only queues the new groups and returns None (the first
                 call of a schedule, so that later calls have groups to carry).
+            due_version: ``carry``: groups started before this version are finished in this
+                call however long their rows (the next call's ``oldest_version``: it would
+                drop them); None: ``oldest_version + 1``.
 
         Returns:
             A CPU batch of ``len(prompts) * n`` rows, ``token_versions`` set; ``None`` when
@@ -154,7 +158,9 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             self._continues = partial_rollout == "continue"
         if (partial_rollout or self.run.trainer.partial_rollout) == "carry":
             oldest = expect_version if oldest_version is None else oldest_version
-            return self._carried(prompts, step, behaviour_logprobs, oldest or 0, hand_on)
+            return self._carried(
+                prompts, step, behaviour_logprobs, oldest or 0, hand_on, due_version
+            )
         self._forget_before(step)
         if resume and step in self._ended:
             return self._resume_ended(step)
@@ -177,7 +183,13 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             return batch
 
     def _carried(
-        self, prompts: list[str], step: int, logprobs: bool, oldest: int, hand_on: bool = True
+        self,
+        prompts: list[str],
+        step: int,
+        logprobs: bool,
+        oldest: int,
+        hand_on: bool = True,
+        due: int | None = None,
     ) -> RolloutBatch | None:
         """``trainer.partial_rollout=carry``: queue the new prompts' groups behind the rows
         carried from earlier calls and hand on the ``len(prompts)`` oldest groups complete; the
@@ -186,7 +198,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         they are sampled whole at admission and :class:`CarryBuffer` decodes their modelled
         lengths. Groups started before ``oldest`` are dropped first, their tokens counted in
         ``discarded_tokens``, and their prompts queued again with the weights held (so the
-        buffer keeps its surplus of groups over what a call hands on)."""
+        buffer keeps its surplus of groups over what a call hands on); groups started before
+        ``due`` are finished in this call (:meth:`CarryBuffer.run`)."""
         rows = len(prompts) * self.run.rollout.n_samples_per_prompt
         state = self._carry_state(step, rows, new=not hand_on)
         with trace.span("generate", "rollout", self.device_labels):
@@ -200,7 +213,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                 self._admit(state, prompts, None, step, logprobs)
                 if not hand_on:
                     return None
-                done = state.buffer.run(len(prompts), oldest, self._segments(state, step, logprobs))
+                decode = self._segments(state, step, logprobs)
+                done = state.buffer.run(len(prompts), oldest, decode, due)
                 state.tally(done)
                 self._carry_wait(done.steps)
             except GenerationStopped:

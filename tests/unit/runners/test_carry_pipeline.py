@@ -25,7 +25,7 @@ class _Runner:
         self.version = 0
         self.job = self
         self.sizes = SimpleNamespace(samples_per_step=8)
-        self.sent: list[tuple] = []  # (step, expect, version, oldest, data step, hand on)
+        self.sent: list[tuple] = []  # (step, expect, version, oldest, due, data step, hand on)
 
     def stage(self, component: str):
         return nullcontext()
@@ -39,9 +39,12 @@ class _Runner:
         oldest_version: int | None = None,
         data_step: int | None = None,
         hand_on: bool = True,
+        due_version: int | None = None,
     ) -> _Done:
         assert policy == "carry" and not resume
-        self.sent.append((step, expect, self.version, oldest_version, data_step, hand_on))
+        self.sent.append(
+            (step, expect, self.version, oldest_version, due_version, data_step, hand_on)
+        )
         return _Done()
 
 
@@ -54,25 +57,31 @@ def test_carry_primes_once_runs_one_ahead_and_sends_the_bound():
         assert pipe.take(step).step == step
         runner.version = step + 1
     assert runner.sent == [
-        (-1, 0, 0, None, 0, False),  # primes the buffer with step 0's prompts
-        (0, 0, 0, 0, 1, True),
-        (1, 0, 0, 0, 2, True),
-        (2, 1, 1, 0, 3, True),  # one ahead: expect step - 1; carried groups from version 0 on
-        (3, 2, 2, 1, 4, True),
+        (-1, 0, 0, None, None, 0, False),  # primes the buffer with step 0's prompts
+        (0, 0, 0, 0, 0, 1, True),
+        (1, 0, 0, 0, 0, 2, True),
+        # one ahead: expect step - 1; carried groups from version 0 on, those of version 0
+        # finished in this call (the next one keeps version 1 on)
+        (2, 1, 1, 0, 1, 3, True),
+        (3, 2, 2, 1, 2, 4, True),
     ]
     pipe.reset(4)
     pipe.fill(4)
     # a reset primes a new buffer (with the weights held now), then two steps go out again
     assert runner.sent[-3:] == [
-        (3, 3, 4, None, 4, False),
-        (4, 3, 4, 2, 5, True),
-        (5, 4, 4, 3, 6, True),
+        (3, 3, 4, None, None, 4, False),
+        (4, 3, 4, 2, 3, 5, True),
+        (5, 4, 4, 3, 4, 6, True),
     ]
 
 
 def test_other_policies_keep_k_ahead_and_send_no_carry_arguments():
     pipe = GenerationPipeline(_Runner(), 2, "finish")  # type: ignore[arg-type]
-    assert pipe.ahead == 2 and pipe._carry_args(5) == {"oldest_version": 3, "data_step": 6}
+    assert pipe.ahead == 2 and pipe._carry_args(5) == {
+        "oldest_version": 3,
+        "due_version": 4,
+        "data_step": 6,
+    }
 
 
 class _Shards(_Done):

@@ -109,7 +109,9 @@ def test_carry_beats_finish_on_heavy_tailed_lengths():
     )
     finish = simulate(_model(finish_run), 20, "pipelined", 2, "finish")
     carry = simulate(_model(_carry_run()), 20, "pipelined", 2, "carry")
-    assert sum(_periods(carry)[2:]) < 0.8 * sum(_periods(finish)[2:])
+    # the deadline (a call finishes the groups the next one would drop) waits for long rows
+    # at k = 2 instead of throwing them away: slower than without it, still faster than finish
+    assert sum(_periods(carry)[2:]) < 0.9 * sum(_periods(finish)[2:])
 
 
 def test_the_simulator_draws_the_lengths_the_rollout_draws():

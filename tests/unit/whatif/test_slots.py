@@ -50,11 +50,11 @@ def test_rows_wait_for_a_free_slot_and_unfinished_rows_stay():
     buf = CarryBuffer(slots=2, segment=3)
     buf.admit(0, 0, [1, 1])
     buf.admit(1, 0, [9, 2])
-    done = buf.run(want=1, oldest=0)
+    done = buf.run(want=1, oldest=0, due=0)  # the next call keeps version 0: nothing is due
     # g1 waits for g0's slots; g0's rows end in step 1 and idle until the segment ends
     assert done == Segmented(ready=(0,), dropped=(), steps=1, busy=2, slot_steps=2)
     assert buf.carried_rows() == 2  # g1 has not started: both rows still to decode
-    done = buf.run(want=1, oldest=0)
+    done = buf.run(want=1, oldest=0, due=0)
     # segment (3): 3 + 2 = 5; then 3 + 3 steps with one row busy: 6
     assert done == Segmented(ready=(1,), dropped=(), steps=9, busy=11, slot_steps=18)
 
@@ -65,7 +65,7 @@ def test_the_slots_idle_less_than_a_static_batch_decoding_to_its_longest_row():
     buf = CarryBuffer(slots=8, segment=1)
     for key, rows in enumerate(lengths):
         buf.admit(key, 0, rows)
-    done = buf.run(want=3, oldest=0)
+    done = buf.run(want=3, oldest=0, due=0)
     assert done.ready == (1, 2, 3) and done.steps == 4  # the 12-token row carries on
     assert done.busy / done.slot_steps > static_busy
     assert buf.carried_rows() == 1
@@ -91,7 +91,7 @@ def test_a_decoder_ends_rows_at_their_eos_and_a_stamp_moves_a_waiting_group():
         asked.append((rows, seg))
         return {(0, 0): 1, (0, 1): 2} if len(asked) == 1 else {}
 
-    done = buf.run(want=1, oldest=0, decode=decode)
+    done = buf.run(want=1, oldest=0, decode=decode, due=0)
     # segment 1: group 0's rows end after 1 and 2 steps (EOS): complete; group 1 never started
     assert asked == [([(0, 0), (0, 1)], 2)]
     assert done == Segmented(ready=(0,), dropped=(), steps=2, busy=3, slot_steps=4)
@@ -100,3 +100,43 @@ def test_a_decoder_ends_rows_at_their_eos_and_a_stamp_moves_a_waiting_group():
     done = buf.run(want=1, oldest=3, decode=decode)  # no EOS: rows run to their budget
     assert len(asked) == 4 and all(a == ([(1, 0), (1, 1)], 2) for a in asked[1:])
     assert done == Segmented(ready=(1,), dropped=(), steps=6, busy=12, slot_steps=12)
+
+
+def _long_old_group() -> CarryBuffer:
+    buf = CarryBuffer(slots=2, segment=1)
+    buf.admit(0, 0, [1, 6])  # started with version 0: the call for oldest=1 would drop it
+    buf.admit(1, 1, [1, 1])
+    return buf
+
+
+def test_a_group_the_next_call_would_drop_is_finished_in_this_one():
+    buf = _long_old_group()
+    done = buf.run(want=1, oldest=0, due=1)
+    # step 1: g0's rows (2 busy); g0r0 ends, g1r0 takes its slot. step 2: g0r1 + g1r0 (2);
+    # step 3: g0r1 + g1r1 (2): g1 complete, enough for want=1, but g0 is due: its row of 6 goes
+    # on alone for steps 4-6 (1 each). g0 is the older: it is handed on; g1 waits, complete.
+    assert done == Segmented(ready=(0,), dropped=(), steps=6, busy=9, slot_steps=12)
+    assert buf.held() == [1]
+    assert buf.run(want=1, oldest=1).dropped == ()
+
+
+def test_without_a_deadline_the_long_group_is_left_to_the_bound():
+    buf = _long_old_group()
+    done = buf.run(want=1, oldest=0, due=0)  # the old rule: end once want groups are complete
+    assert done == Segmented(ready=(1,), dropped=(), steps=3, busy=6, slot_steps=6)
+    assert buf.run(want=0, oldest=1).dropped == (0,)  # its 4 decoded tokens thrown away
+
+
+def test_free_slots_go_to_the_oldest_group_first_whatever_the_admission_order():
+    buf = CarryBuffer(slots=1, segment=1)
+    buf.admit(0, 2, [1])
+    buf.admit(1, 1, [1])  # admitted later (e.g. sampled again) but started with an older version
+    assert buf.run(want=1, oldest=0, due=0) == Segmented((1,), (), 1, 1, 1)
+
+
+def test_due_groups_beyond_what_a_call_hands_on_are_still_dropped():
+    buf = CarryBuffer(slots=2, segment=1)
+    buf.admit(0, 0, [1])
+    buf.admit(1, 0, [1])
+    assert buf.run(want=1, oldest=0).ready == (0,)  # due defaults to oldest + 1: both finish
+    assert buf.run(want=0, oldest=1).dropped == (1,)  # one call hands on one group only

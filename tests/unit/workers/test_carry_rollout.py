@@ -63,7 +63,7 @@ def test_rows_carry_into_the_next_call_and_keep_their_versions(worker):
     assert w.generate(PROMPTS[0], 9, oldest_version=0, hand_on=False) is None  # primes
     assert waited == []  # queued, not decoded
     w.version = 1
-    first = w.generate(PROMPTS[1], 10, oldest_version=0)
+    first = w.generate(PROMPTS[1], 10, oldest_version=0, due_version=0)  # no deadline yet
     # slots 4, segment 4: [1,1,1,12] decode 4 steps (group 0 ends); then the 12-row (8 left)
     # with [2,2,1]: 4 steps, group 2 ends. Groups 0 (version 0) and 2 (version 1) go.
     assert waited == [pytest.approx(0.08)]
@@ -96,3 +96,18 @@ def test_a_first_call_starts_a_new_buffer(worker):
     w.generate(PROMPTS[0], 9, oldest_version=0, hand_on=False)
     w.generate(PROMPTS[1], 3, oldest_version=0, hand_on=False)  # a new schedule primes again
     assert w.carry_stats()["carried_rows"] == 4  # only the second priming's rows
+
+
+def test_a_call_finishes_the_groups_the_next_call_would_drop(worker):
+    w, waited = worker
+    w.version = 0
+    w.generate(PROMPTS[0], 9, oldest_version=0, hand_on=False)
+    w.version = 1
+    first = w.generate(PROMPTS[1], 10, oldest_version=0, due_version=1)
+    # as above for 8 steps (groups 0 and 2 complete, enough), but group 1 (version 0) is due:
+    # its 12-row (4 left) and group 3's last row decode 4 more steps. The two version-0 groups
+    # go; nothing will be past the bound at the next call.
+    assert waited == [pytest.approx(0.12)]
+    assert _versions(first) == [0, 0, 0, 0]
+    assert [p.strip() for p in _prompts(w, first)] == ["1+1=", "1+1=", "2+2=", "2+2="]
+    assert w.carry_stats()["carried_rows"] == 0
