@@ -11,6 +11,12 @@ log-normal, sigma 1, capped at 16x the median, drawn per step and rank): a gener
 ``simulate.rollout_token_latency_ms`` per decoding step of its longest modelled row, so a few
 long rows set every call's time (with ``carry``, per decoding step of its carry buffer).
 
+Generation-bound by default: an update takes 250 ms, a quarter of a static batch's decoding
+(about 40 steps of 25 ms), the regime the long tail is about. ``RLTRAIN_BENCH_LONG_TAIL_ACTOR_MS``
+sets another update time for every schedule alike (1000: balanced, where an overlapped
+schedule that generates faster than an update waits for the actor, so its speed-up over
+``finish`` cannot show).
+
 The extras hold, per schedule, the steps per second (from the step records of the timed
 calls, the warm-up call left out), the idle share of the generation slots, the share of sampled
 tokens thrown away and the largest staleness; then each goal of issue 33 with its value and
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,7 +46,9 @@ from rltrain.bench.harness import Suite, measure
 
 TOKEN_MS = 25.0  # per modelled decoding step: a call of 8 rows takes ~1 s on average
 MEDIAN = 8.0  # modelled tokens; the longest of 8 rows averages ~40
-ACTOR_MS = 1000.0
+ACTOR_MS = 250.0  # per update: generation-bound (a static batch decodes ~1 s)
+#: Environment variable setting another update time (ms) for every schedule.
+ACTOR_ENV = "RLTRAIN_BENCH_LONG_TAIL_ACTOR_MS"
 POLICIES = ("finish", "restart", "continue", "fifo", "carry")
 STALENESS = {"carry": 2}  # the others run with max_staleness=1
 SAMPLERS = {"fifo": "fifo"}  # finish with trainer.sampler=fifo
@@ -73,6 +82,7 @@ def long_tail(quick: bool) -> Suite:
 
     steps = 2 if quick else 8
     scale = 0.05 if quick else 1.0  # --quick (CI) checks the path, not the figures
+    actor_ms = actor_latency_ms()
     run = compose(
         "placement=disaggregated",
         "logging.progress=false",
@@ -81,7 +91,7 @@ def long_tail(quick: bool) -> Suite:
         "trainer.max_staleness=1",
         f"simulate.rollout_token_latency_ms={TOKEN_MS * scale}",
         f"simulate.response_length_median={MEDIAN}",
-        f"simulate.actor_latency_ms={ACTOR_MS * scale}",
+        f"simulate.actor_latency_ms={actor_ms * scale}",
         "trainer.train_batch_size=2",
         "rollout.n_samples_per_prompt=4",
         "rollout.max_new_tokens=8",
@@ -105,12 +115,35 @@ def long_tail(quick: bool) -> Suite:
         repeats=1 if quick else 3,
         note=f"speed-up = 1/ratio. {TOKEN_MS * scale:g} ms per modelled decoding step, modelled "
         f"lengths log-normal (median {MEDIAN:g} tokens, sigma 1, cap {16 * MEDIAN:g}), "
-        f"{ACTOR_MS * scale:g} ms per update; simulated devices, one job for every schedule; "
+        f"{actor_ms * scale:g} ms per update; simulated devices, one job for every schedule; "
         f"carry runs with max_staleness=2, the others with 1; fifo is finish with "
         f"trainer.sampler=fifo.",
         teardown=stack.close,
         extras=figures,
     )
+
+
+def actor_latency_ms(env: Mapping[str, str] | None = None) -> float:
+    """The update time of every schedule: :data:`ACTOR_ENV` if set, else :data:`ACTOR_MS`.
+
+    Raises:
+        ConfigError: the variable is not a number above 0.
+    """
+    from rltrain.errors import ConfigError
+
+    raw = (os.environ if env is None else env).get(ACTOR_ENV, "")
+    if not raw:
+        return ACTOR_MS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise ConfigError(
+            f"{ACTOR_ENV}={raw!r} is not valid: give the update time in ms, above 0 "
+            f"(unset: {ACTOR_MS:g})"
+        )
+    return value
 
 
 def carry_stats(job: Any) -> list[dict[str, int]]:

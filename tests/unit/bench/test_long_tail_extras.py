@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from rltrain.bench.measures.long_tail import busy_s, carry_idle, extras, report
+from rltrain.bench.measures.long_tail import (
+    ACTOR_ENV,
+    ACTOR_MS,
+    actor_latency_ms,
+    busy_s,
+    carry_idle,
+    extras,
+    report,
+)
+from rltrain.errors import ConfigError
 
 
 def _rec(step_s: float, staleness: int = 1, discarded: int = 0) -> dict[str, float]:
@@ -67,3 +76,11 @@ def test_carry_figures_its_own_bound_and_the_idle_while_decoding_by_hand():
     goals = report({**out, **idle})
     assert goals["carry_rollout_idle_met"] == 0.0 and goals["carry_speedup_vs_sync_met"] == 1.0
     assert goals["carry_discarded_share_met"] == 0.0 and goals["within_bound_met"] == 1.0
+
+
+def test_the_update_time_is_generation_bound_unless_the_variable_sets_another():
+    assert actor_latency_ms({}) == ACTOR_MS == 250.0
+    assert actor_latency_ms({ACTOR_ENV: "1000"}) == 1000.0
+    for bad in ("0", "-5", "slow", "nan"):
+        with pytest.raises(ConfigError, match=ACTOR_ENV):
+            actor_latency_ms({ACTOR_ENV: bad})
