@@ -14,8 +14,9 @@ weights is ``trainer.partial_rollout``:
   weights. The batch's staleness still counts from the version that started it;
 - ``carry``: nothing is cancelled; each rollout rank carries the rows a call has not finished
   into its next call (:mod:`rltrain.whatif.slots`). The pipeline then runs one generation
-  ahead, so a group may be carried for ``k - 1`` calls within the bound; the rollout drops the
-  groups past it (``oldest_version``).
+  ahead, so a group may be carried for ``k - 1`` calls within the bound; a call finishes the
+  groups the next call would drop (``due_version``), and the rollout drops any group past the
+  bound (``oldest_version``).
 """
 
 from __future__ import annotations
