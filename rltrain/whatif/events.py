@@ -416,7 +416,8 @@ class CarryPipeline(Pipeline):
     rank samples one step's groups into its buffer and hands nothing on; then the pipeline runs
     one generation ahead, and the call for step ``s`` drops the groups started before version
     ``s - k`` (sampling their prompts again with the weights it holds), samples the next step's
-    groups, and decodes segments until it has as many complete groups as it hands on. Its
+    groups, and decodes segments until it has as many complete groups as it hands on and every
+    group the next call would drop is complete (the deadline). Its
     lengths are those the rollout draws: the call for step ``s`` on rank ``r`` draws with the
     seed of ``(s, r)``, a group sampled again with its continuation seed.
 
