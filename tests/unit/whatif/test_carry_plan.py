@@ -92,6 +92,24 @@ def test_a_carry_call_lasts_the_segments_its_buffer_decodes():
     assert pipe.buffers[0].carried_rows() == 1
 
 
+def test_a_carry_call_finishes_the_group_the_next_call_would_drop():
+    """Prime: A = (1, 9), version 0. Call 0 admits B = (1, 1): B is handed on after 3 steps,
+    A's long row has 6 left. Call 1 admits C = (1, 1): C goes after 2 steps, 4 left. Call 2
+    (step 2, k = 2) admits D = (1, 1) with version 1; the call for step 3 keeps version 1 on,
+    so A (version 0) is due: the call goes on after D completes until A's row ends, and hands
+    A on. Nothing is left for the bound to drop."""
+    m = _model(_carry_run(), lengths=Scripted([1, 9, 1, 1, 1, 1, 1, 1]))
+    pipe = CarryPipeline(m, 2, Sink())
+    pipe.fill(0, 0.0, 4)
+    pipe.queue.pop(0)
+    pipe.version = 1
+    pipe.fill(1, 0.0, 4)  # submits step 2
+    buf = pipe.buffers[0]
+    assert [job.version for job in pipe.queue] == [0, 0]  # C, then A (both version 0)
+    assert buf.held() == [3] and buf.carried_rows() == 0  # D complete, kept for step 3
+    assert buf.run(0, oldest=1).dropped == ()
+
+
 def test_the_bound_drops_groups_older_than_the_step_minus_k():
     """A group whose row never ends in time is dropped once its version is older than
     ``step - k``, and its prompt sampled again (the buffer keeps its surplus)."""
