@@ -1,19 +1,18 @@
 """The what-if simulator against real runs, its speed, and published figures of other frameworks.
 
-**Fidelity.** Each scenario is a real short run on simulated devices whose device time is
-modelled (``simulate.rollout_latency_ms`` per generate call, ``simulate.rollout_token_latency_ms``
-per decoding step, ``simulate.actor_latency_ms`` per update, ``simulate.env_*_ms`` per
-environment), so that on a 2-core machine the modelled time dominates the CPU work. The run's
-step period (median over the steps after the first) and each device's idle share (the median
-of its share in each of those steps; the share over their whole window is reported beside it)
-are read back and compared with :func:`rltrain.whatif.predict.predict` on the same config,
-whose predicted timeline is read by the same code (:func:`read_measured`).
-Scenarios span fused, taking-turns, disaggregated and hybrid layouts, synchronous
-and asynchronous (``max_staleness`` 1 and 2, ``partial_rollout`` finish and restart), response
-lengths (the token latency with 4 and 16 new tokens; heavy-tailed lengths with ``finish``,
-``continue`` and ``carry``), the samplers (``in_order``, ``fifo``, ``windowed``), 2, 4 and 8
-simulated devices (``cluster.devices_per_node``: more devices than cores), and embodied
-pipelines (1, 2, 4 stages).
+**Fidelity.** Each scenario is a real short run on simulated devices whose device time is modelled
+(``simulate.rollout_latency_ms`` per generate call, ``simulate.rollout_token_latency_ms`` per
+decoding step, ``simulate.actor_latency_ms`` per update, ``simulate.env_*_ms`` per environment), so
+that on a 2-core machine the modelled time dominates the CPU work. The run's step period (median
+over the steps after the first) and each device's idle share (over the window of those steps; the
+median of its per-step shares is printed beside it: a stalled step shows as a gap between the two)
+are read back and compared with :func:`rltrain.whatif.predict.predict` on the same config, whose
+predicted timeline is read by the same code (:func:`read_measured`). Scenarios span fused,
+taking-turns, disaggregated and hybrid layouts, synchronous and asynchronous (``max_staleness`` 1
+and 2, ``partial_rollout`` finish and restart), response lengths (the token latency with 4 and 16
+new tokens; heavy-tailed lengths with ``finish``, ``continue`` and ``carry``), the samplers
+(``in_order``, ``fifo``, ``windowed``), 2, 4 and 8 simulated devices (``cluster.devices_per_node``:
+more devices than cores), and embodied pipelines (1, 2, 4 stages).
 Scenarios of one workload in several layouts form a *group*: the simulator's top pick there is
 compared with the measured best. Goals: step-time median error <= 5 %, p90 <= 10 %, idle shares
 within +-0.05, top pick within 3 % of the best in >= 90 % of groups.
@@ -245,8 +244,8 @@ class Outcome:
     predicted_s: float | None = None
     idle_measured: dict[str, float] = field(default_factory=dict)
     idle_predicted: dict[str, float] = field(default_factory=dict)
-    idle_window_measured: dict[str, float] = field(default_factory=dict)
-    idle_window_predicted: dict[str, float] = field(default_factory=dict)
+    idle_step_measured: dict[str, float] = field(default_factory=dict)
+    idle_step_predicted: dict[str, float] = field(default_factory=dict)
     stages_measured: list[str] = field(default_factory=list)
     stages_predicted: list[str] = field(default_factory=list)
 
@@ -258,13 +257,13 @@ class Outcome:
 
     @property
     def idle_error(self) -> float:
-        """The worst device's idle-share error (the per-step medians: the compared figure)."""
+        """The worst device's idle-share error over the window (the compared figure)."""
         return _worst(self.idle_measured, self.idle_predicted)
 
     @property
-    def idle_window_error(self) -> float:
-        """The same over the whole window (one stalled step counts in full)."""
-        return _worst(self.idle_window_measured, self.idle_window_predicted)
+    def idle_step_error(self) -> float:
+        """The same for the medians of the per-step shares (a diagnostic)."""
+        return _worst(self.idle_step_measured, self.idle_step_predicted)
 
 
 def _worst(measured: dict[str, float], predicted: dict[str, float]) -> float:
@@ -287,23 +286,27 @@ class Reading:
 
     Attributes:
         step_s: the step period, the median over the steps after the first (None: too few).
-        idle: device lane -> idle share, the median of its share in each of those steps.
-        idle_window: device lane -> idle share over the whole window of those steps.
+        idle: device lane -> idle share over the window of those steps (``plan.json``'s and
+            ``rltrain trace``'s figure).
+        idle_step: device lane -> the median of its idle share in each of those steps.
         stages: each device's stages in order (:func:`stage_order`).
     """
 
     step_s: float | None
     idle: dict[str, float]
-    idle_window: dict[str, float]
+    idle_step: dict[str, float]
     stages: list[str]
 
 
 def read_measured(doc: Any) -> Reading:
     """Read a timeline: the step period (median after the first step), each device's idle share
-    per step (median) and over the window of those steps, its device stages in order.
+    over the window of those steps and the median of its per-step shares, its device stages in
+    order.
 
-    The step and the per-step idle are the same statistic (a median over the same steps), so
-    one stalled step of a loaded machine moves neither; the window share is kept beside it.
+    The step is a median, so one stalled step of a loaded machine does not move it while the
+    window share takes the stall in full; the per-step median shows that gap. It is not the
+    compared figure: in a pipeline a device's work crosses step boundaries, so its per-step
+    shares vary with where the boundaries fall.
     """
     from rltrain.telemetry.draw import step_starts
     from rltrain.telemetry.timeline import trace_devices
@@ -315,8 +318,8 @@ def read_measured(doc: Any) -> Reading:
     window = (starts[1], starts[-1]) if len(starts) > 2 else None
     whole = _idle(doc, devices, window)
     per_step = [_idle(doc, devices, w) for w in zip(starts[1:], starts[2:], strict=False)]
-    idle = {d: statistics.median(s[d] for s in per_step) for d in whole} if per_step else whole
-    return Reading(period, idle, whole, stage_order(doc))
+    median = {d: statistics.median(s[d] for s in per_step) for d in whole} if per_step else whole
+    return Reading(period, whole, median, stage_order(doc))
 
 
 def _idle(doc: Any, devices: list[str], window: tuple[float, float] | None) -> dict[str, float]:
@@ -393,7 +396,7 @@ def run_scenario(s: Scenario, work: str) -> Outcome:
     o = outcome(s, read_measured(p.trace), p.step_s)
     _entry(run.runner)(run, out_dir)
     m = read_measured(load_trace(out_dir))
-    o.measured_s, o.idle_measured, o.idle_window_measured = m.step_s, m.idle, m.idle_window
+    o.measured_s, o.idle_measured, o.idle_step_measured = m.step_s, m.idle, m.idle_step
     o.stages_measured = m.stages
     return o
 
@@ -402,7 +405,7 @@ def outcome(s: Scenario, p: Reading, fallback_s: float) -> Outcome:
     """An outcome whose predicted side is the reading ``p`` of the predicted timeline
     (``fallback_s``, the prediction's own step, where the timeline is too short to read)."""
     o = Outcome(s, predicted_s=p.step_s if p.step_s is not None else fallback_s)
-    o.idle_predicted, o.idle_window_predicted, o.stages_predicted = p.idle, p.idle_window, p.stages
+    o.idle_predicted, o.idle_step_predicted, o.stages_predicted = p.idle, p.idle_step, p.stages
     return o
 
 
@@ -414,11 +417,9 @@ def replay_scenario(s: Scenario) -> Outcome:
     run = compose("logging.progress=false", f"trainer.total_steps={s.steps}", *s.overrides)
     o = Outcome(s)
     p, o.stages_predicted = predicted(run)
-    o.predicted_s, o.idle_predicted, o.idle_window_predicted = p.step_s, p.idle_share, p.idle_share
+    o.predicted_s, o.idle_predicted = p.step_s, p.idle_share
     m = read_measured(p.trace)
-    o.measured_s, o.idle_window_measured, o.stages_measured = m.step_s, m.idle_window, m.stages
-    # the prediction's own idle is the window's (plan.json's figure): read back the same way
-    o.idle_measured = m.idle_window
+    o.measured_s, o.idle_measured, o.stages_measured = m.step_s, m.idle, m.stages
     return o
 
 
@@ -493,10 +494,10 @@ def figures(outcomes: Sequence[Outcome]) -> dict[str, float]:
         f["p90_abs_error_pct"] = 100 * percentile(errs, 0.9)
         f["max_idle_share_error"] = max(o.idle_error for o in outcomes)
         f["idle_within_0.05_share"] = sum(o.idle_error <= 0.05 for o in outcomes) / len(outcomes)
-        f["max_idle_window_error"] = max(o.idle_window_error for o in outcomes)
-        f["idle_window_within_0.05_share"] = sum(
-            o.idle_window_error <= 0.05 for o in outcomes
-        ) / len(outcomes)
+        f["max_idle_step_error"] = max(o.idle_step_error for o in outcomes)
+        f["idle_step_within_0.05_share"] = sum(o.idle_step_error <= 0.05 for o in outcomes) / len(
+            outcomes
+        )
         f["same_stage_cycle_share"] = sum(
             same_cycle(o.stages_measured, o.stages_predicted) for o in outcomes
         ) / len(outcomes)
@@ -577,8 +578,8 @@ def papers() -> dict[str, float]:
 
 def table(outcomes: Sequence[Outcome]) -> str:
     lines = [
-        "| group | scenario | measured s/step | predicted | error | max idle error per step "
-        "(median) / over the window | same stages in order |",
+        "| group | scenario | measured s/step | predicted | error | max idle error (window / "
+        "per-step median) | same stages in order |",
         "|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
@@ -591,7 +592,7 @@ def table(outcomes: Sequence[Outcome]) -> str:
         )
         lines.append(
             f"| {o.scenario.group} | {o.scenario.name} | {m} | {o.predicted_s:.3f} | "
-            f"{e} | {o.idle_error:.3f} / {o.idle_window_error:.3f} | {same} |"
+            f"{e} | {o.idle_error:.3f} / {o.idle_step_error:.3f} | {same} |"
         )
     return "\n".join(lines)
 
