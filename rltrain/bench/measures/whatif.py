@@ -233,6 +233,8 @@ GROUPS_ENV = "RLTRAIN_BENCH_WHATIF_GROUPS"
 #: counts, as in bench auto_placement: a shared machine's load comes and goes.
 PASSES_ENV = "RLTRAIN_BENCH_WHATIF_PASSES"
 PASSES = 2
+#: ``cluster.startup_timeout_s`` of the real runs (the default 120 s fails on a loaded VM).
+STARTUP_TIMEOUT_S = 600
 
 
 @dataclass
@@ -377,6 +379,8 @@ def run_scenario(s: Scenario, work: str) -> Outcome:
     run = compose(
         "logging.progress=false",
         "logging.trace=true",
+        # the start-up is not measured: on a loaded machine workers may take minutes to start
+        f"cluster.startup_timeout_s={STARTUP_TIMEOUT_S}",
         "trainer.eval_every=0",
         "trainer.save_every=0",
         f"trainer.total_steps={s.steps}",
