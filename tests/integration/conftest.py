@@ -4,6 +4,7 @@
   dashboard, ``SIM_DEVICES`` simulated devices of ``SIM_MEMORY_GIB`` each, the machine's cores.
   A module that needs a Ray of its own (the 2-node test) calls ``ray_session.suspend()`` first;
   the next test that asks for ``cluster`` starts the session Ray again.
+- ``ray_address``: that Ray's address, for a subprocess run to join (``cluster.address=...``).
 - ``cluster``: a fresh :class:`rltrain.scheduler.Cluster` job handle on that Ray; every actor,
   placement group and channel the test creates through it is removed afterwards (Ray stays up).
 
@@ -65,6 +66,16 @@ def ray_session() -> Iterator[RaySession]:
     session = RaySession()
     yield session
     session.suspend()
+
+
+@pytest.fixture
+def ray_address(ray_session: RaySession) -> str:
+    """The session Ray's address: a subprocess run joins it with ``cluster.address=...``
+    instead of starting a Ray of its own (seconds of both cores)."""
+    import ray
+
+    ray_session.ensure()
+    return ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture

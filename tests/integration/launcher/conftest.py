@@ -1,20 +1,12 @@
 """Fixtures of the launcher tests: the session's Ray (tests/integration/conftest.py), by address.
 
-Every sweep here joins that one Ray instead of starting its own: in-process sweeps find it
-already connected, subprocess sweeps get ``hydra.launcher.ray.init.address``.
+Every sweep here joins that one Ray (``ray_address``) instead of starting its own: in-process
+sweeps find it already connected, subprocess sweeps get ``hydra.launcher.ray.init.address``.
 """
 
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture
-def ray_address(ray_session) -> str:
-    import ray
-
-    ray_session.ensure()
-    return ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture

@@ -9,7 +9,10 @@ template and the tool; the learning curves are measured by hand (docs/data.md,
 docs/agents.md), not asserted here; plain ``experiment=gsm8k_tiny`` learns in
 ``test_gsm8k_tiny_learns.py``. The README's
 own-checkpoint command (``task.generate=null``) is put through the pre-Ray checks by
-``tests/unit/docs/test_doc_commands.py``.
+``tests/unit/docs/test_doc_commands.py``. The run joins the test session's Ray
+(``cluster.address``, the shape of the default local one) instead of starting its own: its
+subject is the generator and the run, not Ray's start (``test_entry_point.py`` runs the main
+command end to end with its own Ray).
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ def rltrain(run_dir: pathlib.Path, cache: pathlib.Path, *overrides: str):
 
 
 @pytest.mark.timeout(600)
-def test_gsm8k_tiny_generates_its_checkpoint_and_trains_from_it(tmp_path):
+def test_gsm8k_tiny_generates_its_checkpoint_and_trains_from_it(tmp_path, ray_address):
     cache = tmp_path / "cache"
     sizes = ["task.params.num_train=256", "task.params.num_eval=8", "task.params.sft_steps=60"]
-    out = rltrain(tmp_path / "run", cache, "experiment=gsm8k_tool", *sizes)
+    joined = f"cluster.address={ray_address}"
+    out = rltrain(tmp_path / "run", cache, "experiment=gsm8k_tool", *sizes, joined)
     assert out.returncode == 0, out.stderr[-3000:]
     shown = out.stdout + out.stderr  # each stage of the generator is logged as it starts
     assert "gsm8k_tiny: writing 256 training and 8 evaluation problems" in shown
