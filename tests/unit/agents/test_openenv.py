@@ -1,21 +1,32 @@
 """OpenEnv environments through task.env: OpenEnv's own server and client on loopback give the
-same episodes, token for token, as the same environment in-process."""
+same episodes, token for token, as the same environment in-process.
+
+OpenEnv is imported by the ``serving`` fixture, not at collection: its server stack (FastAPI,
+Gradio, MCP) costs seconds of CPU, and every test process collects every module.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+import torch
 
-pytest.importorskip("openenv.core", reason="openenv-core is in the dev extra")
+from rltrain.agents.interaction import ToolEpisodes
+from rltrain.config.schema import ModelConfig, RunConfig
+from rltrain.tasks.base import Example
+from rltrain.tasks.calc_tool import ALPHABET, CalcToolSpec, sums, supervise
+from rltrain.tasks.model import build_model
+from rltrain.tasks.tokenizer import build_char_tokenizer
 
-import torch  # noqa: E402
-from openenv_loopback import serving  # noqa: E402
 
-from rltrain.agents.interaction import ToolEpisodes  # noqa: E402
-from rltrain.config.schema import ModelConfig, RunConfig  # noqa: E402
-from rltrain.tasks.base import Example  # noqa: E402
-from rltrain.tasks.calc_tool import ALPHABET, CalcToolSpec, sums, supervise  # noqa: E402
-from rltrain.tasks.model import build_model  # noqa: E402
-from rltrain.tasks.tokenizer import build_char_tokenizer  # noqa: E402
+@pytest.fixture(scope="module")
+def serving() -> Callable:
+    """``openenv_loopback.serving``: OpenEnv's own server on loopback (skips without it)."""
+    pytest.importorskip("openenv.core", reason="openenv-core is in the dev extra")
+    import openenv_loopback
+
+    return openenv_loopback.serving
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +51,7 @@ def _episodes(env: str, policy) -> ToolEpisodes:
     return ToolEpisodes(run, lambda: model, tok, torch.device("cpu"), [tok.eos_token_id], task)
 
 
-def test_an_openenv_server_runs_the_same_episodes_as_the_env_in_process(policy):
+def test_an_openenv_server_runs_the_same_episodes_as_the_env_in_process(policy, serving):
     prompts = [ex.prompt for ex in policy[2]]
     twin = _episodes("openenv_loopback:TwinEnv", policy).generate(prompts, 7, True, None)
     with serving():
@@ -52,7 +63,7 @@ def test_an_openenv_server_runs_the_same_episodes_as_the_env_in_process(policy):
     assert torch.equal(served.tool_calls, twin.tool_calls)
 
 
-def test_a_step_the_server_fails_infra_fails_its_episodes_and_the_rest_go_on(policy):
+def test_a_step_the_server_fails_infra_fails_its_episodes_and_the_rest_go_on(policy, serving):
     model, tok, rows = policy
     broken = [Example(rows[0].prompt, "boom"), *rows[1:]]
     prompts = [ex.prompt for ex in broken]
