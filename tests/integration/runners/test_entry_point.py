@@ -23,8 +23,14 @@ def rltrain(run_dir: pathlib.Path | None, *overrides: str, wait: bool = True, cw
     cmd = [sys.executable, "-m", "rltrain", *where, *FAST, *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if not wait:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, cwd=cwd,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            cwd=cwd,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420, cwd=cwd)
 
 
@@ -60,14 +66,22 @@ def _latest(run_dir: pathlib.Path) -> str | None:
 
 
 @pytest.mark.timeout(900)
-def test_resume_after_sigkill_reproduces_the_next_step(main_run, tmp_path):
+def test_resume_after_sigkill_reproduces_the_next_step(main_run, tmp_path, ray_address):
     """SIGKILL of the driver, then the same command again with trainer.resume=auto: the new
     invocation (Hydra gives it a new run directory) finds the killed run's last checkpoint and
-    reproduces the uninterrupted run's next step."""
+    reproduces the uninterrupted run's next step. The killed run has its own local Ray (killed
+    with it); the resumed one joins the session's (the default shape), as its subject is the
+    checkpoint, not Ray's start."""
     steady, work = main_run, tmp_path / "work"
     work.mkdir()
-    proc = rltrain(None, "trainer.total_steps=60", "trainer.save_every=2",
-                   "trainer.eval_every=0", wait=False, cwd=work)
+    proc = rltrain(
+        None,
+        "trainer.total_steps=60",
+        "trainer.save_every=2",
+        "trainer.eval_every=0",
+        wait=False,
+        cwd=work,
+    )
     deadline = time.monotonic() + 400
     try:
         while not (_run_dirs(work) and _latest(_run_dirs(work)[0]) == "step-000002"):
@@ -80,8 +94,14 @@ def test_resume_after_sigkill_reproduces_the_next_step(main_run, tmp_path):
     crashed = _run_dirs(work)[0]
     time.sleep(1.1)  # Hydra's run directories are named to the second
 
-    out = rltrain(None, "trainer.total_steps=3", "trainer.eval_every=0", "trainer.resume=auto",
-                  cwd=work)
+    out = rltrain(
+        None,
+        "trainer.total_steps=3",
+        "trainer.eval_every=0",
+        "trainer.resume=auto",
+        f"cluster.address={ray_address}",
+        cwd=work,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resuming from {crashed / 'checkpoints' / 'step-000002'}" in out.stdout + out.stderr
     resumed_dir = [d for d in _run_dirs(work) if d != crashed]
@@ -97,8 +117,13 @@ def test_resume_after_sigkill_reproduces_the_next_step(main_run, tmp_path):
 def test_sigterm_finishes_the_step_in_flight_checkpoints_it_and_exits(tmp_path):
     """SIGTERM mid-run: the step running (and, fused, the one queued behind it) is recorded,
     the checkpoint holds exactly the recorded steps, the run exits cleanly as 'stopped'."""
-    proc = rltrain(tmp_path, "trainer.total_steps=400", "trainer.eval_every=0",
-                   "trainer.save_every=0", wait=False)
+    proc = rltrain(
+        tmp_path,
+        "trainer.total_steps=400",
+        "trainer.eval_every=0",
+        "trainer.save_every=0",
+        wait=False,
+    )
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.monotonic() + 300
     try:
