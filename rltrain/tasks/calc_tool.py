@@ -156,49 +156,25 @@ def _sft_rows(
 
 
 def supervise(model: Any, tok: Any, rows: list[dict[str, str]], spec: CalcToolSpec) -> list[float]:
-    """AdamW steps on demonstrations, the tool's results masked out of the loss.
+    """``spec.sft_steps`` AdamW steps (:func:`rltrain.tasks.sft.supervised_finetune`) on
+    demonstrations of ``rows``, the tool's results masked out of the loss.
 
     Returns:
         The loss of every step.
     """
-    import torch
+    from rltrain.tasks.sft import supervised_finetune
 
     demos = _sft_rows(tok, rows)
-    rng = random.Random(spec.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
-    losses = []
-    model.train()
-    threads = torch.get_num_threads()
-    # a model this small gains nothing from a second thread, and on a shared machine two
-    # threads waiting on each other ran 30x slower (measured)
-    torch.set_num_threads(1)
-    try:
-        losses = _sft_steps(model, tok, demos, spec, rng, optimizer)
-    finally:
-        torch.set_num_threads(threads)
-        model.eval()
-    return losses
-
-
-def _sft_steps(
-    model: Any, tok: Any, demos: list[Any], spec: CalcToolSpec, rng: random.Random, optimizer: Any
-) -> list[float]:
-    from rltrain.tasks.sft import IGNORE, sft_batch, sft_loss
-
-    losses = []
-    for _ in range(spec.sft_steps):
-        batch = rng.sample(demos, min(spec.sft_batch_size, len(demos)))
-        ids, mask, labels = sft_batch([(p, r) for p, r, _ in batch], tok.pad_token_id)
-        for i, (p, _, keep) in enumerate(batch):
-            for j, trained in enumerate(keep):
-                if not trained:
-                    labels[i, len(p) + j] = IGNORE
-        loss = sft_loss(model, ids, mask, labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    return losses
+    return supervised_finetune(
+        model,
+        [(p, r) for p, r, _ in demos],
+        tok.pad_token_id,
+        spec.sft_steps,
+        spec.sft_batch_size,
+        spec.sft_lr,
+        seed=spec.seed,
+        trained=[keep for _, _, keep in demos],
+    )
 
 
 def _stamp(spec: CalcToolSpec, model_cfg: Any, paths: tuple[str, str]) -> dict[str, Any]:
