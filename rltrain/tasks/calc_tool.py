@@ -71,10 +71,10 @@ class CalcToolSpec:
     """
 
     num_train: int = 2000
-    num_eval: int = 100
+    num_eval: int = 400
     num_terms: int = 3
     digits: int = 3
-    sft_steps: int = 200
+    sft_steps: int = 250
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
     seed: int = 0
