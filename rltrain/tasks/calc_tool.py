@@ -34,6 +34,7 @@ from typing import Any
 from rltrain.tasks.generated import checked_spec, ensure_written, held_stamp
 from rltrain.tasks.text_env import ToolEnv, ToolError
 from rltrain.tasks.tool_format import format_call, format_result
+from rltrain.telemetry.progress import StageProgress
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ VERSION = 1
 STAMP = "generated_by_rltrain_calc_tool.json"
 #: The characters the checkpoint's tokenizer spells (one token each).
 ALPHABET = "0123456789+=[];calutor"
+SFT_LABEL = "calc_tool: supervising the base checkpoint"
 
 
 class CalculatorEnv(ToolEnv):
@@ -155,9 +157,18 @@ def _sft_rows(
     return out
 
 
-def supervise(model: Any, tok: Any, rows: list[dict[str, str]], spec: CalcToolSpec) -> list[float]:
+def supervise(
+    model: Any, tok: Any, rows: list[dict[str, str]], spec: CalcToolSpec, progress: bool = False
+) -> list[float]:
     """``spec.sft_steps`` AdamW steps (:func:`rltrain.tasks.sft.supervised_finetune`) on
     demonstrations of ``rows``, the tool's results masked out of the loss.
+
+    Args:
+        model: the causal LM to train in place.
+        tok: its tokenizer (the character one over :data:`ALPHABET`).
+        rows: the training sums (``prompt``, ``answer``).
+        spec: the steps, batch size, learning rate and seed.
+        progress: show the steps' progress (``logging.progress``).
 
     Returns:
         The loss of every step.
@@ -165,16 +176,18 @@ def supervise(model: Any, tok: Any, rows: list[dict[str, str]], spec: CalcToolSp
     from rltrain.tasks.sft import supervised_finetune
 
     demos = _sft_rows(tok, rows)
-    return supervised_finetune(
-        model,
-        [(p, r) for p, r, _ in demos],
-        tok.pad_token_id,
-        spec.sft_steps,
-        spec.sft_batch_size,
-        spec.sft_lr,
-        seed=spec.seed,
-        trained=[keep for _, _, keep in demos],
-    )
+    with StageProgress(SFT_LABEL, spec.sft_steps, progress) as bar:
+        return supervised_finetune(
+            model,
+            [(p, r) for p, r, _ in demos],
+            tok.pad_token_id,
+            spec.sft_steps,
+            spec.sft_batch_size,
+            spec.sft_lr,
+            seed=spec.seed,
+            on_step=lambda _, loss: bar.advance(status=f"loss {loss:.3f}"),
+            trained=[keep for _, _, keep in demos],
+        )
 
 
 def _stamp(spec: CalcToolSpec, model_cfg: Any, paths: tuple[str, str]) -> dict[str, Any]:
@@ -234,6 +247,7 @@ def ensure_calc_tool(
     spec: CalcToolSpec,
     model_cfg: Any,
     dry_run: bool = False,
+    progress: bool = False,
 ) -> bool:
     """Write the rows and the base checkpoint unless the same ones are already there.
 
@@ -244,6 +258,7 @@ def ensure_calc_tool(
         spec: what to generate.
         model_cfg: the ``model`` section (sizes the checkpoint).
         dry_run: only say whether a run would write (``mode=plan``).
+        progress: show the supervised steps' progress (``logging.progress``).
 
     Returns:
         True when something was (or, with ``dry_run``, would be) written.
@@ -257,13 +272,18 @@ def ensure_calc_tool(
         model_dir,
         current=lambda: _current(stamp, model_dir),
         foreign=lambda: foreign_outputs(paths, model_dir),
-        write=lambda: _write_all(paths, model_dir, spec, model_cfg, stamp),
+        write=lambda: _write_all(paths, model_dir, spec, model_cfg, stamp, progress),
         dry_run=dry_run,
     )
 
 
 def _write_all(
-    paths: tuple[str, str], model_dir: str, spec: CalcToolSpec, model_cfg: Any, stamp: Any
+    paths: tuple[str, str],
+    model_dir: str,
+    spec: CalcToolSpec,
+    model_cfg: Any,
+    stamp: Any,
+    progress: bool,
 ) -> None:
     """Write the rows and the checkpoint (the caller holds the lock; the paths are ours)."""
     train, evals = sums(spec)
@@ -272,11 +292,16 @@ def _write_all(
         with open(path + ".tmp", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         os.replace(path + ".tmp", path)
-    _write_checkpoint(model_dir, train, spec, model_cfg, stamp)
+    _write_checkpoint(model_dir, train, spec, model_cfg, stamp, progress)
 
 
 def _write_checkpoint(
-    model_dir: str, train: list[dict[str, str]], spec: CalcToolSpec, model_cfg: Any, stamp: Any
+    model_dir: str,
+    train: list[dict[str, str]],
+    spec: CalcToolSpec,
+    model_cfg: Any,
+    stamp: Any,
+    progress: bool,
 ) -> None:
     from rltrain.tasks.model import build_model
     from rltrain.tasks.tokenizer import build_char_tokenizer
@@ -288,7 +313,7 @@ def _write_checkpoint(
         tok = build_char_tokenizer(ALPHABET)
         built = dataclasses.replace(model_cfg, path=None, tokenizer_path=None, dtype="float32")
         model = build_model(dataclasses.replace(built, vocab_chars=ALPHABET))
-        losses = supervise(model, tok, train, spec) if spec.sft_steps else []
+        losses = supervise(model, tok, train, spec, progress) if spec.sft_steps else []
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         with open(os.path.join(tmp, STAMP), "w") as f:

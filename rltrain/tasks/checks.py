@@ -65,7 +65,13 @@ def prepare_task(run: Any) -> bool:
         if generate == "calc_tool":
             spec_calc = CalcToolSpec.from_params(dict(t.params), t.seed)
             return ensure_calc_tool(
-                t.path, t.eval_path, run.model.path, spec_calc, run.model, writes_nothing(run)
+                t.path,
+                t.eval_path,
+                run.model.path,
+                spec_calc,
+                run.model,
+                writes_nothing(run),
+                progress=run.logging.progress,
             )
         spec = Gsm8kTinySpec.from_params(dict(t.params), t.seed)
         chat = t.chat_template is not False  # null: the generated tokenizer has a template

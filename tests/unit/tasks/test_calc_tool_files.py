@@ -55,3 +55,17 @@ def test_its_own_outputs_are_kept_then_rewritten_for_another_spec(tmp_path) -> N
     more = CalcToolSpec(num_train=20, num_eval=4, sft_steps=0)
     assert ensure_calc_tool(train, evals, model, more, MODEL)  # its own files: rewritten
     assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 20
+
+
+def test_the_warm_start_learns_the_call_and_the_answer_not_the_tools_result() -> None:
+    from rltrain.tasks.calc_tool import ALPHABET, _sft_rows
+    from rltrain.tasks.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer(ALPHABET)
+    [(prompt, response, trained)] = _sft_rows(tok, [{"prompt": "12+3=", "answer": "15"}])
+    assert tok.decode(prompt) == "12+3="
+    assert response[-1] == tok.eos_token_id and trained[-1]  # the model learns to stop
+    text = tok.decode(response[:-1])
+    assert text == "calculator[12+3]=15;15"
+    shown = "".join(c for c, learned in zip(text, trained, strict=False) if not learned)
+    assert shown == "=15;"  # the tool's reply: read, never learned
