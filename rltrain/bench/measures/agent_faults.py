@@ -98,6 +98,7 @@ def agent_faults(quick: bool) -> Suite:
             "task.params.sft_steps=10",
             "trainer.total_steps=2",
             "trainer.eval_every=2",
+            "trainer.train_batch_size=8",  # the test's cost, not the experiment's 16 sums a step
             # one tool worker (the devices stay the cluster's: the test runs it on a shared Ray)
             "tools.pool_size=1",
         )
