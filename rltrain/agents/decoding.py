@@ -395,9 +395,8 @@ class _Columns:
         assert keys is not None and values is not None
         start = self.keys.shape[2]
         end = start + key_states.shape[2]
-        if end > keys.shape[2]:  # out of room (a budget the merge did not plan for): grow
-            keys, values = _grown(keys, 2 * end), _grown(values, 2 * end)
-            self.buffers = (keys, values)
+        # the merge left room for every held row's budget: no step runs out of columns
+        assert end <= keys.shape[2], f"cache buffer of {keys.shape[2]} columns, {end} needed"
         keys[:, :, start:end] = key_states
         values[:, :, start:end] = value_states
         self.keys, self.values = keys[:, :, :end], values[:, :, :end]
@@ -462,12 +461,6 @@ def _full_attention_layers(model: torch.nn.Module) -> int:
 def _draw(generator: torch.Generator, ahead: int, vocab: int, like: Tensor) -> Tensor:
     """``ahead`` tokens' exponential races from a turn's generator (its sequence, in order)."""
     return like.new_empty((ahead, vocab)).exponential_(1, generator=generator)
-
-
-def _grown(buffer: Tensor, capacity: int) -> Tensor:
-    grown = buffer.new_zeros((*buffer.shape[:2], capacity, *buffer.shape[3:]))
-    grown[:, :, : buffer.shape[2]] = buffer
-    return grown
 
 
 def _cache(layers: list[_Columns]) -> Any:

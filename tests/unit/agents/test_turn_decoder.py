@@ -81,3 +81,20 @@ def test_a_turn_resumed_from_its_held_cache_samples_what_a_full_prefill_does(mod
     resumed = next(r for r in out if r.key == "a2")
     assert resumed.ids == fresh.ids
     assert max(abs(x - y) for x, y in zip(resumed.logprobs, fresh.logprobs, strict=True)) < 1e-5
+
+
+def test_a_turn_draws_its_generators_races_token_by_token(model):
+    """The races drawn ahead (4 tokens at a time here, then the next 4) are the ones a
+    token-by-token sampler draws from the turn's generator: full forward passes, no cache."""
+    request = TurnRequest("a", [5, 6, 7, 8], budget=7, seed=31)
+    got = _alone(model, request)
+    generator, ids, logprobs = torch.Generator().manual_seed(31), list(request.prefix), []
+    with torch.no_grad():
+        for _ in range(request.budget):
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+            race = torch.empty(logits.shape[-1]).exponential_(1, generator=generator)
+            token = int((torch.softmax(logits, -1) / race).argmax())
+            ids.append(token)
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+    assert got.ids == ids[len(request.prefix) :]
+    assert max(abs(x - y) for x, y in zip(got.logprobs, logprobs, strict=True)) < 1e-5
