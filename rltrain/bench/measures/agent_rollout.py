@@ -204,6 +204,7 @@ def agent_rollout(quick: bool) -> Suite:
         latency_ms = 1000 * min(seconds) / turns
         shape[calls] = {
             "latency_ms": latency_ms,
+            "generation_s": min(seconds),
             "turns": turns,
             "calls": batch.tool_calls.tolist(),
             "tokens": batch.loss_mask.sum(dim=1).long().tolist(),  # sampled, not observations
@@ -226,8 +227,11 @@ def agent_rollout(quick: bool) -> Suite:
                 for k, v in timings.items()
                 if k.startswith(f"{calls} calls: ")
             }
+            # the generation term is the fastest generation seen (its median under load would
+            # loosen the bound); the latency is the least of 3 runs' too (see above)
+            fastest = min(timings[f"{calls} calls: {alone}"] + [got["generation_s"]])
             bound = bound_seconds(
-                med[alone], got["calls"], got["tokens"], got["latency_ms"] / 1000, forward_s, n
+                fastest, got["calls"], got["tokens"], got["latency_ms"] / 1000, forward_s, n
             )
             out[f"{calls} calls: tool latency ms"] = round(got["latency_ms"], 1)
             out[f"{calls} calls: turns per episode"] = round(got["turns"], 2)
