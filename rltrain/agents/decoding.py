@@ -329,14 +329,14 @@ class TurnDecoder:
         start = int(used[0]) if used.numel() else old_attn.shape[1]
         old_attn = old_attn[:, start:]
         width = max(old_attn.shape[1], attn.shape[1])
-        kept = [r for r in self.held if r is not None]
-        self.held = kept + rows
-        room = max(r.request.budget for r in self.held)
-        if self.layers and layers:
-            pairs = zip(self.layers, layers, strict=True)
-        else:  # one side has no rows
-            pairs = ((c, None) for c in self.layers) if self.layers else ((None, c) for c in layers)
-        self.layers = [_Columns.joined(a, keep, start, b, width, room) for a, b in pairs]
+        held = [*self.rows, *rows]
+        self.held = list(held)
+        room = max(r.request.budget for r in held)
+        olds: list[_Columns | None] = list(self.layers) or [None] * len(layers)
+        news: list[_Columns | None] = list(layers) or [None] * len(olds)
+        self.layers = [
+            _Columns.joined(a, keep, start, b, width, room) for a, b in zip(olds, news, strict=True)
+        ]
         self.attn = torch.cat([_pad_mask(old_attn, width), _pad_mask(attn, width)])
         self.pos = torch.cat([self.pos[keep], pos])
         last = torch.zeros(len(rows), dtype=torch.long, device=self.device)
@@ -448,7 +448,8 @@ def _columns_type() -> type[_Columns]:
 
 def _full_attention_layers(model: torch.nn.Module) -> int:
     """The model's layer count; refuses a model with other than full-attention layers."""
-    config = model.config.get_text_config()
+    config: Any = model.config
+    config = config.get_text_config()
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         raise WorkerError(
@@ -467,7 +468,7 @@ def _cache(layers: list[_Columns]) -> Any:
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    cache.layers = list(layers)
+    cache.layers = list(layers)  # type: ignore[arg-type]  # _Columns are DynamicLayers
     return cache
 
 
