@@ -15,11 +15,15 @@ pytestmark = pytest.mark.spread  # no module fixture: each test may run in eithe
 
 SETTINGS = (
     # kl_in=reward: the rollout records the sampler's log-probs for the per-token KL
-    "algorithm.kl_coef=0.05", "algorithm.kl_in=reward", "trainer.total_steps=2",
+    "algorithm.kl_coef=0.05",
+    "algorithm.kl_in=reward",
+    "trainer.total_steps=2",
     "trainer.eval_every=0",
-    "trainer.train_batch_size=2", "logging.progress=false",
+    "trainer.train_batch_size=2",
+    "logging.progress=false",
     # shorter sequences and micro batches keep the predicted activations small
-    "model.max_position_embeddings=16", "actor.micro_batch_size=32",
+    "model.max_position_embeddings=16",
+    "actor.micro_batch_size=32",
     "reference.micro_batch_size=32",
 )
 # The plan predicts, on the one device: generate 0.87 MB (rollout weights + KV cache), logprob
@@ -31,7 +35,9 @@ TIGHT = 0.00577
 def one_device_run(*overrides: str, offload: dict | None = None, memory_gib: float = 4.0):
     run = compose_run(*SETTINGS, *overrides, f"cluster.device_memory_gib={memory_gib}")
     run.placement.component_placement = {
-        "actor": "0", "rollout": "0", "reference": "0",
+        "actor": "0",
+        "rollout": "0",
+        "reference": "0",
         "reward": {"node_group": "node", "placement": "0"},
     }
     if offload is not None:
@@ -58,8 +64,7 @@ def capture(monkeypatch):
 
 
 @pytest.mark.timeout(300)
-def test_three_components_take_turns_on_a_device_that_holds_one(ray_session, tmp_path,
-                                                                 monkeypatch):
+def test_three_components_take_turns_on_a_device_that_holds_one(ray_session, tmp_path, monkeypatch):
     ray_session.ensure()
     seen = capture(monkeypatch)
     run = one_device_run(
@@ -75,8 +80,9 @@ def test_three_components_take_turns_on_a_device_that_holds_one(ray_session, tmp
     assert c[("rollout", "reload")] == 2 + 1  # 2 generates + the final evaluation
     assert c[("reference", "reload")] == 2
     assert c[("actor", "reload")] == c[("actor", "offload")] - 1  # + the start-up offload
-    assert all(r["measured"] <= r["declared"] + 256 * 1024 for rs in seen["ledger"].values()
-               for r in rs)
+    assert all(
+        r["measured"] <= r["declared"] + 256 * 1024 for rs in seen["ledger"].values() for r in rs
+    )
 
 
 def test_same_layout_with_offload_disabled_is_refused_before_start(tmp_path):

@@ -166,7 +166,6 @@ def test_shared_file_size_is_the_header_and_two_regions() -> None:
     assert HostAllReduce.file_bytes(3, 256) == 64 * 4 + 2 * 3 * 256
 
 
-
 def test_a_file_whose_maker_died_is_removed_by_the_next_maker(tmp_path) -> None:
     child = mp.get_context("spawn").Process(target=os.getpid)
     child.start()
