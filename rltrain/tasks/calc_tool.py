@@ -34,7 +34,6 @@ from typing import Any
 from rltrain.tasks.generated import checked_spec, ensure_written, held_stamp
 from rltrain.tasks.text_env import ToolEnv, ToolError
 from rltrain.tasks.tool_format import format_call, format_result
-from rltrain.telemetry.progress import StageProgress
 
 log = logging.getLogger(__name__)
 
@@ -173,21 +172,21 @@ def supervise(
     Returns:
         The loss of every step.
     """
-    from rltrain.tasks.sft import supervised_finetune
+    from rltrain.tasks.sft import supervised_finetune_shown
 
     demos = _sft_rows(tok, rows)
-    with StageProgress(SFT_LABEL, spec.sft_steps, progress) as bar:
-        return supervised_finetune(
-            model,
-            [(p, r) for p, r, _ in demos],
-            tok.pad_token_id,
-            spec.sft_steps,
-            spec.sft_batch_size,
-            spec.sft_lr,
-            seed=spec.seed,
-            on_step=lambda _, loss: bar.advance(status=f"loss {loss:.3f}"),
-            trained=[keep for _, _, keep in demos],
-        )
+    return supervised_finetune_shown(
+        SFT_LABEL,
+        progress,
+        model,
+        [(p, r) for p, r, _ in demos],
+        tok.pad_token_id,
+        spec.sft_steps,
+        spec.sft_batch_size,
+        spec.sft_lr,
+        seed=spec.seed,
+        trained=[keep for _, _, keep in demos],
+    )
 
 
 def _stamp(spec: CalcToolSpec, model_cfg: Any, paths: tuple[str, str]) -> dict[str, Any]:

@@ -39,7 +39,6 @@ from rltrain.config.schema import MODEL_SIZE_FIELDS
 from rltrain.config.seeds import dataset_seed
 from rltrain.tasks.generated import checked_spec, ensure_written, held_stamp
 from rltrain.tasks.tool_format import format_call, format_result
-from rltrain.telemetry.progress import StageProgress
 
 log = logging.getLogger(__name__)
 
@@ -423,7 +422,7 @@ def _write_base_model(
 
     from rltrain.tasks.chat import render_prompts
     from rltrain.tasks.model import build_model
-    from rltrain.tasks.sft import supervised_finetune
+    from rltrain.tasks.sft import supervised_finetune_shown
     from rltrain.tasks.tokenizer import build_tokenizer, prompt_token_ids
 
     bars = hf_logging.is_progress_bar_enabled()
@@ -443,18 +442,18 @@ def _write_base_model(
         ]
         label = "gsm8k_tiny: supervising the base checkpoint"
         log.info("%s (%d steps of %d solutions)", label, spec.sft_steps, spec.sft_batch_size)
-        with StageProgress(label, spec.sft_steps, progress) as bar:
-            losses = supervised_finetune(
-                model,
-                pairs,
-                tok.pad_token_id,
-                spec.sft_steps,
-                spec.sft_batch_size,
-                spec.sft_lr,
-                seed=spec.seed,
-                on_step=lambda _, loss: bar.advance(status=f"loss {loss:.3f}"),
-                trained=[[*keep, True] for _, keep in responses],  # EOS is learned
-            )
+        losses = supervised_finetune_shown(
+            label,
+            progress,
+            model,
+            pairs,
+            tok.pad_token_id,
+            spec.sft_steps,
+            spec.sft_batch_size,
+            spec.sft_lr,
+            seed=spec.seed,
+            trained=[[*keep, True] for _, keep in responses],  # EOS is learned
+        )
         model.save_pretrained(directory)
         log.info(
             "gsm8k_tiny: base checkpoint supervised for %d steps (loss %.3f -> %.3f)",

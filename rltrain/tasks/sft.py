@@ -136,6 +136,49 @@ def supervised_finetune(
     return losses
 
 
+def supervised_finetune_shown(
+    label: str,
+    progress: bool,
+    model: torch.nn.Module,
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_token_id: int,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int = 0,
+    trained: Sequence[Sequence[bool]] | None = None,
+) -> list[float]:
+    """:func:`supervised_finetune` under a progress bar named ``label`` (each step's loss as
+    its status): the warm starts of the generated tasks.
+
+    Args:
+        label: what the bar says is happening.
+        progress: show the bar (``logging.progress``).
+        model, pairs, pad_token_id, steps, batch_size, lr, seed, trained: as for
+            :func:`supervised_finetune`.
+
+    Returns:
+        The loss of every step, in order.
+
+    Raises:
+        ValueError: as :func:`supervised_finetune`.
+    """
+    from rltrain.telemetry.progress import StageProgress
+
+    with StageProgress(label, steps, progress) as bar:
+        return supervised_finetune(
+            model,
+            pairs,
+            pad_token_id,
+            steps,
+            batch_size,
+            lr,
+            seed=seed,
+            on_step=lambda _, loss: bar.advance(status=f"loss {loss:.3f}"),
+            trained=trained,
+        )
+
+
 def _mask_untrained(labels: Tensor, rows: Sequence[tuple[int, Sequence[bool]]]) -> None:
     """Set :data:`IGNORE` on the response tokens not trained on (``(prompt length, flags)``
     per row of ``labels``)."""
