@@ -128,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--cycles", type=int, default=3, help="sleep/wake cycles per kind")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--seeded-steps",
+        type=int,
+        default=4,
+        help="steps of a second pass asking as the rollout asks (rltrain's sampling_kwargs: "
+        "a seed per call); 0: none",
+    )
     args = ap.parse_args(argv)
 
     from memwatch import reader
@@ -188,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         result["tokens_per_s"] = median_after([x["tokens_per_s"] for x in steps], args.warmup)
         result["tokens_per_step"] = median_after([x["tokens"] for x in steps], args.warmup)
         save()
+        if args.seeded_steps:
+            result["seeded"] = seeded_pass(llm, args)
+            save()
 
         cycles: dict[str, list[dict]] = {"level1_all": [], "level1_tags": [], "level2_all": []}
         for kind, level, tag_wise in (
@@ -247,6 +257,50 @@ def main(argv: list[str] | None = None) -> int:
         save()
     print(json.dumps({k: result[k] for k in ("tokens_per_s", "sleep_wake_summary")}, indent=1))
     return 0
+
+
+def seeded_pass(llm: object, args: argparse.Namespace) -> dict:
+    """The same prompts asked for as ``rollout.backend=vllm`` asks: rltrain's own
+    :func:`~rltrain.backends.vllm_rollout.sampling_kwargs` with a sampling seed per call, which
+    gives vLLM a generator per request. Against the unseeded pass above this isolates what the
+    seeds cost from what the rollout adds around the engine (Ray, the wake, reading outputs).
+
+    Returns:
+        Per-step seconds and tokens, and the medians after the first step.
+    """
+    from vllm import SamplingParams
+
+    from rltrain.backends.vllm_rollout import sampling_kwargs, token_prompts
+    from rltrain.bench.plain_grpo import EOS
+    from rltrain.config.seeds import sampling_seed
+
+    steps = []
+    for s in range(args.seeded_steps):
+        params = SamplingParams(
+            **sampling_kwargs(
+                n=args.samples,
+                temperature=1.0,
+                top_p=1.0,
+                max_new_tokens=args.max_new_tokens,
+                seed=sampling_seed(args.seed, s, 0),
+                logprobs=True,
+                stop_token_ids=[EOS],
+            )
+        )
+        t0 = time.perf_counter()
+        outs = llm.generate(  # type: ignore[attr-defined]
+            token_prompts(prompts_of_step(s, args.batch)), params, use_tqdm=False
+        )
+        secs = time.perf_counter() - t0
+        tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        steps.append({"generate_s": secs, "tokens": tokens, "tokens_per_s": tokens / secs})
+        rate = tokens / secs
+        print(f"seeded step {s}: {secs:.3f} s, {tokens} tokens, {rate:.0f} tok/s", flush=True)
+    return {
+        "steps": steps,
+        "generate_s": median_after([x["generate_s"] for x in steps], 1),
+        "tokens_per_s": median_after([x["tokens_per_s"] for x in steps], 1),
+    }
 
 
 def level_copies(kind: str) -> bool:
