@@ -444,11 +444,21 @@ def greedy_accuracy(
     if not items:
         return 0.0
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
+    # the tokenizer encodes on the host; a policy on a GPU needs its prompts there
+    weight = next(model.parameters(), None)
+    device = weight.device if weight is not None else torch.device("cpu")
     correct = 0
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in chunk])
-        batch = generate(model, ids, mask, params, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        batch = generate(
+            model,
+            ids.to(device),
+            mask.to(device),
+            params,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+        )
         texts = decode_responses(tokenizer, batch, tokenizer.eos_token_id)
         correct += sum(task.reward(ex.prompt, t) >= 1.0 for ex, t in zip(chunk, texts, strict=True))
     return correct / len(items)

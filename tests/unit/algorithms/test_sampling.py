@@ -152,6 +152,28 @@ def test_decode_cuts_at_eos_and_keeps_sampled_specials(tokenizer):
     assert decode_responses(tokenizer, b, (tokenizer.eos_token_id, seven)) == ["7", "7<pad>"]
 
 
+def test_greedy_accuracy_sends_the_prompts_to_the_policys_device(tokenizer):
+    """The tokenizer encodes on the host; a policy on a GPU must get its prompts there (the
+    fused and torch-rollout evaluations crashed on an H200 before). The "meta" device stands in
+    for the GPU: the forward records where its input arrived, then stops."""
+
+    class Arrived(Exception):
+        pass
+
+    class OnMeta(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1, device="meta"))
+
+        def forward(self, input_ids, attention_mask, **_):
+            raise Arrived(input_ids.device, attention_mask.device)
+
+    task = build_task(TaskConfig(max_operand=4), tokenizer)
+    with pytest.raises(Arrived) as seen:
+        greedy_accuracy(OnMeta(), tokenizer, task, max_new_tokens=4)
+    assert seen.value.args == (torch.device("meta"), torch.device("meta"))
+
+
 def test_greedy_accuracy_scores_the_eval_prompts(tokenizer):
     seven = tokenizer.convert_tokens_to_ids("7")
     task = build_task(TaskConfig(max_operand=4), tokenizer)
