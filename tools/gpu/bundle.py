@@ -9,6 +9,7 @@ every bundle whose parts are all there. Standard library only: it runs on the bu
 (Python 3.11) and on the GPU machine (Python 3.12) with nothing installed.
 
     python3 tools/gpu/bundle.py pack SRC_DIR OUT_DIR --name NAME [--part-size B] [--meta FILE]
+    python3 tools/gpu/bundle.py resplit BUNDLE_DIR --part-size B   # re-cut built parts
     python3 tools/gpu/bundle.py verify BUNDLE_DIR
     python3 tools/gpu/bundle.py stage FROM_DIR PARTS_DIR      # copy the parts present, report
     python3 tools/gpu/bundle.py unpack PARTS_DIR DEST_DIR
@@ -216,10 +217,100 @@ def pack(
         "pack_seconds": round(time.monotonic() - t0, 1),
         **(meta or {}),
     }
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    sums = "".join(f"{p['sha256']}  {p['name']}\n" for p in writer.parts)
-    (out_dir / SUMS).write_text(sums)
+    _write_index(out_dir, manifest)
     return manifest
+
+
+def resplit(parts_dir: Path, part_size: int) -> dict:
+    """Re-cut a built bundle's parts into parts of at most ``part_size`` bytes, no xz rebuild.
+
+    The parts are byte chunks of one archive whose size and SHA-256 are in the manifest: they
+    are joined and cut again into a folder beside ``parts_dir``, the new parts checked against
+    the archive's checksum and against their own, and only then swapped in for the old ones
+    (the manifest, ``SHA256SUMS`` and the parts together; other files in ``parts_dir`` kept).
+
+    Args:
+        parts_dir: a built bundle (``.gpu_bundle/NAME``) with every part present.
+        part_size: the largest new part in bytes, 1..:data:`MAX_PART_BYTES`.
+
+    Returns:
+        The new manifest: the old one with new ``parts`` and ``part_size_limit``, and
+        ``resplit_from`` (the old parts' sizes).
+
+    Raises:
+        BundleError: ``part_size`` is out of range, a part is missing or corrupt, or the
+            joined parts do not match the archive's size and checksum (``parts_dir`` is then
+            left as it was).
+    """
+    if not 1 <= part_size <= MAX_PART_BYTES:
+        raise BundleError(
+            f"part size {part_size} bytes is out of range: give 1..{MAX_PART_BYTES} (62 MiB)"
+        )
+    manifest = read_manifest(parts_dir)
+    bad = [c for c in verify(parts_dir) if c.status != "ok"]
+    if bad:
+        raise BundleError(f"cannot re-cut {parts_dir}:\n" + problems_text(bad, parts_dir))
+    name = manifest["bundle"]
+    new_dir = parts_dir.with_name(f".{parts_dir.name}.resplit")
+    shutil.rmtree(new_dir, ignore_errors=True)
+    new_dir.mkdir()
+    try:
+        writer = _PartWriter(new_dir, part_size, name)
+        with _Joined([parts_dir / p["name"] for p in manifest["parts"]]) as joined:
+            for chunk in iter(lambda: joined.read(_CHUNK), b""):
+                writer.write(chunk)
+        writer.close()
+        if (writer.size, writer.total.hexdigest()) != (
+            manifest["archive_bytes"],
+            manifest["archive_sha256"],
+        ):
+            raise BundleError(
+                f"the joined parts of {parts_dir} are {writer.size} bytes with sha256 "
+                f"{writer.total.hexdigest()}, the manifest says {manifest['archive_bytes']} "
+                f"and {manifest['archive_sha256']}: rebuild the bundle"
+            )
+        new = {
+            **manifest,
+            "part_size_limit": part_size,
+            "parts": writer.parts,
+            "resplit_from": [p["bytes"] for p in manifest["parts"]],
+        }
+        _write_index(new_dir, new)
+        _check_recut(new_dir, new)
+    except BaseException:
+        shutil.rmtree(new_dir, ignore_errors=True)
+        raise
+    _swap_in(parts_dir, new_dir, [p["name"] for p in manifest["parts"]])
+    return new
+
+
+def _write_index(out_dir: Path, manifest: dict) -> None:
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    sums = "".join(f"{p['sha256']}  {p['name']}\n" for p in manifest["parts"])
+    (out_dir / SUMS).write_text(sums)
+
+
+def _check_recut(new_dir: Path, manifest: dict) -> None:
+    """Read the new parts back: each against its checksum, all joined against the archive's."""
+    bad = [c for c in verify(new_dir) if c.status != "ok"]
+    whole = hashlib.sha256()
+    with _Joined([new_dir / p["name"] for p in manifest["parts"]]) as joined:
+        for chunk in iter(lambda: joined.read(_CHUNK), b""):
+            whole.update(chunk)
+    if bad or whole.hexdigest() != manifest["archive_sha256"]:
+        raise BundleError(f"the re-cut parts in {new_dir} do not verify: nothing replaced")
+
+
+def _swap_in(parts_dir: Path, new_dir: Path, old_parts: list[str]) -> None:
+    """Move the old parts' folder aside, the new one into its place, then drop the old."""
+    for keep in parts_dir.iterdir():  # anything beside the parts and their index stays
+        if keep.name not in {MANIFEST, SUMS, *old_parts}:
+            shutil.move(str(keep), new_dir / keep.name)
+    old_dir = parts_dir.with_name(f".{parts_dir.name}.old")
+    shutil.rmtree(old_dir, ignore_errors=True)
+    parts_dir.rename(old_dir)
+    new_dir.rename(parts_dir)
+    shutil.rmtree(old_dir)
 
 
 def read_manifest(parts_dir: Path) -> dict:
@@ -504,6 +595,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", required=True, help="the bundle's name: parts are NAME.tar.xz.NNN")
     p.add_argument("--part-size", type=int, default=MAX_PART_BYTES)
     p.add_argument("--meta", type=Path, help="JSON file of extra manifest fields")
+    r = sub.add_parser("resplit", help="re-cut a built bundle's parts, no rebuild")
+    r.add_argument("parts", type=Path)
+    r.add_argument("--part-size", type=int, required=True, help="the largest new part, bytes")
     v = sub.add_parser("verify", help="check every part against the manifest")
     v.add_argument("parts", type=Path)
     s = sub.add_parser("stage", help="copy the parts present in FROM into PARTS")
@@ -526,6 +620,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"packed {m['files']} files ({m['unpacked_bytes'] / 2**20:.1f} MiB) into "
                 f"{len(m['parts'])} parts ({sizes} MiB; {m['archive_bytes'] / 2**20:.1f} MiB "
                 f"in all) in {m['pack_seconds']} s: {args.out}"
+            )
+        elif args.cmd == "resplit":
+            m = resplit(args.parts, args.part_size)
+            old = ", ".join(f"{b / 2**20:.1f}" for b in m["resplit_from"])
+            new = ", ".join(f"{p['bytes'] / 2**20:.1f}" for p in m["parts"])
+            print(
+                f"re-cut {m['bundle']} ({m['archive_bytes'] / 2**20:.1f} MiB, sha256 verified) "
+                f"from parts of {old} MiB into {len(m['parts'])} parts of {new} MiB: {args.parts}"
             )
         elif args.cmd == "verify":
             checks = verify(args.parts)

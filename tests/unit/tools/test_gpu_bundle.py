@@ -156,3 +156,64 @@ def test_parts_of_another_build_are_not_joined(tiny_bundles, tmp_path):
     _carry(tiny_bundles["root"] / "vllm", carried, ["vllm.tar.xz.001"])
     checks = bundle.stage(carried, staged)
     assert [c.status for c in checks][:2] == ["missing", "ok"]
+
+
+def test_resplit_recuts_the_parts_and_two_calls_unpack_them_byte_identical(tiny_bundles, tmp_path):
+    """A built bundle re-cut to another part size (no xz rebuild): the same archive in new
+    parts, the manifest and SHA256SUMS rewritten, and carried over two calls as the plan
+    does, it unpacks to the same bytes."""
+    parts = _copy_bundle(tiny_bundles["root"] / "vllm", tmp_path / "bundles") / "vllm"
+    (parts / "notes.txt").write_text("kept")
+    old = json.loads((parts / "manifest.json").read_text())
+    size = 100 * 1024  # not a multiple of the 64 KiB the parts were cut at
+    proc = subprocess.run(
+        [sys.executable, str(GPU_TOOLS / "bundle.py"), "resplit", str(parts),
+         "--part-size", str(size)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    new = json.loads((parts / "manifest.json").read_text())
+    n = -(-old["archive_bytes"] // size)
+    assert [p["name"] for p in new["parts"]] == [f"vllm.tar.xz.{i:03d}" for i in range(n)]
+    assert [p["bytes"] for p in new["parts"]][:-1] == [size] * (n - 1)
+    assert new["resplit_from"] == [p["bytes"] for p in old["parts"]]
+    assert new["part_size_limit"] == size
+    assert {k: v for k, v in new.items() if k not in ("parts", "part_size_limit", "resplit_from")} \
+        == {k: v for k, v in old.items() if k not in ("parts", "part_size_limit")}  # fmt: skip
+    assert sorted(p.name for p in parts.iterdir()) == sorted(
+        ["SHA256SUMS", "manifest.json", "notes.txt", *(p["name"] for p in new["parts"])]
+    )  # the old parts are gone, nothing else is
+    assert (parts / "SHA256SUMS").read_text().splitlines() == [
+        f"{p['sha256']}  {p['name']}" for p in new["parts"]
+    ]
+    assert not list(parts.parent.glob(".vllm.*"))  # no work folders left
+    joined = b"".join((parts / p["name"]).read_bytes() for p in new["parts"])
+    assert hashlib.sha256(joined).hexdigest() == old["archive_sha256"]
+    home, names = tmp_path / "home", [p["name"] for p in new["parts"]]
+    for call, carried in enumerate((names[:1], names[1:])):
+        _carry(parts, tmp_path / f"call{call}" / ".gpu_bundle" / "vllm", carried)
+        proc = run_tool("unpack.sh", str(tmp_path / f"call{call}" / ".gpu_bundle"),
+                        env={"RLTRAIN_GPU_HOME": str(home)})  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"bundle vllm: {n}/{n} parts, unpacked"
+    assert (home / "vllm" / "tinya" / "blob.bin").read_bytes() == tiny_bundles["payload"]
+
+
+def test_resplit_of_a_corrupt_or_mislabelled_bundle_changes_nothing(tiny_bundles, tmp_path):
+    parts = _copy_bundle(tiny_bundles["root"] / "vllm", tmp_path / "a") / "vllm"
+    before = {p.name: p.read_bytes() for p in parts.iterdir()}
+    victim = parts / "vllm.tar.xz.001"
+    victim.write_bytes(victim.read_bytes()[:-1])
+    with pytest.raises(bundle.BundleError, match="part vllm.tar.xz.001 is corrupt"):
+        bundle.resplit(parts, 100 * 1024)
+    victim.write_bytes(before[victim.name])
+    manifest = json.loads((parts / "manifest.json").read_text())
+    # parts that verify one by one but do not make the archive the manifest names
+    (parts / "manifest.json").write_text(json.dumps({**manifest, "archive_sha256": "0" * 64}))
+    with pytest.raises(bundle.BundleError, match="the manifest says .* and 0{64}: rebuild"):
+        bundle.resplit(parts, 100 * 1024)
+    (parts / "manifest.json").write_bytes(before["manifest.json"])
+    assert {p.name: p.read_bytes() for p in parts.iterdir()} == before
+    assert not list(parts.parent.glob(".vllm.*"))
+    with pytest.raises(bundle.BundleError, match="out of range"):
+        bundle.resplit(parts, 0)
