@@ -13,9 +13,10 @@
 #        tools/gpu/build.sh --tiny NAME=WHEEL_DIR... [--out DIR] [--part-size BYTES]
 #   --bundle     build this bundle (repeatable; default: vllm, rest and fallback, the plan's)
 #   --out        where wheels/, stage/ and the bundles go (default .gpu_bundle, gitignored)
-#   --part-size  largest part in bytes (default 62849024 = 60 MiB less 64 KiB: a call carries
-#                64 MiB, the working tree's 4 MiB budget included; tools/gpu/lease.py checks
-#                each call's total)
+#   --part-size  largest part in bytes (default 28311552 = 27 MiB: the room tools/gpu/lease.py's
+#                first call leaves beside the 30 MiB rest bundle, so vllm's first part goes
+#                there; lease.py checks each call's total and names the bundle.py resplit
+#                command that re-cuts built parts to fit)
 #   --with-moe   keep vLLM's MoE kernels (_moe_C*: +40 MiB packed); dense models do without
 #   --tiny NAME=DIR  no registry: bundle NAME from the wheels in DIR as they are (CI's mode;
 #                repeatable)
@@ -24,7 +25,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 out=.gpu_bundle
-part_size=62849024
+part_size=28311552
 with_moe=0
 bundles=()
 tiny=()

@@ -5,8 +5,9 @@ For each call of ``lease.py``'s plan:
 
 - what the device tool would send: the tracked and untracked-not-ignored files of the
   repository, and the carried paths (``.gpu_bundle/...``, read from ``--bundles``), checked
-  against the tool's limits (64 MiB, 8 carry paths of at most 200 characters, a command of at
-  most 2,000 characters, 10 minutes);
+  against the tool's limits (64 MiB less ``lease.TREE_MARGIN_BYTES`` by the files' sizes,
+  since the tool counts more than they hold; 8 carry paths of at most 200 characters, a
+  command of at most 2,000 characters, 10 minutes);
 - copied into the stand-in as the tool copies it: on a fresh machine into an empty folder; on
   a warm one over the last call's copy, each carried path replacing what was there and the
   ignored outputs of earlier calls kept;
@@ -99,11 +100,7 @@ def call_problems(
     sent = sum(p.stat().st_size for p in files.values())
     problems = lease.check_call(call, tree=sent - call.carried_bytes)
     problems = [p for p in problems if "MiB travels" not in p]  # recomputed on real bytes
-    if sent > lease.TREE_LIMIT_BYTES:
-        problems.append(
-            f"call {call.index}: {sent / lease.MIB:.1f} MiB travels, the limit is "
-            f"{lease.TREE_LIMIT_BYTES / lease.MIB:.0f} MiB"
-        )
+    problems += lease.size_problems(call.index, sent)
     problems += [
         f"call {call.index}: carried path {c} does not exist here"
         for c in call.carry
@@ -322,9 +319,10 @@ def rehearse(
 def report_text(plan: lease.Plan, reports: Sequence[CallReport], rows: Sequence[lease.Row]) -> str:
     """What the rehearsal prints: per call its limits and steps, then the time table."""
     lines = []
+    sendable = (lease.TREE_LIMIT_BYTES - lease.TREE_MARGIN_BYTES) / lease.MIB
     for call, r in zip(plan.calls, reports, strict=True):
         lines.append(
-            f"call {r.index}: sends {r.sent_bytes / lease.MIB:.1f} of 64 MiB, "
+            f"call {r.index}: sends {r.sent_bytes / lease.MIB:.1f} of {sendable:.0f} MiB, "
             f"{r.carry_paths} of 8 carry paths, command of {r.command_chars} of 2000 "
             f"characters, timeout {call.timeout_s} s; {'fresh' if r.fresh_machine else 'warm'} "
             f"machine; copied in {r.copy_s} s; rc {r.rc} in {r.wall_s} s, {r.overhead_s} s of it "
@@ -349,17 +347,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repo", type=Path, default=lease.HERE.parents[1])
     ap.add_argument("--steps", type=int, default=6, help="training steps of every run")
     ap.add_argument("--gap-s", default="", help="comma-separated gaps between calls, seconds")
+    ap.add_argument("--with-fallback", action="store_true", help="carry the fallback bundle too")
     ap.add_argument("--no-plan", action="store_true", help="skip the rltrain runs' mode=plan")
     ap.add_argument("--keep", type=Path, help="the stand-in's folder (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="write the reports and the table here")
     args = ap.parse_args(argv)
+    names = lease.bundle_order(lease.plan_steps(lease.STEPS, args.with_fallback))
     try:
-        parts = lease.read_parts(args.bundles)
+        parts = lease.read_parts(args.bundles, names)
+        plan = lease.make_plan(parts, lease.TREE_BUDGET_BYTES, args.steps,
+                               with_fallback=args.with_fallback)  # fmt: skip
     except FileNotFoundError as exc:
         print(f"rehearse: {exc.filename} is missing: build the bundles first "
               f"(bash tools/gpu/build.sh)", file=sys.stderr)  # fmt: skip
         return 2
-    plan = lease.make_plan(parts, lease.TREE_BUDGET_BYTES, args.steps)
+    except ValueError as exc:
+        print(f"rehearse: {exc}", file=sys.stderr)
+        return 2
     gaps = [float(g) for g in args.gap_s.split(",") if g]
     env = {"REHEARSAL_PLAN": "0"} if args.no_plan else {}
     with tempfile.TemporaryDirectory(prefix="rehearsal-") as tmp:
