@@ -36,9 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-#: The largest part: a device call carries 64 MiB in all, and the working tree (2-3 MiB) and
-#: the manifest travel with every part. Whether a call's parts fit beside the tree is
-#: tools/gpu/lease.py's check, made on the real tree.
+#: The largest part: a device call carries 64 MiB in all, and the working tree (4-5 MiB) and
+#: the manifest travel with every part. Whether a call's parts fit beside the tree, with the
+#: margin the tool's count needs, is tools/gpu/lease.py's check; ``resplit`` re-cuts built
+#: parts to the size it names.
 MAX_PART_BYTES = 62 * 1024 * 1024
 MANIFEST = "manifest.json"
 SUMS = "SHA256SUMS"
