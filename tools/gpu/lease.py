@@ -133,16 +133,17 @@ STEPS: tuple[Step, ...] = (
     Step(
         name="a_fused",
         what="python -m rltrain, fused torch workers",
-        needs=("rest",), gpu=True, fixed_s=60, per_step_s=6.0,
-        basis="measured 91 s for 6 steps of 5.3 s (2026-11-27; it stopped at the final "
-        "evaluation, since fixed): plan, Ray, worker start, warm-up ~60 s",
+        needs=("rest",), gpu=True, fixed_s=67, per_step_s=6.0,
+        basis="measured 91 s for 6 steps of 5.3 s after plain (2026-11-27, call 1; it stopped "
+        "at the final evaluation, since fixed), and 129 s for 4 steps with the evaluation on a "
+        "fresh machine (call 3: the evaluation and exit ~12 s, Ray and worker start ~40 s)",
     ),
     Step(
         name="d_deepspeed",
         what="python -m rltrain, DeepSpeed ZeRO-2 offloaded after every stage",
-        needs=("rest",), gpu=True, fixed_s=70, per_step_s=7.0,
+        needs=("rest",), gpu=True, fixed_s=75, per_step_s=7.0,
         basis="measured 105 s for 6 steps of 6.6 s (2026-11-27; it stopped at the final "
-        "evaluation, since fixed): a_fused's start plus DeepSpeed's",
+        "evaluation, since fixed), plus ~12 s for the evaluation as a_fused's",
     ),
     Step(
         name="gpu_vllm",
@@ -174,8 +175,9 @@ class Overheads:
     calibrate them: ``lease.held_s`` less the commands' ``wall_s``)."""
 
     #: a fresh machine: held_s less wall_s of a lease's first call was 30 s on 2026-11-26 and
-    #: on 2026-11-27, its ~62 MiB transfer included; the margin is 5 s here and that
-    #: transfer, which the table charges again (~15 s)
+    #: on 2026-11-27 (29 s for that lease's third call, again on a fresh machine), its
+    #: transfer included; the margin is 5 s here and that transfer, which the table charges
+    #: again (~15 s)
     start_s: float = 35
     transfer_fixed_s: float = 3  # per call, both ways
     transfer_s_per_mib: float = 0.2  # the working tree and carried paths, ~5 MiB/s
