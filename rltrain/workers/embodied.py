@@ -110,16 +110,32 @@ class ActorCritic(nn.Module):
         dist = self.distribution(obs)
         if self.log_std is None:
             probs = dist.probs
-            actions = (
-                probs.argmax(-1)
-                if greedy
-                else torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-            )
+            actions = probs.argmax(-1) if greedy else categorical_draw(probs, generator)
             return actions, dist.log_prob(actions)
         mean = dist.mean
         noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
         actions = mean if greedy else mean + dist.stddev * noise.to(mean.device)
         return actions, dist.log_prob(actions).sum(-1)
+
+
+def categorical_draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One action per row of ``probs`` (``[B, A]``), drawn as ``torch.multinomial(probs, 1)``
+    draws it: the exponential race ``argmax(p / q)``, ``q ~ Exp(1)``, with ``q`` drawn where
+    ``generator`` lives. An item's generator is a host one (:meth:`EmbodiedRolloutWorker.infer`),
+    which ``torch.multinomial`` refuses for probabilities on a GPU; drawn on the host, the race
+    picks the same actions on any device (on CPU, exactly ``torch.multinomial``'s).
+
+    Args:
+        probs: ``[B, A]`` action probabilities, on the policy's device.
+        generator: the item's random source (None: the global one of ``probs``' device).
+
+    Returns:
+        ``[B]`` long actions, on ``probs``' device.
+    """
+    where = probs.device if generator is None else generator.device
+    race = torch.empty(probs.shape, dtype=probs.dtype, device=where)
+    race.exponential_(1, generator=generator)
+    return (probs / race.to(probs.device)).argmax(-1)
 
 
 def build_policy(run: RunConfig, spec: SpaceSpec) -> ActorCritic:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rltrain.algorithms.embodied_ppo import (
     PPOSettings,
@@ -100,6 +101,42 @@ def test_sampling_is_seeded_by_the_item_and_greedy_picks_the_mode():
     assert torch.equal(greedy, model.distribution(obs).probs.argmax(-1))
     logp, _, _ = model(obs, a1)
     assert torch.allclose(logp, lp1, atol=1e-6)
+
+
+class _GeneratorOnItsDevice(TorchDispatchMode):
+    """CUDA's rule, kept on any device: a random op's generator lives where its tensors do
+    (``torch.multinomial`` of GPU probabilities refuses a host generator)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        gens = [g for g in (*args, *kwargs.values()) if isinstance(g, torch.Generator)]
+        for t in (a for a in args if isinstance(a, torch.Tensor)):
+            for g in gens:
+                if t.device.type != g.device.type:
+                    raise RuntimeError(
+                        f"Expected a '{t.device.type}' device type for generator but found "
+                        f"'{g.device.type}' ({func})"
+                    )
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_an_items_host_generator_samples_a_policy_on_any_device(device, monkeypatch):
+    """The rollout seeds each item's generator on the host; a policy on a GPU must still
+    sample with it (the "meta" device stands in for the GPU), and on CPU the actions are
+    ``torch.multinomial``'s, as before."""
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", False)  # no values
+    model = ActorCritic(CARTPOLE, 16, 2)
+    obs = torch.randn(64, 4)
+    seed = item_seed(1, 3, 0, 1, 7)
+    probs = model.distribution(obs).probs
+    want = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
+    model.to(device)
+    with _GeneratorOnItsDevice():
+        actions, logp = model.act(obs.to(device), torch.Generator().manual_seed(seed))
+    assert actions.device.type == logp.device.type == device
+    if device == "cpu":
+        assert torch.equal(actions, want)
 
 
 def test_continuous_actions_use_a_gaussian_with_summed_log_probs():
