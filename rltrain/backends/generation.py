@@ -109,6 +109,24 @@ def sample_seeded(
     )
 
 
+def on_host(sample: Callable[[], RolloutBatch]) -> RolloutBatch:
+    """``sample()``'s batch moved to the host, and so are the rows of a call paused part way:
+    the sampler raises :class:`~rltrain.algorithms.sampling.GenerationStopped` with them on the
+    model's device, and the rollout parks them and stitches them to host tensors.
+
+    Raises:
+        GenerationStopped: the call was paused (its ``partial`` on the host).
+    """
+    from rltrain.algorithms.sampling import GenerationStopped
+
+    try:
+        return sample().to("cpu")
+    except GenerationStopped as stop:
+        if stop.partial is None:
+            raise
+        raise GenerationStopped(stop.partial.to("cpu")) from stop
+
+
 class GenerationEngine(Protocol):
     """What the rollout worker uses of a generation engine.
 
@@ -134,7 +152,7 @@ class GenerationEngine(Protocol):
         with_logprobs: bool,
         should_stop: Callable[[], bool] | None,
     ) -> RolloutBatch:
-        """``n`` samples per prompt, on CPU."""
+        """``n`` samples per prompt, on CPU (a paused call's ``partial`` rows too)."""
 
     def continue_rows(
         self,
@@ -147,7 +165,8 @@ class GenerationEngine(Protocol):
     ) -> RolloutBatch:
         """One more response per row of left-padded token prompts (a paused generation's rows,
         each prompt followed by its response so far: ``trainer.partial_rollout=continue``), at
-        most ``max_new_tokens`` long, on CPU, ``group_size`` 1."""
+        most ``max_new_tokens`` long, on CPU (a paused call's ``partial`` rows too),
+        ``group_size`` 1."""
 
     def evaluate(self, task: Any) -> float:
         """Greedy accuracy on the task's evaluation prompts."""
@@ -269,18 +288,19 @@ class TorchGeneration(TorchReceiver):
         with_logprobs: bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> RolloutBatch:
-        batch = sample_seeded(
-            self.model,
-            self.tokenizer,
-            self.params,
-            self.device,
-            prompts,
-            seed,
-            self.eos_ids,
-            with_logprobs=with_logprobs,
-            should_stop=should_stop,
+        return on_host(
+            lambda: sample_seeded(
+                self.model,
+                self.tokenizer,
+                self.params,
+                self.device,
+                prompts,
+                seed,
+                self.eos_ids,
+                with_logprobs=with_logprobs,
+                should_stop=should_stop,
+            )
         )
-        return batch.to("cpu")
 
     def continue_rows(
         self,
@@ -298,18 +318,19 @@ class TorchGeneration(TorchReceiver):
         from rltrain.algorithms.sampling import generate
 
         params = dataclasses.replace(self.params, n=1, max_new_tokens=max_new_tokens)
-        batch = generate(
-            self.model,
-            prompt_ids.to(self.device),
-            prompt_mask.to(self.device),
-            params,
-            self.eos_ids,
-            self.tokenizer.pad_token_id,
-            torch.Generator(device=self.device).manual_seed(seed),
-            with_logprobs=with_logprobs,
-            should_stop=should_stop,
+        return on_host(
+            lambda: generate(
+                self.model,
+                prompt_ids.to(self.device),
+                prompt_mask.to(self.device),
+                params,
+                self.eos_ids,
+                self.tokenizer.pad_token_id,
+                torch.Generator(device=self.device).manual_seed(seed),
+                with_logprobs=with_logprobs,
+                should_stop=should_stop,
+            )
         )
-        return batch.to("cpu")
 
     def evaluate(self, task: Any) -> float:
         from rltrain.algorithms.sampling import greedy_accuracy
@@ -636,6 +657,7 @@ __all__ = [
     "greedy_accuracy_of",
     "is_collective",
     "model_dir_for_vllm",
+    "on_host",
     "sample_seeded",
     "sampling_seed",
 ]

@@ -4,11 +4,13 @@ engine (for the sleep/wake bookkeeping only), and the torch engine's weight load
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
+from rltrain.algorithms.batch import RolloutBatch
 from rltrain.backends.generation import TorchGeneration, VllmState, batch_from_completions
 from rltrain.backends.vllm_rollout import Completion
 from rltrain.backends.weight_sync.host import pack_to_host
@@ -112,6 +114,46 @@ def test_torch_engine_loads_host_buckets_by_name():
     assert engine.load(pack_to_host(list(other.items()), version=3)) == len(other)
     for n, p in engine.model.named_parameters():
         assert torch.equal(p, other[n])
+
+
+@dataclasses.dataclass(frozen=True)
+class _OnDevice(RolloutBatch):
+    """The rows of a paused call as the sampler raises them on a GPU model's device: ``to``
+    records where they were moved and gives a plain batch."""
+
+    moved: list = dataclasses.field(default_factory=list)
+
+    def to(self, device):
+        self.moved.append(torch.device(device))
+        return RolloutBatch(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(RolloutBatch)}
+        )
+
+
+@pytest.mark.parametrize("call", ["generate", "continue_rows"])
+def test_a_paused_calls_rows_come_back_on_the_host(call, monkeypatch):
+    """A pause (a weight swap, ``trainer.partial_rollout=continue``) raises the rows sampled so
+    far on the model's device; the rollout parks and stitches them with host tensors, so the
+    engine hands them back on the host, as it does a finished call's."""
+    import rltrain.algorithms.sampling as sampling
+
+    run = RunConfig()
+    run.model.num_layers = 1
+    engine = TorchGeneration(run, torch.device("cpu"))
+    moved: list = []
+    ids = torch.tensor([[5, 6]])
+    rows = _OnDevice(ids, torch.ones_like(ids), ids, torch.ones(1, 2), moved=moved)
+
+    def paused(*args, **kwargs):
+        raise sampling.GenerationStopped(rows)
+
+    monkeypatch.setattr(sampling, "generate", paused)
+    with pytest.raises(sampling.GenerationStopped) as stop:
+        if call == "generate":
+            engine.generate(["1+2="], seed=0, should_stop=lambda: False)
+        else:
+            engine.continue_rows(ids, torch.ones_like(ids), 4, 0, should_stop=lambda: False)
+    assert type(stop.value.partial) is RolloutBatch and moved == [torch.device("cpu")]
 
 
 def test_a_built_model_gets_a_directory_vllm_can_build_it_from():
