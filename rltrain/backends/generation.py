@@ -114,6 +114,12 @@ def on_host(sample: Callable[[], RolloutBatch]) -> RolloutBatch:
     the sampler raises :class:`~rltrain.algorithms.sampling.GenerationStopped` with them on the
     model's device, and the rollout parks them and stitches them to host tensors.
 
+    Args:
+        sample: the engine's call, returning its batch on the model's device.
+
+    Returns:
+        The batch on the host.
+
     Raises:
         GenerationStopped: the call was paused (its ``partial`` on the host).
     """
