@@ -67,33 +67,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def sample_prompts(worker: Any, prompts: list[str], step: int, **kwargs: Any) -> Any:
-    """Sample ``params.n`` responses per prompt as rollout rank ``worker.rank`` does at ``step``.
-
-    The random stream depends only on (run seed, step, rank)
-    (:func:`~rltrain.backends.generation.sampling_seed`), so a resumed run, and a fused rank
-    standing in for rollout rank ``rank``, sample exactly the same.
-
-    Args:
-        worker: a sampling worker: ``model``, ``tokenizer``, ``params`` (the
-            :class:`~rltrain.algorithms.sampling.SamplingParams`), ``device``, ``run``, ``rank``.
-        prompts: the rank's prompts.
-        step: the policy-update index.
-        kwargs: passed on to :func:`~rltrain.algorithms.sampling.generate`.
-
-    Returns:
-        The :class:`~rltrain.algorithms.batch.RolloutBatch`, on the worker's device.
-    """
-    from rltrain.backends.generation import sample_seeded, sampling_seed
-
-    seed = sampling_seed(worker.run, step, worker.rank)
-    return as_rollout_logprobs(
-        sample_seeded(
-            worker.model, worker.tokenizer, worker.params, worker.device, prompts, seed, **kwargs
-        )
-    )
-
-
 def as_rollout_logprobs(batch: Any) -> Any:
     """A generated batch with the engine's log-probs as ``rollout_logprobs``.
 

@@ -5,16 +5,14 @@ and into the step's counts."""
 from __future__ import annotations
 
 import pickle
-from types import SimpleNamespace
 
 import torch
 
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.update import trim_padding
-from rltrain.backends.generation import TorchGeneration, sampling_seed
+from rltrain.backends.generation import TorchGeneration, sample_seeded, sampling_seed
 from rltrain.config.schema import RunConfig
 from rltrain.workers.batching import concat_batches, with_scores
-from rltrain.workers.common import sample_prompts
 from rltrain.workers.reward import RuleReward, batch_counts
 
 PAD = 0
@@ -57,18 +55,19 @@ def test_torch_rollout_and_fused_sampling_flag_the_rows_the_budget_cut() -> None
     ended = (batch.response_ids == eos) & (batch.response_mask > 0)
     assert batch.truncated.tolist() == (~ended.any(dim=1)).tolist()
     assert batch.truncated.any()  # the check is not vacuous
-    # a fused rank samples with sample_prompts and its rule reward's EOS ids: the same rows
+    # a fused rank samples as FusedWorker._sample does, with its rule reward's EOS ids: the
+    # same rows as the rollout engine's at the same (run seed, step, rank)
     rule = RuleReward(run)
     assert rule.eos_ids == (eos,)
-    fused = SimpleNamespace(
-        model=engine.model,
-        tokenizer=engine.tokenizer,
-        params=engine.params,
-        device=torch.device("cpu"),
-        run=run,
-        rank=0,
+    same = sample_seeded(
+        engine.model,
+        engine.tokenizer,
+        engine.params,
+        torch.device("cpu"),
+        ["1+2=", "3+4="],
+        sampling_seed(run, 0, 0),
+        rule.eos_ids,
     )
-    same = sample_prompts(fused, ["1+2=", "3+4="], 0, eos_ids=rule.eos_ids)
     again = engine.generate(["1+2=", "3+4="], seed=sampling_seed(run, 0, 0))
     assert torch.equal(same.truncated, again.truncated) and torch.equal(
         same.response_ids, again.response_ids
