@@ -32,7 +32,6 @@ from torch import Tensor
 from rltrain.algorithms.sampling import (
     COMPACT_SHARE,
     SamplingParams,
-    left_padded,
     sampled_logprobs,
     sampling_logits,
 )
@@ -214,31 +213,38 @@ class TurnDecoder:
     ) -> tuple[Tensor, Tensor, Tensor, list[_Columns]]:
         """The joining rows' forward inputs: each row's held cache columns (left-padded to the
         longest), then the ids it still needs (left-padded to the longest); padding is masked
-        out of attention. The cache buffers have room for the ids prefilled."""
+        out of attention. The cache buffers have room for the ids prefilled, and, when no row
+        is held, for the joining rows' budgets too (so the merge keeps them as they are)."""
         held = [0 if r.past is None else int(r.past[0][0].shape[1]) for r in requests]
         new = [list(r.prefix[h:]) for r, h in zip(requests, held, strict=True)]
         if any(not n for n in new):
             raise WorkerError("a turn's prefix must extend its held cache by at least one id")
-        ids, new_mask = left_padded(new, self.pad_id, self.device, min_width=1)
+        ids, new_mask = _left_padded(new, self.pad_id, self.device)
         width = max(held)
-        past_mask = torch.zeros((len(requests), width), dtype=torch.long, device=self.device)
-        for i, h in enumerate(held):
-            past_mask[i, width - h :] = 1
-        start = torch.tensor(held, dtype=torch.long, device=self.device)[:, None]
-        pos = torch.where(new_mask.bool(), start + new_mask.cumsum(-1) - 1, 0)
+        lengths = torch.tensor(held, dtype=torch.long, device=self.device)
+        columns = torch.arange(width, device=self.device)
+        past_mask = (columns[None, :] >= width - lengths[:, None]).long()
+        pos = torch.where(new_mask.bool(), lengths[:, None] + new_mask.cumsum(-1) - 1, 0)
         attn = torch.cat([past_mask, new_mask], dim=1)
-        capacity = attn.shape[1]
+        capacity = attn.shape[1] + (0 if self.rows else max(r.budget for r in requests))
         if not width:
             return ids, attn, pos, [_columns(None, None, capacity) for _ in range(self.layer_count)]
-        some = next(r.past for r in requests if r.past is not None)
+        # every held column lands at (its row, its column): one scatter per tensor, not per row
+        rows = torch.arange(len(requests), device=self.device).repeat_interleave(lengths)
+        starts = (lengths.cumsum(0) - lengths).repeat_interleave(lengths)
+        at = (
+            width
+            - lengths.repeat_interleave(lengths)
+            + torch.arange(rows.numel(), device=self.device)
+            - starts
+        )
+        pasts = [r.past for r in requests if r.past is not None]
         layers = []
-        for layer, (k0, v0) in enumerate(some):  # one buffer per tensor, each row copied in
+        for layer, (k0, v0) in enumerate(pasts[0]):
             keys = k0.new_zeros((len(requests), k0.shape[0], capacity, k0.shape[2]))
             values = v0.new_zeros((len(requests), v0.shape[0], capacity, v0.shape[2]))
-            for i, (r, h) in enumerate(zip(requests, held, strict=True)):
-                if h:
-                    keys[i, :, width - h : width] = r.past[layer][0]
-                    values[i, :, width - h : width] = r.past[layer][1]
+            keys[rows, :, at] = torch.cat([p[layer][0] for p in pasts], dim=1).transpose(0, 1)
+            values[rows, :, at] = torch.cat([p[layer][1] for p in pasts], dim=1).transpose(0, 1)
             layers.append(_columns(keys, values, width))
         return ids, attn, pos, layers
 
@@ -413,6 +419,11 @@ class _Columns:
     ) -> _Columns:
         """The rows ``keep`` of ``held`` from column ``start`` on, then ``joining``'s rows,
         right-aligned to ``width`` columns in new buffers with ``room`` spare columns."""
+        if held is None and joining is not None:
+            keys, values = joining.buffers
+            assert keys is not None and values is not None
+            if joining.keys.shape[2] == width and keys.shape[2] >= width + room:
+                return joining  # the prefill allocated the room: nothing to copy
         parts = []
         if held is not None:
             k, v = held.keys[:, :, start:], held.values[:, :, start:]
@@ -470,6 +481,19 @@ def _cache(layers: list[_Columns]) -> Any:
     cache = DynamicCache()
     cache.layers = list(layers)  # type: ignore[arg-type]  # _Columns are DynamicLayers
     return cache
+
+
+def _left_padded(
+    rows: Sequence[Sequence[int]], pad: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """``(ids, mask)`` of id rows padded on the left, built in one tensor call each."""
+    width = max(1, *(len(r) for r in rows))
+    ids = [[pad] * (width - len(r)) + list(r) for r in rows]
+    mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+    return (
+        torch.tensor(ids, dtype=torch.long, device=device),
+        torch.tensor(mask, dtype=torch.long, device=device),
+    )
 
 
 def _pad_mask(mask: Tensor, width: int) -> Tensor:

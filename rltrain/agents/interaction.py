@@ -296,6 +296,9 @@ class Episode:
         self.logp += list(logp)
 
 
+#: Distinct observation texts whose token ids a :class:`ToolEpisodes` keeps (then it starts over).
+OBSERVATIONS_CACHED = 4096
+
 #: Decoding steps a ready turn may wait for others to join with it (see ``_joins_now``).
 JOIN_EVERY = 4
 
@@ -335,6 +338,7 @@ class ToolEpisodes:
         self.call_ends = call_end_ids(tokenizer)
         self.rows = {ex.prompt: ex for ex in (*task.train, *task.eval)}
         self.seed = run.seed
+        self._observation_cache: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------------------ public
     def generate(
@@ -370,11 +374,10 @@ class ToolEpisodes:
             if example is None:
                 raise WorkerError(f"prompt {prompt!r} is not a row of the task: no env to reset")
             examples.append(example)
-        episodes = []
-        for row, (handle, first) in enumerate(self.pool.open(examples)):
-            (ids,) = prompt_token_ids(self.tokenizer, [first])
-            episodes.append(Episode(row, handle, list(ids)))
-        return episodes
+        opened = self.pool.open(examples)
+        firsts = prompt_token_ids(self.tokenizer, [first for _, first in opened])  # one call
+        pairs = zip(opened, firsts, strict=True)
+        return [Episode(row, handle, ids) for row, ((handle, _), ids) in enumerate(pairs)]
 
     def _run(
         self,
@@ -506,14 +509,24 @@ class ToolEpisodes:
         if "tool" in reply.info:  # the env ran a tool (a turn ending in "]" may still be an answer)
             e.calls += 1
         if observation and not done:
-            ids = self.tokenizer(observation, add_special_tokens=False)["input_ids"]
-            ids = ids[: max(self._remaining(e), 0)]
+            ids = self._observation_ids(observation)[: max(self._remaining(e), 0)]
             e.append(ids, 0.0, [0.0] * len(ids))
         e.reward = reply.reward
         if done:
             e.done = True
         elif e.turns >= self.settings.max_turns or self._remaining(e) <= 0:
             e.done = e.truncated = True
+
+    def _observation_ids(self, observation: str) -> list[int]:
+        """An observation's token ids (tokenised once per distinct text: tools repeat their
+        replies, and a tokenizer call per reply costs more than the reply's decoding step)."""
+        ids = self._observation_cache.get(observation)
+        if ids is None:
+            if len(self._observation_cache) >= OBSERVATIONS_CACHED:
+                self._observation_cache.clear()
+            ids = self.tokenizer(observation, add_special_tokens=False)["input_ids"]
+            self._observation_cache[observation] = ids
+        return ids
 
     # ------------------------------------------------------------------------------ batch
     def _batch(self, episodes: list[Episode], n: int, with_logprobs: bool) -> RolloutBatch:

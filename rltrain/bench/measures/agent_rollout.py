@@ -102,8 +102,9 @@ def bound_seconds(
     return {**terms, "bound": max(terms.values())}
 
 
-def _cheapest_forward_s(model: Any, prompt: Sequence[int], eos: int) -> float:
-    """The least time of a one-row, one-token decoding step after ``prompt`` (min of 24)."""
+def _step_s(model: Any, prompts: Sequence[Sequence[int]], eos: int, rows: int) -> float:
+    """The least time of one decoding step of ``rows`` rows after ``prompts`` (cycled; min of 24):
+    with ``rows=1``, the cheapest forward pass any schedule can run."""
     import torch
 
     from rltrain.agents.decoding import TurnDecoder, TurnRequest
@@ -111,8 +112,9 @@ def _cheapest_forward_s(model: Any, prompt: Sequence[int], eos: int) -> float:
 
     best = math.inf
     for turn in range(3):
-        decoder = TurnDecoder(model, SamplingParams(), (), eos, torch.device("cpu"), 1, False)
-        decoder.join([TurnRequest(turn, prompt, budget=9, seed=turn)])
+        decoder = TurnDecoder(model, SamplingParams(), (), eos, torch.device("cpu"), rows, False)
+        requests = [TurnRequest(i, prompts[i % len(prompts)], 9, turn + i) for i in range(rows)]
+        decoder.join(requests)
         for _ in range(8):
             start = time.perf_counter()
             decoder.step()
@@ -188,8 +190,10 @@ def agent_rollout(quick: bool) -> Suite:
 
     was_training = model.training
     model.eval()
-    (first,) = prompt_token_ids(tok, prompts[:1])
-    forward_s = _cheapest_forward_s(model, first, tok.pad_token_id)
+    prompt_ids = prompt_token_ids(tok, prompts)
+    # a step's cost against its rows: how much a smaller decoding batch saves (see the docs)
+    step_s = {rows: _step_s(model, prompt_ids, tok.pad_token_id, rows) for rows in (1, n // 4, n)}
+    forward_s = step_s[1]
     model.train(was_training)
     cases = []
     for calls in chains:
@@ -220,6 +224,8 @@ def agent_rollout(quick: bool) -> Suite:
 
     def extras() -> dict[str, float]:
         out: dict[str, float] = {"cheapest forward ms": round(1000 * forward_s, 2)}
+        for rows, seconds in step_s.items():
+            out[f"decoding step ms, {rows} rows"] = round(1000 * seconds, 2)
         for calls in chains:
             got = shape[calls]
             med = {  # the timed calls only (the first ``warmup`` of each case are not)
