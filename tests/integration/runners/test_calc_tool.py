@@ -5,7 +5,9 @@ injected tool failures on one of them.
 
 Two steps each, on small sums: that the tool is called, turns and failures are counted and the
 rollout's log-probs are the trainer's (token-exact trajectories); the learning curve is measured
-by hand (docs/agents.md), not asserted here.
+by hand (docs/agents.md), not asserted here. Both runs join the test session's Ray
+(``cluster.address``, the shape of the default local one: one node, 2 simulated devices) instead
+of starting one each: their subject is the episodes, not Ray's start.
 """
 
 from __future__ import annotations
@@ -44,13 +46,14 @@ def rltrain(run_dir: pathlib.Path, cache: pathlib.Path, *overrides: str):
 
 
 @pytest.mark.timeout(900)
-def test_calc_tool_episodes_call_the_tool_on_both_generation_paths(tmp_path):
+def test_calc_tool_episodes_call_the_tool_on_both_generation_paths(tmp_path, ray_address):
     cache = tmp_path / "cache"
+    joined = f"cluster.address={ray_address}"
     for name, extra in (
         ("fused", ["placement.fuse=auto"]),
         ("separate", ["placement.fuse=false", "simulate.tool_failure_rate=0.1"]),
     ):
-        out = rltrain(tmp_path / name, cache, *extra)
+        out = rltrain(tmp_path / name, cache, *extra, joined)
         assert out.returncode == 0, out.stderr[-3000:]
         records = read_metrics(str(tmp_path / name / "metrics.jsonl"))
         steps = [r for r in records if "rollout/turns" in r]
