@@ -6,6 +6,12 @@ checkpoint and finishes; every step's record then equals the uninterrupted run's
 resume), the summary lists both restarts with their cause and the step resumed from and
 describes the whole run, and each run's ``rltrain.log`` holds what its terminal showed. A worker
 raising a ``TypeError`` is not restarted at all: a replay would raise it again.
+
+The runs whose workers are killed keep a Ray of their own (the test finds those workers among
+the driver's children); the uninterrupted reference run and the run whose reward raises join the
+test session's Ray (``cluster.address``) instead of starting one each. The latter ships its
+reward's module to the session's workers as a user would ship theirs to a running cluster:
+``+cluster.runtime_env={env_vars: {PYTHONPATH: ...}}``.
 """
 
 from __future__ import annotations
@@ -47,12 +53,16 @@ def broken_reward(prompt: str, response: str, answer: str) -> float:
     return 1.0 if response.strip() == answer.strip() else 0.0
 
 
+#: The driver's (and, through ``cluster.runtime_env``, a joined Ray's workers') import path:
+#: this directory holds :func:`broken_reward`.
+PATH = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(HERE)) if p)
+
+
 def rltrain(run_dir: pathlib.Path, *overrides: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "rltrain", f"hydra.run.dir={run_dir}", *COMMON, *overrides]
-    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(HERE)) if p)
     return subprocess.Popen(
         cmd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": PATH},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -90,10 +100,10 @@ def kill_when(driver: subprocess.Popen, run_dir: pathlib.Path, checkpoint: str, 
         time.sleep(0.05)
 
 
-def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_path):
-    # The uninterrupted run (the reference) and the faulty one side by side: two jobs of one
-    # machine, each with its own Ray, as a sweep runs them.
-    steady = rltrain(tmp_path / "steady")
+def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_path, ray_address):
+    # The uninterrupted run (the reference, on the session Ray) and the faulty one (on a Ray of
+    # its own, whose workers it kills) side by side: two jobs of one machine.
+    steady = rltrain(tmp_path / "steady", f"cluster.address={ray_address}")
     faulty_dir = tmp_path / "faulty"
     faulty = rltrain(faulty_dir, "trainer.max_restarts=2")
     try:
@@ -147,9 +157,13 @@ def test_without_restarts_a_killed_worker_fails_the_run_naming_it(tmp_path):
     assert latest(tmp_path) is not None  # the last checkpoint stays usable
 
 
-def test_a_worker_error_a_replay_would_repeat_spends_no_restart(tmp_path):
+def test_a_worker_error_a_replay_would_repeat_spends_no_restart(tmp_path, ray_address):
     driver = rltrain(
-        tmp_path, "trainer.max_restarts=2", "task.reward_fn=test_restarts:broken_reward"
+        tmp_path,
+        "trainer.max_restarts=2",
+        "task.reward_fn=test_restarts:broken_reward",
+        f"cluster.address={ray_address}",
+        f"+cluster.runtime_env={{env_vars: {{PYTHONPATH: '{PATH}'}}}}",
     )
     try:
         code = driver.wait(timeout=300)
