@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import pathlib
+from collections.abc import Iterator
 
 import pytest
 import suite_order
+from session_ray import RaySession
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -66,3 +68,21 @@ def _sigint_state_per_test():
     interrupts._RECEIVED.clear()
     if before is not None:
         signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[RaySession]:
+    """The test process's one local Ray (``tests/session_ray.py``), started on first use."""
+    session = RaySession()
+    yield session
+    session.suspend()
+
+
+@pytest.fixture
+def ray_address(ray_session: RaySession) -> str:
+    """The session Ray's address: a subprocess run joins it with ``cluster.address=...``
+    instead of starting a Ray of its own (seconds of both cores)."""
+    import ray
+
+    ray_session.ensure()
+    return ray.get_runtime_context().gcs_address
