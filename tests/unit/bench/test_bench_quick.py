@@ -71,6 +71,11 @@ SHARED = {
         frozenset({"weight_sync", "weight_sync_step"}),
     ),
 }
+#: The unit whose shape is the test session's own Ray (``tests/session_ray.py``: one node, 2
+#: simulated devices of the default 4 GiB, the machine's cores): it runs on that Ray (a second
+#: driver, as a user's bench run joins a cluster with ``--address``) instead of a helper's, so the
+#: test process starts one Ray for this unit and its later integration tests, not two.
+ON_SESSION_RAY = "bench-measures-on-one-ray"
 #: Measure name -> its shared unit.
 UNIT_OF = {name: unit for unit, (_, names) in SHARED.items() for name in names}
 SHARED_RAY = frozenset(UNIT_OF)
@@ -107,41 +112,52 @@ cluster.shutdown()
 """
 
 
-def run_on_shared_ray(unit: str, out_dir: pathlib.Path) -> tuple[int, str, dict, str]:
-    """Start ``unit``'s Ray in a helper process, run its measures in one bench process on it,
-    stop the Ray. A measure that fails is reported by the bench and the others still run.
+def _bench_on(address: str, names: Iterable[str], out_dir: pathlib.Path):
+    """One bench process running ``names`` in quick mode on the Ray at ``address``."""
+    cmd = [sys.executable, "-m", "rltrain.bench", *bench_order(names), "--quick"]
+    cmd += ["--out", str(out_dir), "--address", address]
+    # the shared Ray listens on loopback only, as a local one does; unbuffered: in order
+    env = dict(os.environ, **{LOOPBACK_ENV: "0", "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        timeout=SHARED_TIMEOUT_S - 120,
+    )
+
+
+def run_on_shared_ray(
+    unit: str, out_dir: pathlib.Path, address: str | None = None
+) -> tuple[int, str, dict, str]:
+    """Run ``unit``'s measures in one bench process on the Ray at ``address``, or else on a Ray
+    of the unit's shape that a helper process starts and stops. A measure that fails is reported
+    by the bench and the others still run.
 
     Returns:
         ``(exit code, combined output, results.json's measures by name, results.md)``.
     """
     shape, names = SHARED[unit]
-    head = subprocess.Popen(
-        [sys.executable, "-c", _HEAD, json.dumps(shape)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        address = head.stdout.readline().strip()  # once Ray is up (empty: the helper died)
-        assert address, f"the shared Ray did not start (exit {head.wait(timeout=60)})"
-        cmd = [sys.executable, "-m", "rltrain.bench", *bench_order(names), "--quick"]
-        cmd += ["--out", str(out_dir), "--address", address]
-        # the shared Ray listens on loopback only, as a local one does; unbuffered: in order
-        env = dict(os.environ, **{LOOPBACK_ENV: "0", "PYTHONUNBUFFERED": "1"})
-        out = subprocess.run(
-            cmd,
+    if address is not None:
+        out = _bench_on(address, names, out_dir)
+    else:
+        head = subprocess.Popen(
+            [sys.executable, "-c", _HEAD, json.dumps(shape)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
             text=True,
-            env=env,
-            timeout=SHARED_TIMEOUT_S - 120,
         )
-    finally:
-        head.stdin.close()
         try:
-            head.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            head.kill()
+            address = head.stdout.readline().strip()  # once Ray is up (empty: the helper died)
+            assert address, f"the shared Ray did not start (exit {head.wait(timeout=60)})"
+            out = _bench_on(address, names, out_dir)
+        finally:
+            head.stdin.close()
+            try:
+                head.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                head.kill()
     results = out_dir / "results.json"
     measures = json.loads(results.read_text())["measures"] if results.exists() else []
     md = (out_dir / "results.md").read_text() if results.exists() else ""
@@ -149,13 +165,19 @@ def run_on_shared_ray(unit: str, out_dir: pathlib.Path) -> tuple[int, str, dict,
 
 
 @pytest.fixture(scope="module")
-def shared_runs(tmp_path_factory):
+def shared_runs(tmp_path_factory, request):
     """Each shared unit's bench run, made by the first of its tests to ask."""
     done: dict[str, tuple[int, str, dict, str]] = {}
 
     def get(unit: str) -> tuple[int, str, dict, str]:
         if unit not in done:
-            done[unit] = run_on_shared_ray(unit, tmp_path_factory.mktemp(unit))
+            address = None
+            if unit == ON_SESSION_RAY:
+                import ray
+
+                request.getfixturevalue("ray_session").ensure()
+                address = ray.get_runtime_context().gcs_address
+            done[unit] = run_on_shared_ray(unit, tmp_path_factory.mktemp(unit), address)
         return done[unit]
 
     return get
@@ -211,6 +233,19 @@ def test_shared_ray_measures_are_registered():
     no measure is in two units."""
     assert set(SHARED_RAY) <= set(harness.discover())
     assert sum(len(names) for _, names in SHARED.values()) == len(SHARED_RAY)
+
+
+def test_the_unit_on_the_session_ray_has_that_rays_shape():
+    """The unit run on the test session's Ray asks for the shape that Ray has: its devices, the
+    default device memory, the machine's cores, one node."""
+    from session_ray import SESSION_CLUSTER
+
+    from rltrain.config.engine_checks import simulated_device_gib
+
+    assert SHARED[ON_SESSION_RAY][0] == {"devices_per_node": SESSION_CLUSTER["devices_per_node"]}
+    assert SESSION_CLUSTER["device_memory_gib"] == simulated_device_gib(None)
+    assert SESSION_CLUSTER["num_nodes"] == 1
+    assert SESSION_CLUSTER["cpus_per_node"] == (os.cpu_count() or 2)
 
 
 def test_unknown_measure_is_refused(tmp_path):
