@@ -17,8 +17,9 @@ from rltrain.bench.harness import Case, Measure, Suite
 #: Measures whose quick mode starts one local Ray and nothing else that depends on it, by the
 #: shape they start (``Cluster.start``'s config): each group runs in ONE bench process
 #: (``python -m rltrain.bench a b ... --quick --address A``, the bench's own in-process path) on
-#: one Ray of that shape that a helper process starts, instead of an interpreter, an import of
-#: torch and transformers and a Ray start and stop per measure. A group's tests form one unit
+#: one Ray of that shape (:data:`ON_SESSION_RAY`: the test session's; else one that a helper
+#: process starts), instead of an interpreter, an import of torch and transformers and a Ray
+#: start and stop per measure. A group's tests form one unit
 #: (``spread(unit=NAME)``: one test process); the first to run starts the group's bench run,
 #: and each test checks its own measure's result and shows its own part of the output. Measures
 #: that start no Ray join a group too (only the process is shared). The others run in a
@@ -112,7 +113,9 @@ cluster.shutdown()
 """
 
 
-def _bench_on(address: str, names: Iterable[str], out_dir: pathlib.Path):
+def _bench_on(
+    address: str, names: Iterable[str], out_dir: pathlib.Path
+) -> subprocess.CompletedProcess[str]:
     """One bench process running ``names`` in quick mode on the Ray at ``address``."""
     cmd = [sys.executable, "-m", "rltrain.bench", *bench_order(names), "--quick"]
     cmd += ["--out", str(out_dir), "--address", address]
