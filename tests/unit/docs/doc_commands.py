@@ -104,7 +104,7 @@ def extract(path: pathlib.Path) -> list[DocCommand]:
             first, line = i, lines[i]
             while line.rstrip().endswith("\\") and i + 1 < len(lines):
                 i += 1
-                line = line.rstrip()[:-1] + " " + lines[i].strip()
+                line = line.rstrip()[:-1].rstrip() + " " + lines[i].strip()
             rest = _command(line)
             i += 1
             if rest is None:
