@@ -79,21 +79,27 @@ def search(run: Any, profile: Profile, settings: AutoSettings) -> list[Row]:
     return rank(enumerate_for(run, settings, devices(run)), profile.costs, carry_busy(run))
 
 
-def carry_busy(run: Any) -> Callable[[int], float]:
-    """``k`` rollout devices -> the busy share of a static batch's decoding under the run's
-    response lengths (:func:`rltrain.whatif.lengths.busy_share`), what a ``carry`` call takes
-    of it; memoised per ``k`` (a ranking asks once per split)."""
+def carry_busy(run: Any) -> Callable[[int, int], float]:
+    """``(k rollout devices, max_staleness)`` -> the share of a static batch's decoding a
+    ``carry`` call takes under the run's response lengths: the carry buffer run by arithmetic
+    with the candidate's bound, ``trainer.carry_surplus`` and ``trainer.carry_segment``, its
+    deadline included (:func:`rltrain.whatif.slots.carry_share`); memoised (a ranking asks
+    once per split)."""
     import functools
     import math
 
-    from rltrain.whatif.lengths import busy_share, from_config
+    from rltrain.whatif.lengths import from_config
+    from rltrain.whatif.slots import DEFAULT_SEGMENT, carry_share
 
     model = from_config(run)
-    rows = run.trainer.train_batch_size * run.rollout.n_samples_per_prompt
+    t, n = run.trainer, run.rollout.n_samples_per_prompt
+    rows = t.train_batch_size * n
+    surplus, segment = t.carry_surplus or 1, t.carry_segment or DEFAULT_SEGMENT
 
     @functools.cache
-    def share(k: int) -> float:
-        return busy_share(model, math.ceil(rows / max(k, 1)))
+    def share(k: int, bound: int) -> float:
+        slots = math.ceil(rows / max(k, 1))
+        return carry_share(model, slots, n, max(bound, 2), surplus, segment)
 
     return share
 

@@ -31,10 +31,14 @@ of its own, so ``F`` is the generation's ``fixed`` seconds). With ``G <= A`` all
 ``A``. The model thus never ranks ``continue`` or ``restart`` faster than ``finish``: what they
 buy is fresher samples (docs/async.md), not step time. ``carry`` (``max_staleness=2``) is
 ``max(b G, A)``: its calls keep the decoding slots busy across calls instead of waiting for
-each batch's longest row, so a call takes the busy share ``b`` of a static batch's generation:
-``b = mean / E[longest of the rows one rank decodes]`` under the run's length model
-(:func:`rltrain.whatif.lengths.busy_share`; 1 where every response runs to the budget, so
-``carry`` then ranks as ``finish``).
+each batch's longest row, so a call takes a share ``b`` of a static batch's generation:
+``b = steps / E[longest of the rows one rank decodes]``, where ``steps`` is a carry call's
+decoding steps with the run's length model, the candidate's bound, ``trainer.carry_surplus``
+and ``trainer.carry_segment``, from the rollout's own buffer run by arithmetic over a long run
+(:func:`rltrain.whatif.slots.carry_share`). That includes the deadline: a call goes on until
+every group the next call would drop is complete, so on heavy tails at ``max_staleness=2`` it
+decodes about twice the mean length rather than the mean. ``b = 1`` where every response runs
+to the budget, so ``carry`` then ranks as ``finish``.
 
 ``T`` includes the actor's pi_old forward pass where the profiled (synchronous) runs made one
 (``algorithm.old_logprobs``: recomputed, more than one optimizer step per batch, no inference
@@ -244,15 +248,16 @@ class Prediction:
 def predict(
     cand: Candidate,
     costs: ReasoningCosts | EmbodiedCosts,
-    busy: Callable[[int], float] | None = None,
+    busy: Callable[[int, int], float] | None = None,
 ) -> Prediction:
     """A candidate's seconds per step under the cost model (module docstring).
 
     Args:
         cand: the candidate.
         costs: the profile's fitted costs (reasoning or embodied).
-        busy: ``carry``: the busy share of a static batch's decoding on ``k`` rollout devices
-            (:func:`rltrain.whatif.lengths.busy_share` of the run's lengths); None: 1.
+        busy: ``carry``: ``(k rollout devices, max_staleness)`` -> the share of a static
+            batch's decoding a call takes (:func:`rltrain.whatif.slots.carry_share` of the
+            run's lengths); None: 1.
 
     Returns:
         The prediction.
@@ -284,7 +289,7 @@ def predict(
     learn = c.reward + t + c.sync
     parts = {"generate": g, "reward": c.reward, "train": t, "sync": c.sync, "overhead": c.overhead}
     if cand.staleness > 0 and cand.partial_rollout == "carry":
-        b = busy(cand.rollout_devices) if busy is not None else 1.0
+        b = busy(cand.rollout_devices, cand.staleness) if busy is not None else 1.0
         parts = {**parts, "generate": b * g}
         return Prediction(max(b * g, learn + c.overhead), parts, "max(b G, R + T + S + O)")
     if cand.staleness > 0:

@@ -90,15 +90,15 @@ def preference(c: Candidate) -> tuple:
 def rank(
     candidates: Iterable[Candidate],
     costs: ReasoningCosts | EmbodiedCosts,
-    busy: Callable[[int], float] | None = None,
+    busy: Callable[[int, int], float] | None = None,
 ) -> list[Row]:
     """Predict every candidate and sort them, fastest first (ties by :func:`preference`).
 
     Args:
         candidates: the layouts.
         costs: the profile's fitted costs.
-        busy: ``carry`` candidates' busy share on ``k`` rollout devices
-            (:func:`rltrain.autoplace.cost.predict`).
+        busy: ``carry`` candidates' share of a static batch's decoding, by rollout devices
+            and bound (:func:`rltrain.autoplace.cost.predict`).
 
     Returns:
         Unchecked rows.

@@ -470,6 +470,10 @@ class TrainerConfig:
     partial_rollout: str = "finish"
     # carry: decoding steps between two re-packings of the rollout's slots (null: 4)
     carry_segment: Optional[int] = None
+    # carry: steps of prompt groups the rollout's buffer holds beyond the step a call hands on
+    # (primed before the first call), 1..max_staleness-1; deeper keeps the slots busy behind a
+    # long row, and each group waits that many calls longer (null: 1; docs/async.md#carry)
+    carry_surplus: Optional[int] = None
     # in_order: step s trains the generation sent for step s; fifo: the freshest completed
     # rollout shards, those past max_staleness dropped; windowed: the same within the last
     # sampler_window versions (needs max_staleness >= 1; docs/async.md#samplers)

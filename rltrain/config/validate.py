@@ -707,12 +707,16 @@ def _trainer(cfg: RunConfig) -> Iterator[str]:
     else:
         yield from partial_rollout_problems(cfg)
         yield from auto_partial_rollout_problems(cfg)
-    if t.carry_segment is not None and t.partial_rollout != "carry":
-        yield (
-            f"trainer.carry_segment={t.carry_segment} sizes the segments of "
-            f"trainer.partial_rollout=carry; trainer.partial_rollout={t.partial_rollout!r} has "
-            f"none: drop trainer.carry_segment or set trainer.partial_rollout=carry"
-        )
+    for key, value, what in (
+        ("carry_segment", t.carry_segment, "sizes the segments"),
+        ("carry_surplus", t.carry_surplus, "sets the buffer's surplus"),
+    ):
+        if value is not None and t.partial_rollout != "carry":
+            yield (
+                f"trainer.{key}={value} {what} of trainer.partial_rollout=carry; "
+                f"trainer.partial_rollout={t.partial_rollout!r} has none: drop trainer.{key} or "
+                f"set trainer.partial_rollout=carry"
+            )
     yield from sampler_problems(cfg)
     if t.time_budget_s is not None:
         yield from _positive("trainer.time_budget_s", t.time_budget_s)
@@ -763,6 +767,16 @@ def carry_problems(cfg: RunConfig) -> Iterator[str]:
     t, fix = cfg.trainer, "or choose trainer.partial_rollout=continue"
     if t.carry_segment is not None and t.carry_segment < 1:
         yield f"trainer.carry_segment={t.carry_segment}: give at least 1 decoding step"
+    surplus = t.carry_surplus
+    if surplus is not None and not 1 <= surplus <= max(t.max_staleness - 1, 1):
+        yield (
+            f"trainer.carry_surplus={surplus} with trainer.max_staleness={t.max_staleness}: a "
+            f"group waits about carry_surplus calls before it trains and must train within "
+            f"max_staleness versions, so with more than max_staleness - 1 steps held ahead "
+            f"every group would be dropped for the bound; give 1..{max(t.max_staleness - 1, 1)} "
+            f"(or raise trainer.max_staleness)"
+        )
+    yield from auto_carry_surplus_problems(cfg)
     if t.max_staleness < 2:
         yield (
             f"trainer.partial_rollout=carry with trainer.max_staleness={t.max_staleness}: a row "
@@ -831,6 +845,19 @@ def auto_partial_rollout_problems(cfg: RunConfig) -> Iterator[str]:
             f"placement.auto.partial_rollout={list(policies)} with trainer.partial_rollout="
             f"{chosen!r}: the trainer key fixes the policy; drop placement.auto.partial_rollout "
             f"(or set it to [{chosen}]), or drop trainer.partial_rollout to let auto choose"
+        )
+
+
+def auto_carry_surplus_problems(cfg: RunConfig) -> Iterator[str]:
+    """``trainer.carry_surplus`` above 1 under placement=auto, whose ``carry`` candidates run
+    at ``max_staleness=2`` (``placement.auto.staleness`` holds 0 and 1 only)."""
+    surplus = cfg.trainer.carry_surplus
+    if cfg.placement.mode == "auto" and surplus is not None and surplus > 1:
+        yield (
+            f"trainer.carry_surplus={surplus} with placement=auto: its carry candidates run at "
+            f"max_staleness=2, which holds a surplus of at most 1; drop trainer.carry_surplus, "
+            f"or choose the placement yourself (placement=disaggregated with "
+            f"trainer.max_staleness>={surplus + 1})"
         )
 
 

@@ -90,14 +90,23 @@ class GenerationPipeline:
         stages: the step's stages whose rollout group, weights (``version``) and task are used; it
             must offer ``job.stage(component)`` and ``submit_generation(step, expect)``.
         max_staleness: ``k >= 1``.
-        partial_rollout: ``finish``, ``restart`` or ``continue`` (``trainer.partial_rollout``).
+        partial_rollout: ``finish``, ``restart``, ``continue`` or ``carry``
+            (``trainer.partial_rollout``).
+        carry_surplus: ``carry``: steps of prompt groups the rollout's buffer holds beyond the
+            step a call hands on (``trainer.carry_surplus``; primed before the first call).
+        carry_segment: ``carry``: the rollout buffer's segment (None: the rollout's config).
 
     Raises:
         ConfigError: for a ``partial_rollout`` outside :data:`PARTIAL_ROLLOUTS`.
     """
 
     def __init__(
-        self, stages: Generator, max_staleness: int, partial_rollout: str = "finish"
+        self,
+        stages: Generator,
+        max_staleness: int,
+        partial_rollout: str = "finish",
+        carry_surplus: int = 1,
+        carry_segment: int | None = None,
     ) -> None:
         if partial_rollout not in PARTIAL_ROLLOUTS:
             raise ConfigError(
@@ -110,6 +119,7 @@ class GenerationPipeline:
         self.resume = partial_rollout == "continue"
         # carry: one generation ahead (a carried row spends the other k - 1 versions)
         self.ahead = 1 if partial_rollout == "carry" else max_staleness
+        self.surplus, self.segment = max(int(carry_surplus), 1), carry_segment
         self._primed = False
         self.queue: deque[InFlight] = deque()
         self.next_step, self.horizon = 0, None
@@ -216,22 +226,31 @@ class GenerationPipeline:
     def _carry_args(self, step: int) -> dict[str, Any]:
         """``carry``: the bound the rollout drops carried groups by, the deadline of the groups
         the next call would drop (finished in this one), and the prompts sampled: the next
-        step's, since the rank's buffer holds a step's groups ahead (:meth:`_prime`)."""
+        ``surplus`` steps ahead, since the rank's buffer holds that many steps' groups beyond
+        the one it hands on (:meth:`_prime`)."""
         return {
             "oldest_version": max(step - self.k, 0),
             "due_version": max(step + 1 - self.k, 0),
-            "data_step": step + 1,
+            "data_step": step + self.surplus,
         }
 
     def _prime(self, step: int) -> None:
-        """``carry``: before the first generation, the rollout samples ``step``'s prompts into
-        its buffer without handing anything on, so each call has more groups than it hands on
-        and the unfinished ones can be carried."""
+        """``carry``: before the first generation, the rollout samples the prompts of steps
+        ``step .. step + surplus - 1`` into a new buffer without handing anything on (one call
+        each, numbered ``step - surplus ..``: each draws its own seed), so each call has more
+        groups than it hands on and the unfinished ones can be carried."""
         r = self.stages
-        with r.job.stage("rollout"):
-            r.submit_generation(  # type: ignore[call-arg]
-                step - 1, self._expect(step), policy=self.policy, data_step=step, hand_on=False
-            ).wait()
+        for j in range(self.surplus):
+            with r.job.stage("rollout"):
+                r.submit_generation(  # type: ignore[call-arg]
+                    step - self.surplus + j,
+                    self._expect(step),
+                    policy=self.policy,
+                    data_step=step + j,
+                    hand_on=False,
+                    extend=j > 0,
+                    segment=self.segment,
+                ).wait()
         self._primed = True
 
     def _expect(self, step: int) -> int:

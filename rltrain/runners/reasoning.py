@@ -17,6 +17,7 @@ bucketed broadcast), written into ``summary.json``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rltrain.config.schema import RunConfig
@@ -66,6 +67,8 @@ class ReasoningRunner:
             on one job); ``None`` reads the config.
         partial_rollout: overrides ``trainer.partial_rollout`` (None: the config's).
         sampler: overrides ``trainer.sampler`` (None: the config's).
+        carry: overrides ``trainer.carry_surplus`` / ``trainer.carry_segment``
+            (``{"surplus": 2, "segment": 1}``; None: the config's).
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class ReasoningRunner:
         max_staleness: int | None = None,
         partial_rollout: str | None = None,
         sampler: str | None = None,
+        carry: Mapping[str, int] | None = None,
     ) -> None:
         self.job, self.run, self.layout = job, job.run, job.layout
         self.stages = ReasoningStages(job)
@@ -83,7 +87,7 @@ class ReasoningRunner:
             self.run.trainer.checkpoint_dir or f"{job.run_dir}/checkpoints"
         )
         k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
-        self.schedule = schedule_for(self.stages, k, partial_rollout, sampler)
+        self.schedule = schedule_for(self.stages, k, partial_rollout, sampler, carry)
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.total_steps`` (or the target accuracy, or a stop signal)."""

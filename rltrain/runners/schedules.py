@@ -17,6 +17,7 @@ Each offers the loop's :class:`~rltrain.runners.loop.Schedule` protocol (``begin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from rltrain.errors import WorkerError
@@ -177,6 +178,8 @@ class PipelinedSchedule(TurnSchedule):
         max_staleness: ``k >= 1``, weight versions a batch may lag behind the actor.
         partial_rollout: ``finish``, ``restart`` or ``continue`` (``trainer.partial_rollout``).
         sampler: a benchmark's override of ``trainer.sampler`` (None: the config's).
+        carry: a benchmark's override of ``trainer.carry_surplus`` and ``trainer.carry_segment``
+            (``{"surplus": 2, "segment": 1}``; a key left out: the config's).
     """
 
     def __init__(
@@ -185,12 +188,14 @@ class PipelinedSchedule(TurnSchedule):
         max_staleness: int,
         partial_rollout: str,
         sampler: str | None = None,
+        carry: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__(stages)
         t = stages.run.trainer
         sampler = sampler or t.sampler
+        c = {"surplus": t.carry_surplus or 1, "segment": t.carry_segment, **(carry or {})}
         self.pipeline: GenerationPipeline = (
-            GenerationPipeline(stages, max_staleness, partial_rollout)
+            GenerationPipeline(stages, max_staleness, partial_rollout, c["surplus"], c["segment"])
             if sampler == "in_order"
             else PooledPipeline(stages, max_staleness, partial_rollout, sampler, t.sampler_window)
         )
@@ -264,6 +269,7 @@ def schedule_for(
     max_staleness: int,
     partial_rollout: str | None = None,
     sampler: str | None = None,
+    carry: Mapping[str, int] | None = None,
 ) -> Any:
     """The schedule the run's layout calls for.
 
@@ -272,6 +278,7 @@ def schedule_for(
         max_staleness: ``trainer.max_staleness`` (or a benchmark's override).
         partial_rollout: a benchmark's override of ``trainer.partial_rollout``.
         sampler: a benchmark's override of ``trainer.sampler``.
+        carry: a benchmark's override of ``trainer.carry_surplus`` / ``carry_segment``.
 
     Returns:
         A :class:`FusedSchedule`, :class:`PipelinedSchedule` or :class:`TurnSchedule`.
@@ -280,7 +287,7 @@ def schedule_for(
         return FusedSchedule(stages)
     if max_staleness > 0:
         policy = partial_rollout or stages.run.trainer.partial_rollout
-        return PipelinedSchedule(stages, max_staleness, policy, sampler)
+        return PipelinedSchedule(stages, max_staleness, policy, sampler, carry)
     return TurnSchedule(stages)
 
 

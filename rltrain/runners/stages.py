@@ -145,6 +145,8 @@ class ReasoningStages:
         data_step: int | None = None,
         hand_on: bool = True,
         due_version: int | None = None,
+        extend: bool = False,
+        segment: int | None = None,
     ) -> Any:
         """Start the step's generation on every rollout rank with the newest handed weights.
 
@@ -165,10 +167,13 @@ class ReasoningStages:
             hand_on: ``carry``: False only queues the groups (the rollout's first call).
             due_version: ``carry``: carried groups started before this version are finished
                 in this call (the next call would drop them; None: ``oldest_version + 1``).
+            extend: ``carry`` with ``hand_on=False``: add to the rollout's buffer (a deeper
+                prime, ``trainer.carry_surplus``) instead of starting a new one.
+            segment: ``carry``: the new buffer's segment (None: ``trainer.carry_segment``).
         """
         weights = self.hub.handed_to("rollout")
         per_rank = self.rank_prompts(step if data_step is None else data_step, round_)
-        extra = (oldest_version, hand_on, due_version)
+        extra = (oldest_version, hand_on, due_version, extend, segment)
         args = [
             (prompts, step, weights, expect_version, True, resume, policy, *extra)
             for prompts in per_rank

@@ -413,7 +413,8 @@ class CarryPipeline(Pipeline):
     worker runs (``RolloutWorker._carried``), fed the same lengths.
 
     As the runtime does (``GenerationPipeline`` with ``carry``): before the first step every
-    rank samples one step's groups into its buffer and hands nothing on; then the pipeline runs
+    rank samples ``trainer.carry_surplus`` steps' groups into its buffer (one call each) and
+    hands nothing on; then the pipeline runs
     one generation ahead, and the call for step ``s`` drops the groups started before version
     ``s - k`` (sampling their prompts again with the weights it holds), samples the next step's
     groups, and decodes segments until it has as many complete groups as it hands on and every
@@ -442,6 +443,7 @@ class CarryPipeline(Pipeline):
         segment = int(run.trainer.carry_segment or DEFAULT_SEGMENT)
         slots = rows if m.sim else max(min(rows, m.concurrency()), 1)
         self.buffers = [CarryBuffer(slots, segment) for _ in self.ranks]
+        self.surplus = max(int(run.trainer.carry_surplus or 1), 1)
         self.primed = False
         self._keys = 0
 
@@ -451,16 +453,21 @@ class CarryPipeline(Pipeline):
         super().fill(step, t, horizon)
 
     def _prime(self, step: int, t: float) -> None:
-        """Every rank samples ``step``'s groups into its buffer, handing nothing on (the
-        driver waits for it, as the runtime's prime call)."""
+        """Every rank samples ``surplus`` steps' groups into its buffer, handing nothing on:
+        one call each, numbered ``step - surplus ..`` (each draws its own lengths), the driver
+        waiting for each, as the runtime's prime calls."""
         c, world = self.m.calib, len(self.ranks)
-        for i, p in enumerate(self.ranks):
-            lens = self.m.draw_lengths(step - 1, i, world)
-            self._admit(i, lens, self.version)
-            host = self.m.carry_sampling(lens, world)
-            start = max(self.free[i], t + c.call_s)
-            self.sink.add("generate", p, start, host)
-            self.free[i] = start + host
+        for j in range(self.surplus):
+            end = t
+            for i, p in enumerate(self.ranks):
+                lens = self.m.draw_lengths(step - self.surplus + j, i, world)
+                self._admit(i, lens, self.version)
+                host = self.m.carry_sampling(lens, world)
+                start = max(self.free[i], t + c.call_s)
+                self.sink.add("generate", p, start, host)
+                self.free[i] = start + host
+                end = max(end, self.free[i])
+            t = end
         self.primed = True
 
     def _admit(self, rank: int, lens: Sequence[int], version: int) -> None:

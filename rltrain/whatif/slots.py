@@ -35,8 +35,11 @@ so a plan's prediction of ``carry`` decodes the segments a modelled run decodes.
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 #: ``decode(rows, seg)``: decodes the ``(key, row)`` pairs holding slots for at most ``seg``
 #: steps and returns the rows that ended before their budget (an EOS), each with the steps it
@@ -181,3 +184,64 @@ class CarryBuffer:
                     g.decoding.add(row)
                     free -= 1
         return any(g.decoding for g in self.groups.values())
+
+
+def call_steps(
+    lengths: Any,
+    slots: int,
+    n: int,
+    bound: int,
+    surplus: int = 1,
+    segment: int = DEFAULT_SEGMENT,
+    calls: int = 400,
+    seed: int = 0,
+) -> float:
+    """The mean decoding steps of a ``carry`` call over a long run, by the pipeline's own rule
+    on one rollout rank: the buffer is primed with ``surplus`` steps' groups; the call for
+    step ``s`` (holding version ``s - 1``) drops the groups older than ``s - bound`` and
+    samples them again, samples one step's groups, and decodes until a step's groups are
+    complete and none the next call would drop is open (the deadline). The cost model of
+    ``placement=auto`` compares it with a static batch's longest row (:func:`carry_share`).
+
+    Args:
+        lengths: the response-length model (``sample(rng, n) -> list[int]``).
+        slots: rows one call decodes at once (the rank's rows per step).
+        n: rows per group (``rollout.n_samples_per_prompt``).
+        bound: ``trainer.max_staleness``.
+        surplus: ``trainer.carry_surplus``.
+        segment: ``trainer.carry_segment``.
+        calls: calls run (the first ``bound`` are left out of the mean: the buffer fills).
+        seed: the lengths' seed.
+
+    Returns:
+        Decoding steps per call.
+    """
+    rng, want = random.Random(seed), max(slots // max(n, 1), 1)
+    buf, keys = CarryBuffer(slots, segment), itertools.count()
+
+    def admit(groups: int, version: int) -> None:
+        for _ in range(groups):
+            buf.admit(next(keys), version, lengths.sample(rng, n))
+
+    admit(want * surplus, 0)
+    steps = 0
+    for s in range(calls):
+        oldest = max(s - bound, 0)
+        admit(len(buf.run(0, oldest).dropped) + want, max(s - 1, 0))
+        done = buf.run(want, oldest, due=max(s + 1 - bound, 0))
+        steps += done.steps if s >= bound else 0
+    return steps / max(calls - bound, 1)
+
+
+def carry_share(
+    lengths: Any, slots: int, n: int, bound: int, surplus: int = 1, segment: int = DEFAULT_SEGMENT
+) -> float:
+    """A ``carry`` call's decoding steps over a static batch's (its longest row, on average):
+    the share of a static batch's generation time a ``carry`` call takes (:func:`call_steps`
+    over :func:`rltrain.whatif.lengths.expected_max`; 1 with one slot or no tail)."""
+    from rltrain.whatif.lengths import expected_max
+
+    longest = expected_max(lengths, slots)
+    if slots <= 1 or longest <= 0:
+        return 1.0
+    return min(call_steps(lengths, slots, n, bound, surplus, segment) / longest, 1.0)

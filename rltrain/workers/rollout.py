@@ -114,6 +114,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         oldest_version: int | None = None,
         hand_on: bool = True,
         due_version: int | None = None,
+        extend: bool = False,
+        segment: int | None = None,
     ) -> RolloutBatch | None:
         """Sample ``n`` responses for each prompt.
 
@@ -145,6 +147,9 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             due_version: ``carry``: groups started before this version are finished in this
                 call however long their rows (the next call's ``oldest_version``: it would
                 drop them); None: ``oldest_version + 1``.
+            extend: ``carry`` with ``hand_on=False``: add the groups to the buffer instead of
+                starting a new one (the later calls of a prime ``trainer.carry_surplus`` deep).
+            segment: ``carry``: the new buffer's segment (None: ``trainer.carry_segment``).
 
         Returns:
             A CPU batch of ``len(prompts) * n`` rows, ``token_versions`` set; ``None`` when
@@ -158,8 +163,9 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             self._continues = partial_rollout == "continue"
         if (partial_rollout or self.run.trainer.partial_rollout) == "carry":
             oldest = expect_version if oldest_version is None else oldest_version
+            new = None if hand_on or extend else segment or 0
             return self._carried(
-                prompts, step, behaviour_logprobs, oldest or 0, hand_on, due_version
+                prompts, step, behaviour_logprobs, oldest or 0, hand_on, due_version, new
             )
         self._forget_before(step)
         if resume and step in self._ended:
@@ -190,6 +196,7 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         oldest: int,
         hand_on: bool = True,
         due: int | None = None,
+        new: int | None = None,
     ) -> RolloutBatch | None:
         """``trainer.partial_rollout=carry``: queue the new prompts' groups behind the rows
         carried from earlier calls and hand on the ``len(prompts)`` oldest groups complete; the
@@ -199,9 +206,11 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         lengths. Groups started before ``oldest`` are dropped first, their tokens counted in
         ``discarded_tokens``, and their prompts queued again with the weights held (so the
         buffer keeps its surplus of groups over what a call hands on); groups started before
-        ``due`` are finished in this call (:meth:`CarryBuffer.run`)."""
+        ``due`` are finished in this call (:meth:`CarryBuffer.run`). A prime's first call
+        starts a new buffer, segmented by ``new`` (0: :data:`DEFAULT_SEGMENT`; None: keep the
+        buffer)."""
         rows = len(prompts) * self.run.rollout.n_samples_per_prompt
-        state = self._carry_state(step, rows, new=not hand_on)
+        state = self._carry_state(step, rows, new)
         with trace.span("generate", "rollout", self.device_labels):
             if not self.run.simulate.response_length_median:
                 state.restamp(self.version)
@@ -305,12 +314,13 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             continuation.finished(continuation.park(batch, self.version, self.version))
         )
 
-    def _carry_state(self, step: int, rows: int, new: bool) -> Carry:
-        """The rank's carried groups; a first call (``new``), or one for an earlier step than
-        the last, starts a new buffer (a new schedule or a resumed run: what was carried can no
-        longer train). The modelled device decodes ``rows`` (one call's rows) at once."""
-        if new or self._carry is None or step <= self._carry.last_step:
-            segment = self.run.trainer.carry_segment or DEFAULT_SEGMENT
+    def _carry_state(self, step: int, rows: int, new: int | None) -> Carry:
+        """The rank's carried groups; a prime's first call (``new``: its segment, 0 for
+        ``trainer.carry_segment``), or one for an earlier step than the last, starts a new
+        buffer (a new schedule or a resumed run: what was carried can no longer train). The
+        device decodes ``rows`` (one call's rows) at once."""
+        if new is not None or self._carry is None or step <= self._carry.last_step:
+            segment = new or self.run.trainer.carry_segment or DEFAULT_SEGMENT
             self._carry = Carry(CarryBuffer(rows, segment))
         self._carry.last_step = step
         return self._carry

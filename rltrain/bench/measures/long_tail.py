@@ -4,8 +4,10 @@ One disaggregated job (actor on device 0, rollout on device 1) drives six schedu
 same workers: synchronous (``max_staleness=0``, the baseline), ``max_staleness=1`` with
 ``finish``, ``restart`` and ``continue``, ``fifo`` (``max_staleness=1``, ``finish`` with
 ``trainer.sampler=fifo``: two generations in flight, each step trains the freshest complete
-one), and ``carry`` with ``max_staleness=2`` (a row carried into the next call trains 2
-versions after it started; docs/async.md#carry). The rollout's
+one), ``carry`` with ``max_staleness=2`` (a row carried into the next call trains 2
+versions after it started; docs/async.md#carry), and ``carry7``: ``carry`` with
+``max_staleness=7``, ``trainer.carry_surplus=2`` and ``trainer.carry_segment=1``, the setting
+the idle goal needs (docs/async.md#benchmark-heavy-tailed-response-lengths). The rollout's
 device time follows heavy-tailed response lengths (``simulate.response_length_median``:
 log-normal, sigma 1, capped at 16x the median, drawn per step and rank): a generate call waits
 ``simulate.rollout_token_latency_ms`` per decoding step of its longest modelled row, so a few
@@ -30,12 +32,14 @@ synchronous loop also idles the rollout while the actor trains.
 Idle share while the rollout decodes (``_rollout_idle``): the slots idle during the decoding
 itself, the rollout's waits for the actor left out: ``1 - sum(mean length) / sum(longest
 length)`` over the trained steps' draws for a static batch, and ``1 - busy / slot_steps`` of
-the rollout's carry buffer (:meth:`RolloutWorker.carry_stats`, the whole run) for ``carry``.
+the rollout's carry buffer (:meth:`RolloutWorker.carry_stats`, the schedule's whole run) for
+``carry`` and ``carry7``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import random
@@ -49,9 +53,11 @@ MEDIAN = 8.0  # modelled tokens; the longest of 8 rows averages ~40
 ACTOR_MS = 250.0  # per update: generation-bound (a static batch decodes ~1 s)
 #: Environment variable setting another update time (ms) for every schedule.
 ACTOR_ENV = "RLTRAIN_BENCH_LONG_TAIL_ACTOR_MS"
-POLICIES = ("finish", "restart", "continue", "fifo", "carry")
-STALENESS = {"carry": 2}  # the others run with max_staleness=1
+POLICIES = ("finish", "restart", "continue", "fifo", "carry", "carry7")
+STALENESS = {"carry": 2, "carry7": 7}  # the others run with max_staleness=1
 SAMPLERS = {"fifo": "fifo"}  # finish with trainer.sampler=fifo
+#: carry schedules: trainer.carry_surplus / carry_segment (carry: the config's, 1 and 4)
+CARRY: dict[str, dict[str, int]] = {"carry": {}, "carry7": {"surplus": 2, "segment": 1}}
 ROWS = 8  # train_batch_size 2 x 4 samples, on the one rollout rank
 
 #: The goals of issue 33 on these devices: (key, what, bound, "<=" or ">=").
@@ -59,7 +65,7 @@ GOALS: tuple[tuple[str, str, float, str], ...] = (
     ("sync_idle", "synchronous generation-slot idle share", 0.5, ">="),
     *(
         goal
-        for p in ("continue", "carry")
+        for p in ("continue", *CARRY)
         for goal in (
             (f"{p}_idle", f"{p}: generation-slot idle share over the step", 0.10, "<="),
             (f"{p}_rollout_idle", f"{p}: slot idle share while the rollout decodes", 0.10, "<="),
@@ -75,7 +81,8 @@ GOALS: tuple[tuple[str, str, float, str], ...] = (
 @measure(
     "long_tail",
     "heavy-tailed response lengths: max_staleness=1 finish / restart / continue / fifo "
-    "sampler and max_staleness=2 carry vs synchronous",
+    "sampler, max_staleness=2 carry and max_staleness=7 carry (surplus 2, segment 1) vs "
+    "synchronous",
 )
 def long_tail(quick: bool) -> Suite:
     from rltrain.bench.measures.trainer import compose, policy_cases, start_reasoning
@@ -98,26 +105,31 @@ def long_tail(quick: bool) -> Suite:
     )
     stack = contextlib.ExitStack()
     job = start_reasoning(run, stack)
-    cases, seen = policy_cases(job, steps, POLICIES, STALENESS, SAMPLERS)
+    cases, seen = policy_cases(job, steps, POLICIES, STALENESS, SAMPLERS, CARRY)
     token_s = TOKEN_MS * scale / 1000
+    kept = CarryStats(lambda: carry_stats(job))
 
     def figures() -> dict[str, float]:
         timed = {n: p[steps:] for n, p in seen.items()}
         out = extras(
             timed, lambda s: busy_s(run.seed, s, token_s), spread=lambda s: spread(run.seed, s)
         )
-        return report({**out, **carry_idle(carry_stats(job))})
+        kept.close()
+        idle = {k: v for name in CARRY for k, v in carry_idle(kept.of(name), name).items()}
+        return report({**out, **idle})
 
     return Suite(
-        cases=cases,
+        cases=tuple(
+            kept.track(c, name) for c, name in zip(cases, ("sync", *POLICIES), strict=True)
+        ),
         baseline=cases[0].name,
         warmup=1,
         repeats=1 if quick else 3,
         note=f"speed-up = 1/ratio. {TOKEN_MS * scale:g} ms per modelled decoding step, modelled "
         f"lengths log-normal (median {MEDIAN:g} tokens, sigma 1, cap {16 * MEDIAN:g}), "
         f"{actor_ms * scale:g} ms per update; simulated devices, one job for every schedule; "
-        f"carry runs with max_staleness=2, the others with 1; fifo is finish with "
-        f"trainer.sampler=fifo.",
+        f"carry runs with max_staleness=2, carry7 with 7 (trainer.carry_surplus=2, "
+        f"trainer.carry_segment=1), the others with 1; fifo is finish with trainer.sampler=fifo.",
         teardown=stack.close,
         extras=figures,
     )
@@ -153,12 +165,50 @@ def carry_stats(job: Any) -> list[dict[str, int]]:
     return list(job.groups["rollout"].call(RolloutWorker.carry_stats).wait())
 
 
-def carry_idle(stats: Sequence[Mapping[str, int]]) -> dict[str, float]:
-    """``carry_rollout_idle``: the share of slot-steps no row decoded, over the ranks."""
+class CarryStats:
+    """Each carry schedule's buffer totals. The schedules share the rollout workers, and a
+    schedule's prime starts a new buffer there, so a schedule's totals are read before the
+    next case's first call (untimed: its warm-up) and, for the last, at the end.
+
+    Args:
+        read: the rollout ranks' totals now (:func:`carry_stats`).
+    """
+
+    def __init__(self, read: Any) -> None:
+        self.read = read
+        self.stats: dict[str, Any] = {}
+        self._open: str | None = None
+
+    def track(self, case: Any, name: str) -> Any:
+        """``case`` with its calls noted: its first reads the previous carry schedule's."""
+        first = [True]
+
+        def fn() -> Any:
+            if first[0]:
+                first[0] = False
+                self.close()
+            self._open = name if name in CARRY else None
+            return case.fn()
+
+        return dataclasses.replace(case, fn=fn)
+
+    def close(self) -> None:
+        """Read the totals of the carry schedule that ran last, if any."""
+        if self._open is not None:
+            self.stats[self._open] = self.read()
+            self._open = None
+
+    def of(self, name: str) -> Sequence[Mapping[str, int]]:
+        """The totals read for carry schedule ``name`` (empty: none)."""
+        return self.stats.get(name, [])
+
+
+def carry_idle(stats: Sequence[Mapping[str, int]], name: str = "carry") -> dict[str, float]:
+    """``<name>_rollout_idle``: the share of slot-steps no row decoded, over the ranks."""
     slots = sum(s.get("slot_steps", 0) for s in stats)
     if not slots:
         return {}
-    return {"carry_rollout_idle": 1 - sum(s["busy"] for s in stats) / slots}
+    return {f"{name}_rollout_idle": 1 - sum(s["busy"] for s in stats) / slots}
 
 
 def _drawn(seed: int, step: int) -> list[int]:
@@ -195,7 +245,7 @@ def extras(
     Args:
         seen: each schedule's ``(step, step record)`` pairs (of the timed calls).
         busy: ``step -> seconds`` of modelled row decoding of that step's batch.
-        k: the pipelined schedules' ``max_staleness`` (``carry``'s: :data:`STALENESS`).
+        k: the pipelined schedules' ``max_staleness`` (the carry ones': :data:`STALENESS`).
         spread: ``step -> (mean, longest)`` modelled length of its rows, for the static
             batches' ``<name>_rollout_idle`` (None: not computed).
 
@@ -213,7 +263,7 @@ def extras(
         wall = sum(r["time/step_s"] for _, r in pairs)
         out[f"{name}_steps_per_s"] = len(pairs) / wall
         out[f"{name}_idle"] = 1 - sum(busy(s) for s, _ in pairs) / wall
-        if spread is not None and name != "carry":
+        if spread is not None and name not in CARRY:
             drawn = [spread(s) for s, _ in pairs]
             out[f"{name}_rollout_idle"] = 1 - sum(m for m, _ in drawn) / sum(x for _, x in drawn)
         if name == "sync":
@@ -227,7 +277,7 @@ def extras(
         within += sum(r["rollout/staleness_max"] <= bound for _, r in pairs)
         total += len(pairs)
     best = max(out.get(f"{p}_steps_per_s", 0.0) for p in ("finish", "restart"))
-    for p in ("continue", "carry"):
+    for p in ("continue", *CARRY):
         if "sync_steps_per_s" in out and f"{p}_steps_per_s" in out:
             rate = out[f"{p}_steps_per_s"]
             out[f"{p}_speedup_vs_sync"] = rate / out["sync_steps_per_s"]

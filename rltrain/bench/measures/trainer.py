@@ -215,10 +215,13 @@ def policy_cases(
     policies: tuple[str, ...],
     staleness: dict[str, int] | None = None,
     samplers: dict[str, str] | None = None,
+    carry: dict[str, dict[str, int]] | None = None,
 ) -> tuple[tuple[Case, ...], dict]:
     """One case per schedule on one started job: synchronous (the baseline, first), then
     ``max_staleness=1`` (or ``staleness[policy]``) with each ``trainer.partial_rollout`` policy;
-    a name in ``samplers`` is ``finish`` with that ``trainer.sampler`` instead.
+    a name in ``samplers`` is ``finish`` with that ``trainer.sampler`` instead, and a name in
+    ``carry`` is ``carry`` with that override of ``trainer.carry_surplus`` / ``carry_segment``
+    (:class:`~rltrain.runners.schedules.PipelinedSchedule`).
 
     Every schedule takes its steps from a range of its own (each reloads the weights every
     step, so versions must not meet); each timed call runs ``steps`` steps and drains.
@@ -235,8 +238,9 @@ def policy_cases(
             p: ReasoningRunner(
                 job,
                 max_staleness=(staleness or {}).get(p, 1),
-                partial_rollout="finish" if p in (samplers or {}) else p,
+                partial_rollout=_policy(p, samplers or {}, carry or {}),
                 sampler=(samplers or {}).get(p),
+                carry=(carry or {}).get(p),
             )
             for p in policies
         },
@@ -267,6 +271,11 @@ def policy_cases(
         for name in names
     )
     return cases, seen
+
+
+def _policy(name: str, samplers: dict[str, str], carry: dict[str, dict[str, int]]) -> str:
+    """The ``trainer.partial_rollout`` a case of :func:`policy_cases` runs."""
+    return "finish" if name in samplers else "carry" if name in carry else name
 
 
 @contextlib.contextmanager

@@ -117,14 +117,14 @@ def test_carry_takes_the_busy_share_of_a_static_batchs_generation():
     bound); without a length model's share (b = 1) carry ranks as finish."""
     cand = Candidate("disaggregated", (0, 3), (3, 4), staleness=2, partial_rollout="carry")
     a = 0.01 + (0.2 + 0.8 / 3) + 0.04 + 0.05
-    half = predict(cand, COSTS, busy=lambda k: 0.5)
+    half = predict(cand, COSTS, busy=lambda k, bound: 0.5)
     assert half.seconds == pytest.approx(0.75) and half.parts["generate"] == pytest.approx(0.75)
     assert half.formula == "max(b G, R + T + S + O)"
-    assert predict(cand, COSTS, busy=lambda k: 0.3).seconds == pytest.approx(a)
+    assert predict(cand, COSTS, busy=lambda k, bound: 0.3).seconds == pytest.approx(a)
     assert predict(cand, COSTS).seconds == pytest.approx(_policy((0, 3), (3, 4), "finish").seconds)
     seen = []
-    predict(cand, COSTS, busy=lambda k: seen.append(k) or 1.0)
-    assert seen == [1]  # asked for the candidate's rollout devices
+    predict(cand, COSTS, busy=lambda k, bound: seen.append((k, bound)) or 1.0)
+    assert seen == [(1, 2)]  # asked for the candidate's rollout devices and bound
 
 
 def test_hybrid_takes_turns_on_the_rollout_devices():

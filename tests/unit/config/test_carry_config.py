@@ -1,5 +1,5 @@
-"""``trainer.partial_rollout=carry`` / ``trainer.carry_segment``: what carry does not support
-is refused before Ray, naming the key, the value and the fix."""
+"""``trainer.partial_rollout=carry`` / ``trainer.carry_segment`` / ``carry_surplus``: what
+carry does not support is refused before Ray, naming the key, the value and the fix."""
 
 from __future__ import annotations
 
@@ -51,6 +51,22 @@ def compose_run(*overrides: str):
             "trainer.partial_rollout='finish' has none: drop trainer.carry_segment",
         ),
         (["trainer.partial_rollout=carried"], "or 'carry' (unfinished rows are carried"),
+        # a surplus of max_staleness steps or more would age every group past the bound
+        (
+            [*CARRY, "trainer.carry_surplus=2"],
+            "trainer.carry_surplus=2 with trainer.max_staleness=2: a group waits about "
+            "carry_surplus calls",
+        ),
+        ([*CARRY, "trainer.max_staleness=7", "trainer.carry_surplus=0"], "give 1..6"),
+        (
+            [*CARRY, "placement=auto", "trainer.max_staleness=3", "trainer.carry_surplus=2"],
+            "trainer.carry_surplus=2 with placement=auto: its carry candidates run at "
+            "max_staleness=2",
+        ),
+        (
+            ["placement=disaggregated", "trainer.max_staleness=1", "trainer.carry_surplus=1"],
+            "trainer.partial_rollout='finish' has none: drop trainer.carry_surplus",
+        ),
     ],
 )
 def test_what_carry_does_not_support_is_refused_with_the_fix(overrides, expected):
@@ -65,6 +81,7 @@ def test_what_carry_does_not_support_is_refused_with_the_fix(overrides, expected
         [],
         ["trainer.carry_segment=2"],
         ["trainer.max_staleness=3"],
+        ["trainer.max_staleness=7", "trainer.carry_surplus=6", "trainer.carry_segment=1"],
         # the torch engine decodes the carried rows in segments for real
         ["simulate.response_length_median=0", "simulate.rollout_token_latency_ms=0"],
     ],

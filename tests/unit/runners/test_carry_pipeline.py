@@ -26,6 +26,7 @@ class _Runner:
         self.job = self
         self.sizes = SimpleNamespace(samples_per_step=8)
         self.sent: list[tuple] = []  # (step, expect, version, oldest, due, data step, hand on)
+        self.primes: list[tuple] = []  # a prime call's (extend, segment)
 
     def stage(self, component: str):
         return nullcontext()
@@ -40,8 +41,12 @@ class _Runner:
         data_step: int | None = None,
         hand_on: bool = True,
         due_version: int | None = None,
+        extend: bool = False,
+        segment: int | None = None,
     ) -> _Done:
         assert policy == "carry" and not resume
+        if not hand_on:
+            self.primes.append((extend, segment))
         self.sent.append(
             (step, expect, self.version, oldest_version, due_version, data_step, hand_on)
         )
@@ -75,6 +80,27 @@ def test_carry_primes_once_runs_one_ahead_and_sends_the_bound():
     ]
 
 
+def test_a_deeper_surplus_primes_one_call_per_step_and_samples_as_far_ahead():
+    runner = _Runner()
+    pipe = GenerationPipeline(runner, 4, "carry", carry_surplus=3, carry_segment=1)  # type: ignore[arg-type]
+    pipe.reset(0, horizon=2)
+    for step in range(2):
+        pipe.fill(step)
+        assert pipe.take(step).step == step
+        runner.version = step + 1
+    assert runner.sent == [
+        # three prime calls, each its own step (seed), sampling steps 0, 1 and 2's prompts
+        (-3, 0, 0, None, None, 0, False),
+        (-2, 0, 0, None, None, 1, False),
+        (-1, 0, 0, None, None, 2, False),
+        # then each call samples 3 steps ahead of the one it hands on
+        (0, 0, 0, 0, 0, 3, True),
+        (1, 0, 0, 0, 0, 4, True),
+    ]
+    # the first starts a new buffer with the segment, the others add to it
+    assert runner.primes == [(False, 1), (True, 1), (True, 1)]
+
+
 def test_other_policies_keep_k_ahead_and_send_no_carry_arguments():
     pipe = GenerationPipeline(_Runner(), 2, "finish")  # type: ignore[arg-type]
     assert pipe.ahead == 2 and pipe._carry_args(5) == {
@@ -100,7 +126,9 @@ def test_an_early_stop_counts_the_groups_ahead_and_those_still_buffered():
     from rltrain.runners.schedules import PipelinedSchedule
 
     runner, asked = _Runner(), []
-    runner.run = SimpleNamespace(trainer=SimpleNamespace(sampler="in_order"))
+    runner.run = SimpleNamespace(
+        trainer=SimpleNamespace(sampler="in_order", carry_surplus=None, carry_segment=None)
+    )
     runner.finish_weight_sync = lambda: asked.append("sync")
     lefts = [{"groups": 2, "tokens": 5}, {"groups": 1, "tokens": 0}]  # two rollout ranks
     runner.g = SimpleNamespace(

@@ -68,10 +68,7 @@ def _carry_run(**trainer):
         trainer=dataclasses.replace(
             run.trainer,
             train_batch_size=1,
-            carry_segment=1,
-            max_staleness=2,
-            partial_rollout="carry",
-            **trainer,
+            **{"carry_segment": 1, "max_staleness": 2, "partial_rollout": "carry", **trainer},
         ),
     )
     return run
@@ -90,6 +87,20 @@ def test_a_carry_call_lasts_the_segments_its_buffer_decodes():
     assert [job.version for job in pipe.queue] == [0, 0]
     # C's second row waits in the buffer for the next call
     assert pipe.buffers[0].carried_rows() == 1
+
+
+def test_a_deeper_surplus_primes_that_many_steps_of_groups_first():
+    """``trainer.carry_surplus=2`` (k = 3): the prime samples A = (2, 9) and B = (3, 3), one
+    call each, so call 0 holds C = (1, 1) as well. A0 ends at step 2, B0 takes its slot and
+    ends at 5, B1 at 8, when B completes (A1 has 1 step left): 8 steps, B handed on. Call 1
+    admits D = (1, 1): A1 and C0 end in 1 step, A goes; C1 and D wait for the next call."""
+    run = _carry_run(max_staleness=3, carry_surplus=2)
+    m = _model(run, lengths=Scripted([2, 9, 3, 3, 1, 1, 1, 1]))
+    pipe = CarryPipeline(m, 3, Sink())
+    pipe.fill(0, 0.0, 4)
+    calls = [end - start for job in pipe.queue for start, end in job.work]
+    assert calls == pytest.approx([0.1 + 8 * 0.01, 0.1 + 1 * 0.01])
+    assert pipe.buffers[0].held() == [2, 3] and pipe.buffers[0].carried_rows() == 3
 
 
 def test_a_carry_call_finishes_the_group_the_next_call_would_drop():

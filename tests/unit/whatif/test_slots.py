@@ -140,3 +140,29 @@ def test_due_groups_beyond_what_a_call_hands_on_are_still_dropped():
     buf.admit(1, 0, [1])
     assert buf.run(want=1, oldest=0).ready == (0,)  # due defaults to oldest + 1: both finish
     assert buf.run(want=0, oldest=1).dropped == (1,)  # one call hands on one group only
+
+
+class _Scripted:
+    """Lengths handed out in order, ``n`` per group."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.left = list(lengths)
+
+    def sample(self, rng: object, n: int) -> list[int]:
+        out, self.left = self.left[:n], self.left[n:]
+        return out
+
+
+def test_call_steps_follow_the_pipeline_and_its_deadline():
+    """2 slots, groups of 2, k = 2. Prime A = (1, 9). Call 0 admits B = (1, 1): A0, B0, B1 end
+    at steps 1-3 beside A1, B goes (3 steps; A1 has 6 left). Call 1, C = (1, 1): 2 steps, C
+    goes (A1: 4 left). Call 2 admits D with version 1; A (version 0) is due, so after D
+    completes at step 2 the call goes on until A1 ends at step 4, and hands A on. Call 3: D is
+    complete and nothing is due: 0 steps. Calls from k on count: (4 + 0) / 2."""
+    from rltrain.whatif.lengths import Fixed
+    from rltrain.whatif.slots import call_steps, carry_share
+
+    script = _Scripted([1, 9] + [1, 1] * 4)
+    assert call_steps(script, slots=2, n=2, bound=2, segment=1, calls=4) == 2.0
+    # no tail: every call decodes one batch to its end, as a static batch does
+    assert carry_share(Fixed(3), slots=2, n=2, bound=2) == 1.0

@@ -111,3 +111,18 @@ def test_a_call_finishes_the_groups_the_next_call_would_drop(worker):
     assert _versions(first) == [0, 0, 0, 0]
     assert [p.strip() for p in _prompts(w, first)] == ["1+1=", "1+1=", "2+2=", "2+2="]
     assert w.carry_stats()["carried_rows"] == 0
+
+
+def test_a_deeper_prime_extends_one_buffer_with_the_segment_it_was_sent(worker):
+    """``trainer.carry_surplus=2``: two prime calls, the second extending the buffer the
+    first started with segment 1 (a new buffer would hold its 4 rows only). Slots 4: group
+    0's two 1-rows and group 1's rows decode; after 1 step group 0 is complete and goes
+    (segments of 4 would take 4 steps: group 1's 12-row is longer)."""
+    w, waited = worker
+    w.version = 0
+    assert w.generate(PROMPTS[0], 8, hand_on=False, segment=1) is None
+    assert w.generate(PROMPTS[1], 9, hand_on=False, extend=True) is None
+    assert w.carry_stats()["carried_rows"] == 8 and waited == []
+    done = w.generate(PROMPTS[2][:1], 10, oldest_version=0, due_version=0)
+    assert waited == [pytest.approx(0.01)]
+    assert [p.strip() for p in _prompts(w, done)] == ["1+1=", "1+1="]
