@@ -84,3 +84,27 @@ def test_the_update_time_is_generation_bound_unless_the_variable_sets_another():
     for bad in ("0", "-5", "slow", "nan"):
         with pytest.raises(ConfigError, match=ACTOR_ENV):
             actor_latency_ms({ACTOR_ENV: bad})
+
+
+def test_each_carry_schedule_keeps_its_own_buffer_totals():
+    """The schedules share the rollout, and each carry schedule's prime starts a new buffer
+    there: a carry schedule's totals are read at the next case's first call, the last one's
+    at the end; carry7 counts within its own bound of 7."""
+    from rltrain.bench.harness import Case
+    from rltrain.bench.measures.long_tail import CarryStats
+
+    reads = iter([[{"busy": 1, "slot_steps": 2}], [{"busy": 9, "slot_steps": 10}]])
+    kept = CarryStats(lambda: next(reads))
+    calls: list[str] = []
+    names = ("fifo", "carry", "carry7")
+    cases = [kept.track(Case(n, lambda n=n: calls.append(n)), n) for n in names]
+    for case in cases:
+        case.fn()
+        case.fn()  # a second call reads nothing
+    kept.close()
+    assert calls == ["fifo", "fifo", "carry", "carry", "carry7", "carry7"]
+    assert carry_idle(kept.of("carry"), "carry") == {"carry_rollout_idle": 0.5}
+    assert carry_idle(kept.of("carry7"), "carry7") == {"carry7_rollout_idle": pytest.approx(0.1)}
+    assert kept.of("fifo") == []
+    seen = {"sync": [(0, {"time/step_s": 1.0})], "carry7": [(9, _rec(0.5, staleness=7))]}
+    assert extras(seen, lambda s: 0.1)["within_bound"] == 1.0
