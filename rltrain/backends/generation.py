@@ -109,6 +109,36 @@ def sample_seeded(
     )
 
 
+def sample_own(
+    holder: Any,
+    prompts: Sequence[str],
+    seed: int,
+    with_logprobs: bool = False,
+    should_stop: Callable[[], bool] | None = None,
+) -> RolloutBatch:
+    """:func:`sample_seeded` with a sampler's own ``model``, ``tokenizer``, ``params``,
+    ``device`` and ``eos_ids`` (the torch engine's and a fused rank's).
+
+    Args:
+        holder: the sampler holding those five attributes.
+        prompts / seed / with_logprobs / should_stop: as :func:`sample_seeded`.
+
+    Returns:
+        The batch, on ``holder.device``.
+    """
+    return sample_seeded(
+        holder.model,
+        holder.tokenizer,
+        holder.params,
+        holder.device,
+        prompts,
+        seed,
+        holder.eos_ids,
+        with_logprobs=with_logprobs,
+        should_stop=should_stop,
+    )
+
+
 def on_host(sample: Callable[[], RolloutBatch]) -> RolloutBatch:
     """``sample()``'s batch moved to the host, and so are the rows of a call paused part way:
     the sampler raises :class:`~rltrain.algorithms.sampling.GenerationStopped` with them on the
@@ -294,19 +324,7 @@ class TorchGeneration(TorchReceiver):
         with_logprobs: bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> RolloutBatch:
-        return on_host(
-            lambda: sample_seeded(
-                self.model,
-                self.tokenizer,
-                self.params,
-                self.device,
-                prompts,
-                seed,
-                self.eos_ids,
-                with_logprobs=with_logprobs,
-                should_stop=should_stop,
-            )
-        )
+        return on_host(lambda: sample_own(self, prompts, seed, with_logprobs, should_stop))
 
     def continue_rows(
         self,
@@ -651,6 +669,7 @@ def is_collective(weights: Any) -> bool:
 
 
 __all__ = [
+    "sample_own",
     "GenerationEngine",
     "TorchGeneration",
     "TorchReceiver",

@@ -18,7 +18,7 @@ from rltrain.agents.interaction import Interaction, SingleTurn, attach_pool, too
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import SamplingParams, greedy_accuracy
 from rltrain.algorithms.update import add_advantages
-from rltrain.backends.generation import sample_seeded, sampling_seed
+from rltrain.backends.generation import sample_own, sampling_seed
 from rltrain.backends.weight_sync.host import HostBuckets
 from rltrain.config.schema import RunConfig
 from rltrain.placement.sizes import BatchSizes
@@ -107,17 +107,7 @@ class FusedWorker(ActorWorker):
         should_stop: Callable[[], bool] | None,
     ) -> RolloutBatch:
         """Single-turn sampling with the trained parameters (:class:`SingleTurn`'s call)."""
-        return sample_seeded(
-            self.model,
-            self.tokenizer,
-            self.params,
-            self.device,
-            prompts,
-            seed,
-            self.eos_ids,
-            with_logprobs=with_logprobs,
-            should_stop=should_stop,
-        )
+        return sample_own(self, prompts, seed, with_logprobs, should_stop)
 
     def _greedy(self, task: object) -> float:
         return greedy_accuracy(self.model, self.tokenizer, task, self.run.rollout.max_new_tokens)

@@ -53,14 +53,19 @@ class _Runner:
         return _Done()
 
 
-def test_carry_primes_once_runs_one_ahead_and_sends_the_bound():
-    runner = _Runner()
-    pipe = GenerationPipeline(runner, 2, "carry")  # type: ignore[arg-type]
-    pipe.reset(0, horizon=4)
-    for step in range(4):
+def _steps(pipe: GenerationPipeline, runner: _Runner, steps: int) -> None:
+    """Run ``steps`` steps from a fresh buffer: fill, take the step's rows, new weights."""
+    pipe.reset(0, horizon=steps)
+    for step in range(steps):
         pipe.fill(step)
         assert pipe.take(step).step == step
         runner.version = step + 1
+
+
+def test_carry_primes_once_runs_one_ahead_and_sends_the_bound():
+    runner = _Runner()
+    pipe = GenerationPipeline(runner, 2, "carry")  # type: ignore[arg-type]
+    _steps(pipe, runner, 4)
     assert runner.sent == [
         (-1, 0, 0, None, None, 0, False),  # primes the buffer with step 0's prompts
         (0, 0, 0, 0, 0, 1, True),
@@ -83,11 +88,7 @@ def test_carry_primes_once_runs_one_ahead_and_sends_the_bound():
 def test_a_deeper_surplus_primes_one_call_per_step_and_samples_as_far_ahead():
     runner = _Runner()
     pipe = GenerationPipeline(runner, 4, "carry", carry_surplus=3, carry_segment=1)  # type: ignore[arg-type]
-    pipe.reset(0, horizon=2)
-    for step in range(2):
-        pipe.fill(step)
-        assert pipe.take(step).step == step
-        runner.version = step + 1
+    _steps(pipe, runner, 2)
     assert runner.sent == [
         # three prime calls, each its own step (seed), sampling steps 0, 1 and 2's prompts
         (-3, 0, 0, None, None, 0, False),
