@@ -172,21 +172,21 @@ def supervise(
     Returns:
         The loss of every step.
     """
-    from rltrain.tasks.sft import supervised_finetune_shown
+    from rltrain.tasks.sft import shown_steps, supervised_finetune
 
     demos = _sft_rows(tok, rows)
-    return supervised_finetune_shown(
-        SFT_LABEL,
-        progress,
-        model,
-        [(p, r) for p, r, _ in demos],
-        tok.pad_token_id,
-        spec.sft_steps,
-        spec.sft_batch_size,
-        spec.sft_lr,
-        seed=spec.seed,
-        trained=[keep for _, _, keep in demos],
-    )
+    with shown_steps(SFT_LABEL, spec.sft_steps, progress) as on_step:
+        return supervised_finetune(
+            model,
+            [(p, r) for p, r, _ in demos],
+            tok.pad_token_id,
+            spec.sft_steps,
+            spec.sft_batch_size,
+            spec.sft_lr,
+            seed=spec.seed,
+            on_step=on_step,
+            trained=[keep for _, _, keep in demos],
+        )
 
 
 def _stamp(spec: CalcToolSpec, model_cfg: Any, paths: tuple[str, str]) -> dict[str, Any]:

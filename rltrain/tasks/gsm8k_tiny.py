@@ -422,7 +422,7 @@ def _write_base_model(
 
     from rltrain.tasks.chat import render_prompts
     from rltrain.tasks.model import build_model
-    from rltrain.tasks.sft import supervised_finetune_shown
+    from rltrain.tasks.sft import shown_steps, supervised_finetune
     from rltrain.tasks.tokenizer import build_tokenizer, prompt_token_ids
 
     bars = hf_logging.is_progress_bar_enabled()
@@ -442,18 +442,18 @@ def _write_base_model(
         ]
         label = "gsm8k_tiny: supervising the base checkpoint"
         log.info("%s (%d steps of %d solutions)", label, spec.sft_steps, spec.sft_batch_size)
-        losses = supervised_finetune_shown(
-            label,
-            progress,
-            model,
-            pairs,
-            tok.pad_token_id,
-            spec.sft_steps,
-            spec.sft_batch_size,
-            spec.sft_lr,
-            seed=spec.seed,
-            trained=[[*keep, True] for _, keep in responses],  # EOS is learned
-        )
+        with shown_steps(label, spec.sft_steps, progress) as on_step:
+            losses = supervised_finetune(
+                model,
+                pairs,
+                tok.pad_token_id,
+                spec.sft_steps,
+                spec.sft_batch_size,
+                spec.sft_lr,
+                seed=spec.seed,
+                on_step=on_step,
+                trained=[[*keep, True] for _, keep in responses],  # EOS is learned
+            )
         model.save_pretrained(directory)
         log.info(
             "gsm8k_tiny: base checkpoint supervised for %d steps (loss %.3f -> %.3f)",

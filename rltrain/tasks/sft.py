@@ -9,7 +9,8 @@ instruct model.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -136,47 +137,24 @@ def supervised_finetune(
     return losses
 
 
-def supervised_finetune_shown(
-    label: str,
-    progress: bool,
-    model: torch.nn.Module,
-    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
-    pad_token_id: int,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    seed: int = 0,
-    trained: Sequence[Sequence[bool]] | None = None,
-) -> list[float]:
-    """:func:`supervised_finetune` under a progress bar named ``label`` (each step's loss as
-    its status): the warm starts of the generated tasks.
+@contextmanager
+def shown_steps(label: str, steps: int, progress: bool) -> Iterator[Callable[[int, float], None]]:
+    """A progress bar named ``label`` over ``steps`` steps, yielding the ``on_step`` callback
+    of :func:`supervised_finetune` that advances it with each step's loss: the warm starts of
+    the generated tasks.
 
     Args:
         label: what the bar says is happening.
+        steps: the steps the bar counts.
         progress: show the bar (``logging.progress``).
-        model, pairs, pad_token_id, steps, batch_size, lr, seed, trained: as for
-            :func:`supervised_finetune`.
 
     Returns:
-        The loss of every step, in order.
-
-    Raises:
-        ValueError: as :func:`supervised_finetune`.
+        A context manager whose value is the ``on_step`` callback.
     """
     from rltrain.telemetry.progress import StageProgress
 
     with StageProgress(label, steps, progress) as bar:
-        return supervised_finetune(
-            model,
-            pairs,
-            pad_token_id,
-            steps,
-            batch_size,
-            lr,
-            seed=seed,
-            on_step=lambda _, loss: bar.advance(status=f"loss {loss:.3f}"),
-            trained=trained,
-        )
+        yield lambda _, loss: bar.advance(status=f"loss {loss:.3f}")
 
 
 def _mask_untrained(labels: Tensor, rows: Sequence[tuple[int, Sequence[bool]]]) -> None:
