@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 import ray
@@ -39,9 +40,17 @@ class Flaky(Worker):
         return os.environ["CUDA_VISIBLE_DEVICES"]
 
 
-def actor_states(group) -> list[str]:
-    table = ray._private.state.actors()  # the GCS actor table (no dashboard needed)
-    return [table[a._actor_id.hex()]["State"] for a in group.actors]
+def actor_states(group, settle_s: float = 30.0) -> list[str]:
+    """The group's actors' states in the GCS actor table (no dashboard needed), read until
+    none is still alive or ``settle_s`` passes: ``ray.kill`` returns before the GCS records
+    the death, so a first read right after a teardown can still say ALIVE."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        table = ray._private.state.actors()
+        states = [table[a._actor_id.hex()]["State"] for a in group.actors]
+        if all(s == "DEAD" for s in states) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.1)
 
 
 def pg_state(reservation) -> str:
