@@ -1,7 +1,9 @@
 """``trainer.max_restarts``: faults injected for real into a running job.
 
-A rollout worker and, later in the same run, an actor worker are killed with SIGKILL. With
-``trainer.max_restarts=2`` the driver tears the job down, starts it again from its latest
+A rollout worker and, later in the same run, one of the restarted job's actor workers are killed
+with SIGKILL (the second kill waits for the first restart in the run's log and a checkpoint after
+the step it resumed from: killing one of the dying first attempt's workers would fault nothing).
+With ``trainer.max_restarts=2`` the driver tears the job down, starts it again from its latest
 checkpoint and finishes; every step's record then equals the uninterrupted run's (exact
 resume), the summary lists both restarts with their cause and the step resumed from and
 describes the whole run, and each run's ``rltrain.log`` holds what its terminal showed. A worker
@@ -19,10 +21,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -34,7 +38,9 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.spread]  # spread: no module
 COMMON = [
     "placement.fuse=false",  # actor and rollout as separate processes, so each can be killed
     "trainer.train_batch_size=4",
-    "trainer.total_steps=8",
+    # 12 steps of ~0.2 s: a kill lands a step or two after its checkpoint is seen (more under
+    # load), and the second must still land before the run's end
+    "trainer.total_steps=12",
     "trainer.save_every=2",
     "trainer.eval_every=0",
     "logging.progress=false",
@@ -77,27 +83,61 @@ def latest(run_dir: pathlib.Path) -> str | None:
         return None
 
 
-def worker(driver: subprocess.Popen, cls: str) -> psutil.Process | None:
-    """A live Ray worker process of ``cls`` under this driver (Ray titles them ``ray::<cls>``)."""
+def worker(driver: subprocess.Popen, cls: str, skip: set[int]) -> psutil.Process | None:
+    """A live Ray worker process of ``cls`` under this driver (Ray titles them ``ray::<cls>``),
+    other than the pids in ``skip``."""
     for child in psutil.Process(driver.pid).children(recursive=True):
         try:
-            if " ".join(child.cmdline()).startswith(f"ray::{cls}"):
+            if child.pid not in skip and " ".join(child.cmdline()).startswith(f"ray::{cls}"):
                 return child
         except psutil.Error:
             continue
     return None
 
 
-def kill_when(driver: subprocess.Popen, run_dir: pathlib.Path, checkpoint: str, cls: str) -> int:
-    """SIGKILL a ``cls`` worker once ``checkpoint`` is published; returns the killed pid."""
+def workers(driver: subprocess.Popen) -> set[int]:
+    """The pids of every Ray worker process under this driver now."""
+    pids = set()
+    for child in psutil.Process(driver.pid).children(recursive=True):
+        try:
+            if child.cmdline() and child.cmdline()[0].startswith("ray::"):
+                pids.add(child.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+def restarted_from(run_dir: pathlib.Path, count: int) -> int | None:
+    """The step restart ``count`` resumed from, once the run's log records it."""
+    try:
+        log = (run_dir / "rltrain.log").read_text()
+    except OSError:
+        return None
+    found = re.search(rf"restart {count} of \d+ .*?resuming from step (\d+)", log)
+    return int(found.group(1)) if found else None
+
+
+def kill_when(
+    driver: subprocess.Popen,
+    run_dir: pathlib.Path,
+    ready: Callable[[str | None], bool],
+    cls: str,
+    skip: set[int] = frozenset(),  # type: ignore[assignment]
+) -> int:
+    """SIGKILL a ``cls`` worker (not one of ``skip``) once ``ready(latest checkpoint)``; returns
+    the killed pid."""
     deadline = time.monotonic() + 400
     while True:
         assert driver.poll() is None, "the run ended before the fault could be injected"
-        assert time.monotonic() < deadline, f"no {checkpoint} with a live {cls} in time"
-        if latest(run_dir) == checkpoint and (proc := worker(driver, cls)) is not None:
+        assert time.monotonic() < deadline, f"no checkpoint ready with a live {cls} in time"
+        if ready(latest(run_dir)) and (proc := worker(driver, cls, skip)) is not None:
             proc.send_signal(signal.SIGKILL)
             return proc.pid
         time.sleep(0.05)
+
+
+def at(checkpoint: str) -> Callable[[str | None], bool]:
+    return lambda name: name == checkpoint
 
 
 def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_path, ray_address):
@@ -107,8 +147,23 @@ def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_p
     faulty_dir = tmp_path / "faulty"
     faulty = rltrain(faulty_dir, "trainer.max_restarts=2")
     try:
-        kill_when(faulty, faulty_dir, "step-000002", "RolloutWorker")
-        kill_when(faulty, faulty_dir, "step-000004", "ActorWorker")
+        kill_when(faulty, faulty_dir, at("step-000002"), "RolloutWorker")
+        # The first attempt's workers die with it (a kill among them would fault nothing): the
+        # second fault waits for the restart to be logged and for a checkpoint past the step it
+        # resumed from, then kills one of the second attempt's actor workers.
+        first_attempt = workers(faulty)
+        resumed = None
+        while resumed is None:
+            assert faulty.poll() is None, "the run ended before its first restart"
+            resumed = restarted_from(faulty_dir, 1)
+            time.sleep(0.05)
+        kill_when(
+            faulty,
+            faulty_dir,
+            lambda name: name is not None and int(name.removeprefix("step-")) > resumed,
+            "ActorWorker",
+            skip=first_attempt,
+        )
         assert faulty.wait(timeout=600) == 0, faulty.stdout.read()[-3000:]
         assert steady.wait(timeout=600) == 0, steady.stdout.read()[-3000:]
     finally:
@@ -125,8 +180,8 @@ def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_p
     assert "RolloutWorker" in restarts[0]["cause"] or "rollout" in restarts[0]["cause"]
     assert "ActorWorker" in restarts[1]["cause"] or "actor" in restarts[1]["cause"]
     assert restarts[0]["resumed_from_step"] >= 2 and restarts[1]["resumed_from_step"] >= 4
-    # the whole run, not the last attempt: 8 steps from step 0, three attempts
-    assert summary["steps"] == 8
+    # the whole run, not the last attempt: 12 steps from step 0, three attempts
+    assert summary["steps"] == 12
     assert [a["status"] for a in summary["attempts"]] == ["failed", "failed", "completed"]
     # each restart really started from its checkpoint (the loop's own first step)
     firsts = [a["first_step"] for a in summary["attempts"]]
@@ -140,14 +195,14 @@ def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_p
 
     expected = read_metrics(str(tmp_path / "steady" / "metrics.jsonl"))
     got = read_metrics(str(faulty_dir / "metrics.jsonl"))
-    assert [r["step"] for r in got] == list(range(8))
+    assert [r["step"] for r in got] == list(range(12))
     assert [without_timings(r) for r in got] == [without_timings(r) for r in expected]
 
 
 def test_without_restarts_a_killed_worker_fails_the_run_naming_it(tmp_path):
     driver = rltrain(tmp_path, "trainer.total_steps=60")
     try:
-        kill_when(driver, tmp_path, "step-000002", "RolloutWorker")
+        kill_when(driver, tmp_path, at("step-000002"), "RolloutWorker")
         assert driver.wait(timeout=300) != 0
     finally:
         if driver.poll() is None:
