@@ -89,16 +89,16 @@ def agent_faults(quick: bool) -> Suite:
     overrides: tuple[str, ...] = ("trainer.eval_every=5",)
     seeds = SEEDS
     data = None
-    if quick:  # small generated data and warm start of its own; 2 steps
+    if quick:  # small generated data and warm start of its own; one step and its evaluation
         data = tempfile.mkdtemp(prefix="rltrain-agent-faults-")
         overrides = (
             f"task.params.data_dir={data}",
-            "task.params.num_train=64",
-            "task.params.num_eval=8",
-            "task.params.sft_steps=10",
-            "trainer.total_steps=2",
-            "trainer.eval_every=2",
-            "trainer.train_batch_size=8",  # the test's cost, not the experiment's 16 sums a step
+            "task.params.num_train=32",
+            "task.params.num_eval=4",
+            "task.params.sft_steps=2",
+            "trainer.total_steps=1",
+            "trainer.eval_every=1",
+            "trainer.train_batch_size=4",  # the test's cost, not the experiment's 16 sums a step
             # one tool worker (the devices stay the cluster's: the test runs it on a shared Ray)
             "tools.pool_size=1",
         )

@@ -158,7 +158,7 @@ def dynamic_batching(quick: bool) -> Suite:
     return Suite(
         cases=tuple(cases),
         baseline=variants[0][0],
-        warmup=1,
+        warmup=0 if quick else 1,  # --quick: each case already ran once above (its gradient)
         repeats=2 if quick else 3,
         note=f"Qwen2 h{shape['hidden']} x{LAYERS} layers, vocab {VOCAB}, random weights, "
         f"float32; {shape['rows']} rows: prompts {shape['prompt'] // 2}-{shape['prompt']} "

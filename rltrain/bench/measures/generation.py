@@ -162,7 +162,7 @@ def long_generation(quick: bool) -> Suite:
     return Suite(
         cases=tuple(cases),
         baseline=f"hf_generate max_new_tokens={budgets[-1]}",
-        warmup=1,
+        warmup=0 if quick else 1,  # --quick: each case already ran once above (its tokens)
         repeats=2 if quick else 3,
         note=f"Qwen2 h{HIDDEN} x{LAYERS} layers, vocab {VOCAB}, random weights; {PROMPTS} prompts "
         f"x n={N} = {PROMPTS * N} rows of {PROMPT_LEN} prompt tokens; P(EOS) ~ 4/budget per "

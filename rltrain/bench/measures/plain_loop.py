@@ -57,7 +57,7 @@ def _to_target(seed: int, target: float) -> Case:
 @measure("plain_grpo", "plain single-process GRPO: step throughput and time to 0.9 accuracy")
 def plain_grpo(quick: bool) -> Suite:
     if quick:
-        cases = (_fixed_steps(2), _fixed_steps(4))
+        cases = (_fixed_steps(1), _fixed_steps(2))
     else:
         # A few seconds per run: worth a warm-up and a spread; a seed's run to the target is not.
         cases = (_fixed_steps(50, warmup=1, repeats=5), *(_to_target(s, TARGET) for s in SEEDS))

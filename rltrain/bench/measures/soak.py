@@ -7,7 +7,7 @@ phase, evenly spaced, the resident memory (RSS) of the driver and of every proce
 (Ray's raylet and GCS, the workers) and the object store's usage are sampled. Growth is measured
 from the end of the warm-up (the first 10 % of the steps: allocator pools and Ray's first leases
 settle there) to the end. Targets: every process grows by less than 5 % after warm-up,
-and no object is left in the store once the loop has drained. ``--quick`` (CI: 40 and 20 steps)
+and no object is left in the store once the loop has drained. ``--quick`` (CI: 16 and 8 steps)
 runs both phases' jobs on one local Ray; a full run starts one per phase.
 
 The object store is read through Ray's ``memory_summary`` (an internal API; the figures are
@@ -126,8 +126,8 @@ def _runs(quick: bool) -> dict[str, tuple[Any, int]]:
     fused = compose(*quiet)
     asynchronous = compose(*quiet, "placement=disaggregated", "trainer.max_staleness=1")
     return {
-        "fused collocated": (fused, 40 if quick else 2000),
-        "async disaggregated": (asynchronous, 20 if quick else 500),
+        "fused collocated": (fused, 16 if quick else 2000),
+        "async disaggregated": (asynchronous, 8 if quick else 500),
     }
 
 

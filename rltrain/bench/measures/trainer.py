@@ -135,13 +135,13 @@ SEEDS = (1, 2, 3)
 def time_to_accuracy(quick: bool) -> Suite:
     seen: dict = {}
     if quick:
-        steps = ("--steps", "3", "--eval-every", "3")
+        steps = ("--steps", "2", "--eval-every", "2")
         cases = (
-            _plain_case("plain 3 steps", *steps, seen=seen),
+            _plain_case("plain 2 steps", *steps, seen=seen),
             _rltrain_case(
-                "rltrain collocated 3 steps",
-                "trainer.total_steps=3",
-                "trainer.eval_every=3",
+                "rltrain collocated 2 steps",
+                "trainer.total_steps=2",
+                "trainer.eval_every=2",
                 seen=seen,
             ),
         )
@@ -346,7 +346,7 @@ def framework_share(quick: bool) -> Suite:
             ),
         ),
         baseline=base,
-        warmup=1,
+        warmup=0 if quick else 1,  # --quick checks the path: the timed call is the first
         repeats=2 if quick else 5,
         note="framework share = 1 - 1/ratio; goal < 2 % (ratio < 1.02). Actor, rollout and "
         "reward fused in one process on one simulated device; generation and update each sleep "
@@ -407,7 +407,7 @@ def framework_share_turns(quick: bool) -> Suite:
             ),
         ),
         baseline=base,
-        warmup=1,
+        warmup=0 if quick else 1,  # --quick checks the path: the timed call is the first
         repeats=2 if quick else 5,
         note="framework share = 1 - 1/ratio; goal < 2 % (ratio < 1.02). One actor and one "
         "rollout process collocated on one simulated device, reward on the node; each stage "
