@@ -22,6 +22,7 @@ from rltrain.bench.harness import (
     connect,
     discover,
     markdown,
+    release_shared,
     result_from_dict,
     run_measure,
     update_doc,
@@ -120,18 +121,27 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain.bench") -
 
 
 def _run(registry: dict, names: list[str], quick: bool) -> tuple[list, list[str]]:
-    """Run each measure in turn, printing its table; a failure is printed and skipped."""
+    """Run each measure in turn, printing its table; a failure is printed and skipped.
+
+    A resource measures share (:func:`rltrain.bench.harness.shared`) is released after each
+    measure unless the next one has the same ``share``.
+    """
     results, failed = [], []
-    for name in names:
+    for i, name in enumerate(names):
         print(f"running {name}{' (quick)' if quick else ''} ...", flush=True)
         try:
             result = run_measure(registry[name], quick=quick)
         except Exception:  # noqa: BLE001 - one broken measure must not lose the others' figures
             traceback.print_exc()
             failed.append(name)
-            continue
-        results.append(result)
-        print(markdown([result]), flush=True)
+            result = None
+        finally:
+            share = registry[name].share
+            if share is None or i + 1 == len(names) or registry[names[i + 1]].share != share:
+                release_shared()
+        if result is not None:
+            results.append(result)
+            print(markdown([result]), flush=True)
     return results, failed
 
 

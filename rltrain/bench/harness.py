@@ -23,6 +23,7 @@ compare across machines.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import importlib
 import json
@@ -90,11 +91,18 @@ class Suite:
 
 @dataclass(frozen=True)
 class Measure:
-    """A registered measure."""
+    """A registered measure.
+
+    Attributes:
+        share: measures with the same ``share`` that run one after another in one bench process
+            may keep one resource between them (:func:`shared`): the runner releases it after
+            each measure unless the next one has the same ``share``. None: shares nothing.
+    """
 
     name: str
     description: str
     build: Callable[[bool], Suite]
+    share: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,12 +150,16 @@ def result_from_dict(d: dict[str, Any]) -> MeasureResult:
 _REGISTRY: dict[str, Measure] = {}
 
 
-def measure(name: str, description: str = "") -> Callable[[Callable[[bool], Suite]], Callable]:
+def measure(
+    name: str, description: str = "", share: str | None = None
+) -> Callable[[Callable[[bool], Suite]], Callable]:
     """Register a measure under ``name``.
 
     Args:
         name: the name ``python -m rltrain.bench NAME`` selects.
         description: one line for the report.
+        share: the key of a resource it may share with the measures run next to it
+            (:attr:`Measure.share`, :func:`shared`).
 
     Returns:
         The decorator; the decorated function takes ``quick: bool`` and returns a :class:`Suite`.
@@ -161,7 +173,7 @@ def measure(name: str, description: str = "") -> Callable[[Callable[[bool], Suit
         if old is not None and old.build.__qualname__ != fn.__qualname__:
             raise ValueError(f"benchmark measure {name!r} is registered twice")
         _REGISTRY[name] = Measure(
-            name, description or (fn.__doc__ or "").strip().split("\n")[0], fn
+            name, description or (fn.__doc__ or "").strip().split("\n")[0], fn, share
         )
         return fn
 
@@ -175,6 +187,37 @@ def discover() -> dict[str, Measure]:
     for info in pkgutil.iter_modules(measures.__path__):
         importlib.import_module(f"{measures.__name__}.{info.name}")
     return dict(sorted(_REGISTRY.items()))
+
+
+#: Resources measures share (:func:`shared`): key -> (resource, its close call).
+_SHARED: dict[str, tuple[Any, Callable[[], None]]] = {}
+
+
+def shared(key: str, make: Callable[[], tuple[Any, Callable[[], None]]]) -> Any:
+    """The resource under ``key``, made by ``make`` on first use and kept for the next measure.
+
+    Quick modes use it to start one job for several measures of the same ``share``
+    (:attr:`Measure.share`) run one after another; :func:`release_shared` closes it (the bench
+    runner does after a measure unless the next has the same ``share``, and at exit).
+
+    Args:
+        key: the resource's name.
+        make: returns ``(resource, close)``.
+
+    Returns:
+        The resource.
+    """
+    if key not in _SHARED:
+        _SHARED[key] = make()
+        atexit.register(release_shared)
+    return _SHARED[key][0]
+
+
+def release_shared() -> None:
+    """Close every resource :func:`shared` made (each once, the newest first)."""
+    while _SHARED:
+        _, (_, close) = _SHARED.popitem()
+        close()
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float]:

@@ -11,6 +11,10 @@ Both schedules drive the same started job (same workers, same devices): only the
 ``max_staleness`` differs, so start-up cost and placement are out of the ratio. The pipelined
 case ends each timed section by waiting for the generation it submitted ahead, so it pays for
 that work itself and leaves the rollout idle for the next section.
+
+``--quick`` (CI) checks the path, not the ratio: 3 steps per call on the job the schedule
+measures share in one bench process (:func:`~rltrain.bench.measures.trainer.quick_schedules_job`:
+``long_tail``'s quick shape, modelled per-token latencies), not this measure's own.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import contextlib
 
 from rltrain.bench.harness import Case, Suite, measure
+from rltrain.bench.measures.trainer import SCHEDULES
 
 # Long enough that the stages' real compute and the Ray calls (a few ms on a quiet machine,
 # 0.2-0.4 s per step when the 2 shared cores are saturated) stay small next to it: this measures
@@ -25,37 +30,50 @@ from rltrain.bench.harness import Case, Suite, measure
 LATENCY_MS = 2000.0
 
 
-@measure("async_rollout", "disaggregated, max_staleness=1 vs synchronous: steps/s (goal >= 1.8x)")
+@measure(
+    "async_rollout",
+    "disaggregated, max_staleness=1 vs synchronous: steps/s (goal >= 1.8x)",
+    share=SCHEDULES,
+)
 def async_rollout(quick: bool) -> Suite:
-    from rltrain.bench.measures.trainer import compose, start_reasoning
+    from rltrain.bench.measures.trainer import (
+        QUICK_SCHEDULES_RUN,
+        compose,
+        quick_schedules_job,
+        start_reasoning,
+    )
     from rltrain.runners.reasoning import ReasoningRunner
 
     steps = 3 if quick else 6
-    # --quick (CI) checks the path, not the ratio: a tenth of the modelled device time.
-    latency_ms = LATENCY_MS / 10 if quick else LATENCY_MS
-    # trainer.max_staleness=1 in the config (each runner below still picks its own schedule):
-    # the job's thread rule then counts actor and rollout together, one core each, as any
-    # asynchronous run gets. Both schedules share that setting; the synchronous one is not
-    # slower with it (tiny batches gain nothing from a second thread).
-    run = compose(
-        "placement=disaggregated",
-        "logging.progress=false",
-        "logging.trace=false",
-        "trainer.save_every=0",
-        "trainer.max_staleness=1",
-        f"simulate.rollout_latency_ms={latency_ms}",
-        f"simulate.actor_latency_ms={latency_ms}",
-        "trainer.train_batch_size=2",
-        "rollout.n_samples_per_prompt=2",
-        "rollout.max_new_tokens=1",
-    )
     stack = contextlib.ExitStack()
-    job = start_reasoning(run, stack)
+    if quick:  # the schedule measures' shared job
+        _, job, base = quick_schedules_job()
+        shape = ", ".join(o for o in QUICK_SCHEDULES_RUN if o.startswith("simulate."))
+    else:
+        # trainer.max_staleness=1 in the config (each runner below still picks its own
+        # schedule): the job's thread rule then counts actor and rollout together, one core
+        # each, as any asynchronous run gets. Both schedules share that setting; the
+        # synchronous one is not slower with it (tiny batches gain nothing from a second
+        # thread).
+        run = compose(
+            "placement=disaggregated",
+            "logging.progress=false",
+            "logging.trace=false",
+            "trainer.save_every=0",
+            "trainer.max_staleness=1",
+            f"simulate.rollout_latency_ms={LATENCY_MS}",
+            f"simulate.actor_latency_ms={LATENCY_MS}",
+            "trainer.train_batch_size=2",
+            "rollout.n_samples_per_prompt=2",
+            "rollout.max_new_tokens=1",
+        )
+        job, base = start_reasoning(run, stack), 0
+        shape = f"{LATENCY_MS:.0f} ms per stage per step, balanced"
     threads = job.groups["actor"].reservation.layout.slot("actor", 0).num_threads
     runners = {k: ReasoningRunner(job, max_staleness=k) for k in (0, 1)}
     # Disjoint step (hence weight version) ranges: the rollout reloads weights at every step of
     # either schedule, as in a real run, instead of mistaking one runner's version for the other's.
-    first = {0: 0, 1: 10**6}
+    first = {0: base, 1: base + 10**6}
     counters = {k: iter(range(first[k], first[k] + 10**6)) for k in runners}
     for k, runner in runners.items():
         runner.schedule.begin(first[k], None)
@@ -87,8 +105,8 @@ def async_rollout(quick: bool) -> Suite:
         baseline=sync_name,
         warmup=0 if quick else 1,  # --quick checks the path: the timed call is the first
         repeats=2 if quick else 5,
-        note=f"speed-up = 1/ratio; goal >= 1.8x (ideal 2x). {latency_ms:.0f} ms per stage per "
-        "step, balanced; simulated devices, actor on device 0, rollout on device 1, one job "
-        f"for both schedules, {threads} torch thread(s) per process.",
+        note=f"speed-up = 1/ratio; goal >= 1.8x (ideal 2x). {shape}; simulated devices, actor "
+        "on device 0, rollout on device 1, one job for both schedules, "
+        f"{threads} torch thread(s) per process.",
         teardown=stack.close,
     )

@@ -34,6 +34,10 @@ itself, the rollout's waits for the actor left out: ``1 - sum(mean length) / sum
 length)`` over the trained steps' draws for a static batch, and ``1 - busy / slot_steps`` of
 the rollout's carry buffer (:meth:`RolloutWorker.carry_stats`, the schedule's whole run) for
 ``carry`` and ``carry7``.
+
+``--quick`` (CI) checks the path, not the figures: 2 steps per call at a twentieth of the
+latencies, on the job the schedule measures share in one bench process
+(:func:`~rltrain.bench.measures.trainer.quick_schedules_job`: this shape, the update time fixed).
 """
 
 from __future__ import annotations
@@ -47,10 +51,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rltrain.bench.harness import Suite, measure
+from rltrain.bench.measures.trainer import SCHEDULES
 
 TOKEN_MS = 25.0  # per modelled decoding step: a call of 8 rows takes ~1 s on average
 MEDIAN = 8.0  # modelled tokens; the longest of 8 rows averages ~40
 ACTOR_MS = 250.0  # per update: generation-bound (a static batch decodes ~1 s)
+#: ``--quick``: the share of the latencies (the schedule measures' shared job has this shape).
+QUICK_SCALE = 0.05
 #: Environment variable setting another update time (ms) for every schedule.
 ACTOR_ENV = "RLTRAIN_BENCH_LONG_TAIL_ACTOR_MS"
 POLICIES = ("finish", "restart", "continue", "fifo", "carry", "carry7")
@@ -83,29 +90,39 @@ GOALS: tuple[tuple[str, str, float, str], ...] = (
     "heavy-tailed response lengths: max_staleness=1 finish / restart / continue / fifo "
     "sampler, max_staleness=2 carry and max_staleness=7 carry (surplus 2, segment 1) vs "
     "synchronous",
+    share=SCHEDULES,
 )
 def long_tail(quick: bool) -> Suite:
-    from rltrain.bench.measures.trainer import compose, policy_cases, start_reasoning
+    from rltrain.bench.measures.trainer import (
+        compose,
+        policy_cases,
+        quick_schedules_job,
+        start_reasoning,
+    )
 
     steps = 2 if quick else 8
-    scale = 0.05 if quick else 1.0  # --quick (CI) checks the path, not the figures
-    actor_ms = actor_latency_ms()
-    run = compose(
-        "placement=disaggregated",
-        "logging.progress=false",
-        "logging.trace=false",
-        "trainer.save_every=0",
-        "trainer.max_staleness=1",
-        f"simulate.rollout_token_latency_ms={TOKEN_MS * scale}",
-        f"simulate.response_length_median={MEDIAN}",
-        f"simulate.actor_latency_ms={actor_ms * scale}",
-        "trainer.train_batch_size=2",
-        "rollout.n_samples_per_prompt=4",
-        "rollout.max_new_tokens=8",
-    )
+    scale = QUICK_SCALE if quick else 1.0  # --quick (CI) checks the path, not the figures
+    # --quick: the shared job's update time (QUICK_SCHEDULES_RUN), the variable ignored
+    actor_ms = ACTOR_MS if quick else actor_latency_ms()
     stack = contextlib.ExitStack()
-    job = start_reasoning(run, stack)
-    cases, seen = policy_cases(job, steps, POLICIES, STALENESS, SAMPLERS, CARRY)
+    if quick:  # the schedule measures' shared job (this shape)
+        run, job, first = quick_schedules_job()
+    else:
+        run = compose(
+            "placement=disaggregated",
+            "logging.progress=false",
+            "logging.trace=false",
+            "trainer.save_every=0",
+            "trainer.max_staleness=1",
+            f"simulate.rollout_token_latency_ms={TOKEN_MS * scale}",
+            f"simulate.response_length_median={MEDIAN}",
+            f"simulate.actor_latency_ms={actor_ms * scale}",
+            "trainer.train_batch_size=2",
+            "rollout.n_samples_per_prompt=4",
+            "rollout.max_new_tokens=8",
+        )
+        job, first = start_reasoning(run, stack), 0
+    cases, seen = policy_cases(job, steps, POLICIES, STALENESS, SAMPLERS, CARRY, first)
     token_s = TOKEN_MS * scale / 1000
     kept = CarryStats(lambda: carry_stats(job))
 

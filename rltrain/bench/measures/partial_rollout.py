@@ -14,6 +14,10 @@ their row's first (``continue``).
 
 Response lengths here are the tiny model's (no heavy tail is modelled): the measure compares the
 policies at a fixed generation/update ratio.
+
+``--quick`` (CI) checks the path, not the figures: 3 steps per call on the job the schedule
+measures share in one bench process (:func:`~rltrain.bench.measures.trainer.quick_schedules_job`:
+``long_tail``'s quick shape, modelled lengths included), not this measure's own.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import contextlib
 from typing import Any
 
 from rltrain.bench.harness import Suite, measure
+from rltrain.bench.measures.trainer import SCHEDULES
 
 TOKEN_MS = 250.0  # x max_new_tokens = 8: a generation takes up to 2 s
 ACTOR_MS = 1000.0
@@ -31,36 +36,49 @@ POLICIES = ("finish", "restart", "continue")
 @measure(
     "partial_rollout",
     "max_staleness=1 finish / restart / continue vs synchronous when generation is 2x an update",
+    share=SCHEDULES,
 )
 def partial_rollout(quick: bool) -> Suite:
-    from rltrain.bench.measures.trainer import compose, policy_cases, start_reasoning
+    from rltrain.bench.measures.trainer import (
+        QUICK_SCHEDULES_RUN,
+        compose,
+        policy_cases,
+        quick_schedules_job,
+        start_reasoning,
+    )
 
     steps = 3 if quick else 6
-    scale = 0.1 if quick else 1.0  # --quick (CI) checks the path, not the figures
-    run = compose(
-        "placement=disaggregated",
-        "logging.progress=false",
-        "logging.trace=false",
-        "trainer.save_every=0",
-        "trainer.max_staleness=1",
-        f"simulate.rollout_token_latency_ms={TOKEN_MS * scale}",
-        f"simulate.actor_latency_ms={ACTOR_MS * scale}",
-        "trainer.train_batch_size=2",
-        "rollout.n_samples_per_prompt=4",
-        "rollout.max_new_tokens=8",
-    )
     stack = contextlib.ExitStack()
-    job = start_reasoning(run, stack)
+    if quick:  # the schedule measures' shared job
+        _, job, first = quick_schedules_job()
+        shape = ", ".join(o for o in QUICK_SCHEDULES_RUN if o.startswith("simulate."))
+    else:
+        run = compose(
+            "placement=disaggregated",
+            "logging.progress=false",
+            "logging.trace=false",
+            "trainer.save_every=0",
+            "trainer.max_staleness=1",
+            f"simulate.rollout_token_latency_ms={TOKEN_MS}",
+            f"simulate.actor_latency_ms={ACTOR_MS}",
+            "trainer.train_batch_size=2",
+            "rollout.n_samples_per_prompt=4",
+            "rollout.max_new_tokens=8",
+        )
+        job, first = start_reasoning(run, stack), 0
+        shape = (
+            f"{TOKEN_MS:.0f} ms per decoded token (up to 8 per response), {ACTOR_MS:.0f} ms "
+            f"per update; tiny-model response lengths"
+        )
     threads = job.groups["actor"].reservation.layout.slot("actor", 0).num_threads
-    cases, seen = policy_cases(job, steps, POLICIES)
+    cases, seen = policy_cases(job, steps, POLICIES, first_step=first)
     return Suite(
         cases=cases,
         baseline=cases[0].name,
         warmup=0 if quick else 1,  # --quick checks the path: the timed call is the first
         repeats=2 if quick else 3,
-        note=f"speed-up = 1/ratio. {TOKEN_MS * scale:.0f} ms per decoded token (up to 8 per "
-        f"response), {ACTOR_MS * scale:.0f} ms per update; simulated devices, one job for every "
-        f"schedule, {threads} torch thread(s) per process; tiny-model response lengths.",
+        note=f"speed-up = 1/ratio. {shape}; simulated devices, one job for every "
+        f"schedule, {threads} torch thread(s) per process.",
         teardown=stack.close,
         extras=lambda: extras({n: [r for _, r in calls] for n, calls in seen.items()}),
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Callable
 
 from rltrain.bench.harness import Case, Suite, measure
 
@@ -209,6 +210,50 @@ def start_reasoning(run, stack: contextlib.ExitStack):
     )
 
 
+#: The share key (:attr:`rltrain.bench.harness.Measure.share`) of the schedule measures
+#: (``async_rollout``, ``partial_rollout``, ``long_tail``): their quick modes drive one job.
+SCHEDULES = "disaggregated-schedules"
+#: ``--quick`` (CI) checks the schedules' path, not their figures: the schedule measures' one
+#: job, disaggregated (actor on device 0, rollout on device 1) with ``long_tail``'s quick shape:
+#: modelled heavy-tailed lengths (median 8 tokens) at 1.25 ms per decoding step, 12.5 ms per update.
+QUICK_SCHEDULES_RUN = (
+    "placement=disaggregated",
+    "logging.progress=false",
+    "logging.trace=false",
+    "trainer.save_every=0",
+    "trainer.max_staleness=1",
+    "simulate.rollout_token_latency_ms=1.25",
+    "simulate.response_length_median=8",
+    "simulate.actor_latency_ms=12.5",
+    "trainer.train_batch_size=2",
+    "rollout.n_samples_per_prompt=4",
+    "rollout.max_new_tokens=8",
+)
+#: Steps one user of the shared job may take (each user's runners start past the last's).
+_STEP_RANGE = 10**8
+
+
+def quick_schedules_job():
+    """The schedule measures' quick job (:data:`QUICK_SCHEDULES_RUN`), started by the first of
+    them in a bench process and kept while the next measure shares it
+    (:func:`rltrain.bench.harness.shared`); each call gets a step range of its own, so the
+    runners of one measure never reuse another's steps (each step reloads the weights).
+
+    Returns:
+        ``(run config, started job, first step of this caller's range)``.
+    """
+    from rltrain.bench.harness import shared
+
+    def make() -> tuple[dict, Callable[[], None]]:
+        stack = contextlib.ExitStack()
+        run = compose(*QUICK_SCHEDULES_RUN)
+        return {"run": run, "job": start_reasoning(run, stack), "users": 0}, stack.close
+
+    state = shared(SCHEDULES, make)
+    state["users"] += 1
+    return state["run"], state["job"], state["users"] * _STEP_RANGE
+
+
 def policy_cases(
     job,
     steps: int,
@@ -216,6 +261,7 @@ def policy_cases(
     staleness: dict[str, int] | None = None,
     samplers: dict[str, str] | None = None,
     carry: dict[str, dict[str, int]] | None = None,
+    first_step: int = 0,
 ) -> tuple[tuple[Case, ...], dict]:
     """One case per schedule on one started job: synchronous (the baseline, first), then
     ``max_staleness=1`` (or ``staleness[policy]``) with each ``trainer.partial_rollout`` policy;
@@ -223,8 +269,9 @@ def policy_cases(
     ``carry`` is ``carry`` with that override of ``trainer.carry_surplus`` / ``carry_segment``
     (:class:`~rltrain.runners.schedules.PipelinedSchedule`).
 
-    Every schedule takes its steps from a range of its own (each reloads the weights every
-    step, so versions must not meet); each timed call runs ``steps`` steps and drains.
+    Every schedule takes its steps from a range of its own, from ``first_step`` on (each
+    reloads the weights every step, so versions must not meet); each timed call runs ``steps``
+    steps and drains.
 
     Returns:
         ``(cases, seen)``: ``seen[name]`` collects ``(step, step record)`` of every call.
@@ -245,7 +292,7 @@ def policy_cases(
             for p in policies
         },
     }
-    first = {name: i * 10**6 for i, name in enumerate(names)}
+    first = {name: first_step + i * 10**6 for i, name in enumerate(names)}
     counters = {n: iter(range(first[n], first[n] + 10**6)) for n in names}
     for n, runner in runners.items():
         runner.schedule.begin(first[n], None)

@@ -167,3 +167,38 @@ def test_a_failing_measure_is_reported_and_the_others_still_run(capsys):
     assert [r.name for r in results] == ["ok"] and failed == ["bad"]
     out = capsys.readouterr()
     assert "RuntimeError: no cluster" in out.err and "### `ok`" in out.out
+
+
+def test_measures_of_one_share_run_next_to_each_other_keep_one_resource(capsys):
+    """The runner keeps a shared resource while the next measure has the same ``share`` and
+    closes it before any other measure runs (it could hold what that one needs)."""
+    events: list[str] = []
+
+    def using(name: str):
+        def build(quick: bool) -> Suite:
+            def make():
+                events.append("make")
+                return name, lambda: events.append("close")
+
+            got = harness.shared("toy-share", make)
+            events.append(f"{name} got {got}")
+            return Suite(cases=(Case("a", lambda: None),), baseline="a", warmup=0, repeats=1)
+
+        return build
+
+    def alone(quick: bool) -> Suite:
+        events.append("alone")
+        return Suite(cases=(Case("a", lambda: None),), baseline="a", warmup=0, repeats=1)
+
+    registry = {
+        "s1": Measure("s1", "", using("s1"), share="toy-share"),
+        "s2": Measure("s2", "", using("s2"), share="toy-share"),
+        "other": Measure("other", "", alone),
+    }
+    results, failed = _run(registry, ["s1", "s2", "other", "s1"], quick=True)
+    assert not failed and [r.name for r in results] == ["s1", "s2", "other", "s1"]
+    assert events == [
+        *("make", "s1 got s1", "s2 got s1", "close"),  # one resource for both, closed after s2
+        "alone",
+        *("make", "s1 got s1", "close"),  # made again, closed at the end
+    ]

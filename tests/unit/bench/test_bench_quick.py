@@ -94,10 +94,18 @@ HOLDS_CORES_TO_EXIT = "rltrain.bench.measures.runtime"
 
 
 def bench_order(names: Iterable[str]) -> list[str]:
-    """``names`` in the order one bench process runs them: by name, the measures of
-    :data:`HOLDS_CORES_TO_EXIT` last."""
+    """``names`` in the order one bench process runs them: by name, the measures of one
+    ``share`` together (their quick modes then share one job: ``Measure.share``), the measures
+    of :data:`HOLDS_CORES_TO_EXIT` last."""
     registry = harness.discover()
-    return sorted(names, key=lambda n: (registry[n].build.__module__ == HOLDS_CORES_TO_EXIT, n))
+    return sorted(
+        names,
+        key=lambda n: (
+            registry[n].build.__module__ == HOLDS_CORES_TO_EXIT,
+            registry[n].share or n,
+            n,
+        ),
+    )
 
 
 #: The helper process: the local Ray a measure would start (``Cluster.start``), its address on

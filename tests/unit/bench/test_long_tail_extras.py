@@ -108,3 +108,15 @@ def test_each_carry_schedule_keeps_its_own_buffer_totals():
     assert kept.of("fifo") == []
     seen = {"sync": [(0, {"time/step_s": 1.0})], "carry7": [(9, _rec(0.5, staleness=7))]}
     assert extras(seen, lambda s: 0.1)["within_bound"] == 1.0
+
+
+def test_the_shared_quick_job_has_long_tails_quick_shape():
+    """long_tail's quick figures model the latencies of the job the schedule measures share:
+    its per-token latency and median at the quick scale, the update a twentieth of ACTOR_MS."""
+    from rltrain.bench.measures.long_tail import MEDIAN, QUICK_SCALE, TOKEN_MS
+    from rltrain.bench.measures.trainer import QUICK_SCHEDULES_RUN
+
+    knobs = dict(o.split("=", 1) for o in QUICK_SCHEDULES_RUN if o.startswith("simulate."))
+    assert float(knobs["simulate.rollout_token_latency_ms"]) == TOKEN_MS * QUICK_SCALE
+    assert float(knobs["simulate.response_length_median"]) == MEDIAN
+    assert float(knobs["simulate.actor_latency_ms"]) == ACTOR_MS * QUICK_SCALE
