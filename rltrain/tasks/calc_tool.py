@@ -192,7 +192,8 @@ def supervise(
 def _stamp(spec: CalcToolSpec, model_cfg: Any, paths: tuple[str, str]) -> dict[str, Any]:
     from rltrain.config.schema import MODEL_SIZE_FIELDS
 
-    sized = ("family", *MODEL_SIZE_FIELDS, "tie_word_embeddings", "init_seed")
+    # every model field the checkpoint is built from (vocab_size pads its embedding rows)
+    sized = ("family", *MODEL_SIZE_FIELDS, "vocab_size", "tie_word_embeddings", "init_seed")
     return {
         "generator": "calc_tool",
         "version": VERSION,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
@@ -55,6 +56,12 @@ def test_its_own_outputs_are_kept_then_rewritten_for_another_spec(tmp_path) -> N
     more = CalcToolSpec(num_train=20, num_eval=4, sft_steps=0)
     assert ensure_calc_tool(train, evals, model, more, MODEL)  # its own files: rewritten
     assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 20
+    # every model field the checkpoint is built from is in the stamp: a padded vocabulary is
+    # a new checkpoint, not the cached one taken for it
+    padded = dataclasses.replace(MODEL, vocab_size=64)
+    assert ensure_calc_tool(train, evals, model, more, padded)
+    assert json.loads((tmp_path / "base_model" / "config.json").read_text())["vocab_size"] == 64
+    assert not ensure_calc_tool(train, evals, model, more, padded)
 
 
 def test_the_warm_start_learns_the_call_and_the_answer_not_the_tools_result() -> None:
