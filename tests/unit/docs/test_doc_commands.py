@@ -13,6 +13,7 @@ the reader's files: the test puts small real ones in their place.
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import re
@@ -26,6 +27,7 @@ from user_files import chat_checkpoint, data_file, fingerprint
 
 from rltrain.config import load_config
 from rltrain.config.errors import explain
+from rltrain.config.schema import RunConfig
 from rltrain.config.store import register_configs
 
 CONF = ROOT / "conf"
@@ -33,8 +35,15 @@ COMMANDS = all_commands()
 RUNS = [c for c in COMMANDS if c.is_run]
 
 
-def compose_config(overrides: list[str]):
+@functools.cache
+def _register_configs() -> None:
+    """The schemas into Hydra's ConfigStore, once per test process (a tenth of a second a
+    call, and the store keeps them)."""
     register_configs()
+
+
+def compose_config(overrides: list[str]):
+    _register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
@@ -90,12 +99,24 @@ def _fill(overrides: list[str], placeholders: dict[str, Callable[[str], str]]) -
     return out
 
 
-def _refusal(overrides: list[str], tmp_path: pathlib.Path) -> str | None:
-    """What rltrain says about these overrides before Ray starts; None when it accepts them."""
+def _loaded(overrides: list[str]) -> RunConfig | Exception:
+    """The config these overrides compose, checked; or what composing or checking raised
+    (each caller reports it its own way). Made once per override set, for the pre-Ray checks
+    and for seeing whether the run profiles first."""
+    try:
+        return load_config(compose_config(overrides))
+    except Exception as exc:  # noqa: BLE001 - handed to the caller
+        return exc
+
+
+def _refusal(run: RunConfig | Exception, tmp_path: pathlib.Path) -> str | None:
+    """What rltrain says about a config (:func:`_loaded`) before Ray starts; None when it
+    accepts it."""
     from rltrain.runners.layout import preflight
 
     try:
-        run = load_config(compose_config(overrides))
+        if isinstance(run, Exception):
+            raise run
         if run.placement.mode != "auto":  # auto profiles on the cluster: its own tests
             preflight(run, str(tmp_path))
     except Exception as exc:  # noqa: BLE001 - classified by explain, as the CLI does
@@ -110,12 +131,10 @@ def _squash(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-def _profiles(overrides: list[str]) -> bool:
-    """Whether the run places itself (``placement=auto``: it profiles on the cluster first)."""
-    try:
-        return load_config(compose_config(overrides)).placement.mode == "auto"
-    except Exception:  # noqa: BLE001 - a refused config places nothing
-        return False
+def _profiles(run: RunConfig | Exception) -> bool:
+    """Whether the run places itself (``placement=auto``: it profiles on the cluster first);
+    a refused config places nothing."""
+    return not isinstance(run, Exception) and run.placement.mode == "auto"
 
 
 #: What ``mode=plan`` may leave in its run directory.
@@ -148,7 +167,8 @@ def test_documented_command(command: DocCommand, placeholders, reader, tmp_path,
     cache = pathlib.Path(os.environ["RLTRAIN_CACHE"])
     for i, overrides in enumerate(command.override_sets()):
         filled = _fill(overrides, placeholders)
-        auto = _profiles(filled)  # mode=plan with placement=auto profiles first (it says so)
+        loaded = _loaded(filled)
+        auto = _profiles(loaded)  # mode=plan with placement=auto profiles first (it says so)
         planned = None
         if not auto:
             # first, while task.generate's data may not exist yet: a plan writes none of it
@@ -160,7 +180,7 @@ def test_documented_command(command: DocCommand, placeholders, reader, tmp_path,
             written = set(os.listdir(out_dir))
             assert written <= PLAN_FILES, f"{command.where}: mode=plan wrote {written}"
             assert planned is not None or "plan.json" in written, command.where
-        refusal = _refusal(filled, tmp_path)
+        refusal = _refusal(loaded, tmp_path)
         if command.expect_error is None:
             assert refusal is None, f"{command.where}: {' '.join(overrides)} -> {refusal}"
             assert planned is None, f"{command.where} in mode=plan: {planned}"
