@@ -3,6 +3,8 @@
 The preset exactly as shipped (its generated data and base checkpoint, its sampling, batch,
 learning rate and step count), trained by rltrain's own algorithm pieces in one process: the
 update a run's actor takes, without Ray (``test_gsm8k_tiny.py`` runs the preset through Ray).
+The data and checkpoint come from the test run's shared cache (``tests/shared_cache.py``): the
+bytes the preset writes, generated once for this test and ``test_doc_commands``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from shared_cache import shared_cache
 
 from rltrain.algorithms import (
     SamplingParams,
@@ -34,8 +37,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_rl_raises_greedy_accuracy_over_the_base_in_the_documented_steps(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLTRAIN_CACHE", str(tmp_path))
+def test_rl_raises_greedy_accuracy_over_the_base_in_the_documented_steps(
+    tmp_path_factory, monkeypatch
+):
+    # the preset's data as shipped, generated once per test run (test_doc_commands reads it too)
+    monkeypatch.setenv("RLTRAIN_CACHE", str(shared_cache(tmp_path_factory)))
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -23,6 +23,7 @@ import pytest
 from doc_commands import ROOT, DocCommand, all_commands, doc_files
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from shared_cache import prepare_shared, shared_cache
 from user_files import chat_checkpoint, data_file, fingerprint
 
 from rltrain.config import load_config
@@ -49,10 +50,21 @@ def compose_config(overrides: list[str]):
         return compose(config_name="config", overrides=overrides)
 
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> pathlib.Path:
+    """The test run's shared cache (``tests/shared_cache.py``), not ~/.cache, with the shared
+    presets' data already in it: generated here, found current, or waited for while the other
+    test process generates it, so nothing else writes into it while a plan is checked. The
+    other generated data sets (experiment=calc_tool, gsm8k_tool) are this module's: the first
+    command of each is planned before they exist, then generates them."""
+    path = shared_cache(tmp_path_factory)
+    prepare_shared(path, CONF)
+    return path
+
+
 @pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    """Generated data sets (experiment=gsm8k_tiny) go to a temporary cache, not ~/.cache."""
-    monkeypatch.setenv("RLTRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+def _cache(cache, monkeypatch):
+    monkeypatch.setenv("RLTRAIN_CACHE", str(cache))
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +172,12 @@ def _plan_refusal(overrides: list[str], out_dir: pathlib.Path, monkeypatch) -> s
 
 
 @pytest.mark.parametrize("command", RUNS, ids=[c.where for c in RUNS])
-def test_documented_command(command: DocCommand, placeholders, reader, tmp_path, monkeypatch):
+def test_documented_command(
+    command: DocCommand, placeholders, reader, cache, tmp_path, monkeypatch
+):
     """Each command passes (or is refused as shown by) the checks made before Ray starts; in
     ``mode=plan`` it writes its plan files and nothing else, anywhere: not a byte of the
     reader's files (checkpoint, data, ``trainer.checkpoint_dir``) nor of rltrain's cache."""
-    cache = pathlib.Path(os.environ["RLTRAIN_CACHE"])
     for i, overrides in enumerate(command.override_sets()):
         filled = _fill(overrides, placeholders)
         loaded = _loaded(filled)
