@@ -15,9 +15,10 @@ from rltrain.errors import ConfigError, ResourceError
 from rltrain.runners.reasoning import run_reasoning
 from rltrain.telemetry.metrics import read_metrics
 
-# spread: each test may run in either process, except the two that read ``default_run``
+# spread: each test may run in either process, except the three that read the module's runs
 pytestmark = pytest.mark.spread
-#: The unit of the tests that read the module's ``default_run`` (one process runs it once).
+#: The unit of the tests that read the module's ``default_run`` and ``turns_run`` (one process
+#: runs each once).
 DEFAULT_RUN = pytest.mark.spread(unit="test_reasoning-default-run")
 
 CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
@@ -44,6 +45,36 @@ def default_run(ray_session, tmp_path_factory):
     ray_session.ensure()
     out = tmp_path_factory.mktemp("default_run")
     return run_reasoning(compose_run("placement=collocated", *SHORT), str(out)), out
+
+
+@pytest.fixture(scope="module")
+def turns_run(ray_session, tmp_path_factory):
+    """``(summary, run dir, residency counts)`` of ``SHORT`` taking turns: actor and rollout
+    offload after every stage of theirs (``after_stage``, so ``fuse=auto`` falls back to
+    separate processes). One run serves the offload policy's counts and the turn-taking side of
+    fused vs turns."""
+    from rltrain.runners import reasoning
+
+    ray_session.ensure()
+    out = tmp_path_factory.mktemp("turns_run")
+    counts: dict = {}
+    real_fit = reasoning.ReasoningRunner.fit
+
+    def fit(self):
+        result = real_fit(self)
+        counts.update(self.job.residency.counts())
+        return result
+
+    run = compose_run(
+        "placement=collocated",
+        "placement.offload.actor.when=after_stage",
+        "placement.offload.rollout.when=after_stage",
+        *SHORT,
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reasoning.ReasoningRunner, "fit", fit)
+        summary = run_reasoning(run, str(out))
+    return summary, out, counts
 
 
 @pytest.mark.timeout(300)
@@ -73,29 +104,11 @@ def test_a_few_real_steps_in_every_placement_mode(placement, ray_session, tmp_pa
     assert {"generate", "train", "reward"} <= names
 
 
+@DEFAULT_RUN
 @pytest.mark.timeout(300)
-def test_collocated_offloads_follow_the_policy(ray_session, tmp_path, monkeypatch):
+def test_collocated_offloads_follow_the_policy(turns_run):
     """after_stage actor and rollout: each leaves its devices after every one of its stages."""
-    from rltrain.runners import reasoning
-
-    ray_session.ensure()
-    seen = {}
-    real_fit = reasoning.ReasoningRunner.fit
-
-    def fit(self):
-        out = real_fit(self)
-        seen.update(self.job.residency.counts())
-        seen["peak"] = dict(self.job.residency.peak)
-        return out
-
-    monkeypatch.setattr(reasoning.ReasoningRunner, "fit", fit)
-    run = compose_run(
-        "placement=collocated",
-        "placement.offload.actor.when=after_stage",
-        "placement.offload.rollout.when=after_stage",
-        *SHORT,
-    )
-    run_reasoning(run, str(tmp_path))
+    _, _, seen = turns_run
     # per rank: rollout reloads once per generate (3) and per evaluation (1)
     assert seen[("rollout", "reload")] == 2 * (3 + 1)
     assert seen[("rollout", "offload")] == 2 * (3 + 1) + 2  # + the start-up offload
@@ -116,19 +129,17 @@ def test_missing_component_and_bad_batch_are_refused_before_ray(tmp_path):
 
 @DEFAULT_RUN
 @pytest.mark.timeout(300)
-def test_fused_collocated_learns_what_taking_turns_learns(default_run, tmp_path):
+def test_fused_collocated_learns_what_taking_turns_learns(default_run, turns_run):
     """placement.fuse: one process per device does generate, score and train; the rows and
     random streams are the separate workers', so the records match a turn-taking run's."""
     fused, fused_dir = default_run  # the shipped default: placement=collocated, fuse=auto
     # after_stage offload moves state between the stages: auto falls back to taking turns
-    turns = run_reasoning(
-        compose_run(*SHORT, "placement.offload.rollout.when=after_stage"), str(tmp_path / "turns")
-    )
+    turns, turns_dir, _ = turns_run
     assert fused["fused"] is True and "fuse_blockers" not in fused
     assert turns["fused"] is False
     assert any("placement.offload.rollout.when" in b for b in turns["fuse_blockers"])
     a = read_metrics(str(fused_dir / "metrics.jsonl"))
-    b = read_metrics(str(tmp_path / "turns" / "metrics.jsonl"))
+    b = read_metrics(str(turns_dir / "metrics.jsonl"))
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
     for ra, rb in zip(a, b, strict=True):
         for key in ("reward/mean", "reward/std", "response/length_mean"):
