@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,10 @@ from rltrain.runners.stages import ReasoningStages
 from rltrain.telemetry.metrics import read_metrics
 from rltrain.workers.rollout import RolloutWorker
 
-pytestmark = pytest.mark.spread  # no module fixture: each test may run in either process
+# spread: each test may run in either process, except the two that read ``scored_run``
+pytestmark = pytest.mark.spread
+#: The unit of the tests that read the module's ``scored_run`` (one process runs it once).
+SCORED_RUN = pytest.mark.spread(unit="test_engines-scored-run")
 
 CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
 SHORT = (
@@ -134,52 +138,91 @@ def _model_scores(path: pathlib.Path, texts: list[str]) -> torch.Tensor:
         return torch.cat([model(**tok([t], return_tensors="pt")).logits[:, 0] for t in texts])
 
 
-@pytest.mark.timeout(600)
-def test_reward_model_scores_what_the_run_logs(ray_session, tmp_path, monkeypatch):
-    from rltrain.algorithms.sampling import decode_responses
-    from rltrain.tasks import build_tokenizer
+@pytest.fixture(scope="module")
+def scored_run(ray_session, tmp_path_factory) -> dict[str, Any]:
+    """One collocated run, 3 steps, for the reward model and the inference component: a tiny
+    reward model on device 0 beside actor and rollout that sends its weights away after every
+    scoring, and the inference component on device 1. What each test reads is recorded on the
+    way: each step's shards and scores, the residency counts, and each step's inference
+    log-probs with the actor's policy before the step's update."""
+    import ray
+
+    from rltrain.backends.weight_sync.host import load_from_host
+    from rltrain.tasks.model import build_model
 
     ray_session.ensure()
-    rm = tmp_path / "reward_model"
+    rm = tmp_path_factory.mktemp("reward_model")
     _tiny_reward_model(rm)
-    seen: list = []
+    out = tmp_path_factory.mktemp("scored_run")
+    steps: list[dict[str, Any]] = []
+    inference: list = []
+    counts: dict = {}
     real_learn = ReasoningStages.learn
     real_metrics = ReasoningStages.step_metrics
+    real_inference = ReasoningStages.inference_logprobs
+    real_fit = reasoning.ReasoningRunner.fit
 
     def learn(self, step, shards, timer):
-        import ray
-
-        seen.append({"shards": ray.get(list(shards))})
+        steps.append({"shards": ray.get(list(shards))})
         return real_learn(self, step, shards, timer)
 
     def step_metrics(self, scores, results, times):
-        seen[-1]["scores"] = torch.cat([sc.rewards for sc in scores])
+        steps[-1]["scores"] = torch.cat([sc.rewards for sc in scores])
         return real_metrics(self, scores, results, times)
 
-    real_fit = reasoning.ReasoningRunner.fit
+    def inference_logprobs(self, shards):
+        old = real_inference(self, shards)
+        # the actor's policy as it is before this step's update (the version it exported)
+        model = build_model(self.run.model)
+        load_from_host(ray.get(self.weights_ref), dict(model.named_parameters()))
+        inference.append((ray.get(list(shards)), old, model))
+        return old
 
     def fit(self):
-        out = real_fit(self)
-        seen.append({"counts": self.job.residency.counts()})
-        return out
+        result = real_fit(self)
+        counts.update(self.job.residency.counts())
+        return result
 
-    monkeypatch.setattr(ReasoningStages, "learn", learn)
-    monkeypatch.setattr(ReasoningStages, "step_metrics", step_metrics)
-    monkeypatch.setattr(reasoning.ReasoningRunner, "fit", fit)
     run = compose_run(
         "placement=collocated",
+        "placement.mode=null",
+        "+placement.component_placement.inference=1",
         "reward.kind=model",
         f"reward.model_path={rm}",
         "reward.micro_batch_size=3",  # 8 rows per shard: micro-batches of 3, 3 and 2
         "placement.component_placement.reward=0",  # on device 0, beside actor and rollout
         "+placement.offload.reward={when: after_stage, states: [weights]}",
+        "algorithm.entropy_coef=0.05",
         *SHORT,
     )
-    summary = reasoning.run_reasoning(run, str(tmp_path / "run"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ReasoningStages, "learn", learn)
+        patch.setattr(ReasoningStages, "step_metrics", step_metrics)
+        patch.setattr(ReasoningStages, "inference_logprobs", inference_logprobs)
+        patch.setattr(reasoning.ReasoningRunner, "fit", fit)
+        summary = reasoning.run_reasoning(run, str(out))
+    return {
+        "run": run,
+        "dir": out,
+        "reward_model": rm,
+        "summary": summary,
+        "steps": steps,
+        "inference": inference,
+        "counts": counts,
+    }
+
+
+@SCORED_RUN
+@pytest.mark.timeout(600)
+def test_reward_model_scores_what_the_run_logs(scored_run):
+    from rltrain.algorithms.sampling import decode_responses
+    from rltrain.tasks import build_tokenizer
+
+    run, rm, summary, seen = (scored_run[k] for k in ("run", "reward_model", "summary", "steps"))
     assert summary["status"] == "completed" and summary["fused"] is False
     assert any("reward.kind='model'" in b for b in summary["fuse_blockers"])
-    records = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
-    counts = seen.pop()["counts"]
+    records = read_metrics(str(scored_run["dir"] / "metrics.jsonl"))
+    counts = scored_run["counts"]
     # resident state on device 0: its policy sends the weights away after every scoring
     assert counts[("reward", "offload")] >= 3 and counts[("reward", "reload")] >= 3
     assert len(seen) == len(records) == 3
@@ -200,38 +243,13 @@ def test_reward_model_scores_what_the_run_logs(ray_session, tmp_path, monkeypatc
     assert len({float(s["scores"].std()) for s in seen}) > 1  # real, varying scores
 
 
+@SCORED_RUN
 @pytest.mark.timeout(600)
-def test_inference_component_computes_the_actors_old_logprobs(ray_session, tmp_path, monkeypatch):
+def test_inference_component_computes_the_actors_old_logprobs(scored_run):
     from rltrain.algorithms.logprobs import compute_logprobs
-    from rltrain.tasks.model import build_model
 
-    ray_session.ensure()
-    seen: list = []
-    real = ReasoningStages.inference_logprobs
-
-    def inference_logprobs(self, shards):
-        import ray
-
-        from rltrain.backends.weight_sync.host import load_from_host
-
-        out = real(self, shards)
-        # the actor's policy as it is before this step's update (the version it exported)
-        model = build_model(self.run.model)
-        packed = ray.get(self.weights_ref)
-        load_from_host(packed, dict(model.named_parameters()))
-        seen.append((ray.get(list(shards)), out, model))
-        return out
-
-    monkeypatch.setattr(ReasoningStages, "inference_logprobs", inference_logprobs)
-    run = compose_run(
-        "placement=disaggregated",
-        "placement.mode=null",
-        "+placement.component_placement.inference=1",  # beside the rollout, off the actor
-        "algorithm.entropy_coef=0.05",
-        *SHORT,
-    )
-    summary = reasoning.run_reasoning(run, str(tmp_path))
-    assert summary["weight_sync"]["inference"]["transport"] == "host"
+    run_dir, seen = scored_run["dir"], scored_run["inference"]
+    assert scored_run["summary"]["weight_sync"]["inference"]["transport"] == "host"
     assert len(seen) == 3
     for shards, old, model in seen:
         for b, lp in zip(shards, old, strict=True):
@@ -240,10 +258,10 @@ def test_inference_component_computes_the_actors_old_logprobs(ray_session, tmp_p
             )
             torch.testing.assert_close(lp, want, rtol=0, atol=1e-6)
     # the actor's own forward pass agrees: its ratio against these old_logprobs starts at 1
-    records = read_metrics(str(tmp_path / "metrics.jsonl"))
+    records = read_metrics(str(run_dir / "metrics.jsonl"))
     assert all(abs(r["actor/approx_kl"]) < 1e-6 and r["actor/clip_frac"] == 0 for r in records)
     assert all(r["time/inference_s"] > 0 for r in records)
-    trace = json.loads((tmp_path / "trace.json").read_text())
+    trace = json.loads((run_dir / "trace.json").read_text())
     lanes = {
         e["args"].get("process")
         for e in trace["traceEvents"]
