@@ -37,9 +37,10 @@ LATENCY_MS = 2000.0
 )
 def async_rollout(quick: bool) -> Suite:
     from rltrain.bench.measures.trainer import (
-        QUICK_SCHEDULES_RUN,
+        SCHEDULES_BASE,
         compose,
         quick_schedules_job,
+        quick_schedules_shape,
         start_reasoning,
     )
     from rltrain.runners.reasoning import ReasoningRunner
@@ -48,7 +49,7 @@ def async_rollout(quick: bool) -> Suite:
     stack = contextlib.ExitStack()
     if quick:  # the schedule measures' shared job
         _, job, base = quick_schedules_job()
-        shape = ", ".join(o for o in QUICK_SCHEDULES_RUN if o.startswith("simulate."))
+        shape = quick_schedules_shape()
     else:
         # trainer.max_staleness=1 in the config (each runner below still picks its own
         # schedule): the job's thread rule then counts actor and rollout together, one core
@@ -56,11 +57,7 @@ def async_rollout(quick: bool) -> Suite:
         # synchronous one is not slower with it (tiny batches gain nothing from a second
         # thread).
         run = compose(
-            "placement=disaggregated",
-            "logging.progress=false",
-            "logging.trace=false",
-            "trainer.save_every=0",
-            "trainer.max_staleness=1",
+            *SCHEDULES_BASE,
             f"simulate.rollout_latency_ms={LATENCY_MS}",
             f"simulate.actor_latency_ms={LATENCY_MS}",
             "trainer.train_batch_size=2",

@@ -94,6 +94,7 @@ GOALS: tuple[tuple[str, str, float, str], ...] = (
 )
 def long_tail(quick: bool) -> Suite:
     from rltrain.bench.measures.trainer import (
+        SCHEDULES_BASE,
         compose,
         policy_cases,
         quick_schedules_job,
@@ -109,11 +110,7 @@ def long_tail(quick: bool) -> Suite:
         run, job, first = quick_schedules_job()
     else:
         run = compose(
-            "placement=disaggregated",
-            "logging.progress=false",
-            "logging.trace=false",
-            "trainer.save_every=0",
-            "trainer.max_staleness=1",
+            *SCHEDULES_BASE,
             f"simulate.rollout_token_latency_ms={TOKEN_MS * scale}",
             f"simulate.response_length_median={MEDIAN}",
             f"simulate.actor_latency_ms={actor_ms * scale}",

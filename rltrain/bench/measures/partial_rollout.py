@@ -40,10 +40,11 @@ POLICIES = ("finish", "restart", "continue")
 )
 def partial_rollout(quick: bool) -> Suite:
     from rltrain.bench.measures.trainer import (
-        QUICK_SCHEDULES_RUN,
+        SCHEDULES_BASE,
         compose,
         policy_cases,
         quick_schedules_job,
+        quick_schedules_shape,
         start_reasoning,
     )
 
@@ -51,14 +52,10 @@ def partial_rollout(quick: bool) -> Suite:
     stack = contextlib.ExitStack()
     if quick:  # the schedule measures' shared job
         _, job, first = quick_schedules_job()
-        shape = ", ".join(o for o in QUICK_SCHEDULES_RUN if o.startswith("simulate."))
+        shape = quick_schedules_shape()
     else:
         run = compose(
-            "placement=disaggregated",
-            "logging.progress=false",
-            "logging.trace=false",
-            "trainer.save_every=0",
-            "trainer.max_staleness=1",
+            *SCHEDULES_BASE,
             f"simulate.rollout_token_latency_ms={TOKEN_MS}",
             f"simulate.actor_latency_ms={ACTOR_MS}",
             "trainer.train_batch_size=2",

@@ -216,12 +216,17 @@ SCHEDULES = "disaggregated-schedules"
 #: ``--quick`` (CI) checks the schedules' path, not their figures: the schedule measures' one
 #: job, disaggregated (actor on device 0, rollout on device 1) with ``long_tail``'s quick shape:
 #: modelled heavy-tailed lengths (median 8 tokens) at 1.25 ms per decoding step, 12.5 ms per update.
-QUICK_SCHEDULES_RUN = (
+#: What every schedule measure's job has: actor and rollout apart, one step of staleness allowed
+#: in the config (each runner still picks its own schedule), no checkpoints, no progress or trace.
+SCHEDULES_BASE = (
     "placement=disaggregated",
     "logging.progress=false",
     "logging.trace=false",
     "trainer.save_every=0",
     "trainer.max_staleness=1",
+)
+QUICK_SCHEDULES_RUN = (
+    *SCHEDULES_BASE,
     "simulate.rollout_token_latency_ms=1.25",
     "simulate.response_length_median=8",
     "simulate.actor_latency_ms=12.5",
@@ -229,6 +234,13 @@ QUICK_SCHEDULES_RUN = (
     "rollout.n_samples_per_prompt=4",
     "rollout.max_new_tokens=8",
 )
+
+
+def quick_schedules_shape() -> str:
+    """The shared quick job's modelled latencies, as a measure's note prints them."""
+    return ", ".join(o for o in QUICK_SCHEDULES_RUN if o.startswith("simulate."))
+
+
 #: Steps one user of the shared job may take (each user's runners start past the last's).
 _STEP_RANGE = 10**8
 
