@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 import psutil
 import pytest
@@ -83,7 +84,7 @@ def latest(run_dir: pathlib.Path) -> str | None:
         return None
 
 
-def worker(driver: subprocess.Popen, cls: str, skip: set[int]) -> psutil.Process | None:
+def worker(driver: subprocess.Popen, cls: str, skip: AbstractSet[int]) -> psutil.Process | None:
     """A live Ray worker process of ``cls`` under this driver (Ray titles them ``ray::<cls>``),
     other than the pids in ``skip``."""
     for child in psutil.Process(driver.pid).children(recursive=True):
@@ -107,14 +108,18 @@ def workers(driver: subprocess.Popen) -> set[int]:
     return pids
 
 
-def restarted_from(run_dir: pathlib.Path, count: int) -> int | None:
+def restarted_from(driver: subprocess.Popen, run_dir: pathlib.Path, count: int) -> int:
     """The step restart ``count`` resumed from, once the run's log records it."""
-    try:
-        log = (run_dir / "rltrain.log").read_text()
-    except OSError:
-        return None
-    found = re.search(rf"restart {count} of \d+ .*?resuming from step (\d+)", log)
-    return int(found.group(1)) if found else None
+    pattern = re.compile(rf"restart {count} of \d+ .*?resuming from step (\d+)")
+    while True:
+        assert driver.poll() is None, f"the run ended before restart {count}"
+        try:
+            found = pattern.search((run_dir / "rltrain.log").read_text())
+        except OSError:
+            found = None
+        if found:
+            return int(found.group(1))
+        time.sleep(0.05)
 
 
 def kill_when(
@@ -122,7 +127,7 @@ def kill_when(
     run_dir: pathlib.Path,
     ready: Callable[[str | None], bool],
     cls: str,
-    skip: set[int] = frozenset(),  # type: ignore[assignment]
+    skip: AbstractSet[int] = frozenset(),
 ) -> int:
     """SIGKILL a ``cls`` worker (not one of ``skip``) once ``ready(latest checkpoint)``; returns
     the killed pid."""
@@ -152,11 +157,7 @@ def test_killed_rollout_and_actor_workers_are_restarted_and_resume_exactly(tmp_p
         # second fault waits for the restart to be logged and for a checkpoint past the step it
         # resumed from, then kills one of the second attempt's actor workers.
         first_attempt = workers(faulty)
-        resumed = None
-        while resumed is None:
-            assert faulty.poll() is None, "the run ended before its first restart"
-            resumed = restarted_from(faulty_dir, 1)
-            time.sleep(0.05)
+        resumed = restarted_from(faulty, faulty_dir, 1)
         kill_when(
             faulty,
             faulty_dir,
