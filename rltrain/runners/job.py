@@ -167,11 +167,6 @@ def start_job(
     if layout is not None:
         run = adopt_micro_batches(run, layout.run)  # the sizes the plan chose
     os.makedirs(run_dir, exist_ok=True)
-    if run.cluster.address is None:
-        # A private local Ray on loopback: no auth token under ~/.ray, gloo on lo.
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     trace.configure(process="driver", enabled=run.logging.trace)
     with Cluster.start(run.cluster) as cluster:
         startup.mark("ray_start")

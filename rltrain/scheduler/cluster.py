@@ -25,7 +25,8 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -217,11 +218,15 @@ class Cluster:
 
     # ---------------------------------------------------------------- start/join
     @classmethod
-    def start(cls, config: Any = None) -> Cluster:
+    def start(cls, config: Any = None, meanwhile: Callable[[], object] | None = None) -> Cluster:
         """Start or join Ray as ``config`` says and discover the cluster.
 
         Args:
             config: the ``cluster`` section (ClusterConfig, DictConfig or dict); None: defaults.
+            meanwhile: work to do in a second thread while Ray starts (the driver's own
+                imports): starting a local Ray is mostly waiting for its processes to come up.
+                It has finished when this returns; what it raised is raised here, after the
+                cluster is shut down.
 
         Returns:
             The running cluster.
@@ -230,6 +235,23 @@ class Cluster:
             ResourceError: when Ray cannot start, cannot be reached, or has too few nodes.
             ConfigError: for inconsistent cluster settings.
         """
+        if meanwhile is None:
+            return cls._start(config)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rltrain-meanwhile")
+        work = pool.submit(meanwhile)
+        try:
+            cluster = cls._start(config)
+        finally:
+            pool.shutdown(wait=True)  # never leave the work half-done at exit
+        try:
+            work.result()
+        except BaseException:
+            cluster.shutdown()
+            raise
+        return cluster
+
+    @classmethod
+    def _start(cls, config: Any) -> Cluster:
         import ray
 
         if ray.is_initialized():
@@ -265,6 +287,10 @@ class Cluster:
     def _start_local_ray(cls, config: Any, runtime_env: dict | None) -> Cluster:
         import ray
 
+        # A private local Ray on loopback: no auth token under ~/.ray, gloo on lo.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         _use_loopback()
         temp = _get(config, "temp_dir") or tempfile.mkdtemp(prefix="rltrain-ray-", dir="/tmp")
         num_nodes = int(_get(config, "num_nodes", 1))
