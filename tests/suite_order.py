@@ -6,8 +6,9 @@ test where the file is marked ``spread`` (no module fixture: each test may go an
 tests marked ``spread(unit=NAME)`` together (a fixture only they share). Units
 go out heaviest first, by the seconds each test took in a recorded run (``durations.json``),
 so the long ones start while the other process still has short ones to pick up at the end
-(longest-processing-time-first). Stale or missing figures only change the order, never what
-runs.
+(longest-processing-time-first); the ``test_zz_*`` modules, which stop the session Ray for one
+of their own (:func:`own_ray`), go out after all the others. Stale or missing figures only
+change the order, never what runs.
 
 ``python tests/suite_order.py REPORT.xml`` rewrites ``durations.json`` from a junit report of
 a whole run (``python -m pytest --junitxml=REPORT.xml -o junit_duration_report=total``).
@@ -56,8 +57,8 @@ def unknown_s(nodeid: str) -> float:
 
 
 def order(items: list[pytest.Item], durations: dict[str, float]) -> list[str]:
-    """Sort ``items`` in place, heaviest unit first (a unit's tests stay in their order), and
-    return each item's unit.
+    """Sort ``items`` in place, heaviest unit first, ``test_zz_*`` units last (a unit's tests
+    stay in their order), and return each item's unit.
 
     Args:
         items: the collected items.
@@ -74,8 +75,21 @@ def order(items: list[pytest.Item], durations: dict[str, float]) -> list[str]:
     first_seen: dict[str, int] = {}
     for i, item in enumerate(items):
         first_seen.setdefault(units[item.nodeid], i)
-    items.sort(key=lambda it: (-weight[units[it.nodeid]], first_seen[units[it.nodeid]]))
+    items.sort(
+        key=lambda it: (
+            own_ray(it.nodeid),
+            -weight[units[it.nodeid]],
+            first_seen[units[it.nodeid]],
+        )
+    )
     return [units[item.nodeid] for item in items]
+
+
+def own_ray(nodeid: str) -> bool:
+    """Whether the test is in a ``test_zz_*`` module: it stops its process's session Ray for a
+    Ray of its own, so its unit goes out after every other (any test after it on that process
+    would start the session Ray again: seconds of both cores)."""
+    return pathlib.PurePosixPath(nodeid.split("::", 1)[0]).name.startswith("test_zz_")
 
 
 def group_for_xdist(items: list[pytest.Item]) -> None:

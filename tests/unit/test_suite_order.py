@@ -125,3 +125,24 @@ def test_a_missing_or_broken_record_only_changes_the_order(tmp_path: pathlib.Pat
     assert suite_order.load_durations(tmp_path / "none.json") == {}
     (tmp_path / "bad.json").write_text("{")
     assert suite_order.load_durations(tmp_path / "bad.json") == {}
+
+
+def test_modules_with_a_ray_of_their_own_go_out_after_all_others():
+    items = [
+        Item("tests/integration/scheduler/test_zz_multinode.py::a"),
+        Item("tests/unit/u.py::a"),
+        Item("tests/integration/reliability/test_zz_node_loss.py::a"),
+        Item("tests/integration/r.py::a"),
+    ]
+    seconds = {
+        "tests/integration/scheduler/test_zz_multinode.py::a": 13.0,
+        "tests/integration/reliability/test_zz_node_loss.py::a": 18.0,
+        "tests/integration/r.py::a": 5.0,
+    }
+    suite_order.order(items, seconds)
+    assert [i.nodeid for i in items] == [
+        "tests/integration/r.py::a",
+        "tests/unit/u.py::a",
+        "tests/integration/reliability/test_zz_node_loss.py::a",  # heaviest of the last
+        "tests/integration/scheduler/test_zz_multinode.py::a",
+    ]
