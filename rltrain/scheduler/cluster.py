@@ -226,7 +226,9 @@ class Cluster:
             meanwhile: work to do in a second thread while Ray starts (the driver's own
                 imports): starting a local Ray is mostly waiting for its processes to come up.
                 It has finished when this returns; what it raised is raised here, after the
-                cluster is shut down.
+                cluster is shut down. It must not import Ray's own modules: a module two
+                threads import at once can be handed half-initialised to one of them (the
+                runner's imports are torch and rltrain's; measured: none of Ray's).
 
         Returns:
             The running cluster.
