@@ -124,6 +124,11 @@ def local_gpu_count() -> int:
 
 
 def _use_loopback() -> None:
+    # A private local Ray on loopback: no auth token under ~/.ray, gloo on lo, no usage report
+    # (setdefault: the user's own settings win).
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Ray resolves 127.0.0.1 to the host's public address unless told it is not clustering;
     # a local job must not listen beyond loopback.
     os.environ[_LOOPBACK_ENV] = "0"
@@ -289,10 +294,6 @@ class Cluster:
     def _start_local_ray(cls, config: Any, runtime_env: dict | None) -> Cluster:
         import ray
 
-        # A private local Ray on loopback: no auth token under ~/.ray, gloo on lo.
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         _use_loopback()
         temp = _get(config, "temp_dir") or tempfile.mkdtemp(prefix="rltrain-ray-", dir="/tmp")
         num_nodes = int(_get(config, "num_nodes", 1))
