@@ -231,9 +231,10 @@ class Cluster:
             meanwhile: work to do in a second thread while Ray starts (the driver's own
                 imports): starting a local Ray is mostly waiting for its processes to come up.
                 It has finished when this returns; what it raised is raised here, after the
-                cluster is shut down. It must not import Ray's own modules: a module two
-                threads import at once can be handed half-initialised to one of them (the
-                runner's imports are torch and rltrain's; measured: none of Ray's).
+                cluster is shut down. ``ray`` is imported before it starts; it must not import
+                Ray's submodules, which Ray's start imports meanwhile: a module two threads
+                import at once can be handed half-initialised to one of them (the runners'
+                imports need none: ``tests/unit/scheduler/test_runner_imports.py``).
 
         Returns:
             The running cluster.
@@ -244,17 +245,21 @@ class Cluster:
         """
         if meanwhile is None:
             return cls._start(config)
+        # Ray itself is imported before the second thread starts (its submodules are left to
+        # Ray's start in this thread)
+        import ray  # noqa: F401
+
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rltrain-meanwhile")
         work = pool.submit(meanwhile)
         try:
             cluster = cls._start(config)
+            try:
+                work.result()  # waits for the work to end
+            except BaseException:  # the work failed, or Ctrl-C came while waiting for it
+                cluster.shutdown()
+                raise
         finally:
             pool.shutdown(wait=True)  # never leave the work half-done at exit
-        try:
-            work.result()
-        except BaseException:
-            cluster.shutdown()
-            raise
         return cluster
 
     @classmethod
@@ -584,18 +589,26 @@ def _end(processes: list[Any], grace_s: float = 5.0) -> None:
     psutil.wait_procs(stubborn, timeout=grace_s)
 
 
+#: Device memory of the GPU nodes this process has probed, by Ray node id: a node's devices do
+#: not change while it lives, and a driver discovers its cluster more than once (the attempt's
+#: Ray, then the job joining it), each probe a worker process importing torch on that node.
+_GPU_MEMORY: dict[str, int] = {}
+
+
 def _measure_gpu_memory(entries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """Memory per device of nodes with real GPUs, by node id (one probe task per such node)."""
+    """Memory per device of nodes with real GPUs, by node id (one probe task per such node not
+    probed before)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    nodes = [
+    gpu_nodes = [
         e["NodeID"]
         for e in entries
         if e.get("Alive") and any(k.startswith("accelerator_type:") for k in e["Resources"])
     ]
+    nodes = [n for n in gpu_nodes if n not in _GPU_MEMORY]
     if not nodes:
-        return {}
+        return {n: _GPU_MEMORY[n] for n in gpu_nodes}
 
     @ray.remote(num_cpus=0, num_gpus=0)
     def probe() -> int | str:
@@ -616,7 +629,8 @@ def _measure_gpu_memory(entries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
         raise ResourceError(
             "; ".join(f"node {n[:12]} reports GPUs to Ray, but {why}" for n, why in broken.items())
         )
-    return out
+    _GPU_MEMORY.update(out)
+    return {n: _GPU_MEMORY[n] for n in gpu_nodes}
 
 
 def cuda_device_memory() -> int:

@@ -113,3 +113,14 @@ def test_simulated_latency_is_refused_once_ray_reports_real_gpus():
         refuse_simulated_latency(run, plan)
     sim = dataclasses.replace(node, accelerator_type="sim")
     refuse_simulated_latency(run, build_plan(run, ClusterSpec(nodes=(sim,)), check_fit=False))
+
+
+def test_a_gpu_node_probed_once_is_not_probed_again(monkeypatch):
+    # a driver discovers its cluster twice (the attempt's Ray, then the job joining it); each
+    # probe is a worker process on the node: known nodes are answered from what was measured
+    monkeypatch.setattr(cluster, "_GPU_MEMORY", {"node-a": 80 * GIB})
+    entries = [
+        {"NodeID": "node-a", "Alive": True, "Resources": {"accelerator_type:H100": 1.0}},
+        {"NodeID": "node-c", "Alive": True, "Resources": {"CPU": 8.0}},  # no GPU: not probed
+    ]
+    assert cluster._measure_gpu_memory(entries) == {"node-a": 80 * GIB}  # no Ray is running
