@@ -77,6 +77,21 @@ def _sigint_state_per_test():
         signal.signal(signal.SIGINT, before)
 
 
+@pytest.fixture(autouse=True)
+def _trace_state_per_test():
+    """Each test starts with the span recorder as the session began: on, lane ``driver``.
+
+    An in-process run sets the test process's recorder from its ``logging.trace`` (a driver
+    process runs its jobs one after another, each setting it); left as the run set it, a later
+    test that records spans in the test process would record none.
+    """
+    from rltrain.telemetry import trace
+
+    before = (trace._process, trace._enabled)
+    yield
+    trace.configure(process=before[0], enabled=before[1])
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[RaySession]:
     """The test process's one local Ray (``tests/session_ray.py``), started on first use."""
