@@ -12,6 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from residency_probe import record_residency_counts
 
 from rltrain.config import load_config
 from rltrain.config.store import register_configs
@@ -156,11 +157,9 @@ def scored_run(ray_session, tmp_path_factory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("scored_run")
     steps: list[dict[str, Any]] = []
     inference: list = []
-    counts: dict = {}
     real_learn = ReasoningStages.learn
     real_metrics = ReasoningStages.step_metrics
     real_inference = ReasoningStages.inference_logprobs
-    real_fit = reasoning.ReasoningRunner.fit
 
     def learn(self, step, shards, timer):
         steps.append({"shards": ray.get(list(shards))})
@@ -178,11 +177,6 @@ def scored_run(ray_session, tmp_path_factory) -> dict[str, Any]:
         inference.append((ray.get(list(shards)), old, model))
         return old
 
-    def fit(self):
-        result = real_fit(self)
-        counts.update(self.job.residency.counts())
-        return result
-
     run = compose_run(
         "placement=collocated",
         "placement.mode=null",
@@ -199,7 +193,7 @@ def scored_run(ray_session, tmp_path_factory) -> dict[str, Any]:
         patch.setattr(ReasoningStages, "learn", learn)
         patch.setattr(ReasoningStages, "step_metrics", step_metrics)
         patch.setattr(ReasoningStages, "inference_logprobs", inference_logprobs)
-        patch.setattr(reasoning.ReasoningRunner, "fit", fit)
+        counts = record_residency_counts(patch)
         summary = reasoning.run_reasoning(run, str(out))
     return {
         "run": run,

@@ -8,6 +8,7 @@ import pathlib
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from residency_probe import record_residency_counts
 
 from rltrain.config import load_config
 from rltrain.config.store import register_configs
@@ -53,18 +54,8 @@ def turns_run(ray_session, tmp_path_factory):
     offload after every stage of theirs (``after_stage``, so ``fuse=auto`` falls back to
     separate processes). One run serves the offload policy's counts and the turn-taking side of
     fused vs turns."""
-    from rltrain.runners import reasoning
-
     ray_session.ensure()
     out = tmp_path_factory.mktemp("turns_run")
-    counts: dict = {}
-    real_fit = reasoning.ReasoningRunner.fit
-
-    def fit(self):
-        result = real_fit(self)
-        counts.update(self.job.residency.counts())
-        return result
-
     run = compose_run(
         "placement=collocated",
         "placement.offload.actor.when=after_stage",
@@ -72,7 +63,7 @@ def turns_run(ray_session, tmp_path_factory):
         *SHORT,
     )
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reasoning.ReasoningRunner, "fit", fit)
+        counts = record_residency_counts(patch)
         summary = run_reasoning(run, str(out))
     return summary, out, counts
 
