@@ -224,8 +224,13 @@ def _language_model(run_cfg: RunConfig) -> bool:
 def _train_once(run_cfg: RunConfig, out_dir: str, layout) -> dict:
     from rltrain.kinds import registry
     from rltrain.kinds.records import load
+    from rltrain.scheduler.cluster import Cluster
 
-    return load(registry.runner(run_cfg).entry)(run_cfg, out_dir, layout)
+    entry = registry.runner(run_cfg).entry
+    # The attempt's Ray: the job joins it and removes what it created; Ray stops here. While
+    # Ray starts (seconds mostly spent waiting for its processes) the runner's imports run.
+    with Cluster.start(run_cfg.cluster, meanwhile=lambda: load(entry)):
+        return load(entry)(run_cfg, out_dir, layout)
 
 
 def _restart_point(run_cfg: RunConfig, out_dir: str, exc: WorkerError, count: int) -> dict:

@@ -25,7 +25,8 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -222,11 +223,20 @@ class Cluster:
 
     # ---------------------------------------------------------------- start/join
     @classmethod
-    def start(cls, config: Any = None) -> Cluster:
+    def start(cls, config: Any = None, meanwhile: Callable[[], object] | None = None) -> Cluster:
         """Start or join Ray as ``config`` says and discover the cluster.
 
         Args:
             config: the ``cluster`` section (ClusterConfig, DictConfig or dict); None: defaults.
+            meanwhile: work to do in a second thread while Ray starts (the driver's own
+                imports): starting a local Ray is mostly waiting for its processes to come up.
+                It has finished when this returns; what it raised is raised here, after the
+                cluster is shut down. ``ray`` is imported before it starts; it must not import
+                Ray's submodules, which Ray's start imports meanwhile: a module two threads
+                import at once can be handed half-initialised to one of them (the runners'
+                imports need none: ``tests/unit/scheduler/test_runner_imports.py``). A Ctrl-C
+                while it runs is held until it has finished, then raised
+                (:func:`rltrain.scheduler.interrupts.held_until_released`).
 
         Returns:
             The running cluster.
@@ -234,7 +244,37 @@ class Cluster:
         Raises:
             ResourceError: when Ray cannot start, cannot be reached, or has too few nodes.
             ConfigError: for inconsistent cluster settings.
+            KeyboardInterrupt: Ctrl-C during the start (the cluster is shut down first).
         """
+        if meanwhile is None:
+            return cls._start(config)
+        # Ray itself is imported before the second thread starts (its submodules are left to
+        # Ray's start in this thread)
+        import ray  # noqa: F401
+
+        from rltrain.scheduler import interrupts
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rltrain-meanwhile")
+        cluster: Cluster | None = None
+        try:
+            # Ctrl-C is held while the second thread imports (a KeyboardInterrupt in this
+            # thread meanwhile can leave the interpreter's import lock held, and the driver
+            # would wait for that thread forever), then raised where this thread is
+            with interrupts.held_until_released() as release:
+                work = pool.submit(_then, meanwhile, release)
+                cluster = cls._start(config)
+                work.result()  # waits for the work to end; raises what it raised
+        except BaseException:  # the work failed, or Ctrl-C came
+            if cluster is not None:
+                cluster.shutdown()
+            raise
+        finally:
+            pool.shutdown(wait=True)  # never leave the work half-done at exit
+        assert cluster is not None  # _start returned
+        return cluster
+
+    @classmethod
+    def _start(cls, config: Any) -> Cluster:
         import ray
 
         if ray.is_initialized():
@@ -560,10 +600,17 @@ def _end(processes: list[Any], grace_s: float = 5.0) -> None:
     psutil.wait_procs(stubborn, timeout=grace_s)
 
 
+def _then(work: Callable[[], object], release: Callable[[], None]) -> object:
+    """Run ``work``, then ``release`` (whatever ``work`` did)."""
+    try:
+        return work()
+    finally:
+        release()
+
+
 #: Device memory of the GPU nodes this process has probed, by Ray node id: a node's devices do
-#: not change while it lives, and a driver may discover a cluster more than once (a restarted
-#: attempt joining the same cluster, a benchmark's measures), each probe a worker process
-#: importing torch on that node.
+#: not change while it lives, and a driver discovers its cluster more than once (the attempt's
+#: Ray, then the job joining it), each probe a worker process importing torch on that node.
 _GPU_MEMORY: dict[str, int] = {}
 
 

@@ -25,9 +25,10 @@ Pure standard library: no Ray, no torch.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 #: The exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
@@ -115,6 +116,58 @@ def deferred_interrupts() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
     if received:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def held_until_released() -> Iterator[Callable[[], None]]:
+    """Hold SIGINT until the yielded ``release`` is called (from any thread), then act on it.
+
+    For the main thread's work while a second thread imports modules: a ``KeyboardInterrupt``
+    raised in the main thread while another thread imports can leave CPython's import lock held
+    for good (the interrupt lands inside importlib's own lock bookkeeping), and every later
+    import in the other thread then waits forever — a driver that hangs on Ctrl-C instead of
+    exiting. Here a SIGINT that arrives before ``release`` is recorded (``interrupt_received``
+    says so at once) and delivered again when ``release`` is called; one that arrives after is
+    raised as usual, wherever the main thread is. Off the main thread, or where SIGINT is not
+    handled by Python's ``KeyboardInterrupt`` handler, nothing is held.
+
+    Yields:
+        ``release``: call it when the other thread has finished its imports.
+
+    Raises:
+        KeyboardInterrupt: at the end of the block, when SIGINT was held and not yet raised.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous not in (
+        signal.default_int_handler,
+        on_interrupt,
+    ):
+        yield lambda: None
+        return
+    released = threading.Event()
+    held: list[int] = []
+    raised: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if released.is_set():
+            raised.append(signum)
+            previous(signum, frame)  # raises KeyboardInterrupt
+        held.append(signum)
+        if previous is on_interrupt:
+            _RECEIVED.set()
+
+    def release() -> None:
+        released.set()
+        if held:  # delivered again: the main thread's handler raises it where that thread is
+            os.kill(os.getpid(), signal.SIGINT)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield release
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held and not raised:
         raise KeyboardInterrupt
 
 

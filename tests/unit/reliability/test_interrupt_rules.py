@@ -128,3 +128,67 @@ def test_a_failure_while_handling_an_interrupt_is_the_interrupt():
     except RuntimeError as exc:
         assert interrupted(exc)
     assert not interrupted(RuntimeError("a plain failure"))
+
+
+@pytest.fixture
+def python_handles_sigint():
+    """Python's own SIGINT handler for the test (a test process may have another), restored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def _sigint() -> None:
+    """SIGINT to this process (the main thread acts on it at its next instruction)."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_held_until_released_then_raised_where_the_main_thread_is(python_handles_sigint):
+    """The fourth way: a KeyboardInterrupt in the main thread while another thread imports can
+    leave the interpreter's import lock held, and the driver then waits for that thread
+    forever; here Ctrl-C waits for ``release`` (called when the other thread's imports end,
+    from that thread), then is raised in the main thread wherever it is."""
+    import threading
+
+    from rltrain.scheduler.interrupts import held_until_released
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with held_until_released() as release:
+            _sigint()
+            reached.append("held")  # the block went on
+            helper = threading.Thread(target=release)
+            helper.start()
+            helper.join()
+            for _ in range(100_000):  # raised in here, not at the block's end
+                reached.append("after release")
+    assert reached[0] == "held" and len(reached) < 100_001
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_after_release_is_raised_at_once_and_no_ctrl_c_raises_nothing(
+    python_handles_sigint,
+):
+    from rltrain.scheduler.interrupts import held_until_released
+
+    with held_until_released() as release:
+        release()
+        with pytest.raises(KeyboardInterrupt):
+            _sigint()
+            for _ in range(100_000):
+                pass
+    with held_until_released() as release:
+        release()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_held_and_never_released_is_raised_when_the_block_ends(python_handles_sigint):
+    from rltrain.scheduler.interrupts import held_until_released
+
+    after = []
+    with pytest.raises(KeyboardInterrupt):
+        with held_until_released():
+            _sigint()
+            after.append("the block finished")
+    assert after == ["the block finished"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
