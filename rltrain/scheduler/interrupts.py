@@ -96,27 +96,8 @@ def deferred_interrupts() -> Iterator[None]:
         KeyboardInterrupt: after the block, when SIGINT arrived during it (and the block itself
             raised nothing).
     """
-    if threading.current_thread() is not threading.main_thread():
+    with held_until_released():  # never released: a SIGINT held is raised at the block's end
         yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous not in (signal.default_int_handler, on_interrupt):
-        yield
-        return
-    received: list[int] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        received.append(signum)
-        if previous is on_interrupt:
-            _RECEIVED.set()
-
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
