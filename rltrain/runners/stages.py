@@ -33,7 +33,7 @@ from rltrain.runners.weight_hub import WeightHub
 from rltrain.scheduler import WorkerGroup
 from rltrain.tasks import build_task, build_tokenizer
 from rltrain.workers.actor import ActorWorker
-from rltrain.workers.common import TrainResult
+from rltrain.workers.common import PEAK_METRICS, TrainResult
 from rltrain.workers.critic import CriticWorker
 from rltrain.workers.inference import InferenceWorker
 from rltrain.workers.reference import ReferenceWorker, gather_round_robin
@@ -402,13 +402,13 @@ def reward_stats(scores: list[Any]) -> dict[str, float]:
 
 
 def _mean_metrics(results: list[TrainResult]) -> dict[str, float]:
-    """Every metric averaged over the ranks; the log-prob gap's mean weighted by each rank's
-    tokens, its max the largest, its token count summed."""
+    """Every metric averaged over the ranks; the allocator peaks the largest; the log-prob
+    gap's mean weighted by each rank's tokens, its max the largest, its token count summed."""
     keys = sorted({k for r in results for k in r.metrics})
     out: dict[str, float] = {}
     for k in keys:  # over the ranks that report it (a rank may have no gap to report)
         values = [r.metrics[k] for r in results if k in r.metrics]
-        out[k] = sum(values) / len(values)
+        out[k] = max(values) if k.endswith(PEAK_METRICS) else sum(values) / len(values)
     tokens = sum(r.metrics.get(GAP_TOKENS, 0.0) for r in results)
     if tokens:
         out[GAP_MEAN] = (

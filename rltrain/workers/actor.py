@@ -34,6 +34,7 @@ from rltrain.workers.common import (
     fetch,
     fetched_dir,
     local_dir,
+    memory_peaks,
     seed_everything,
 )
 
@@ -136,7 +137,9 @@ class ActorWorker(Worker, ResidentState):
             This rank's metrics and state sizes.
         """
         gen = torch.Generator().manual_seed(minibatch_seed(self.run.seed, step))
+        memory_peaks(self.device, reset=True)
         metrics = self.engine.update(self.own_reference(mine.to(self.device)), gen)
+        metrics.update(memory_peaks(self.device))
         if self.run.simulate.actor_latency_ms:  # a slower device (simulate.*)
             time.sleep(self.run.simulate.actor_latency_ms / 1000)
         return TrainResult(metrics, self.state_bytes())

@@ -121,6 +121,41 @@ def reachable_device_bytes(obj: Any, device: torch.device) -> int:
     return sum(out.values())
 
 
+#: The ends of an update's allocator peak metrics (:func:`memory_peaks`); ranks report their max.
+PEAK_METRICS = ("memory_allocated_peak_gib", "memory_reserved_peak_gib")
+
+
+def memory_peaks(
+    device: torch.device, component: str = "actor", reset: bool = False
+) -> dict[str, float]:
+    """The CUDA caching allocator's peaks on ``device`` since the last reset, in GiB.
+
+    ``allocated`` is what live tensors held at most; ``reserved`` what the allocator held
+    from the driver at most (cached blocks included): the gap between them is memory no
+    tensor used but no other process could have, what a plan of live tensors cannot predict.
+
+    Args:
+        device: the worker's compute device; other devices than CUDA report nothing.
+        component: the metrics' prefix (``actor/memory_allocated_peak_gib``, ...).
+        reset: start a new window (the peaks then read what follows).
+
+    Returns:
+        ``<component>/<PEAK_METRICS>`` with their values, or an empty dict off CUDA (or on
+        reset).
+    """
+    if device.type != "cuda":
+        return {}
+    if reset:
+        torch.cuda.reset_peak_memory_stats(device)
+        return {}
+    allocated, reserved = (
+        torch.cuda.max_memory_allocated(device),
+        torch.cuda.max_memory_reserved(device),
+    )
+    names = (f"{component}/{m}" for m in PEAK_METRICS)
+    return dict(zip(names, (allocated / 2**30, reserved / 2**30), strict=True))
+
+
 @dataclass(frozen=True)
 class TrainResult:
     """A rank's answer to an update.

@@ -112,7 +112,9 @@ def stage_medians(records: Sequence[Mapping[str, Any]], warmup: int) -> dict[str
         ``stages_s`` (stage -> median seconds, from the ``time/<stage>_s`` keys), ``step_s``,
         ``tokens_per_s``, ``samples_per_step``, ``generate_tokens_per_s`` (response tokens per
         second of the generate stage), ``switch_s`` and ``switch_share`` (the switching stages'
-        medians over the median step), ``steps_measured``.
+        medians over the median step), ``steps_measured``, ``actor_allocator_peak_gib``
+        (the largest ``actor/memory_{allocated,reserved}_peak_gib`` of any step, warm-up
+        included: an update's first steps are where Adam's moments appear).
     """
     kept = list(records[warmup:]) or list(records)
     stages = sorted(
@@ -141,6 +143,18 @@ def stage_medians(records: Sequence[Mapping[str, Any]], warmup: int) -> dict[str
         "generate_tokens_per_s": gen_tps,
         "switch_s": switch_s,
         "switch_share": switch_s / step_s if step_s else None,
+        # the actor's allocator in its update: live tensors at most, and what it held
+        "actor_allocator_peak_gib": {
+            k: max(
+                (
+                    r[f"actor/memory_{k}_peak_gib"]
+                    for r in records
+                    if f"actor/memory_{k}_peak_gib" in r
+                ),
+                default=None,
+            )
+            for k in ("allocated", "reserved")
+        },
     }
 
 

@@ -124,6 +124,12 @@ STEPS: tuple[Step, ...] = (
         basis="measured 9 s (2026-11-26), 11 s (2026-11-27)",
     ),
     Step(
+        name="gpu_host",
+        what="tests/gpu/test_host_rules_gpu.py: host tensors meeting a model on the GPU",
+        needs=(), gpu=True, fixed_s=20, per_step_s=0,
+        basis="estimate: a pytest process, CUDA's start and a tiny model (not yet run)",
+    ),
+    Step(
         name="plain",
         what="the plain single-process loop (HF generate + GRPO update)",
         needs=(), gpu=True, fixed_s=30, per_step_s=6.0,

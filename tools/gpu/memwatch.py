@@ -1,9 +1,12 @@
 """Sample the GPU's used memory as the driver reports it, until stopped.
 
-    python3 tools/gpu/memwatch.py OUT.tsv [--interval-ms 50] [--device 0]
+    python3 tools/gpu/memwatch.py OUT.tsv [--interval-ms 50] [--device 0] [--procs PROCS.tsv]
 
 Writes ``<unix seconds>\\t<used bytes>`` lines (the first at once, then flushed every
-second) until SIGTERM or SIGINT. The driver's figure covers every process on the device (Ray
+second) until SIGTERM or SIGINT. With ``--procs``, every fifth sample also writes one
+``<unix seconds>\\t<pid>\\t<used bytes>\\t<process title>`` line per process on the device
+(NVML only): which process held what (the actor, a torch rollout, vLLM asleep), the split a
+per-device figure cannot give. The driver's figure covers every process on the device (Ray
 workers, vLLM's engine core, the CUDA contexts), which is what a plan's per-device prediction
 is about; ``collect.py`` matches the samples with the spans of a run's ``trace.json``
 (wall-clock microseconds). NVML comes from ``nvidia-ml-py`` (on the GPU machine); without it,
@@ -27,6 +30,27 @@ def nvml_reader(device: int) -> Callable[[], int]:
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(device)
     return lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+
+
+def nvml_processes(device: int) -> Callable[[], list[tuple[int, int, str]]]:
+    """A function listing ``(pid, used bytes, title)`` of each compute process on the device."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+
+    def title(pid: int) -> str:
+        try:  # Ray names its workers in the title ("ray::ActorWorker.train")
+            raw = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            return "?"
+        return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120] or "?"
+
+    def read() -> list[tuple[int, int, str]]:
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        return [(p.pid, int(p.usedGpuMemory or 0), title(p.pid)) for p in procs]
+
+    return read
 
 
 def smi_reader(device: int) -> Callable[[], int]:
@@ -57,8 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out")
     ap.add_argument("--interval-ms", type=float, default=50.0)
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--procs", help="also write each process's used bytes here (NVML only)")
     args = ap.parse_args(argv)
     read = reader(args.device)
+    procs_out, read_procs = None, None
+    if args.procs:
+        try:
+            read_procs = nvml_processes(args.device)
+            procs_out = open(args.procs, "w")
+        except Exception as exc:  # no NVML: the device's figure still comes
+            print(f"memwatch: no per-process figures ({type(exc).__name__}: {exc})")
     stop = False
 
     def on_signal(signum, frame) -> None:
@@ -73,12 +105,22 @@ def main(argv: list[str] | None = None) -> int:
         f.write(f"{time.time():.4f}\t{read()}\n")
         f.flush()
         last_flush = time.monotonic()
+        n = 0
         while not stop:
             time.sleep(period)
-            f.write(f"{time.time():.4f}\t{read()}\n")
+            now = time.time()
+            f.write(f"{now:.4f}\t{read()}\n")
+            n += 1
+            if procs_out is not None and read_procs is not None and n % 5 == 0:
+                for pid, used, name in read_procs():
+                    procs_out.write(f"{now:.4f}\t{pid}\t{used}\t{name}\n")
             if time.monotonic() - last_flush > 1.0:
                 f.flush()
+                if procs_out is not None:
+                    procs_out.flush()
                 last_flush = time.monotonic()
+    if procs_out is not None:
+        procs_out.close()
     return 0
 
 

@@ -13,6 +13,7 @@
 #   plain        the plain single-process loop (tools/gpu/plain_loop_gpu.py)    -
 #   vllm_engine  the standalone vLLM engine, its sleep/wake (vllm_engine.py)    vllm
 #   gpu_vllm     tests/gpu/test_vllm_rollout_gpu.py: rltrain's vLLM backend     vllm
+#   gpu_host     tests/gpu/test_host_rules_gpu.py: host tensors, GPU models     -
 #   c_vllm       python -m rltrain: vLLM rollout slept/woken, IPC weights       vllm rest
 #   a_fused      python -m rltrain: fused torch workers                         rest
 #   b_turns_ipc  python -m rltrain: actor and torch rollout take turns, IPC     rest
@@ -227,7 +228,7 @@ do_run() { # NAME: plan with the same overrides, then train with the GPU memory 
     return 0
   fi
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv # leftovers would skew memory
-  "$py" "$here/memwatch.py" "$dir/mem.tsv" &
+  "$py" "$here/memwatch.py" "$dir/mem.tsv" --procs "$dir/mem_procs.tsv" &
   local watcher=$!
   # the first sample is read before the run puts anything on the GPU
   while [[ ! -s $dir/mem.tsv ]] && kill -0 "$watcher" 2>/dev/null; do sleep 0.05; done
@@ -263,13 +264,27 @@ do_vllm_engine() {
     echo fallback >"$home/state/transformers"
 }
 
-do_plain() {
+plain_micro_batch() { # the actor micro-batch rltrain's plan chooses for a_fused on this GPU
+  "$py" - "$(gpu_gib)" "${common[@]}" ${extra[a_fused]} <<'EOF' 2>/dev/null | tail -1
+import sys
+from rltrain.bench.measures.trainer import compose
+from rltrain.placement.micro_batches import choose_micro_batches
+run, _ = choose_micro_batches(compose(*sys.argv[2:], f"cluster.device_memory_gib={sys.argv[1]}"))
+print(run.actor.micro_batch_size)
+EOF
+}
+
+do_plain() { # at the fused run's micro-batch (the plan's choice on this GPU), so they compare
+  local micro
+  micro=$(plain_micro_batch)
+  [[ $micro =~ ^[0-9]+$ ]] || { echo "the plan chose no micro-batch here: 64"; micro=64; }
+  echo "micro-batch $micro (the plan's for a_fused with this GPU's memory)"
   if [[ -n ${REHEARSAL_DIR:-} ]]; then # its imports only: the loop needs the GPU
     "$py" "$here/plain_loop_gpu.py" --help >/dev/null && echo "rehearsal: imports fine"
     return $?
   fi
   "$py" "$here/plain_loop_gpu.py" --out "$res/plain/plain.json" --steps "$steps" \
-    --max-new-tokens "$new_tokens"
+    --max-new-tokens "$new_tokens" --micro-batch "$micro"
 }
 
 do_enginebench() {
@@ -293,6 +308,7 @@ do_pytest() { # FILE...: the gpu tests named (each skips what the machine lacks)
 
 # export what the step commands (run by `timeout` in a child shell) need
 export -f do_env do_run do_vllm_engine do_pytest do_plain do_enginebench gpu_gib has_bundle
+export -f plain_micro_batch
 export -f vllm_env
 export here root home res steps new_tokens tf_fallback base_path prompt_len py vllm_eager
 export rehearsal
@@ -301,9 +317,10 @@ run_step() { # NAME: the step's command, time-boxed, with its needs and the leas
   case $1 in
     unpack) step unpack 180 1 - 0 bash "$here/unpack.sh" ;;
     env) step env 90 20 - 0 bash -c do_env ;;
-    plain) step plain 300 45 - 1 bash -c do_plain ;;
+    plain) step plain 300 45 - 1 bash -c "$(declare -p common extra); do_plain" ;;
     vllm_engine) step vllm_engine 300 60 vllm 1 bash -c do_vllm_engine ;;
     gpu_vllm) step gpu_vllm 200 45 vllm 1 bash -c 'do_pytest tests/gpu/test_vllm_rollout_gpu.py tests/gpu/test_vllm_continue_gpu.py' ;;
+    gpu_host) step gpu_host 90 20 - 1 bash -c 'do_pytest tests/gpu/test_host_rules_gpu.py' ;;
     gputests) step gputests 240 45 - 1 bash -c 'do_pytest tests/gpu' ;;
     a_fused | b_turns_ipc | c_vllm | d_deepspeed)
       local needs=rest min=90

@@ -39,7 +39,7 @@ def test_the_plan_fits_the_tool_and_12_minutes_and_runs_rays_steps_while_vllm_ar
     # call 1: the bundles the Ray-only steps need and as much of vllm as fits, and those steps
     assert first.carry == (".gpu_bundle/rest", ".gpu_bundle/vllm/manifest.json",
                            ".gpu_bundle/vllm/vllm.tar.xz.000")  # fmt: skip
-    assert first.steps == ("unpack", "env", "plain", "a_fused", "d_deepspeed")
+    assert first.steps == ("unpack", "env", "gpu_host", "plain", "a_fused", "d_deepspeed")
     # the last call: the rest of vllm, and the vLLM steps a lease must not miss first
     assert last.carry[0] == ".gpu_bundle/vllm/manifest.json"
     assert all(c.startswith(".gpu_bundle/vllm/vllm.tar.xz.") for c in last.carry[1:])
