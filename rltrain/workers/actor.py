@@ -35,6 +35,7 @@ from rltrain.workers.common import (
     fetched_dir,
     local_dir,
     memory_peaks,
+    release_cached_blocks,
     seed_everything,
 )
 
@@ -64,6 +65,9 @@ class ActorWorker(Worker, ResidentState):
             minibatch=sizes.samples_per_minibatch,
         )
         self._senders: dict[str, WeightSender] = {}
+        # a receiver in another process on this rank's device (the ipc transport): it allocates
+        # next (a vLLM engine wakes), so an update gives its cached blocks back to the driver
+        self._yields_device = False
 
     # The engine owns model, optimizer and state; properties keep them out of the worker's own
     # attributes, so the ledger's independent walk reaches each tensor through the engine only.
@@ -140,6 +144,8 @@ class ActorWorker(Worker, ResidentState):
         memory_peaks(self.device, reset=True)
         metrics = self.engine.update(self.own_reference(mine.to(self.device)), gen)
         metrics.update(memory_peaks(self.device))
+        if self._yields_device:
+            release_cached_blocks(self.device)
         if self.run.simulate.actor_latency_ms:  # a slower device (simulate.*)
             time.sleep(self.run.simulate.actor_latency_ms / 1000)
         return TrainResult(metrics, self.state_bytes())
@@ -171,6 +177,7 @@ class ActorWorker(Worker, ResidentState):
         """Take the transports the plan chose, one per receiving component (``rollout``,
         ``inference``): a ``TransportChoice`` each."""
         self._senders = {recv: WeightSender(choice, self.rank) for recv, choice in choices.items()}
+        self._yields_device = any(c.name == "ipc" for c in choices.values())
 
     def open_weight_sync(self) -> tuple[str, int]:
         """(collective source) The address and a free port for a sync group's store."""

@@ -34,8 +34,16 @@ def test_a_discrete_policy_on_the_gpu_samples_with_an_items_host_generator() -> 
 
 
 def test_a_paused_torch_generation_on_the_gpu_parks_on_the_host_and_continues() -> None:
+    import dataclasses
+
     from rltrain.config.schema import RunConfig
     from rltrain.workers.rollout import RolloutWorker
+
+    class OnDevice0(RolloutWorker):
+        """The worker as the runtime starts it on one GPU (outside it, a worker has no device
+        and computes on the CPU)."""
+
+        _rltrain_ctx = dataclasses.replace(RolloutWorker._rltrain_ctx, devices=(0,))
 
     run = RunConfig()
     run.rollout.n_samples_per_prompt = 4
@@ -44,7 +52,7 @@ def test_a_paused_torch_generation_on_the_gpu_parks_on_the_host_and_continues() 
     run.placement.component_placement = {"actor,rollout": "all"}
     run.trainer.max_staleness = 1
     run.trainer.partial_rollout = "continue"
-    worker = RolloutWorker(run)
+    worker = OnDevice0(run)
     assert worker.engine.model.device.type == "cuda"  # type: ignore[attr-defined]
 
     asked = []
