@@ -106,9 +106,10 @@ class Step:
 
 #: Every step the plan knows, in the order the plan runs them. The first call runs what needs
 #: no bundle or only ``rest`` while the ``vllm`` bundle's parts arrive: the machine report, the
-#: plain baseline, fused torch workers, DeepSpeed. The last runs the vLLM steps, those a lease
-#: must not miss first: rltrain's vLLM backend under test, the trainer with vLLM, then the
-#: standalone engine (it ran in both leases), which gets what time is left.
+#: host-tensor GPU tests, the plain baseline, fused torch workers. The last runs the vLLM steps,
+#: those a lease must not miss first: rltrain's vLLM backend under test, the trainer with vLLM;
+#: then the optional ones on what time is left: DeepSpeed (the issue's last priority; it ran to
+#: the end on 2026-11-27's H100) and the standalone engine (it ran in both H200 leases).
 STEPS: tuple[Step, ...] = (
     Step(
         name="unpack",
@@ -120,49 +121,53 @@ STEPS: tuple[Step, ...] = (
     Step(
         name="env",
         what="nvidia-smi, versions and import times, declared deps",
-        needs=(), gpu=False, fixed_s=12, per_step_s=0,
-        basis="measured 9 s (2026-11-26), 11 s (2026-11-27)",
+        needs=(), gpu=False, fixed_s=13, per_step_s=0,
+        basis="measured 9 s (2026-11-26), 11 s (2026-11-27, H200), 13 s (2026-11-27, H100)",
     ),
     Step(
         name="gpu_host",
         what="tests/gpu/test_host_rules_gpu.py: host tensors meeting a model on the GPU",
-        needs=(), gpu=True, fixed_s=20, per_step_s=0,
-        basis="estimate: a pytest process, CUDA's start and a tiny model (not yet run)",
+        needs=(), gpu=True, fixed_s=23, per_step_s=0,
+        basis="measured 23 s (2026-11-27, H100): a pytest process, CUDA's start, tiny models",
     ),
     Step(
         name="plain",
         what="the plain single-process loop (HF generate + GRPO update)",
-        needs=(), gpu=True, fixed_s=30, per_step_s=6.0,
-        basis="measured 64 s (2026-11-26) and 63 s (2026-11-27) for 6 steps; the first step "
-        "takes ~30 s of CUDA start-up and warm-up",
+        needs=(), gpu=True, fixed_s=37, per_step_s=7.2,
+        basis="measured 64 s (2026-11-26) and 63 s (2026-11-27) for 6 steps on an H200, 80 s "
+        "on an H100 (2026-11-27: 7.2 s a step); the first step takes ~30 s of CUDA start-up "
+        "and warm-up",
     ),
     Step(
         name="a_fused",
         what="python -m rltrain, fused torch workers",
-        needs=("rest",), gpu=True, fixed_s=67, per_step_s=6.0,
-        basis="measured 91 s for 6 steps of 5.3 s after plain (2026-11-27, call 1; it stopped "
-        "at the final evaluation, since fixed), and 129 s for 4 steps with the evaluation on a "
-        "fresh machine (call 3: the evaluation and exit ~12 s, Ray and worker start ~40 s)",
+        needs=("rest",), gpu=True, fixed_s=109, per_step_s=6.4,
+        basis="measured 147 s for 6 steps of 6.4 s with the final evaluation on an H100 "
+        "(2026-11-27); on an H200 91 s for 6 steps of 5.3 s without it and 129 s for 4 steps "
+        "with it on a fresh machine (the evaluation and exit ~12 s, Ray and worker start ~40 s)",
     ),
     Step(
         name="d_deepspeed",
         what="python -m rltrain, DeepSpeed ZeRO-2 offloaded after every stage",
-        needs=("rest",), gpu=True, fixed_s=75, per_step_s=7.0,
-        basis="measured 105 s for 6 steps of 6.6 s (2026-11-27; it stopped at the final "
-        "evaluation, since fixed), plus ~12 s for the evaluation as a_fused's",
+        needs=("rest",), gpu=True, fixed_s=115, per_step_s=8.0,
+        basis="measured 163 s for 6 steps of 8.0 s with the final evaluation on an H100 "
+        "(2026-11-27); 105 s for 6 steps of 6.6 s on an H200 without it",
+        optional=True,
     ),
     Step(
         name="gpu_vllm",
         what="tests/gpu/test_vllm_rollout_gpu.py, test_vllm_continue_gpu.py",
-        needs=("vllm",), gpu=True, fixed_s=66, per_step_s=0,
-        basis="measured 66 s (2026-11-26), 61 s (2026-11-27): two eager engine starts",
+        needs=("vllm",), gpu=True, fixed_s=71, per_step_s=0,
+        basis="measured 66 s (2026-11-26), 61 s (2026-11-27, H200), 71 s (2026-11-27, H100): "
+        "two eager engine starts",
     ),
     Step(
         name="c_vllm",
         what="python -m rltrain, vLLM rollout, IPC weights, sleep/wake by policy",
-        needs=("vllm", "rest"), gpu=True, fixed_s=105, per_step_s=7.0,
-        basis="measured 143 s for 6 steps of 5.5 s (2026-11-27), 117 s for 4 steps of 8.8 s "
-        "(2026-11-26, micro-batch 4): plan, Ray, actor, eager vLLM start ~110 s",
+        needs=("vllm", "rest"), gpu=True, fixed_s=128, per_step_s=7.3,
+        basis="measured 172 s for 6 steps of 7.3 s on an H100 (2026-11-27); on an H200 143 s "
+        "for 6 steps of 5.5 s (2026-11-27), 117 s for 4 steps of 8.8 s (2026-11-26, "
+        "micro-batch 4): plan, Ray, actor, eager vLLM start ~110 s",
     ),
     Step(
         name="vllm_engine",
@@ -357,7 +362,8 @@ def place_steps(
     groups: Sequence[Sequence[Part]], all_parts: Sequence[Part], steps: Sequence[Step]
 ) -> list[list[Step]]:
     """Each step into the first call after which the bundles it needs are complete; steps
-    needing no bundle into the first call. Within a call, steps keep their order."""
+    needing no bundle into the first call; optional steps into the last call, after its own
+    (they run on what its deadline leaves). Within a call, steps keep their order."""
     complete_after: dict[str, int] = {}
     for bundle in dict.fromkeys(p.bundle for p in all_parts):
         complete_after[bundle] = max(
@@ -372,7 +378,9 @@ def place_steps(
         missing = [b for b in step.needs if b not in complete_after]
         if missing:
             raise ValueError(f"step {step.name} needs bundle(s) {missing}, which no call carries")
-        placed[max((complete_after[b] for b in step.needs), default=0)].append(step)
+        if not step.optional:
+            placed[max((complete_after[b] for b in step.needs), default=0)].append(step)
+    placed[-1] += [s for s in steps if s.optional]
     return placed
 
 

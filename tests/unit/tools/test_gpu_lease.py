@@ -39,14 +39,15 @@ def test_the_plan_fits_the_tool_and_12_minutes_and_runs_rays_steps_while_vllm_ar
     # call 1: the bundles the Ray-only steps need and as much of vllm as fits, and those steps
     assert first.carry == (".gpu_bundle/rest", ".gpu_bundle/vllm/manifest.json",
                            ".gpu_bundle/vllm/vllm.tar.xz.000")  # fmt: skip
-    assert first.steps == ("unpack", "env", "gpu_host", "plain", "a_fused", "d_deepspeed")
-    # the last call: the rest of vllm, and the vLLM steps a lease must not miss first
+    assert first.steps == ("unpack", "env", "gpu_host", "plain", "a_fused")
+    # the last call: the rest of vllm, the vLLM steps a lease must not miss first, then the
+    # optional steps on what is left (DeepSpeed needs only rest, unpacked by call 1)
     assert last.carry[0] == ".gpu_bundle/vllm/manifest.json"
     assert all(c.startswith(".gpu_bundle/vllm/vllm.tar.xz.") for c in last.carry[1:])
-    assert last.steps == ("unpack", "gpu_vllm", "c_vllm", "vllm_engine")
+    assert last.steps == ("unpack", "gpu_vllm", "c_vllm", "d_deepspeed", "vllm_engine")
     assert not any("fallback" in c for call in plan.calls for c in call.carry)
     rows = {(r.call, r.item.split(":")[0]): r for r in lease.table(plan)}
-    assert all(rows[1, s].runs for s in first.steps)  # DeepSpeed included: its deadline holds it
+    assert all(rows[1, s].runs for s in first.steps)
     assert rows[2, "gpu_vllm"].runs and rows[2, "c_vllm"].runs
     assert dict(first.env) == {"STEPS": "6", "VLLM_EAGER": "1"}
     # the last call stops at once on a fresh machine, which lost what call 1 carried
@@ -90,7 +91,7 @@ def test_the_fallback_bundle_travels_only_when_asked_and_before_the_vllm_steps()
     assert [p for c in plan.calls for p in lease.check_call(c, plan.tree_bytes)] == []
     carrying = [c.index for c in plan.calls if ".gpu_bundle/fallback" in c.carry]
     assert carrying == [len(plan.calls)]  # no room for it beside vllm: a call of its own
-    assert plan.calls[-1].steps == ("unpack", "gpu_vllm", "c_vllm", "vllm_engine")
+    assert plan.calls[-1].steps == ("unpack", "gpu_vllm", "c_vllm", "d_deepspeed", "vllm_engine")
     assert plan.calls[0].steps == real_plan().calls[0].steps
 
 
@@ -144,7 +145,7 @@ def test_the_rehearsal_runs_the_calls_in_order_on_a_stand_in(tiny_bundles, tmp_p
     plan = tiny_plan(tiny_bundles)
     assert [c.steps for c in plan.calls] == [
         ("unpack",),
-        ("unpack", "vllm_engine", "c_vllm", "a_fused"),
+        ("unpack", "c_vllm", "a_fused", "vllm_engine"),  # the optional engine last
     ]
     reports, rows = rehearse.rehearse(plan, ROOT, tiny_bundles["root"], tmp_path / "standin",
                                       env={"REHEARSAL_PLAN": "0"})  # fmt: skip
@@ -262,3 +263,26 @@ def test_every_call_fits_the_command_and_carry_limits():
     long = lease.Call(1, tuple(f"p{i}" for i in range(9)), 0, ("x" * 2000,), 60, ())
     problems = lease.check_call(long, 0)
     assert any("command of" in p for p in problems) and "call 1: 9 carry paths" in problems
+
+
+def test_optional_steps_go_last_after_the_last_calls_own():
+    """An optional step runs on what the last call's deadline leaves, whatever it needs: after
+    the steps a lease must not miss, even when its bundle was complete after call 1."""
+    parts = [
+        lease.Part("r", "m/r/manifest.json", 1),
+        lease.Part("r", "m/r/r.tar.xz.000", 30),
+        lease.Part("v", "m/v/manifest.json", 1),
+        lease.Part("v", "m/v/v.tar.xz.000", 40),
+    ]
+    groups = lease.assign_parts(parts, capacity=50)
+    assert len(groups) == 2
+    steps = [lease.Step("unpack", "", (), False, 1, 0, ""),
+             lease.Step("ray_run", "", ("r",), True, 1, 0, ""),
+             lease.Step("ray_extra", "", ("r",), True, 1, 0, "", optional=True),
+             lease.Step("vllm_run", "", ("v",), True, 1, 0, ""),
+             lease.Step("plain", "", (), True, 1, 0, "")]  # fmt: skip
+    placed = lease.place_steps(groups, parts, steps)
+    assert [[s.name for s in call] for call in placed] == [
+        ["unpack", "ray_run", "plain"],
+        ["unpack", "vllm_run", "ray_extra"],
+    ]
