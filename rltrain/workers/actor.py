@@ -174,10 +174,20 @@ class ActorWorker(Worker, ResidentState):
 
     # ------------------------------------------------------------------------- weight sync
     def setup_weight_sync(self, choices: dict[str, Any]) -> None:
-        """Take the transports the plan chose, one per receiving component (``rollout``,
-        ``inference``): a ``TransportChoice`` each."""
+        """Take the transports the plan chose, one per receiving component.
+
+        A rank that sends over CUDA IPC has its receiver in another process on its device
+        (a collocated vLLM engine that wakes next): from now on it hands its cached blocks back
+        to the driver at the end of each update (:func:`release_cached_blocks`).
+
+        Args:
+            choices: a ``TransportChoice`` per receiving component (``rollout``,
+                ``inference``).
+        """
         self._senders = {recv: WeightSender(choice, self.rank) for recv, choice in choices.items()}
-        self._yields_device = any(c.name == "ipc" for c in choices.values())
+        self._yields_device = any(
+            c.name == "ipc" and self.rank in c.sources for c in choices.values()
+        )
 
     def open_weight_sync(self) -> tuple[str, int]:
         """(collective source) The address and a free port for a sync group's store."""

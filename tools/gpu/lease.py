@@ -363,7 +363,19 @@ def place_steps(
 ) -> list[list[Step]]:
     """Each step into the first call after which the bundles it needs are complete; steps
     needing no bundle into the first call; optional steps into the last call, after its own
-    (they run on what its deadline leaves). Within a call, steps keep their order."""
+    (they run on what its deadline leaves). Within a call, steps keep their order.
+
+    Args:
+        groups: the parts each call carries (:func:`assign_parts`).
+        all_parts: every part of the carried bundles.
+        steps: the steps to run, in order (``unpack`` goes into every call).
+
+    Returns:
+        The steps of each call.
+
+    Raises:
+        ValueError: a step needs a bundle no call carries.
+    """
     complete_after: dict[str, int] = {}
     for bundle in dict.fromkeys(p.bundle for p in all_parts):
         complete_after[bundle] = max(

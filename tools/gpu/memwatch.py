@@ -33,7 +33,17 @@ def nvml_reader(device: int) -> Callable[[], int]:
 
 
 def nvml_processes(device: int) -> Callable[[], list[tuple[int, int, str]]]:
-    """A function listing ``(pid, used bytes, title)`` of each compute process on the device."""
+    """Each compute process on the device, through NVML.
+
+    Args:
+        device: the device's index.
+
+    Returns:
+        A function listing ``(pid, used bytes, process title)`` of each compute process.
+
+    Raises:
+        ImportError: ``pynvml`` is not installed; NVML's own errors when it cannot start.
+    """
     import pynvml
 
     pynvml.nvmlInit()
@@ -112,8 +122,15 @@ def main(argv: list[str] | None = None) -> int:
             f.write(f"{now:.4f}\t{read()}\n")
             n += 1
             if procs_out is not None and read_procs is not None and n % 5 == 0:
-                for pid, used, name in read_procs():
-                    procs_out.write(f"{now:.4f}\t{pid}\t{used}\t{name}\n")
+                try:
+                    procs = read_procs()
+                except Exception as exc:  # the device's figure matters more: keep sampling it
+                    print(f"memwatch: per-process figures stopped ({type(exc).__name__}: {exc})")
+                    procs_out.close()
+                    procs_out = None
+                    procs = []
+                for pid, used, name in procs:
+                    procs_out.write(f"{now:.4f}\t{pid}\t{used}\t{name}\n")  # type: ignore[union-attr]
             if time.monotonic() - last_flush > 1.0:
                 f.flush()
                 if procs_out is not None:

@@ -265,7 +265,9 @@ do_vllm_engine() {
 }
 
 plain_micro_batch() { # the actor micro-batch rltrain's plan chooses for a_fused on this GPU
-  "$py" - "$(gpu_gib)" "${common[@]}" ${extra[a_fused]} <<'EOF' 2>/dev/null | tail -1
+  local own
+  read -r -a own <<<"${extra[a_fused]}"
+  "$py" - "$(gpu_gib)" "${common[@]}" "${own[@]}" <<'EOF' 2>/dev/null | tail -1
 import sys
 from rltrain.bench.measures.trainer import compose
 from rltrain.placement.micro_batches import choose_micro_batches

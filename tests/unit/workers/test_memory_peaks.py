@@ -63,20 +63,24 @@ class _Rows:
         return self
 
 
-@pytest.mark.parametrize(("transport", "released"), [("ipc", 1), ("host", 0), (None, 0)])
+@pytest.mark.parametrize(
+    ("transport", "feeder", "released"),
+    [("ipc", 0, 1), ("ipc", 1, 0), ("host", 0, 0), (None, 0, 0)],
+)
 def test_an_actor_whose_receiver_shares_its_device_releases_after_each_update(
-    transport, released, monkeypatch
+    transport, feeder, released, monkeypatch
 ):
     """An ipc receiver is another process on the actor's device that allocates next (vLLM
     wakes its weights): the update's cached blocks go back first. A host or no receiver (a
-    device of its own, or a fused rank) keeps the cache for the next update."""
+    device of its own, or a fused rank), or an ipc receiver fed by another actor rank, keeps
+    the cache for the next update."""
     import rltrain.workers.actor as actor_mod
 
     run = RunConfig()
     run.model.num_layers = 1
     actor = ActorWorker(run, derive_sizes(run, 1, 1))
     if transport is not None:
-        choice = TransportChoice(transport, "test", feeders=((0, (0,)),))
+        choice = TransportChoice(transport, "test", feeders=((0, (feeder,)),))
         actor.setup_weight_sync({"rollout": choice})
     seen = []
     monkeypatch.setattr(actor_mod, "release_cached_blocks", lambda d: seen.append(d) or True)
