@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import xml.etree.ElementTree as ET
@@ -235,6 +236,44 @@ def _stage_alias(stage: str) -> str:
     return {"weight_sync": "sync"}.get(stage, stage)
 
 
+_VLLM_ASLEEP = re.compile(r"It took ([0-9.]+) seconds to fall asleep")
+_VLLM_AWAKE = re.compile(r"It took ([0-9.]+) seconds to wake up tags \['(\w+)'\]")
+_VLLM_BACKED_UP = re.compile(r"of which ([0-9.]+) GiB is backed up in CPU")
+
+
+def vllm_sleep_wake(log: str) -> dict[str, Any]:
+    """vLLM's own sleep/wake timings in a run's log (level 1, woken by tag).
+
+    Args:
+        log: the run's output, vLLM's log lines in it.
+
+    Returns:
+        Empty when vLLM never slept; else ``backed_up_bytes`` (what one sleep copies to the
+        host, the weights pool), the medians ``sleep_s`` (the first sleep, which pins its
+        host buffers, left out when others follow), ``wake_weights_s``, ``wake_kv_cache_s``,
+        ``sleeps``, and ``sleep_GBps`` / ``wake_GBps`` over the backed-up bytes.
+    """
+    asleep = [float(x) for x in _VLLM_ASLEEP.findall(log)]
+    backed = [float(x) for x in _VLLM_BACKED_UP.findall(log)]
+    if not asleep or not backed:
+        return {}
+    woke: dict[str, list[float]] = {}
+    for secs, tag in _VLLM_AWAKE.findall(log):
+        woke.setdefault(tag, []).append(float(secs))
+    nbytes = int(max(backed) * 2**30)
+    sleep_s = _median(asleep[1:] or asleep)
+    wake_s = _median(woke.get("weights", []))
+    return {
+        "sleeps": len(asleep),
+        "backed_up_bytes": nbytes,
+        "sleep_s": sleep_s,
+        "wake_weights_s": wake_s,
+        "wake_kv_cache_s": _median(woke.get("kv_cache", [])),
+        "sleep_GBps": nbytes / sleep_s / 1e9 if sleep_s else None,
+        "wake_GBps": nbytes / wake_s / 1e9 if wake_s else None,
+    }
+
+
 def run_record(step_dir: Path, warmup: int) -> dict[str, Any]:
     """Everything about one rltrain run of run.sh."""
     rec: dict[str, Any] = step_facts(step_dir)
@@ -255,6 +294,14 @@ def run_record(step_dir: Path, warmup: int) -> dict[str, Any]:
             if k in s
         }
         rec["ledger_peak_bytes"] = s.get("peak_memory_bytes_per_device")
+    log = step_dir / "log.txt"
+    sw = vllm_sleep_wake(log.read_text(errors="replace")) if log.is_file() else {}
+    if sw:
+        rec["vllm_sleep_wake"] = sw
+        # the switching the run's stages do not time: vLLM's sleep and its two wakes a step
+        moved = sum(sw[k] or 0 for k in ("sleep_s", "wake_weights_s", "wake_kv_cache_s"))
+        if rec.get("step_s"):
+            rec["switch_share_with_vllm"] = ((rec.get("switch_s") or 0) + moved) / rec["step_s"]
     plan_file = step_dir / "plan" / "plan.json"
     predicted = plan_memory(json.loads(plan_file.read_text())) if plan_file.is_file() else {}
     rec["plan"] = predicted
@@ -300,6 +347,15 @@ def targets(res: Mapping[str, Any]) -> dict[str, Any]:
     gbps = min(sw.get("weights_GBps_sleep") or 0, sw.get("weights_GBps_wake") or 0) or None
     out["vllm_sleep_and_wake_GBps"] = _target(
         gbps, ">= 30 (slower of the two)", gbps and gbps >= 30, engine
+    )
+    in_run = c.get("vllm_sleep_wake") or {}
+    gbps = min(in_run.get("sleep_GBps") or 0, in_run.get("wake_GBps") or 0) or None
+    out["vllm_sleep_and_wake_GBps_in_run"] = _target(
+        gbps, ">= 30 (slower of the two, over the bytes vLLM backs up)", gbps and gbps >= 30, c
+    )
+    share = c.get("switch_share_with_vllm")
+    out["switch_share_c_vllm_with_sleep_wake"] = _target(
+        share, "<= 0.15", share is not None and share <= 0.15, c
     )
     for name in ("b_turns_ipc", "c_vllm"):
         run = runs.get(name, {})

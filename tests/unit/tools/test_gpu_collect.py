@@ -206,3 +206,41 @@ def test_collect_reads_a_run_directory(tmp_path):
     assert res["plain"] is None
     lines = collect.brief(res).splitlines()
     assert lines[0].split() == ["b_turns_ipc", "ok", "in", "42", "s"]
+
+
+VLLM_LOG = "\n".join(
+    ["(RolloutWorker pid=7) INFO 11-27 22:11:07 [cumem.py:271] CuMemAllocator: sleep freed "
+     "23.65 GiB memory in total, of which 2.00 GiB is backed up in CPU and the rest 21.65 GiB "
+     "is discarded directly."]
+    + [f"(RolloutWorker pid=7) INFO [abstract.py:327] It took {s} seconds to fall asleep."
+       for s in ("1.000", "0.100", "0.300", "0.200")]
+    + [f"(RolloutWorker pid=7) INFO [abstract.py:345] It took {s} seconds to wake up tags "
+       f"['{tag}']." for s, tag in (("0.05", "weights"), ("0.02", "kv_cache"), ("0.1", "weights"),
+                                   ("0.1", "weights"))]
+)  # fmt: skip
+
+
+def test_vllm_sleep_and_wake_are_read_from_its_own_log_lines():
+    """The first sleep (it pins its host buffers) is left out; rates are over the bytes vLLM
+    backs up: 2 GiB in the median 0.2 s asleep, 0.1 s awake."""
+    sw = collect.vllm_sleep_wake(VLLM_LOG)
+    assert sw["sleeps"] == 4 and sw["backed_up_bytes"] == 2 * 2**30
+    assert sw["sleep_s"] == pytest.approx(0.2) and sw["wake_weights_s"] == pytest.approx(0.1)
+    assert sw["wake_kv_cache_s"] == pytest.approx(0.02)
+    assert sw["sleep_GBps"] == pytest.approx(2 * 2**30 / 0.2 / 1e9)
+    assert sw["wake_GBps"] == pytest.approx(2 * 2**30 / 0.1 / 1e9)
+    assert collect.vllm_sleep_wake("no vLLM here") == {}
+
+
+def test_the_vllm_runs_switching_share_counts_vllms_sleep_and_wakes(tmp_path):
+    step = tmp_path / "c_vllm"
+    (step / "run").mkdir(parents=True)
+    (step / "log.txt").write_text(VLLM_LOG)
+    (step / "run" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in RECORDS))
+    rec = collect.run_record(step, warmup=1)
+    # step 5.2 s with sync 0.2 s; vLLM: sleep 0.2 + wake 0.1 + 0.02
+    assert rec["switch_share_with_vllm"] == pytest.approx((0.2 + 0.32) / 5.2)
+    t = collect.targets({"runs": {"c_vllm": rec}})
+    assert t["vllm_sleep_and_wake_GBps_in_run"]["value"] == pytest.approx(2 * 2**30 / 0.2 / 1e9)
+    assert t["vllm_sleep_and_wake_GBps_in_run"]["met"] is False  # 10.7 GB/s
+    assert t["switch_share_c_vllm_with_sleep_wake"]["met"] is True
