@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from rltrain.backends.offload import StateMover
+from rltrain.backends.offload import StateMover, release_cached_blocks
 from rltrain.config.offload import OffloadPolicy
 from rltrain.errors import ConfigError, WorkerError
 
@@ -433,9 +433,7 @@ class DeepSpeedActor:
             self._optim_mover.offload(["optimizer"])
         self._offloaded = self._offloaded | frozenset(new)
         self._moved_bytes.update({k: before[k] for k in new})
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
+        release_cached_blocks(self.device)
         return self._offloaded
 
     def reload_states(self) -> None:

@@ -33,6 +33,27 @@ from rltrain.errors import ConfigError
 #: State kinds a torch module + optimizer hold (``kv_cache`` belongs to generation engines).
 MOVABLE_KINDS: tuple[str, ...] = tuple(k for k in STATE_KINDS if k != "kv_cache")
 
+
+def release_cached_blocks(device: torch.device) -> bool:
+    """Hand the CUDA caching allocator's free blocks back to the driver, so that another
+    process on the device can allocate them: after an offload, and after an update whose
+    receiver shares the device (a collocated vLLM engine waking its weights; without it the
+    actor kept its update's activations reserved through the weight sync: 72.4 GB on the
+    2026-11-27 H100 lease, where the plan's sync stage counts 11 GB).
+
+    Args:
+        device: the worker's compute device.
+
+    Returns:
+        Whether blocks were released (CUDA only).
+    """
+    if device.type != "cuda":
+        return False
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return True
+
+
 # Host buffers are packed with this alignment so every storage starts on a DMA-friendly boundary
 # and any dtype can be viewed at its offset.
 _ALIGN = 512
@@ -257,8 +278,8 @@ class StateMover:
                         v.tensor.dtype, torch.empty(0, dtype=v.tensor.dtype, device=self.device)
                     )
                     v.tensor.data = empty
-        if self._empty_cache and self.device.type == "cuda" and todo:
-            torch.cuda.empty_cache()
+        if self._empty_cache and todo:
+            release_cached_blocks(self.device)
         return moved_bytes
 
     def reload(self, kinds: Iterable[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import torch
 
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.update import UpdateSettings, add_advantages
+from rltrain.backends.offload import release_cached_blocks
 from rltrain.backends.training import StateSurface, TrainingEngine, build_dtype, build_engine
 from rltrain.backends.weight_sync.host import pack_to_host
 from rltrain.backends.weight_sync.transport import WeightSender
@@ -35,7 +36,6 @@ from rltrain.workers.common import (
     fetched_dir,
     local_dir,
     memory_peaks,
-    release_cached_blocks,
     seed_everything,
 )
 

@@ -156,26 +156,6 @@ def memory_peaks(
     return dict(zip(names, (allocated / 2**30, reserved / 2**30), strict=True))
 
 
-def release_cached_blocks(device: torch.device) -> bool:
-    """Hand the CUDA caching allocator's free blocks back to the driver, so that another
-    process on the device can allocate them (a collocated vLLM engine waking its weights).
-
-    Without it, the actor keeps its update's activations reserved through the weight sync
-    (the 2026-11-27 H100 lease: 72.4 GB held while the plan's sync stage counts 11 GB).
-
-    Args:
-        device: the worker's compute device.
-
-    Returns:
-        Whether blocks were released (CUDA only).
-    """
-    if device.type != "cuda":
-        return False
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    return True
-
-
 @dataclass(frozen=True)
 class TrainResult:
     """A rank's answer to an update.

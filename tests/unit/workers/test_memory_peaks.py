@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rltrain.backends.offload import release_cached_blocks
 from rltrain.backends.weight_sync.choice import TransportChoice
 from rltrain.config.schema import RunConfig
 from rltrain.placement.sizes import derive_sizes
 from rltrain.runners.stages import _mean_metrics
 from rltrain.workers.actor import ActorWorker
-from rltrain.workers.common import TrainResult, memory_peaks, release_cached_blocks
+from rltrain.workers.common import TrainResult, memory_peaks
 
 
 def test_peaks_are_cudas_allocator_figures_for_the_window_since_the_reset(monkeypatch):
