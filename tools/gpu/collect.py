@@ -134,6 +134,7 @@ def stage_medians(records: Sequence[Mapping[str, Any]], warmup: int) -> dict[str
         if samples and r.get("response/length_mean") and r.get("time/generate_s")
     )
     switch_s = sum(v for s, v in stages_s.items() if is_switch(s) and v is not None)
+    peaks = {k: f"actor/memory_{k}_peak_gib" for k in ("allocated", "reserved")}
     return {
         "steps_measured": len(kept),
         "stages_s": stages_s,
@@ -146,15 +147,7 @@ def stage_medians(records: Sequence[Mapping[str, Any]], warmup: int) -> dict[str
         "switch_share": switch_s / step_s if step_s else None,
         # the actor's allocator in its update: live tensors at most, and what it held
         "actor_allocator_peak_gib": {
-            k: max(
-                (
-                    r[f"actor/memory_{k}_peak_gib"]
-                    for r in records
-                    if f"actor/memory_{k}_peak_gib" in r
-                ),
-                default=None,
-            )
-            for k in ("allocated", "reserved")
+            k: max((r[m] for r in records if m in r), default=None) for k, m in peaks.items()
         },
     }
 

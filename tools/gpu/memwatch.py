@@ -21,14 +21,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
+
+
+def _nvml_handle(device: int) -> tuple[Any, Any]:
+    """``pynvml`` started, and the device's handle."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(device)
 
 
 def nvml_reader(device: int) -> Callable[[], int]:
     """A function returning the device's used bytes through NVML."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+    pynvml, handle = _nvml_handle(device)
     return lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
 
 
@@ -44,10 +50,7 @@ def nvml_processes(device: int) -> Callable[[], list[tuple[int, int, str]]]:
     Raises:
         ImportError: ``pynvml`` is not installed; NVML's own errors when it cannot start.
     """
-    import pynvml
-
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+    pynvml, handle = _nvml_handle(device)
 
     def title(pid: int) -> str:
         try:  # Ray names its workers in the title ("ray::ActorWorker.train")
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procs", help="also write each process's used bytes here (NVML only)")
     args = ap.parse_args(argv)
     read = reader(args.device)
-    procs_out, read_procs = None, None
+    procs_out = None
     if args.procs:
         try:
             read_procs = nvml_processes(args.device)
@@ -121,16 +124,15 @@ def main(argv: list[str] | None = None) -> int:
             now = time.time()
             f.write(f"{now:.4f}\t{read()}\n")
             n += 1
-            if procs_out is not None and read_procs is not None and n % 5 == 0:
+            if procs_out is not None and n % 5 == 0:
                 try:
-                    procs = read_procs()
+                    rows = read_procs()
                 except Exception as exc:  # the device's figure matters more: keep sampling it
                     print(f"memwatch: per-process figures stopped ({type(exc).__name__}: {exc})")
                     procs_out.close()
                     procs_out = None
-                    procs = []
-                for pid, used, name in procs:
-                    procs_out.write(f"{now:.4f}\t{pid}\t{used}\t{name}\n")  # type: ignore[union-attr]
+                else:
+                    procs_out.writelines(f"{now:.4f}\t{p}\t{u}\t{t}\n" for p, u, t in rows)
             if time.monotonic() - last_flush > 1.0:
                 f.flush()
                 if procs_out is not None:
