@@ -103,12 +103,17 @@ def outcome_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
 
 
 def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float) -> Tensor:
-    """``G_t = r_t + gamma * G_{t+1}`` over response tokens; zero outside the mask.
+    """``G_t = r_t + gamma * G_{t'}`` over response tokens, ``t'`` the next masked token;
+    zero outside the mask.
+
+    Tokens outside the mask inside a response (a multi-turn episode's tool results) are not
+    steps of the policy: the return passes through them unchanged, so an earlier turn's tokens
+    get the outcome the episode ends with (as verl's multi-turn estimators skip them).
 
     Args:
-        token_rewards: ``[B, R]``.
+        token_rewards: ``[B, R]`` (read on masked tokens only).
         response_mask: ``[B, R]``.
-        gamma: discount.
+        gamma: discount, once per masked token.
 
     Returns:
         ``[B, R]`` returns.
@@ -117,9 +122,9 @@ def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: floa
     out = torch.zeros_like(mask)
     running = torch.zeros_like(mask[:, 0])
     for t in reversed(range(mask.shape[1])):
-        running = token_rewards[:, t] + gamma * running * mask[:, t]
-        running = running * mask[:, t]
-        out[:, t] = running
+        on = mask[:, t] > 0
+        running = torch.where(on, token_rewards[:, t] + gamma * running, running)
+        out[:, t] = running * mask[:, t]
     return out
 
 
@@ -163,8 +168,11 @@ def gae_advantages(
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over response tokens.
 
-    ``delta_t = r_t + gamma * V_{t+1} - V_t`` with ``V`` zero past the last response token;
-    ``A_t = delta_t + gamma * lam * A_{t+1}``; returns ``A_t + V_t``.
+    ``delta_t = r_t + gamma * V_{t'} - V_t`` with ``t'`` the next masked token and ``V`` zero
+    past the last one; ``A_t = delta_t + gamma * lam * A_{t'}``; returns ``A_t + V_t``. Tokens
+    outside the mask inside a response (a multi-turn episode's tool results) are not steps: the
+    recursion passes through them, so an earlier turn bootstraps from the next turn's first
+    token (as verl's multi-turn GAE skips them).
 
     Args:
         token_rewards: ``[B, R]``.
@@ -185,10 +193,11 @@ def gae_advantages(
     next_value = torch.zeros_like(mask[:, 0])
     next_adv = torch.zeros_like(mask[:, 0])
     for t in reversed(range(mask.shape[1])):
+        on = mask[:, t] > 0
         delta = token_rewards[:, t] + gamma * next_value - values[:, t]
-        next_adv = (delta + gamma * lam * next_adv) * mask[:, t]
-        next_value = values[:, t]
-        adv[:, t] = next_adv
+        next_adv = torch.where(on, delta + gamma * lam * next_adv, next_adv)
+        next_value = torch.where(on, values[:, t], next_value)
+        adv[:, t] = next_adv * mask[:, t]
     return adv, (adv + values) * mask
 
 

@@ -109,7 +109,8 @@ def policy_loss(
     with torch.no_grad():
         n = mask.sum().clamp(min=1.0)
         clip_frac = ((clipped > unclipped).to(mask.dtype) * mask).sum() / n
-        approx_kl = ((torch.exp(-log_ratio) - 1 + log_ratio) * mask).sum() / n
+        # k3 for KL(old || new) from tokens sampled by old: (r - 1) - log r, r = new / old
+        approx_kl = ((torch.expm1(log_ratio) - log_ratio) * mask).sum() / n
         ratio_mean = (ratio * mask).sum() / n
     loss = aggregate(per_token, mask, loss_agg, norm_len)
     return PolicyLossOutput(loss, clip_frac, approx_kl, ratio_mean)
@@ -200,7 +201,7 @@ def gspo_loss(x: PolicyLossInputs, algorithm: Any) -> PolicyLossOutput:
         n = mask.sum().clamp(min=1.0)
         token_log_ratio = x.logprobs - x.old_logprobs
         clip_frac = ((clipped > unclipped).to(mask.dtype) * mask).sum() / n
-        approx_kl = ((torch.exp(-token_log_ratio) - 1 + token_log_ratio) * mask).sum() / n
+        approx_kl = ((torch.expm1(token_log_ratio) - token_log_ratio) * mask).sum() / n
         ratio_mean = (ratio * mask).sum() / n
     loss = aggregate(per_token, mask, algorithm.loss_agg, x.norm_len)
     return PolicyLossOutput(loss, clip_frac, approx_kl, ratio_mean, weights)

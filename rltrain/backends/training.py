@@ -630,7 +630,8 @@ class DeepSpeedEngine:
             return loss * next(scale)
 
         self.actor.train_step([trim_padding(mb.select(p)) for p in parts], loss_fn)
-        out = {k: sum(m[k] for m in seen) / len(seen) for k in seen[0]}
+        # the micro-batches' metrics weighed as their losses are (the torch engine's combination)
+        out = {k: sum(w * m[k] for w, m in zip(weights, seen, strict=True)) for k in seen[0]}
         norm = self.actor.engine.get_global_grad_norm()
         if norm is not None:
             out["actor/grad_norm"] = float(norm)

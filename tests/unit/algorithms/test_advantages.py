@@ -71,6 +71,16 @@ def test_discounted_returns():
     close(discounted_returns(T([[1.0, 2.0, 0.0]]), T([[1, 1, 0]]), 0.5), [[2.0, 2.0, 0.0]])
 
 
+def test_discounted_returns_pass_through_a_tool_result():
+    # turn 1 (tokens 0-1), a tool result (2-3, not the policy's), turn 2 (4-5), padding (6);
+    # reward 1 at the end, gamma .5 per policy token: G5 = 1, G4 = .5, G1 = .25, G0 = .125
+    mask = T([[1, 1, 0, 0, 1, 1, 0]])
+    rewards = T([[0.0, 0.0, 7.0, 7.0, 0.0, 1.0, 0.0]])  # a stray value under the mask is not read
+    close(discounted_returns(rewards, mask, 0.5), [[0.125, 0.25, 0, 0, 0.5, 1.0, 0]])
+    # gamma 1: every policy token of the episode gets its outcome
+    close(discounted_returns(rewards, mask, 1.0), [[1, 1, 0, 0, 1, 1, 0]])
+
+
 def test_masked_whiten_uses_only_masked_entries():
     # valid values 1, 3: mean 2, population std 1
     close(masked_whiten(T([[1.0, 3.0, 100.0]]), T([[1, 1, 0]])), [[-1.0, 1.0, 0.0]], tol=1e-4)
@@ -98,6 +108,19 @@ def test_gae_ignores_values_past_the_response():
     adv, ret = gae_advantages(T([[0.0, 1.0, 0.0]]), T([[0.5, 0.2, 0.9]]), T([[1, 1, 0]]), 1.0, 1.0)
     close(adv, [[0.5, 0.8, 0.0]])
     close(ret, [[1.0, 1.0, 0.0]])
+
+
+def test_gae_bootstraps_across_a_tool_result_from_the_next_turn():
+    # mask [1, 0, 1]: token 1 is a tool result (its value .9 is not the policy's state);
+    # gamma 1, lam 1, reward 1 at the end: A2 = 1 - .4 = .6; d0 = V2 - V0 = .4 - .5 = -.1,
+    # A0 = -.1 + .6 = .5 (= the return 1 minus V0); returns 1 on both policy tokens
+    adv, ret = gae_advantages(T([[0.0, 0.0, 1.0]]), T([[0.5, 0.9, 0.4]]), T([[1, 0, 1]]), 1.0, 1.0)
+    close(adv, [[0.5, 0.0, 0.6]])
+    close(ret, [[1.0, 0.0, 1.0]])
+    # gamma .9, lam .8 with the hole: the step from token 0 to 2 is one step
+    # d2 = .6, A2 = .6; d0 = .9*.4 - .5 = -.14, A0 = -.14 + .72*.6 = .292
+    adv, _ = gae_advantages(T([[0.0, 0.0, 1.0]]), T([[0.5, 0.9, 0.4]]), T([[1, 0, 1]]), 0.9, 0.8)
+    close(adv, [[0.292, 0.0, 0.6]])
 
 
 def test_kl_in_reward_enters_group_scores_as_a_sequence_sum():

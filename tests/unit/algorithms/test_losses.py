@@ -50,7 +50,8 @@ def test_clipped_surrogate_by_hand():
     assert out.loss.item() == pytest.approx((-1.3 + 0.8 + 2.2 - 3.0) / 4)
     assert out.clip_frac.item() == pytest.approx(0.5)
     assert out.ratio_mean.item() == pytest.approx((1.5 + 0.5 + 1.1 + 1.0) / 4)
-    k3 = [1 / r - 1 + math.log(r) for r in (1.5, 0.5, 1.1, 1.0)]
+    # Schulman's k3 for KL(old || new) under old's samples: (r - 1) - log r, r = new / old
+    k3 = [r - 1 - math.log(r) for r in (1.5, 0.5, 1.1, 1.0)]
     assert out.approx_kl.item() == pytest.approx(sum(k3) / 4)
     out.loss.backward()
     # clipped tokens carry no gradient; d/dlogp of -A*ratio/4 is -A*ratio/4

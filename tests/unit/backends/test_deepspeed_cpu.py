@@ -158,15 +158,20 @@ def test_micro_batches_weigh_their_token_share_like_the_one_shot_step(deepspeed_
         rewards=torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]),
     )
     batch = add_advantages(batch, UpdateSettings.from_config(run))
-    norms = []
+    metrics = []
     for engine in (
         TorchEngine(run, build_model(run.model), torch.device("cpu"), 0),
         DeepSpeedEngine(run, build_model(run.model), torch.device("cpu"), 4, 8),
     ):
         engine.setup(1)
-        norms.append(engine.update(batch, torch.Generator().manual_seed(0))["actor/grad_norm"])
-    assert norms[0] > 0
-    assert norms[1] == pytest.approx(norms[0], rel=1e-4)
+        metrics.append(engine.update(batch, torch.Generator().manual_seed(0)))
+    one_shot, accumulated = metrics
+    assert one_shot["actor/grad_norm"] > 0
+    assert accumulated["actor/grad_norm"] == pytest.approx(one_shot["actor/grad_norm"], rel=1e-4)
+    # the logged loss too: the micro-batches' metrics weigh their token shares, as the losses do
+    assert one_shot["actor/pg_loss"] != 0
+    for key in ("actor/pg_loss", "actor/entropy"):
+        assert accumulated[key] == pytest.approx(one_shot[key], rel=1e-4), key
 
 
 def test_stage_zero_moves_the_plain_optimizer_and_module(deepspeed_world) -> None:
