@@ -233,7 +233,8 @@ class AlgorithmConfig:
     # out the batch is topped up with dropped groups (metric batch/topped_up_groups)
     max_generation_batches: int = 4
     # DAPO's overlong shaping: the last overlong_buffer tokens of rollout.max_new_tokens carry
-    # a reward penalty growing linearly to overlong_penalty at the budget; 0: none
+    # a reward penalty growing linearly to overlong_penalty at the budget; 0: none (single-turn:
+    # refused with task.env)
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0  # the penalty at the full budget (with overlong_buffer > 0)
     # drop responses the token budget cut (no EOS) from the loss; they still count in their

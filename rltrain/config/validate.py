@@ -434,6 +434,16 @@ def _batch_shaping(cfg: RunConfig) -> Iterator[str]:
             f"algorithm.overlong_buffer={a.overlong_buffer} must be in [0, {budget}] "
             f"(rollout.max_new_tokens): the penalty ramps over the last tokens of the budget"
         )
+    if a.overlong_buffer > 0 and cfg.task.env is not None:
+        # the shaping reads one response against one turn's budget; an episode's response is
+        # several turns and the tool results between them
+        yield (
+            f"algorithm.overlong_buffer={a.overlong_buffer} with task.env={cfg.task.env!r}: "
+            f"DAPO's overlong shaping measures a response against rollout.max_new_tokens, and "
+            f"a multi-turn episode's response holds every turn and tool result; set "
+            f"algorithm.overlong_buffer=0 (algorithm.mask_truncated=true still drops the "
+            f"episodes the budget cut)"
+        )
     used = [k for k, on in _shaping_keys(a) if on]
     if cfg.runner != "reasoning" and used:
         yield (

@@ -115,6 +115,11 @@ def test_contradicting_aliases_and_bad_values_name_the_key():
         (["algorithm.overlong_buffer=5"], "algorithm.overlong_buffer=5 must be in [0, 4]"),
         (["algorithm.max_generation_batches=0"], "algorithm.max_generation_batches=0 must be > 0"),
         (
+            ["algorithm.overlong_buffer=2", "task.env=rltrain.tasks.calc_tool:CalculatorEnv"],
+            "a multi-turn episode's response holds every turn and tool result; set "
+            "algorithm.overlong_buffer=0",
+        ),
+        (
             ["experiment=cartpole_collocated", "algorithm.mask_truncated=true"],
             "algorithm.mask_truncated shape token responses",
         ),
