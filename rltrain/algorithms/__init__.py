@@ -42,6 +42,7 @@ from rltrain.algorithms.sampling import (
     top_p_filter,
 )
 from rltrain.algorithms.update import (
+    Ranks,
     UpdateSettings,
     accumulate_step,
     actor_loss,
@@ -52,6 +53,8 @@ from rltrain.algorithms.update import (
     micro_weights,
     minibatch_indices,
     ppo_update,
+    rank_token_shares,
+    update_minibatches,
     value_update,
 )
 
@@ -61,6 +64,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGS",
     "PolicyLossOutput",
+    "Ranks",
     "RolloutBatch",
     "SamplingParams",
     "UpdateSettings",
@@ -89,6 +93,8 @@ __all__ = [
     "micro_slices",
     "micro_weights",
     "minibatch_indices",
+    "rank_token_shares",
+    "update_minibatches",
     "next_tokens",
     "outcome_token_rewards",
     "policy_loss",

@@ -111,6 +111,63 @@ def minibatch_indices(
     return list(torch.tensor_split(perm, num_minibatches))
 
 
+def update_minibatches(
+    batch_size: int, s: UpdateSettings, generator: torch.Generator | None = None
+) -> list[Tensor]:
+    """Every minibatch an update steps through, in order: ``ppo_epochs`` shuffles of
+    :func:`minibatch_indices` (known before the first step, so their token counts can be
+    agreed between ranks in one collective)."""
+    a = s.algorithm
+    return [
+        idx
+        for _ in range(a.ppo_epochs)
+        for idx in minibatch_indices(batch_size, a.num_minibatches, generator)
+    ]
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The data-parallel ranks an update's gradients are averaged over.
+
+    Attributes:
+        size: the number of ranks.
+        sum: sums a small float64 tensor over the ranks (a collective: every rank calls it,
+            in the same order, with the same shape) and returns it on the host.
+    """
+
+    size: int
+    sum: Callable[[Tensor], Tensor]
+
+
+def rank_token_shares(masks: Sequence[Tensor], loss_agg: str, ranks: Ranks | None) -> list[float]:
+    """The factor this rank's loss of each minibatch is scaled by so that, once the ranks
+    average their gradients, a ``token_mean`` loss is the mean over every rank's tokens (each
+    token weighs the same, as DAPO's token-level loss defines it) rather than the mean of the
+    ranks' own means, which weighs a token on a rank of short responses more.
+
+    ``size x (this rank's tokens / every rank's tokens)`` per minibatch, from one reduction
+    for all of an update's minibatches. Other aggregations average over rows (or divide by a
+    constant), and every rank holds as many rows: 1.
+
+    Args:
+        masks: this rank's token mask of each minibatch, in the order the update steps.
+        loss_agg: the loss's aggregation (``algorithm.loss_agg``; the critic's is
+            ``token_mean``).
+        ranks: the data-parallel ranks, or None for one.
+
+    Returns:
+        One factor per minibatch (0 where no rank has a token: the loss is 0 there).
+    """
+    if loss_agg != "token_mean" or ranks is None or ranks.size <= 1:
+        return [1.0] * len(masks)
+    local = torch.tensor([float(m.float().sum()) for m in masks], dtype=torch.float64)
+    total = ranks.sum(local.clone())
+    return [
+        ranks.size * float(n) / float(t) if t > 0 else 0.0
+        for n, t in zip(local.tolist(), total.tolist(), strict=True)
+    ]
+
+
 def add_advantages(batch: RolloutBatch, s: UpdateSettings) -> RolloutBatch:
     """Fill ``advantages`` (and ``returns`` for GAE) from rewards, reference and values.
 
@@ -484,6 +541,7 @@ def accumulate_step(
     grad_clip: float = 0.0,
     scheduler: Any = None,
     max_tokens: int | None = None,
+    rank_share: float = 1.0,
 ) -> dict[str, float]:
     """One optimizer step on a minibatch, its gradient accumulated over micro-batches.
 
@@ -506,10 +564,12 @@ def accumulate_step(
             warmup of ``optimizer.warmup_steps``), or None.
         max_tokens: a token budget per micro-batch (:func:`token_micro_batches`) instead of
             ``micro_batch`` rows; None: rows.
+        rank_share: scales the gradient (not the metrics) by this rank's share of the
+            minibatch over the data-parallel ranks (:func:`rank_token_shares`); 1: one rank.
 
     Returns:
-        The micro-batches' metrics combined with the same weights, plus ``grad_norm`` (the
-        norm before clipping).
+        The micro-batches' metrics combined with the same weights (this rank's own), plus
+        ``grad_norm`` (the norm before clipping).
 
     Raises:
         ConfigError: a row is wider than ``max_tokens``.
@@ -524,7 +584,7 @@ def accumulate_step(
         with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
             micro = trim_padding(mb if len(parts) == 1 else mb.select(part))
             loss, metrics = loss_fn(module, micro)
-            _backward(optimizer, loss * w)
+            _backward(optimizer, loss * (w * rank_share))
         for k, v in metrics.items():
             sums[k] += w * v
     out = dict(sums)
@@ -636,6 +696,7 @@ def ppo_update(
     micro_batch: int = 0,
     scheduler: Any = None,
     max_tokens: int | None = None,
+    ranks: Ranks | None = None,
 ) -> dict[str, float]:
     """Train on one rollout batch: ``ppo_epochs`` passes of ``num_minibatches`` steps each.
 
@@ -652,9 +713,11 @@ def ppo_update(
         scheduler: stepped after every optimizer step of the policy (warmup), or None.
         max_tokens: padded tokens per forward/backward (``actor.max_tokens_per_micro_batch``,
             :func:`token_micro_batches`) instead of ``micro_batch`` rows; None: rows.
+        ranks: the data-parallel ranks ``model`` averages gradients over (a ``token_mean``
+            loss then weighs every rank's tokens alike: :func:`rank_token_shares`), or None.
 
     Returns:
-        Metrics averaged over the minibatch steps.
+        Metrics averaged over the minibatch steps (this rank's).
 
     Raises:
         ConfigError: a row is wider than ``max_tokens``.
@@ -664,32 +727,32 @@ def ppo_update(
     )
     model.train()
     sums: dict[str, float] = defaultdict(float)
-    steps = 0
-    for _ in range(s.algorithm.ppo_epochs):
-        for idx in minibatch_indices(batch.size, s.algorithm.num_minibatches, generator):
-            mb = batch.select(idx)
-            # the first step's forward pass is at the weights before the update: the gap's
-            loss_fn = functools.partial(actor_loss, s=s, gap=gap if steps == 0 else None)
-            metrics = accumulate_step(
-                model,
-                optimizer,
-                mb,
-                loss_fn,
-                micro_batch=micro_batch,
-                loss_agg=s.algorithm.loss_agg,
-                grad_clip=s.grad_clip,
-                scheduler=scheduler,
-                max_tokens=max_tokens,
-            )
-            metrics["actor/grad_norm"] = metrics.pop("grad_norm")
-            if critic is not None and critic_optimizer is not None:
-                closs, cm = critic_loss(critic, mb, s)
-                _step(critic.parameters(), critic_optimizer, closs, s.grad_clip)
-                metrics.update(cm)
-            for k, v in metrics.items():
-                sums[k] += v
-            steps += 1
-    out = {k: v / steps for k, v in sums.items()}
+    plan = update_minibatches(batch.size, s, generator)
+    shares = rank_token_shares([batch.token_mask[i] for i in plan], s.algorithm.loss_agg, ranks)
+    for steps, (idx, share) in enumerate(zip(plan, shares, strict=True)):
+        mb = batch.select(idx)
+        # the first step's forward pass is at the weights before the update: the gap's
+        loss_fn = functools.partial(actor_loss, s=s, gap=gap if steps == 0 else None)
+        metrics = accumulate_step(
+            model,
+            optimizer,
+            mb,
+            loss_fn,
+            micro_batch=micro_batch,
+            loss_agg=s.algorithm.loss_agg,
+            grad_clip=s.grad_clip,
+            scheduler=scheduler,
+            max_tokens=max_tokens,
+            rank_share=share,
+        )
+        metrics["actor/grad_norm"] = metrics.pop("grad_norm")
+        if critic is not None and critic_optimizer is not None:
+            closs, cm = critic_loss(critic, mb, s)
+            _step(critic.parameters(), critic_optimizer, closs, s.grad_clip)
+            metrics.update(cm)
+        for k, v in metrics.items():
+            sums[k] += v
+    out = {k: v / len(plan) for k, v in sums.items()}
     out.update(known)
     if gap is not None:
         out.update(gap.metrics())
@@ -706,6 +769,7 @@ def value_update(
     micro_batch: int = 0,
     scheduler: Any = None,
     max_tokens: int | None = None,
+    ranks: Ranks | None = None,
 ) -> dict[str, float]:
     """Train the critic on one rollout batch: ``ppo_epochs`` x ``num_minibatches`` steps of the
     clipped value loss (:func:`critic_loss`), as :func:`ppo_update` does for the policy.
@@ -720,6 +784,8 @@ def value_update(
         scheduler: stepped after every optimizer step (warmup), or None.
         max_tokens: padded tokens per forward/backward instead of ``micro_batch`` rows (the
             critic has no such key yet: its engine passes None).
+        ranks: the data-parallel ranks ``critic`` averages gradients over (the token-mean
+            value loss then weighs every rank's tokens alike), or None.
 
     Returns:
         Metrics averaged over the minibatch steps: ``critic/value_loss``, ``critic/grad_norm``.
@@ -734,22 +800,22 @@ def value_update(
         )
     critic.train()
     sums: dict[str, float] = defaultdict(float)
-    steps = 0
-    for _ in range(s.algorithm.ppo_epochs):
-        for idx in minibatch_indices(batch.size, s.algorithm.num_minibatches, generator):
-            metrics = accumulate_step(
-                critic,
-                optimizer,
-                batch.select(idx),
-                lambda m, micro: critic_loss(m, micro, s),
-                micro_batch=micro_batch,
-                loss_agg="token_mean",
-                grad_clip=s.grad_clip,
-                scheduler=scheduler,
-                max_tokens=max_tokens,
-            )
-            metrics["critic/grad_norm"] = metrics.pop("grad_norm")
-            for k, v in metrics.items():
-                sums[k] += v
-            steps += 1
-    return {k: v / steps for k, v in sums.items()}
+    plan = update_minibatches(batch.size, s, generator)
+    shares = rank_token_shares([batch.token_mask[i] for i in plan], "token_mean", ranks)
+    for idx, share in zip(plan, shares, strict=True):
+        metrics = accumulate_step(
+            critic,
+            optimizer,
+            batch.select(idx),
+            lambda m, micro: critic_loss(m, micro, s),
+            micro_batch=micro_batch,
+            loss_agg="token_mean",
+            grad_clip=s.grad_clip,
+            scheduler=scheduler,
+            max_tokens=max_tokens,
+            rank_share=share,
+        )
+        metrics["critic/grad_norm"] = metrics.pop("grad_norm")
+        for k, v in metrics.items():
+            sums[k] += v
+    return {k: v / len(plan) for k, v in sums.items()}

@@ -28,6 +28,7 @@ gloo. DeepSpeed's CPU backend has a shared-memory all-reduce for the same reason
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import mmap
 import os
@@ -39,6 +40,7 @@ from typing import Any
 
 import torch
 
+from rltrain.algorithms.update import Ranks
 from rltrain.errors import WorkerError
 
 #: Bytes of one rank's row in a region; larger tensors are averaged in chunks of this size.
@@ -310,3 +312,31 @@ def wrap_data_parallel(
             ddp.register_comm_hook(shared, mean_hook)
             ddp._rltrain_host_allreduce = shared  # type: ignore[attr-defined]
     return ddp
+
+
+def sum_over_ranks(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``values`` summed over the default process group's ranks (the data-parallel group the
+    trainers here wrap with DDP or DeepSpeed): a collective, called by every rank in the same
+    order. Crosses as float64 (exact for token counts), on ``device`` under NCCL.
+
+    Args:
+        values: a small tensor.
+        device: this rank's compute device (NCCL reduces device tensors only).
+
+    Returns:
+        The sums, float64, on the host.
+    """
+    dist = torch.distributed
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    out = values.to(on, torch.float64)
+    dist.all_reduce(out)
+    return out.cpu()
+
+
+def data_parallel_ranks(device: torch.device) -> Ranks | None:
+    """The data-parallel ranks of this process's default process group for an update
+    (:class:`~rltrain.algorithms.update.Ranks`), or None when there is one rank or no group."""
+    dist = torch.distributed
+    if not dist.is_initialized() or dist.get_world_size() <= 1:
+        return None
+    return Ranks(dist.get_world_size(), functools.partial(sum_over_ranks, device=device))

@@ -48,14 +48,15 @@ from rltrain.algorithms.update import (
     actor_loss,
     behaviour_logprobs,
     micro_weights,
-    minibatch_indices,
     ppo_update,
+    rank_token_shares,
     split_rows,
     trim_padding,
+    update_minibatches,
     value_update,
     with_old_logprobs,
 )
-from rltrain.backends.host_allreduce import wrap_data_parallel
+from rltrain.backends.host_allreduce import data_parallel_ranks, wrap_data_parallel
 from rltrain.backends.lora import is_lora, merged_weights, wrap_lora
 from rltrain.backends.offload import StateMover
 from rltrain.backends.precision import (
@@ -335,6 +336,7 @@ class TorchEngine:
             micro_batch=self.micro_batch,
             scheduler=self.scheduler,
             max_tokens=self.max_tokens,
+            ranks=None if self.ddp is None else data_parallel_ranks(self.device),
         )
         metrics[self.lr_metric] = lr
         scale = getattr(self.optimizer, "loss_scale", None)
@@ -539,15 +541,15 @@ class DeepSpeedEngine:
         s, actor = self.settings, self.actor
         batch, known, gap = with_old_logprobs(batch, s, self._logprobs)
         sums: dict[str, float] = defaultdict(float)
-        steps = 0
         lr = float(actor.engine.get_lr()[0])
-        for _ in range(s.algorithm.ppo_epochs):
-            for idx in minibatch_indices(batch.size, s.algorithm.num_minibatches, generator):
-                first = gap if steps == 0 else None  # the weights before the update
-                for k, v in self._step(batch.select(idx), first).items():
-                    sums[k] += v
-                steps += 1
-        out = {k: v / steps for k, v in sums.items()}
+        plan = update_minibatches(batch.size, s, generator)
+        ranks = data_parallel_ranks(self.device)
+        shares = rank_token_shares([batch.token_mask[i] for i in plan], s.algorithm.loss_agg, ranks)
+        for steps, (idx, share) in enumerate(zip(plan, shares, strict=True)):
+            first = gap if steps == 0 else None  # the weights before the update
+            for k, v in self._step(batch.select(idx), first, share).items():
+                sums[k] += v
+        out = {k: v / len(plan) for k, v in sums.items()}
         out.update(known)
         if gap is not None:
             out.update(gap.metrics())
@@ -583,13 +585,16 @@ class DeepSpeedEngine:
             parts = int(most.item())
         return parts
 
-    def _budget_step(self, mb: RolloutBatch, gap: LogprobGap | None = None) -> dict[str, float]:
+    def _budget_step(
+        self, mb: RolloutBatch, gap: LogprobGap | None = None, share: float = 1.0
+    ) -> dict[str, float]:
         """One optimizer step over micro-batches of ``actor.max_tokens_per_micro_batch`` tokens.
 
         The engine was built to accumulate one micro-batch per step (so it scales no loss);
         marking the boundary before each micro-batch makes it accumulate over all of them and
         step the optimizer after the last. Each loss weighs its share of the minibatch
-        (:func:`micro_weights`), so the step equals the one-shot step.
+        (:func:`micro_weights`), so the step equals the one-shot step; ``share`` is this rank's
+        share of it over the ranks (:func:`rank_token_shares`).
         """
         parts = split_rows(mb, max_tokens=self.max_tokens, min_parts=self._agreed_parts(mb))
         weights = micro_weights(mb.token_mask, parts, self.settings.algorithm.loss_agg)
@@ -600,7 +605,7 @@ class DeepSpeedEngine:
                 loss, metrics = actor_loss(engine, micro, self.settings, gap)
                 for k, v in metrics.items():
                     sums[k] += w * v
-                return loss * w
+                return loss * (w * share)
 
             self.actor.engine.set_gradient_accumulation_boundary(i == len(parts) - 1)
             self.actor.train_step([trim_padding(mb.select(part))], loss_fn)
@@ -610,11 +615,14 @@ class DeepSpeedEngine:
             out["actor/grad_norm"] = float(norm)
         return out
 
-    def _step(self, mb: RolloutBatch, gap: LogprobGap | None = None) -> dict[str, float]:
+    def _step(
+        self, mb: RolloutBatch, gap: LogprobGap | None = None, share: float = 1.0
+    ) -> dict[str, float]:
         """One optimizer step over the minibatch, split into the configured micro-batches
-        (``gap`` counts their log-probs against the rollout's: the update's first step)."""
+        (``gap`` counts their log-probs against the rollout's: the update's first step;
+        ``share``: this rank's share of the minibatch over the ranks, :func:`rank_token_shares`)."""
         if self.max_tokens is not None:
-            return self._budget_step(mb, gap)
+            return self._budget_step(mb, gap, share)
         parts = torch.tensor_split(torch.arange(mb.size), self.ds_settings.grad_accum_steps)
         seen: list[dict[str, float]] = []
         # DeepSpeed divides every micro-batch's loss by their number; a token-mean loss must
@@ -622,7 +630,7 @@ class DeepSpeedEngine:
         # one-shot step (as the torch engine's accumulation does).
         n = len(parts)
         weights = micro_weights(mb.token_mask, list(parts), self.settings.algorithm.loss_agg)
-        scale = iter(w * n for w in weights)
+        scale = iter(w * n * share for w in weights)
 
         def loss_fn(engine: torch.nn.Module, micro: RolloutBatch) -> torch.Tensor:
             loss, metrics = actor_loss(engine, micro, self.settings, gap)

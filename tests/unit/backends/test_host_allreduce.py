@@ -62,6 +62,9 @@ def _scenarios(rank: int, directory: str) -> dict[str, Any]:
         grads[use] = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).tolist()
     out["ddp_grads"] = grads
 
+    out.update(_engine_over_ranks(rank))
+    dist.barrier()
+
     # A rank that never arrives: the others raise after the timeout, naming it.
     late = HostAllReduce.connect(64, 0.3, directory=directory)
     if rank != 2:
@@ -71,6 +74,46 @@ def _scenarios(rank: int, directory: str) -> dict[str, Any]:
         except WorkerError as exc:
             out["timeout"] = str(exc)
     dist.barrier()
+    return out
+
+
+def _engine_over_ranks(rank: int) -> dict[str, float]:
+    """The torch engine's update with DDP over the ranks, each holding 2 rows with unequal
+    token counts (2, 5 and 8), against one process updating on all 6 rows (rank 0): under
+    token_mean both take the gradient of the mean over every token, so the norm each logs (of
+    the averaged gradient, before clipping) is the same."""
+    from rltrain.algorithms import RolloutBatch, UpdateSettings, add_advantages
+    from rltrain.backends.training import TorchEngine
+    from rltrain.config.schema import ModelConfig, RunConfig
+    from rltrain.tasks.model import build_model
+
+    run = RunConfig()
+    run.model = ModelConfig(hidden_size=32, intermediate_size=64, init_seed=3)
+    run.algorithm.num_minibatches = 1
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([1, 1, 2, 3, 4, 4])
+    mask = (torch.arange(4)[None, :] < lengths[:, None]).float()
+    batch = RolloutBatch(
+        prompt_ids=torch.randint(3, 20, (6, 3), generator=g),
+        prompt_mask=torch.ones(6, 3, dtype=torch.long),
+        response_ids=torch.randint(3, 20, (6, 4), generator=g) * mask.long(),
+        response_mask=mask,
+        group_size=2,
+        rewards=torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0]),
+    )
+    batch = add_advantages(batch, UpdateSettings.from_config(run))
+    out = {}
+    engine = TorchEngine(run, build_model(run.model), torch.device("cpu"), 0)
+    engine.setup(WORLD)
+    mine = batch.select(torch.arange(2 * rank, 2 * rank + 2))
+    out["engine_grad_norm"] = engine.update(mine, torch.Generator().manual_seed(0))[
+        "actor/grad_norm"
+    ]
+    if rank == 0:
+        alone = TorchEngine(run, build_model(run.model), torch.device("cpu"), 0)
+        alone.setup(1)
+        metrics = alone.update(batch, torch.Generator().manual_seed(0))
+        out["one_shot_grad_norm"] = metrics["actor/grad_norm"]
     return out
 
 
@@ -142,6 +185,15 @@ def test_ddp_through_the_hook_averages_as_gloo_does(reports: dict[int, dict[str,
         assert torch.allclose(hooked, gloo, atol=1e-6)
     first = reports[0]["ddp_grads"][True]
     assert all(rep["ddp_grads"][True] == first for rep in reports.values())  # replicas agree
+
+
+def test_the_torch_engine_over_ranks_takes_the_one_shot_gradient(
+    reports: dict[int, dict[str, Any]],
+) -> None:
+    one_shot = reports[0]["one_shot_grad_norm"]
+    assert one_shot > 0
+    for rank, rep in reports.items():
+        assert rep["engine_grad_norm"] == pytest.approx(one_shot, rel=1e-5), rank
 
 
 def test_a_rank_that_never_arrives_is_named(reports: dict[int, dict[str, Any]]) -> None:

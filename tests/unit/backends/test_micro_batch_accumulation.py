@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rltrain.algorithms import (
+    Ranks,
     RolloutBatch,
     UpdateSettings,
     ValueModel,
@@ -17,6 +18,7 @@ from rltrain.algorithms import (
     micro_slices,
     micro_weights,
     ppo_update,
+    rank_token_shares,
     value_update,
 )
 from rltrain.backends.training import TorchEngine
@@ -95,6 +97,32 @@ def test_clipping_applies_to_the_accumulated_gradient():
     opt = torch.optim.SGD(m.parameters(), lr=1.0)
     accumulate_step(m, opt, _token_batch(), _scale_loss("token_mean"), micro_batch=1, grad_clip=1.0)
     assert m.w.item() == pytest.approx(-1.0, abs=1e-5)  # 3.5 clipped to norm 1
+
+
+def test_rank_shares_make_token_mean_weigh_every_ranks_tokens_alike():
+    # Three data-parallel ranks hold 1, 2 and 3 tokens of a minibatch (x = 1 | 2 3 | 4 5 6).
+    # The mean over every token is 21 / 6 = 3.5; the mean of the ranks' own means would be
+    # (1 + 2.5 + 5) / 3 = 2.83, a token on the short rank weighing three times one on the long.
+    rows = [T([[1.0, 0, 0]]), T([[2.0, 3, 0]]), T([[4.0, 5, 6]])]
+    masks = [(x > 0).float() for x in rows]
+    everyone = T([6.0], dtype=torch.float64)  # what the collective returns on every rank
+    ranks = Ranks(3, lambda local: everyone)
+    grads = []
+    for x, mask in zip(rows, masks, strict=True):
+        (share,) = rank_token_shares([mask], "token_mean", ranks)
+        assert share == pytest.approx(3 * mask.sum().item() / 6)  # 0.5, 1, 1.5
+        m = Scale()
+        opt = torch.optim.SGD(m.parameters(), lr=1.0)
+        batch = RolloutBatch(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1), x, mask)
+        out = accumulate_step(m, opt, batch, _scale_loss("token_mean"), rank_share=share)
+        assert out["loss"] == pytest.approx(0.0)  # metrics stay this rank's own
+        grads.append(-m.w.item())
+    assert sum(grads) / 3 == pytest.approx(3.5)  # what DDP's average of the gradients gives
+    # Row aggregations: every rank holds as many rows; one rank, or none known: 1.
+    assert rank_token_shares(masks, "seq_mean_token_mean", ranks) == [1.0, 1.0, 1.0]
+    assert rank_token_shares(masks, "token_mean", None) == [1.0, 1.0, 1.0]
+    nobody = Ranks(3, lambda local: torch.zeros_like(local))
+    assert rank_token_shares([torch.zeros(1, 3)], "token_mean", nobody) == [0.0]
 
 
 # ----------------------------------------------------------------- the real policy and its loss
