@@ -117,12 +117,20 @@ def job_needs(task_cfg: DictConfig, output_dir: str | None = None) -> JobNeeds:
                 from rltrain.tasks import prepare_task
 
                 prepare_task(run)  # only looks (a plan writes nothing): refuses a user's files
-            return JobNeeds(placement_mode=plan_mode(run), cluster=cluster)
+            mode = plan_mode(run)
+            return JobNeeds(placement_mode=_auto_or(run, mode), cluster=cluster)
         layout = checked_layout(run, output_dir)
     except RltrainError as exc:
         return JobNeeds(cluster=cluster, error=exc)
     plan = layout.plan
-    mode = str(getattr(plan.mode, "value", plan.mode) or "") or None
+    # placement=auto reserves the devices of the layout it profiles first (every device)
+    mode = _auto_or(run, str(getattr(plan.mode, "value", plan.mode) or "") or None)
     return JobNeeds(
         devices=frozenset(plan.devices_used()), placement_mode=mode, uses_ray=True, cluster=cluster
     )
+
+
+def _auto_or(run: Any, mode: str | None) -> str | None:
+    """The job's placement mode as its report shows it before it runs: ``auto`` for a job that
+    chooses its layout (its summary then names the winner's)."""
+    return "auto" if run.placement.mode == "auto" else mode

@@ -461,7 +461,9 @@ def _on_devices(procs: tuple[PlannedProcess, ...]) -> bool:
 
 def _check_mode(run: Any, cp: ComponentPlacement, mode: PlacementMode) -> None:
     want = run.placement.mode
-    if want is None or want == mode.value:
+    # auto: the layout in the config is only the first one profiled; the winner is concrete
+    # and checked as any run's
+    if want is None or want == "auto" or want == mode.value:
         return
     sets = "; ".join(
         f"{n}: {_brief_devices(cp.device_set(n))}" for n in cp.components if cp.device_set(n)

@@ -63,6 +63,29 @@ def test_mode_contradicting_the_layout_is_refused():
         build_plan(run, ClusterSpec.from_config(run.cluster))
 
 
+def test_placement_auto_plans_the_layout_it_profiles_first():
+    # auto is no layout to check against: the config's (every device, taking turns) is the
+    # first one profiled, and the winner is concrete. A sweep's launcher plans it this way.
+    run = compose("auto")
+    plan = build_plan(run, ClusterSpec.from_config(run.cluster))
+    assert plan.mode is PlacementMode.COLLOCATED
+    assert plan.devices_used() == frozenset({(0, 0), (0, 1)})
+
+
+def test_a_sweeps_auto_job_reserves_every_device_and_is_labelled_auto():
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.rltrain_launcher._plan import job_needs
+    from rltrain.config.store import register_configs
+
+    register_configs()
+    for mode in ("train", "plan"):
+        needs = job_needs(OmegaConf.structured(compose("auto", mode=mode)))
+        assert needs.error is None, needs.error
+        assert needs.placement_mode == "auto"
+        assert needs.devices == (frozenset({(0, 0), (0, 1)}) if mode == "train" else frozenset())
+
+
 def test_large_cluster_plan():
     run = compose("collocated", **{"cluster.num_nodes": 128, "cluster.devices_per_node": 8})
     plan = build_plan(run, ClusterSpec.from_config(run.cluster))
