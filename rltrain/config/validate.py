@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import math
 import os
@@ -193,6 +194,32 @@ def _run(cfg: RunConfig) -> Iterator[str]:
     ):
         if not 0 <= seed < SEED_LIMIT:
             yield f"{key}={seed} must be in [0, 2**32): torch, NumPy and random take 32-bit seeds"
+
+
+#: The trackers ``logging.<key>=true`` turns on: key -> (module, how to install it).
+TRACKERS = {
+    "tensorboard": ("tensorboard", "pip install 'rltrain[track]' (or pip install tensorboard)"),
+    "wandb": ("wandb", "pip install 'rltrain[track]' (or pip install wandb)"),
+    "mlflow": ("mlflow", "pip install 'rltrain[track]' (or pip install mlflow)"),
+}
+
+
+def tracker_problems(logging_cfg: Any) -> list[str]:
+    """An enabled tracker that is not installed, naming ``logging.<tracker>`` and the fix."""
+    return [
+        f"logging.{key}=true but {module} is not installed: {fix}"
+        for key, (module, fix) in TRACKERS.items()
+        if getattr(logging_cfg, key, False) and importlib.util.find_spec(module) is None
+    ]
+
+
+@check
+def _trackers(cfg: RunConfig) -> Iterator[str]:
+    """Trackers a training run logs to are installed (checked with the config, so a sweep's
+    launcher and ``placement=auto`` refuse before profiling or starting Ray); a plan logs
+    nothing."""
+    if cfg.mode == "train":
+        yield from tracker_problems(cfg.logging)
 
 
 @check

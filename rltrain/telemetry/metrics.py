@@ -6,7 +6,6 @@ Metric names follow cleanrl's habit: ``section/name`` (``reward/mean``, ``loss/p
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -14,29 +13,22 @@ import sys
 import time
 from typing import Any
 
+from rltrain.config.validate import tracker_problems
 from rltrain.errors import ConfigError
 from rltrain.telemetry import startup
 
 #: Keys that hold timings; excluded when comparing runs for determinism.
 TIMING_PREFIXES = ("time/", "perf/")
 
-_TRACKERS = {
-    "tensorboard": ("tensorboard", "pip install 'rltrain[track]' (or pip install tensorboard)"),
-    "wandb": ("wandb", "pip install 'rltrain[track]' (or pip install wandb)"),
-    "mlflow": ("mlflow", "pip install 'rltrain[track]' (or pip install mlflow)"),
-}
-
 
 def check_trackers(logging_cfg: Any) -> None:
-    """Refuse, before anything starts, a tracker that is enabled but not installed.
+    """Refuse, before anything starts, a tracker that is enabled but not installed (the
+    config's checks do too: :func:`rltrain.config.validate.tracker_problems`).
 
     Raises:
         ConfigError: naming ``logging.<tracker>`` and the install command.
     """
-    problems = []
-    for key, (module, fix) in _TRACKERS.items():
-        if getattr(logging_cfg, key, False) and importlib.util.find_spec(module) is None:
-            problems.append(f"logging.{key}=true but {module} is not installed: {fix}")
+    problems = tracker_problems(logging_cfg)
     if problems:
         raise ConfigError(problems)
 

@@ -136,3 +136,20 @@ def test_presets_name_their_algorithms():
     assert (gspo.policy_loss, gspo.clip_low, gspo.clip_high) == ("gspo", 3e-4, 4e-4)
     dapo = load_config(compose_run("algorithm=dapo")).algorithm
     assert (dapo.filter_groups, dapo.mask_truncated, dapo.clip_high) == (True, True, 0.28)
+
+
+def test_a_tracker_not_installed_is_refused_with_the_config(monkeypatch):
+    # Checked with the config, so a sweep's launcher and placement=auto refuse it before they
+    # start Ray or profile; a plan logs nothing and needs none.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(compose_run("logging.wandb=true"))
+    assert "logging.wandb=true but wandb is not installed: pip install 'rltrain[track]'" in str(
+        err.value
+    )
+    assert load_config(compose_run("logging.wandb=true", "mode=plan")).logging.wandb
