@@ -180,8 +180,6 @@ def gae_advantages(
         response_mask: ``[B, R]``.
         gamma: discount.
         lam: GAE lambda.
-        valid: ``[B]`` bool, False on infra-failed rows, which group estimators leave out of
-            the group statistics (:func:`valid_group_advantages`); None: every row counts.
 
     Returns:
         ``(advantages, returns)``, each ``[B, R]`` and zero outside the mask (advantages are not
@@ -307,12 +305,17 @@ def compute_advantages(
         values: ``[B, R]`` critic values (GAE only).
         gamma: discount (REINFORCE++, GAE).
         lam: GAE lambda.
+        valid: ``[B]`` bool, False on infra-failed rows (see below); None: every row counts.
 
     Returns:
         ``(advantages [B, R], returns [B, R] or None)``; advantages are zero outside the mask.
 
     Raises:
         ConfigError: an unknown estimator, too small groups, or GAE without values.
+
+    Rows where ``valid`` is False (infra-failed episodes) are left out: of a group
+    estimator's group statistics (:func:`valid_group_advantages`), and of a per-token
+    estimator's returns and whitening (their mask is zeroed); they get no advantage.
     """
     fn = get_advantage_estimator(estimator)
     mask = response_mask.float()
@@ -320,9 +323,14 @@ def compute_advantages(
     if token_kl is not None:
         token_rewards = token_rewards - token_kl * mask
     if valid is not None and not bool(valid.all()):  # infra-failed episodes (task.env)
-        scores = token_rewards.sum(dim=1)
-        seq = valid_group_advantages(scores, valid, group_size, estimator, norm_by_std)
-        return seq[:, None] * mask, None
+        if estimator in GROUP_ESTIMATORS:  # their groups' statistics must leave the rows out
+            scores = token_rewards.sum(dim=1)
+            seq = valid_group_advantages(scores, valid, group_size, estimator, norm_by_std)
+            return seq[:, None] * mask, None
+        # Per-token estimators read rows through the mask alone (their whitening too): a row
+        # whose mask is zero is left out of every statistic and gets no advantage or return.
+        mask = mask * valid[:, None].to(mask.dtype)
+        token_rewards = token_rewards * mask
     return fn(
         token_rewards,
         mask,

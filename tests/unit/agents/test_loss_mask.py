@@ -43,6 +43,27 @@ def test_all_valid_rows_give_the_plain_estimator(estimator):
     assert torch.allclose(got, want, atol=1e-5)
 
 
+def test_per_token_estimators_leave_a_failed_row_out_of_their_statistics():
+    # Multi-turn rows, gamma 1: tokens 0-1 a turn, 2 a tool result, 3 the answer; row 2 failed
+    # (its mask is zero throughout, as an episode's loss mask is). REINFORCE++: returns 1, 0
+    # on the two valid rows' policy tokens (the tool result passes the outcome through), so
+    # 3 tokens of 1 and 3 of 0: mean .5, std .5, advantages +1 / -1; the failed row 0 (its
+    # reward of 5 never enters the whitening).
+    mask = torch.tensor([[1.0, 1, 0, 1], [1, 1, 0, 1], [0, 0, 0, 0]])
+    rewards = torch.tensor([1.0, 0.0, 5.0])
+    valid = torch.tensor([True, True, False])
+    want = torch.tensor([[1.0, 1, 0, 1], [-1, -1, 0, -1], [0, 0, 0, 0]])
+    adv, _ = compute_advantages("reinforce_pp", rewards, mask, valid=valid)
+    assert torch.allclose(adv, want, atol=1e-4)
+    # GAE with zero values: advantages are the returns, whitened the same way; the failed
+    # row's returns (the critic's targets) are 0 and outside its mask
+    adv, returns = compute_advantages(
+        "gae", rewards, mask, values=torch.zeros(3, 4), valid=valid, gamma=1.0, lam=1.0
+    )
+    assert torch.allclose(adv, want, atol=1e-4)
+    assert returns.tolist() == [[1, 1, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0]]
+
+
 def _batch() -> RolloutBatch:
     g = torch.Generator().manual_seed(0)
     resp = torch.randint(3, 20, (4, 6), generator=g)
