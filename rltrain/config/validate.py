@@ -690,6 +690,29 @@ def _task(cfg: RunConfig) -> Iterator[str]:
         yield f"task.name='gym' needs runner={' | '.join(envs)}"
 
 
+@check
+def _prompt_loop_keys(cfg: RunConfig) -> Iterator[str]:
+    """Keys of the reasoning runner's prompt loop that a simulator runner would ignore: its
+    steps are synchronous (stages overlap through ``env.pipeline_stage_num``) and it stops on
+    ``env.target_return``."""
+    kind = _runner_kind(cfg)
+    if kind is None or not kind.steps_env:
+        return
+    t = cfg.trainer
+    unread = (
+        ("trainer.max_staleness", t.max_staleness, t.max_staleness != 0, "0",
+         "its steps are synchronous; env.pipeline_stage_num overlaps the simulators with the "
+         "rollout"),
+        ("trainer.partial_rollout", t.partial_rollout, t.partial_rollout != "finish", "finish",
+         "no generation runs at a weight swap"),
+        ("trainer.target_accuracy", t.target_accuracy, t.target_accuracy is not None, "null",
+         "it stops early on env.target_return (the greedy mean return), not on accuracy"),
+    )  # fmt: skip
+    for key, value, hit, ok, why in unread:
+        if hit:
+            yield f"{key}={value!r} with runner={cfg.runner!r}: {why}; set {key}={ok}"
+
+
 def _unread_task_keys(t: Any) -> Iterator[str]:
     """Keys the chosen task would ignore: a data file given to a task that generates its
     prompts (the run would train the built-in task instead), and the other way round."""

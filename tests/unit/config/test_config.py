@@ -123,6 +123,14 @@ def test_contradicting_aliases_and_bad_values_name_the_key():
             ["experiment=cartpole_collocated", "algorithm.mask_truncated=true"],
             "algorithm.mask_truncated shape token responses",
         ),
+        (
+            ["experiment=cartpole_disaggregated", "trainer.max_staleness=3"],
+            "trainer.max_staleness=3 with runner='embodied': its steps are synchronous",
+        ),
+        (
+            ["experiment=cartpole_hybrid", "trainer.target_accuracy=0.5"],
+            "not on accuracy; set trainer.target_accuracy=null",
+        ),
     ],
 )
 def test_algorithm_shaping_keys_are_refused_with_the_fix(overrides, expected):
