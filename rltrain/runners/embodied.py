@@ -189,7 +189,7 @@ class EmbodiedRunner:
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.total_steps``, the target return, the time budget or SIGTERM."""
-        return loop.fit(self, self.schedule, self.run.trainer, self.run.logging, self.job.run_dir)
+        return loop.fit(self, self.schedule, self.run, self.job.run_dir)
 
     # ------------------------------------------------------------------------- the loop's hooks
     def evaluation_due(self, step: int, record: dict[str, Any]) -> bool:

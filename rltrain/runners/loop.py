@@ -15,13 +15,14 @@ layout. The loop itself has no per-mode branch:
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rltrain.config.schema import TrainerConfig
+from rltrain.config.schema import RunConfig, TrainerConfig
 from rltrain.scheduler.interrupts import check_interrupt
 from rltrain.telemetry.metrics import MetricsLogger, plot_curves
 
@@ -207,8 +208,7 @@ class StopSignal:
 def fit(
     runner: Runner,
     schedule: Schedule,
-    trainer: TrainerConfig,
-    logging_cfg: Any,
+    run: RunConfig,
     run_dir: str,
     on_start: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
@@ -217,8 +217,9 @@ def fit(
     Args:
         runner: the runner's hooks.
         schedule: how each step is taken.
-        trainer: the ``trainer`` config section (the cadence).
-        logging_cfg: the ``logging`` config section (the metrics logger's outputs).
+        run: the run's config: its ``trainer`` section sets the cadence, its ``logging``
+            section the metrics logger's outputs, and the whole of it is the trackers' run
+            parameters (W&B's config, MLflow's params).
         run_dir: where ``metrics.jsonl`` and ``reward_curve.png`` go.
         on_start: called with the start step before the schedule begins.
 
@@ -226,9 +227,9 @@ def fit(
         The runner's summary of the steps this call ran, with its status (``completed`` or
         ``stopped`` by SIGTERM).
     """
-    cadence = Cadence.of(trainer)
+    cadence = Cadence.of(run.trainer)
     start = runner.resume()
-    metrics = MetricsLogger(run_dir, logging_cfg, resume=start > 0)
+    metrics = MetricsLogger(run_dir, run.logging, config=dataclasses.asdict(run), resume=start > 0)
     if on_start is not None:
         on_start(start)
     schedule.begin(start, cadence.total_steps)

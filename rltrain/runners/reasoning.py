@@ -91,7 +91,7 @@ class ReasoningRunner:
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.total_steps`` (or the target accuracy, or a stop signal)."""
-        return loop.fit(self, self.schedule, self.run.trainer, self.run.logging, self.job.run_dir)
+        return loop.fit(self, self.schedule, self.run, self.job.run_dir)
 
     def train_step(self, step: int, queue_next: bool = False) -> dict[str, Any]:
         """One policy update by the run's schedule; returns the step's metrics."""

@@ -1,0 +1,77 @@
+"""The training loop hands the run's config to the trackers it logs to (W&B's config, MLflow's
+params), with a stand-in tracker module: what rltrain passes, not the tracker's own code."""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from rltrain.config.schema import RunConfig
+from rltrain.runners import loop
+
+
+class _Schedule:
+    queues_ahead = False
+
+    def begin(self, start: int, horizon: int) -> None:
+        pass
+
+    def step(self, step: int, queue_next: bool) -> dict[str, Any]:
+        return {"reward/mean": 0.5 + step}
+
+    def has_queued(self) -> bool:
+        return False
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        return {"eval/accuracy": 0.25}
+
+    def end(self, done_steps: int, clean: bool) -> None:
+        pass
+
+
+class _Runner:
+    def resume(self) -> int:
+        return 0
+
+    def save(self, step: int) -> str:
+        return f"step-{step}"
+
+    def evaluation_due(self, step: int, record: dict[str, Any]) -> bool:
+        return False
+
+    def target_reached(self, evaluated: dict[str, Any] | None) -> bool:
+        return False
+
+    def summary(self, records: list[dict], steps: int, seconds: float, status: str) -> dict:
+        return {"steps": steps, "status": status}
+
+
+def test_fit_sends_the_run_config_to_wandb(tmp_path, monkeypatch):
+    seen: dict[str, Any] = {}
+
+    class _Run:
+        def log(self, numeric: dict[str, float], step: int) -> None:
+            seen.setdefault("steps", []).append(step)
+
+        def finish(self) -> None:
+            seen["finished"] = True
+
+    def init(**kwargs: Any) -> _Run:
+        seen["init"] = kwargs
+        return _Run()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    run = RunConfig()
+    run.trainer.total_steps, run.trainer.eval_every = 2, 0
+    run.logging.wandb, run.logging.progress, run.logging.project = True, False, "p"
+    run.seed = 7
+
+    summary = loop.fit(_Runner(), _Schedule(), run, str(tmp_path))
+
+    assert summary == {"steps": 2, "status": "completed"}
+    config = seen["init"]["config"]
+    assert seen["init"]["project"] == "p"
+    assert config["seed"] == 7 and config["trainer"]["total_steps"] == 2
+    assert config["placement"]["component_placement"] == run.placement.component_placement
+    assert seen["steps"] == [0, 1] and seen["finished"]
