@@ -732,11 +732,26 @@ def _unread_task_keys(t: Any) -> Iterator[str]:
         for key in ("prompt_key", "answer_key"):
             value = getattr(t, key)
             if value != getattr(defaults, key):
+                fix = "add task.name=jsonl task.path=..., or " if t.name == "arithmetic" else ""
                 yield (
                     f"task.{key}={value!r} names a field of a data file (task.name=jsonl); "
-                    f"task.name='arithmetic' has none: add task.name=jsonl task.path=..., or "
+                    f"task.name={t.name!r} has none: {fix}drop task.{key}"
+                )
+    if t.name == "gym":
+        for key in ("num_train", "num_eval", "max_operand"):
+            value = getattr(t, key)
+            if value != getattr(defaults, key):
+                yield (
+                    f"task.{key}={value} sizes a prompt task; task.name='gym' runs an "
+                    f"environment (env.num_envs, env.rollout_steps, env.eval_episodes size it): "
                     f"drop task.{key}"
                 )
+    elif t.env_id != defaults.env_id:
+        yield (
+            f"task.env_id={t.env_id!r} picks a Gymnasium environment for task.name='gym'; "
+            f"task.name={t.name!r} has none: drop task.env_id (or use an embodied preset, "
+            f"experiment=cartpole_hybrid task.env_id={t.env_id})"
+        )
     elif t.name == "jsonl" and t.max_operand != defaults.max_operand:
         yield (
             f"task.max_operand={t.max_operand} sizes the built-in arithmetic task; task.name="

@@ -161,3 +161,36 @@ def test_a_tracker_not_installed_is_refused_with_the_config(monkeypatch):
         err.value
     )
     assert load_config(compose_run("logging.wandb=true", "mode=plan")).logging.wandb
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["task.path=/tmp/x.jsonl"], "task.path='/tmp/x.jsonl' is read by task.name=jsonl"),
+        (
+            ["task.prompt_key=q"],
+            "task.name='arithmetic' has none: add task.name=jsonl task.path=..., or drop "
+            "task.prompt_key",
+        ),
+        (
+            ["experiment=cartpole_hybrid", "task.prompt_key=q"],
+            "task.name='gym' has none: drop task.prompt_key",
+        ),
+        (
+            ["experiment=cartpole_hybrid", "task.num_train=5"],
+            "task.num_train=5 sizes a prompt task; task.name='gym' runs an environment",
+        ),
+        (
+            ["task.env_id=Acrobot-v1"],
+            "task.name='arithmetic' has none: drop task.env_id",
+        ),
+        (
+            ["task.name=jsonl", "task.max_operand=9"],
+            "task.max_operand=9 sizes the built-in arithmetic task",
+        ),
+    ],
+)
+def test_task_keys_the_task_would_not_read_are_refused(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(compose_run(*overrides))
+    assert expected in str(err.value)
