@@ -989,6 +989,7 @@ def sampler_problems(cfg: RunConfig) -> Iterator[str]:
 import rltrain.config.device_checks  # noqa: E402, F401
 import rltrain.config.engine_checks  # noqa: E402, F401
 import rltrain.config.numerics  # noqa: E402, F401
+import rltrain.config.unread  # noqa: E402, F401
 
 # The what-if simulator's section keeps its checks in their own module.
 from rltrain.config.whatif_checks import whatif_problems  # noqa: E402

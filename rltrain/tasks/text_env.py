@@ -207,6 +207,13 @@ def _idle_tool_keys(run: Any) -> list[str]:
                 f"tools.{f.name}={value!r} is set but the run has no task.env: a single-turn run "
                 f"starts no tool workers. Remove it, or set task.env to an environment"
             )
+    for name in ("tool_latency_ms", "tool_failure_rate"):
+        value = getattr(run.simulate, name)
+        if value:
+            out.append(
+                f"simulate.{name}={value!r} is set but the run has no task.env: a single-turn "
+                f"run calls no tools. Remove it, or set task.env to an environment"
+            )
     placement = getattr(getattr(run, "placement", None), "component_placement", None) or {}
     if any("tools" in {n.strip() for n in str(k).split(",")} for k in placement):
         out.append(
