@@ -288,6 +288,12 @@ def render() -> str:
         "values of `runner`, `actor.backend` and `rollout.backend` are the names of",
         "`rltrain.kinds.registry`. `python -m rltrain --cfg job` prints a composed config.",
         "",
+        "A key set away from its default where the run would not read it (a LoRA scale at",
+        "rank 0, a critic's learning rate with no critic placed, `env.*` on the reasoning",
+        "runner, DAPO's penalty without its buffer, ...) is refused before Ray starts, naming",
+        "the key and the fix (`rltrain/config/unread.py`, and each section's own checks); a key",
+        "at its default never is.",
+        "",
     ]
     section = None
     for k in keys():

@@ -194,3 +194,48 @@ def test_task_keys_the_task_would_not_read_are_refused(overrides, expected):
     with pytest.raises(ConfigError) as err:
         load_config(compose_run(*overrides))
     assert expected in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["algorithm.overlong_penalty=0.5"],
+            "algorithm.overlong_penalty=0.5 is set but nothing reads it: the penalty applies "
+            "over algorithm.overlong_buffer tokens, which is 0",
+        ),
+        (["algorithm.max_generation_batches=8"], "algorithm.filter_groups=true or drop it"),
+        (["actor.lora.alpha=32"], "actor.lora.alpha=32.0 is set but nothing reads it"),
+        (["critic.lr=0.01"], "critic.lr=0.01 is set but nothing reads it: no critic is placed"),
+        (["algorithm.gamma=0.9"], "'grpo' scores whole responses"),
+        (["algorithm=reinforce_pp", "algorithm.lam=0.9"], "only GAE with a critic"),
+        (["env.num_envs=8"], "env.num_envs=8 is set but nothing reads it"),
+    ],
+)
+def test_keys_nothing_would_read_are_refused(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(compose_run(*overrides))
+    assert expected in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm=dapo"],  # overlong_penalty and max_generation_batches with their keys on
+        ["algorithm=ppo", "algorithm.lam=0.95", "critic.lr=0.01"],
+        ["algorithm=reinforce_pp", "algorithm.gamma=0.99"],
+        ["actor.lora.rank=4", "actor.lora.alpha=8"],
+        ["experiment=cartpole_hybrid", "env.num_envs=8", "algorithm.gamma=0.95"],
+    ],
+)
+def test_the_same_keys_where_something_reads_them_are_accepted(overrides):
+    load_config(compose_run(*overrides))
+
+
+def test_tool_simulation_without_an_environment_is_refused():
+    from rltrain.tasks.text_env import env_problems
+
+    run = load_config(compose_run("simulate.tool_latency_ms=100", "simulate.tool_failure_rate=0.1"))
+    problems = env_problems(run)
+    assert "simulate.tool_latency_ms=100.0 is set but the run has no task.env" in problems[0]
+    assert "simulate.tool_failure_rate=0.1" in problems[1]
