@@ -129,7 +129,8 @@ class PlacementConfig:
     offload: Dict[str, Any] = field(default_factory=dict)
     isolate_accelerator: bool = True  # a process sees only its own devices
     # auto | true | false: run actor, rollout and the rule reward in one process per device
-    # when they share the devices and nothing has to move (rltrain.runners.fusion)
+    # when they share the devices and nothing has to move (rltrain.runners.fusion); the
+    # shipped placement=collocated and placement=auto set auto
     fuse: str = "false"
     auto: AutoPlacementConfig = field(default_factory=AutoPlacementConfig)  # used by mode=auto
 
