@@ -452,11 +452,12 @@ def _layout_problems(run_cfg: RunConfig, out_dir: str | None, known: list[str]) 
     """Preflight's problems of a config that already failed its checks, new ones only.
 
     Nothing is written: a task that generates its data is left out (its checks would write
-    it first), and the checks run as a plan's.
+    it first), and the checks run as a plan's. A ``placement=auto`` run is left out too: its
+    config's layout is only the first one profiled, and each layout is checked when chosen.
     """
     from rltrain.runners.layout import preflight
 
-    if run_cfg.task.generate:
+    if run_cfg.task.generate or run_cfg.placement.mode == "auto":
         return []
     found: list[str] = []
     try:

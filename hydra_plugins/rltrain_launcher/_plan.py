@@ -119,15 +119,33 @@ def job_needs(task_cfg: DictConfig, output_dir: str | None = None) -> JobNeeds:
                 prepare_task(run)  # only looks (a plan writes nothing): refuses a user's files
             mode = plan_mode(run)
             return JobNeeds(placement_mode=_auto_or(run, mode), cluster=cluster)
+        if run.placement.mode == "auto":
+            return _auto_needs(run, cluster)
         layout = checked_layout(run, output_dir)
     except RltrainError as exc:
         return JobNeeds(cluster=cluster, error=exc)
     plan = layout.plan
-    # placement=auto reserves the devices of the layout it profiles first (every device)
-    mode = _auto_or(run, str(getattr(plan.mode, "value", plan.mode) or "") or None)
+    mode = str(getattr(plan.mode, "value", plan.mode) or "") or None
     return JobNeeds(
         devices=frozenset(plan.devices_used()), placement_mode=mode, uses_ray=True, cluster=cluster
     )
+
+
+def _auto_needs(run: Any, cluster: dict[str, Any]) -> JobNeeds:
+    """A ``placement=auto`` training job: checked as a single auto run is before it profiles
+    (the config, then ``task.generate``'s data), reserving every device of its cluster, over
+    which it profiles and chooses. Its layouts are checked when it chooses, as a single run's
+    are (the config's own layout is only the first one profiled)."""
+    from rltrain.kinds import registry
+    from rltrain.placement.types import ClusterSpec
+
+    if run.task.generate and registry.runner(run).language_model:
+        from rltrain.tasks import prepare_task
+
+        prepare_task(run)
+    spec = ClusterSpec.from_config(run.cluster)
+    devices = frozenset((n.rank, d) for n in spec.nodes for d in range(n.num_devices))
+    return JobNeeds(devices=devices, placement_mode="auto", uses_ray=True, cluster=cluster)
 
 
 def _auto_or(run: Any, mode: str | None) -> str | None:
