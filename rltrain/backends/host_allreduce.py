@@ -18,6 +18,9 @@ instead write their gradients into one shared-memory file and each sums the rows
   alternate, so a rank may start the next round while a slower one still reads the last.
 - :func:`mean_hook` is the DistributedDataParallel communication hook that calls it, and
   :func:`wrap_data_parallel` builds the DDP wrapper every torch trainer here uses.
+- :func:`sum_over_ranks` / :func:`data_parallel_ranks`: the one small collective an update
+  makes before its first step (each minibatch's token count summed over the ranks, so a
+  token-mean loss weighs every rank's tokens alike), through the process group itself.
 
 Arrival is a per-rank counter, spun on (``sched_yield``) for a few ms and then polled; a rank
 that does not arrive within ``cluster.collective_timeout_s`` raises, naming it. The counters

@@ -60,10 +60,17 @@ def _any_runner(cfg: RunConfig) -> list[Rule]:
         names = ("alpha", "dropout", "target_modules")
         rules.append(("actor.lora", _changed(cfg.actor.lora, LoraConfig(), names), why))
     if "critic" not in placed_components(cfg):
-        why = (
-            "no critic is placed (placement.component_placement): use algorithm=ppo or an "
-            "experiment=reasoning_ppo* preset, or drop it"
-        )
+        kind = registry.runner(cfg) if cfg.runner in registry.runner_names() else None
+        if kind is not None and kind.steps_env:
+            why = (
+                f"runner={cfg.runner!r} trains its value head in the actor, at optimizer.lr: "
+                f"drop it"
+            )
+        else:
+            why = (
+                "no critic is placed (placement.component_placement): use algorithm=ppo or an "
+                "experiment=reasoning_ppo* preset, or drop it"
+            )
         rules.append(("critic", _changed(cfg.critic, CriticConfig(), ("lr",)), why))
     return rules
 

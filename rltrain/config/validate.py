@@ -746,13 +746,13 @@ def _unread_task_keys(t: Any) -> Iterator[str]:
                     f"environment (env.num_envs, env.rollout_steps, env.eval_episodes size it): "
                     f"drop task.{key}"
                 )
-    elif t.env_id != defaults.env_id:
+    if t.name != "gym" and t.env_id != defaults.env_id:
         yield (
             f"task.env_id={t.env_id!r} picks a Gymnasium environment for task.name='gym'; "
             f"task.name={t.name!r} has none: drop task.env_id (or use an embodied preset, "
             f"experiment=cartpole_hybrid task.env_id={t.env_id})"
         )
-    elif t.name == "jsonl" and t.max_operand != defaults.max_operand:
+    if t.name == "jsonl" and t.max_operand != defaults.max_operand:
         yield (
             f"task.max_operand={t.max_operand} sizes the built-in arithmetic task; task.name="
             f"'jsonl' reads its prompts from task.path: drop task.max_operand (or use "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -75,7 +76,7 @@ class MetricsLogger:
             mlflow.set_experiment(logging_cfg.project)
             self._mlflow = mlflow.start_run()
             if config:
-                mlflow.log_params({k: str(v)[:250] for k, v in _flatten(config).items()})
+                mlflow.log_params(mlflow_params(config))
         self._start = time.monotonic()
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +231,17 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+#: What MLflow accepts in a parameter name (its name check); other characters become "_".
+_MLFLOW_NAME = re.compile(r"[^/\w.\- :]")
+
+
+def mlflow_params(config: dict[str, Any]) -> dict[str, str]:
+    """The run config as MLflow parameters: dotted names (an RLinf combined key such as
+    ``placement.component_placement.actor,rollout`` with its comma replaced, which MLflow's
+    name check refuses) and values cut to MLflow's 250 characters."""
+    return {_MLFLOW_NAME.sub("_", k): str(v)[:250] for k, v in _flatten(config).items()}
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:

@@ -188,6 +188,10 @@ def test_a_tracker_not_installed_is_refused_with_the_config(monkeypatch):
             ["task.name=jsonl", "task.max_operand=9"],
             "task.max_operand=9 sizes the built-in arithmetic task",
         ),
+        (  # with task.env_id's problem too, still reported
+            ["task.name=jsonl", "task.max_operand=9", "task.env_id=Acrobot-v1"],
+            "task.max_operand=9 sizes the built-in arithmetic task",
+        ),
     ],
 )
 def test_task_keys_the_task_would_not_read_are_refused(overrides, expected):
@@ -207,6 +211,10 @@ def test_task_keys_the_task_would_not_read_are_refused(overrides, expected):
         (["algorithm.max_generation_batches=8"], "algorithm.filter_groups=true or drop it"),
         (["actor.lora.alpha=32"], "actor.lora.alpha=32.0 is set but nothing reads it"),
         (["critic.lr=0.01"], "critic.lr=0.01 is set but nothing reads it: no critic is placed"),
+        (
+            ["experiment=cartpole_hybrid", "critic.lr=0.01"],
+            "trains its value head in the actor, at optimizer.lr: drop it",
+        ),
         (["algorithm.gamma=0.9"], "'grpo' scores whole responses"),
         (["algorithm=reinforce_pp", "algorithm.lam=0.9"], "only GAE with a critic"),
         (["env.num_envs=8"], "env.num_envs=8 is set but nothing reads it"),

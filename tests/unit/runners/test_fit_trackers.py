@@ -75,3 +75,34 @@ def test_fit_sends_the_run_config_to_wandb(tmp_path, monkeypatch):
     assert config["seed"] == 7 and config["trainer"]["total_steps"] == 2
     assert config["placement"]["component_placement"] == run.placement.component_placement
     assert seen["steps"] == [0, 1] and seen["finished"]
+
+
+def test_fit_logs_the_run_config_as_mlflow_params_with_names_it_accepts(tmp_path, monkeypatch):
+    import re
+
+    logged: dict[str, Any] = {}
+
+    def log_params(params: dict[str, str]) -> None:
+        # MLflow's own name rule (mlflow.utils.validation): letters, digits, _ - . / space :
+        bad = [k for k in params if not re.fullmatch(r"[/\w.\- :]*", k)]
+        assert not bad, bad
+        logged.update(params)
+
+    stub = types.SimpleNamespace(
+        set_experiment=lambda name: None,
+        start_run=lambda: object(),
+        log_params=log_params,
+        log_metrics=lambda metrics, step: None,
+        end_run=lambda: None,
+    )
+    monkeypatch.setitem(sys.modules, "mlflow", stub)
+    run = RunConfig()
+    run.trainer.total_steps, run.trainer.eval_every = 1, 0
+    run.logging.mlflow, run.logging.progress = True, False
+    run.placement.component_placement = {"actor,rollout": "all", "reward": {"placement": "0"}}
+
+    loop.fit(_Runner(), _Schedule(), run, str(tmp_path))
+
+    assert logged["placement.component_placement.actor_rollout"] == "all"
+    assert logged["placement.component_placement.reward.placement"] == "0"
+    assert logged["trainer.total_steps"] == "1"
