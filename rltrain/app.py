@@ -35,6 +35,9 @@ RUN_OUTPUTS = (
     "plan_trace.json",
     "auto_placement.json",
     "auto_profile",
+    "tensorboard",  # logging.tensorboard
+    "wandb",  # logging.wandb: W&B's own files, and the run id a resumed run logs on with
+    "wandb_run_id",
 )
 
 

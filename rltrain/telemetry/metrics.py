@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import time
+import uuid
 from typing import Any
 
 from rltrain.config.validate import tracker_problems
@@ -69,7 +70,13 @@ class MetricsLogger:
         if logging_cfg.wandb:
             import wandb
 
-            self._wandb = wandb.init(project=logging_cfg.project, config=config, dir=run_dir)
+            self._wandb = wandb.init(
+                project=logging_cfg.project,
+                config=config,
+                dir=run_dir,
+                id=wandb_run_id(run_dir, resume),
+                resume="allow",  # a resumed run continues its W&B run
+            )
         if logging_cfg.mlflow:
             import mlflow
 
@@ -231,6 +238,33 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+#: The W&B run id of a run directory's runs, kept in it so that a resumed run logs on.
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(run_dir: str, resume: bool) -> str:
+    """The W&B run id this run logs to: the one ``run_dir`` keeps when the run resumes there,
+    else a new one, kept for the runs that resume it.
+
+    Args:
+        run_dir: the run's output directory.
+        resume: the run continues from a checkpoint (its metrics are appended).
+
+    Returns:
+        The id (16 hex digits).
+    """
+    path = os.path.join(run_dir, WANDB_ID_FILE)
+    if resume and os.path.exists(path):
+        with open(path) as f:
+            kept = f.read().strip()
+        if kept:
+            return kept
+    new = uuid.uuid4().hex[:16]
+    with open(path, "w") as f:
+        f.write(new + "\n")
+    return new
 
 
 #: What MLflow accepts in a parameter name (its name check); other characters become "_".

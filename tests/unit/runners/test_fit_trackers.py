@@ -106,3 +106,35 @@ def test_fit_logs_the_run_config_as_mlflow_params_with_names_it_accepts(tmp_path
     assert logged["placement.component_placement.actor_rollout"] == "all"
     assert logged["placement.component_placement.reward.placement"] == "0"
     assert logged["trainer.total_steps"] == "1"
+
+
+def test_a_resumed_run_logs_on_to_its_wandb_run(tmp_path, monkeypatch):
+    inits: list[dict[str, Any]] = []
+
+    class _Run:
+        def log(self, numeric: dict[str, float], step: int) -> None:
+            pass
+
+        def finish(self) -> None:
+            pass
+
+    def init(**kwargs: Any) -> _Run:
+        inits.append(kwargs)
+        return _Run()
+
+    class _Resumed(_Runner):
+        def resume(self) -> int:
+            return 2
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    run = RunConfig()
+    run.trainer.total_steps, run.trainer.eval_every = 2, 0
+    run.logging.wandb, run.logging.progress = True, False
+    loop.fit(_Runner(), _Schedule(), run, str(tmp_path))  # a fresh run: a new id, kept
+    run.trainer.total_steps = 4
+    loop.fit(_Resumed(), _Schedule(), run, str(tmp_path))  # resumed from step 2: the same run
+    loop.fit(_Runner(), _Schedule(), run, str(tmp_path))  # afresh again: a new W&B run
+    ids = [i["id"] for i in inits]
+    assert ids[0] == ids[1] != ids[2]
+    assert all(i["resume"] == "allow" for i in inits)
+    assert (tmp_path / "wandb_run_id").read_text().strip() == ids[2]
