@@ -255,10 +255,12 @@ class ModelReward:
             )
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        # The classifier reads the last token that is not padding: pad on the right.
-        self.tokenizer.padding_side = "right"
         if model.config.pad_token_id is None:
             model.config.pad_token_id = self.tokenizer.pad_token_id
+        # The classifier reads each row's score at its last token that is not the config's
+        # pad id: rows are padded on the right with that id (a tokenizer's own pad id may
+        # differ, and its padding would be read as the row's last token).
+        self.pad_id = int(model.config.pad_token_id)
         self.model = model.to(device).eval()
         self.model.requires_grad_(False)
         self.device = device
@@ -296,10 +298,17 @@ class ModelReward:
         ids, cut = self.encode(rows)
         out = []
         for i in range(0, len(ids), self.micro_batch):
-            enc = self.tokenizer.pad(
-                {"input_ids": ids[i : i + self.micro_batch]}, padding=True, return_tensors="pt"
-            ).to(self.device)
-            out.append(self.model(**enc).logits[:, 0].float().cpu())
+            chunk = ids[i : i + self.micro_batch]
+            width = max(len(r) for r in chunk)
+            input_ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for j, r in enumerate(chunk):
+                input_ids[j, : len(r)] = torch.tensor(r, dtype=torch.long)
+                mask[j, : len(r)] = 1
+            logits = self.model(
+                input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)
+            ).logits
+            out.append(logits[:, 0].float().cpu())
         return (torch.cat(out) if out else torch.zeros(0)), cut
 
 

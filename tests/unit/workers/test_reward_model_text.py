@@ -21,8 +21,9 @@ RM_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end
 CONTEXT = 24  # max_position_embeddings of the reward model: long rows are cut
 
 
-def _reward_model(path: pathlib.Path, chat: bool = True) -> None:
-    """A random one-output Llama classifier over its own byte-level BPE tokenizer."""
+def _reward_model(path: pathlib.Path, chat: bool = True, config_pad: str | None = None) -> None:
+    """A random one-output Llama classifier over its own byte-level BPE tokenizer (its config's
+    pad id that of ``config_pad`` when given, else the tokenizer's)."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     corpus = ["What is 2+2? Be brief. 1+2=3 3+4=7 system user assistant"] * 4
@@ -38,7 +39,7 @@ def _reward_model(path: pathlib.Path, chat: bool = True) -> None:
         num_attention_heads=2,
         num_key_value_heads=2,
         max_position_embeddings=CONTEXT,
-        pad_token_id=tok.pad_token_id,
+        pad_token_id=tok.convert_tokens_to_ids(config_pad) if config_pad else tok.pad_token_id,
         num_labels=1,
     )
     torch.manual_seed(3)
@@ -146,3 +147,20 @@ def test_the_worker_counts_the_rows_it_cut(rm) -> None:
     assert scores.counts == {"response/truncated": 2, "reward/truncated": 2}
     want = _own_scores(rm, worker.scorer.encode(worker.rows.turns(batch))[0])
     torch.testing.assert_close(scores.rewards, want, rtol=1e-5, atol=1e-5)
+
+
+def test_rows_batched_together_score_as_alone_when_the_pad_ids_differ(tmp_path) -> None:
+    # The classifier pools at each row's last token that is not its config's pad id; a
+    # tokenizer whose own pad id differs must not pad with it, or a shorter row would be read
+    # at a padding position (its score then depends on the row batched with it).
+    _reward_model(tmp_path, config_pad="<|system|>")
+    scorer = ModelReward(str(tmp_path), torch.device("cpu"), micro_batch=2)
+    assert scorer.pad_id != scorer.tokenizer.pad_token_id
+    rows = [
+        Turns(({"role": "user", "content": "1+2="}, {"role": "assistant", "content": "3"}), ""),
+        Turns(({"role": "user", "content": "3+4="}, {"role": "assistant", "content": "7777"}), ""),
+    ]
+    ids, _ = scorer.encode(rows)
+    assert len(ids[0]) < len(ids[1])  # the first row is padded in the pair
+    scores, _ = scorer.score(rows)
+    torch.testing.assert_close(scores, _own_scores(tmp_path, ids), rtol=1e-5, atol=1e-5)
