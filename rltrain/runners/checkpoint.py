@@ -115,7 +115,7 @@ class CheckpointManager:
             with self.fs.open(tmp_latest, "w") as f:
                 f.write(posixpath.basename(final))
             self.fs.mv(tmp_latest, posixpath.join(self.root, LATEST))
-        self._prune()
+        self._prune(final)
         return self._url(final)
 
     def discard_unpublished(self) -> list[str]:
@@ -148,7 +148,13 @@ class CheckpointManager:
         with self.fs.open(pointer) as f:
             name = f.read().decode().strip()
         candidates = [posixpath.join(self.root, name)]
-        candidates += [p for p in reversed(self.published()) if p != candidates[0]]
+        # a damaged pointed-at checkpoint falls back to older ones only: a later step directory
+        # is not this lineage's newest (it may be another run's)
+        candidates += [
+            p
+            for p in reversed(self.published())
+            if p != candidates[0] and posixpath.basename(p) < name
+        ]
         for path in candidates:
             problem = self.verify(path)
             if problem is None:
@@ -279,11 +285,13 @@ class CheckpointManager:
             )
         return resume
 
-    def _prune(self) -> None:
+    def _prune(self, published_now: str) -> None:
+        """Delete all but the newest ``keep`` checkpoints, never the one just published."""
         if self.keep <= 0:
             return
         for old in self.published()[: -self.keep]:
-            self.fs.rm(old, recursive=True)
+            if old != published_now:
+                self.fs.rm(old, recursive=True)
 
     def _url(self, path: str) -> str:
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
@@ -578,6 +586,7 @@ def resolve_resume(run: Any, run_dir: str | None) -> Resume:
             )
         _check_model(run, path, "trainer.resume")
         _check_steps(run, path, f"trainer.resume={resume!r}")
+        _check_later_checkpoints(run, run_dir, path)
         return _resume_from(run, path, f"resuming from {path}", identity_too=True)
     own = run.trainer.checkpoint_dir or (
         os.path.join(run_dir, "checkpoints") if run_dir is not None else None
@@ -688,6 +697,29 @@ def _check_steps(run: Any, path: str, what: str) -> None:
             f"{what} is at step {step}, and trainer.total_steps={total}: nothing is left to "
             f"train. Raise trainer.total_steps above {step} to train on (e.g. "
             f"trainer.total_steps={step + total}), or set trainer.resume=null to start afresh"
+        )
+
+
+def _check_later_checkpoints(run: Any, run_dir: str | None, path: str) -> None:
+    """Refuse ``trainer.resume=<path>`` into a checkpoint directory that holds checkpoints past
+    the resumed step (another run's, or this run's own beyond the step rewound to): training
+    on would replace them step by step and prune the rest."""
+    from rltrain.config.files import checkpoint_dir_contents
+
+    own = run.trainer.checkpoint_dir or (
+        os.path.join(run_dir, "checkpoints") if run_dir is not None else None
+    )
+    if own is None or "://" in own or not os.path.isdir(own):
+        return
+    step = int(read_state(path).get("step", 0))
+    later = [n for n in checkpoint_dir_contents(own)[1] if int(n.removeprefix("step-")) > step]
+    if later:
+        key = "trainer.checkpoint_dir" if run.trainer.checkpoint_dir else "hydra.run.dir"
+        raise ConfigError(
+            f"trainer.resume={run.trainer.resume!r} continues from step {step}, but this run's "
+            f"checkpoint directory {own!r} holds later checkpoints ({', '.join(later[-3:])}): "
+            f"training on would replace them and prune the rest. Point {key} at a new "
+            f"directory, or move them away first"
         )
 
 

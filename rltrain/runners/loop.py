@@ -16,6 +16,7 @@ layout. The loop itself has no per-mode branch:
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 
 from rltrain.config.schema import RunConfig, TrainerConfig
 from rltrain.scheduler.interrupts import check_interrupt
-from rltrain.telemetry.metrics import MetricsLogger, plot_curves
+from rltrain.telemetry.metrics import MetricsLogger, drop_records_from, plot_curves
 
 
 @dataclass
@@ -229,6 +230,8 @@ def fit(
     """
     cadence = Cadence.of(run.trainer)
     start = runner.resume()
+    if start > 0:  # the steps from the checkpoint on are logged again (a run cut off after it)
+        drop_records_from(os.path.join(run_dir, "metrics.jsonl"), start)
     metrics = MetricsLogger(run_dir, run.logging, config=dataclasses.asdict(run), resume=start > 0)
     if on_start is not None:
         on_start(start)

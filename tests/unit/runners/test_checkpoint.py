@@ -84,3 +84,34 @@ def test_the_runners_save_and_resume_hooks_write_load_and_refuse_another_model(t
     assert len(loaded) == 1  # nothing loaded from the refused checkpoint
     run.trainer.resume = None
     assert resume_state(mgr, run, "model-a", "model settings", loaded.append) == 0
+
+
+def test_a_checkpoint_just_published_is_never_pruned_and_a_damaged_one_falls_back_to_older(
+    tmp_path,
+):
+    # Later step directories another lineage left (written before the refusal below existed,
+    # or by hand): publishing step 4 must not prune step 4 itself, and latest may not fall back
+    # to them when the pointed-at checkpoint is damaged.
+    mgr = CheckpointManager(str(tmp_path), keep=2)
+    for step in (6, 8):
+        mgr.commit(mgr.begin(step), {})
+    four = mgr.commit(mgr.begin(4), {})
+    assert os.path.isdir(four) and mgr.latest() == four
+    os.remove(os.path.join(four, "trainer_state.json"))
+    assert mgr.latest() is None  # nothing older than step 4 is left; step 8 is not taken
+
+
+def test_resuming_a_path_into_a_directory_with_later_checkpoints_is_refused(tmp_path):
+    from rltrain.config.schema import RunConfig
+    from rltrain.runners.checkpoint import resolve_resume
+
+    other = CheckpointManager(str(tmp_path / "other" / "checkpoints"))
+    four = other.commit(other.begin(4), {"model": None})
+    own = CheckpointManager(str(tmp_path / "run" / "checkpoints"))
+    for step in (6, 8):
+        own.commit(own.begin(step), {})
+    run = RunConfig()
+    run.trainer.resume, run.trainer.total_steps = four, 10
+    with pytest.raises(ConfigError, match=r"holds later checkpoints \(step-000006, step-000008\)"):
+        resolve_resume(run, str(tmp_path / "run"))
+    resolve_resume(run, str(tmp_path / "fresh"))  # a new run directory: nothing to replace

@@ -1,5 +1,6 @@
-"""The training loop hands the run's config to the trackers it logs to (W&B's config, MLflow's
-params), with a stand-in tracker module: what rltrain passes, not the tracker's own code."""
+"""The training loop's records: the run's config handed to the trackers it logs to (W&B's
+config, MLflow's params; a stand-in tracker module: what rltrain passes, not the tracker's own
+code), and ``metrics.jsonl`` one row per step across a resume."""
 
 from __future__ import annotations
 
@@ -138,3 +139,24 @@ def test_a_resumed_run_logs_on_to_its_wandb_run(tmp_path, monkeypatch):
     assert ids[0] == ids[1] != ids[2]
     assert all(i["resume"] == "allow" for i in inits)
     assert (tmp_path / "wandb_run_id").read_text().strip() == ids[2]
+
+
+def test_a_run_resumed_after_a_cut_logs_each_step_once(tmp_path):
+    # A run cut off after its step-2 checkpoint had logged steps 0-3; resumed from step 2,
+    # it logs steps 2-3 again: they replace the old rows instead of following them.
+    import json
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "reward/mean": -1.0}) + "\n" for s in range(4)))
+
+    class _Resumed(_Runner):
+        def resume(self) -> int:
+            return 2
+
+    run = RunConfig()
+    run.trainer.total_steps, run.trainer.eval_every = 5, 0
+    run.logging.progress = False
+    loop.fit(_Resumed(), _Schedule(), run, str(tmp_path))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert [r["reward/mean"] for r in rows] == [-1.0, -1.0, 2.5, 3.5, 4.5]
