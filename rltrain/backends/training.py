@@ -131,6 +131,11 @@ class TrainingEngine(Protocol):
     def load_optimizer(self, directory: str, rank: int, world_size: int) -> None:
         """Read this rank's optimizer state from ``directory`` (written by ``save_optimizer``)."""
 
+    def checkpoint_weights(self) -> dict[str, torch.Tensor] | None:
+        """The model's weights for its checkpoint when its parameters do not hold them
+        (ZeRO-3 partitions them: gathered, on rank 0; every rank must call it), else None
+        (``save_pretrained`` reads the parameters)."""
+
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """Recompute each decoder layer's activations in the backward pass (``actor.
@@ -358,6 +363,9 @@ class TorchEngine:
         self.optimizer.load_state_dict(state)
         resume_warmup(self.scheduler, optimizer_steps(self.optimizer))
 
+    def checkpoint_weights(self) -> dict[str, torch.Tensor] | None:
+        return None  # the parameters hold the whole model on every rank
+
 
 class TorchValueEngine(TorchEngine):
     """The PPO critic's engine: a value model trained by :func:`value_update` (torch AdamW at
@@ -437,12 +445,22 @@ def check_training_backend(run: RunConfig, on_gpu: bool | None = None) -> None:
 
 def check_training_plan(run: RunConfig, plan: Any) -> None:
     """:func:`check_training_backend` as the DeepSpeed entry's pre-Ray check
-    (:mod:`rltrain.kinds.engines`); the plan is not needed.
+    (:mod:`rltrain.kinds.engines`), and what the plan decides: ZeRO-3 over several actor
+    ranks is refused (its gathered weight export is a collective of every rank, while the
+    weight sync asks only the ranks that send; that path has not run on GPUs).
 
     Raises:
-        ConfigError: as :func:`check_training_backend`.
+        ConfigError: as :func:`check_training_backend`, or ZeRO-3 on several actor ranks.
     """
     check_training_backend(run)
+    ranks = plan.world_size("actor") if plan is not None and "actor" in plan.components else 1
+    if run.actor.zero_stage == 3 and ranks > 1:
+        raise ConfigError(
+            f"actor.zero_stage=3 with {ranks} actor ranks: a ZeRO-3 weight export gathers every "
+            f"layer from all ranks, but the weight sync asks only the ranks "
+            f"that send; use actor.zero_stage=2 (optimizer states and gradients partitioned), "
+            f"or one actor rank"
+        )
 
 
 def apply_extensions_dir(run: RunConfig) -> None:
@@ -654,6 +672,14 @@ class DeepSpeedEngine:
             # ZeRO-3 frees each gathered parameter after it is yielded: keep a copy.
             return [(n, t.detach().clone()) for n, t in self.actor.named_weights()]
         return list(self.actor.named_weights())
+
+    def checkpoint_weights(self) -> dict[str, torch.Tensor] | None:
+        if self.ds_settings.zero_stage != 3:
+            return None
+        # ZeRO-3 leaves each parameter an empty partition outside a gather: save_pretrained
+        # would write empty tensors. Every rank joins; rank 0 gets the whole state dict.
+        self._check_resident("save")
+        return self.actor.engine._zero3_consolidated_16bit_state_dict() or {}
 
     def _shard_path(self, directory: str, rank: int) -> str:
         return os.path.join(directory, "optimizer", f"zero_rank{rank}.pt")

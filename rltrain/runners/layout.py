@@ -328,7 +328,8 @@ def check_engines(run: RunConfig, plan: Any) -> None:
     """Refuse, before Ray starts, engine settings this plan cannot serve.
 
     - a reward model placed on more than one process (one process scores the step);
-    - ``rollout.gpu_memory_utilization`` against the plan's devices (vLLM);
+    - ``rollout.gpu_memory_utilization`` against the plan's devices (vLLM); ZeRO-3 on several
+      actor ranks (DeepSpeed);
     - an explicit ``weight_sync.transport`` the layout cannot serve, when the plan's devices
       are what the run will get (a joined cluster's devices, and a local GPU machine's, are
       found when Ray starts, and the choice is checked then).
@@ -344,6 +345,8 @@ def check_engines(run: RunConfig, plan: Any) -> None:
         )
     for path in registry.generation_engine(run).pre_ray_checks:
         load(path)(run, plan)  # e.g. vLLM's memory reservation on the plan's devices
+    for path in registry.training_engine(run).pre_ray_checks:
+        load(path)(run, plan)  # e.g. DeepSpeed's ZeRO-3 on the plan's actor ranks
     from rltrain.backends.weight_sync.choice import choose_transport
     from rltrain.config.engine_checks import local_gpus_visible
 

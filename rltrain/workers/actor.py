@@ -275,6 +275,7 @@ class ActorWorker(Worker, ResidentState):
         """
         if self.rank != 0 and not self.engine.sharded_optimizer:
             return
+        gathered = self.engine.checkpoint_weights()  # ZeRO-3: a collective of every rank
         with local_dir(path) as local:
             if self.rank == 0:
                 if self.run.actor.lora.rank > 0:
@@ -283,7 +284,7 @@ class ActorWorker(Worker, ResidentState):
                     save_checkpoint(self.model, local)
                 else:
                     self.model.save_pretrained(
-                        os.path.join(local, "model"), safe_serialization=True
+                        os.path.join(local, "model"), safe_serialization=True, state_dict=gathered
                     )
                 self.tokenizer.save_pretrained(os.path.join(local, "model"))
             self.engine.save_optimizer(local, self.rank)

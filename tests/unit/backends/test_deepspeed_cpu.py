@@ -220,3 +220,28 @@ def test_deepspeed_engine_warmup_and_gradient_checkpointing(deepspeed_world) -> 
         lrs[ckpt] = [o["actor/lr"] for o in out]
     assert lrs[False] == pytest.approx([0.005, 0.01, 0.01])  # one optimizer step per update
     assert norms[True] == pytest.approx(norms[False], rel=1e-5)  # checkpointing: same gradients
+
+
+def test_a_zero3_checkpoint_holds_the_whole_model(deepspeed_world, tmp_path) -> None:
+    # ZeRO-3 leaves every parameter an empty partition outside a gather: save_pretrained on
+    # the module alone wrote empty tensors. The engine gathers them for the checkpoint, and
+    # the saved model loads back equal to the one the engine was built from.
+    from transformers import AutoModelForCausalLM
+
+    from rltrain.backends.training import DeepSpeedEngine
+    from rltrain.config.schema import ModelConfig, RunConfig
+    from rltrain.tasks.model import build_model
+
+    run = RunConfig()
+    run.actor.backend, run.actor.zero_stage = "deepspeed", 3
+    run.model = ModelConfig(hidden_size=32, intermediate_size=64, init_seed=3)
+    engine = DeepSpeedEngine(run, build_model(run.model), torch.device("cpu"), 4, 8)
+    engine.setup(1)
+    assert all(p.numel() == 0 for p in engine.model.parameters())  # partitioned away
+    weights = engine.checkpoint_weights()
+    assert weights is not None
+    engine.model.save_pretrained(str(tmp_path), state_dict=weights)
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    built = build_model(run.model)
+    for (name, a), b in zip(built.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

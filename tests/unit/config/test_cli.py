@@ -120,5 +120,11 @@ def test_an_empty_offload_mapping_lets_zero3_plan_on_the_default_placement(tmp_p
     zero3 = ("mode=plan", "actor.backend=deepspeed", "actor.zero_stage=3")
     refused = run_cli(*zero3, cwd=tmp_path)
     assert refused.returncode == 2 and "placement.offload.actor" in refused.stderr
-    out = run_cli(*zero3, "placement.offload={}", cwd=tmp_path)
+    # ZeRO-3 runs on one actor rank (its gathered weight export needs every rank)
+    out = run_cli(*zero3, "placement.offload={}", "cluster.devices_per_node=1", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
+    (tmp_path / "two").mkdir()
+    two = run_cli(*zero3, "placement.offload={}", cwd=tmp_path / "two")
+    assert two.returncode == 2
+    assert "actor.zero_stage=3 with 2 actor ranks" in two.stderr
+    assert "use actor.zero_stage=2" in two.stderr
