@@ -137,8 +137,8 @@ def test_residency_interface_counts_bytes_by_kind(deepspeed_world) -> None:
 def test_micro_batches_weigh_their_token_share_like_the_one_shot_step(deepspeed_world) -> None:
     # token_mean over rows of uneven length: DeepSpeed's own 1/n per micro-batch would give
     # another gradient than the whole minibatch's; the engine re-weighs each micro loss.
-    from rltrain.algorithms.batch import RolloutBatch
-    from rltrain.algorithms.update import UpdateSettings, add_advantages
+    from uneven_rows import scored_rows
+
     from rltrain.backends.training import DeepSpeedEngine, TorchEngine
     from rltrain.config.schema import ModelConfig, RunConfig
     from rltrain.tasks.model import build_model
@@ -146,18 +146,8 @@ def test_micro_batches_weigh_their_token_share_like_the_one_shot_step(deepspeed_
     run = RunConfig()
     run.actor.backend, run.actor.zero_stage = "deepspeed", 1
     run.model = ModelConfig(hidden_size=32, intermediate_size=64, init_seed=3)
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.tensor([1, 1, 1, 1, 1, 1, 1, 4])  # any 4 + 4 split is uneven
-    mask = (torch.arange(4)[None, :] < lengths[:, None]).float()
-    batch = RolloutBatch(
-        prompt_ids=torch.randint(3, 20, (8, 3), generator=g),
-        prompt_mask=torch.ones(8, 3, dtype=torch.long),
-        response_ids=torch.randint(3, 20, (8, 4), generator=g) * mask.long(),
-        response_mask=mask,
-        group_size=4,
-        rewards=torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]),
-    )
-    batch = add_advantages(batch, UpdateSettings.from_config(run))
+    lengths = [1, 1, 1, 1, 1, 1, 1, 4]  # any 4 + 4 split is uneven
+    batch = scored_rows(run, lengths, [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0], group_size=4)
     metrics = []
     for engine in (
         TorchEngine(run, build_model(run.model), torch.device("cpu"), 0),

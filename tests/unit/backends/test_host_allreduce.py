@@ -82,7 +82,8 @@ def _engine_over_ranks(rank: int) -> dict[str, float]:
     token counts (2, 5 and 8), against one process updating on all 6 rows (rank 0): under
     token_mean both take the gradient of the mean over every token, so the norm each logs (of
     the averaged gradient, before clipping) is the same."""
-    from rltrain.algorithms import RolloutBatch, UpdateSettings, add_advantages
+    from uneven_rows import scored_rows
+
     from rltrain.backends.training import TorchEngine
     from rltrain.config.schema import ModelConfig, RunConfig
     from rltrain.tasks.model import build_model
@@ -90,18 +91,7 @@ def _engine_over_ranks(rank: int) -> dict[str, float]:
     run = RunConfig()
     run.model = ModelConfig(hidden_size=32, intermediate_size=64, init_seed=3)
     run.algorithm.num_minibatches = 1
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.tensor([1, 1, 2, 3, 4, 4])
-    mask = (torch.arange(4)[None, :] < lengths[:, None]).float()
-    batch = RolloutBatch(
-        prompt_ids=torch.randint(3, 20, (6, 3), generator=g),
-        prompt_mask=torch.ones(6, 3, dtype=torch.long),
-        response_ids=torch.randint(3, 20, (6, 4), generator=g) * mask.long(),
-        response_mask=mask,
-        group_size=2,
-        rewards=torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0]),
-    )
-    batch = add_advantages(batch, UpdateSettings.from_config(run))
+    batch = scored_rows(run, [1, 1, 2, 3, 4, 4], [1.0, 0.0, 0.0, 1.0, 1.0, 0.0], group_size=2)
     out = {}
     engine = TorchEngine(run, build_model(run.model), torch.device("cpu"), 0)
     engine.setup(WORLD)
