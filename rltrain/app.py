@@ -82,6 +82,11 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
     from rltrain.telemetry.summary import across_attempts, write_job_summary
 
     check_trackers(run_cfg.logging)
+    if not run_cfg.trainer.checkpoint_dir:
+        # A process killed while saving (SIGKILL, a lost machine) left its temporary writes in
+        # this run's own checkpoint directory (the run directory is this run's: claimed);
+        # nothing published is touched. A shared trainer.checkpoint_dir is left alone.
+        _discard_unpublished(run_cfg, out_dir)
     restarts: list[dict] = []
     attempts: list[dict] = []
     attempt = run_cfg
@@ -205,9 +210,12 @@ def _discard_unpublished(run_cfg: RunConfig, out_dir: str) -> None:
 
     root = run_cfg.trainer.checkpoint_dir or os.path.join(out_dir, "checkpoints")
     try:
-        CheckpointManager(root).discard_unpublished()
+        removed = CheckpointManager(root).discard_unpublished()
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the failure being raised
         log.warning("could not remove unpublished checkpoint writes under %s: %s", root, exc)
+        return
+    if removed:
+        log.info("removed unpublished checkpoint writes: %s", ", ".join(removed))
 
 
 def _records(out_dir: str) -> list[dict]:

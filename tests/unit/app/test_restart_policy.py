@@ -89,3 +89,20 @@ def test_across_attempts_recomputes_the_per_step_measures():
     out = across_attempts(last, records, attempts)
     assert out["steps"] == 4 and out["wall_s"] == 4.0 and out["steps_per_s"] == 1.0
     assert out["seconds_per_stage"] == {"train": 0.5} and out["tokens_per_s"] == 100.0
+
+
+def test_a_save_cut_off_by_a_killed_process_is_cleared_when_the_run_starts(monkeypatch, tmp_path):
+    # A SIGKILL during a save left a temporary checkpoint directory and pointer file in the
+    # run's own checkpoint directory: the next run there removes them, not the published ones.
+    from rltrain.runners.checkpoint import CheckpointManager
+
+    root = tmp_path / "checkpoints"
+    published = CheckpointManager(str(root)).commit(CheckpointManager(str(root)).begin(2), {})
+    (root / ".tmp-step-000004-0a1b2c3d").mkdir()
+    (root / ".tmp-step-000004-0a1b2c3d" / "model.safetensors").write_bytes(b"half")
+    (root / ".latest-0a1b2c3d").write_text("step-000004")
+    done = {"status": "completed", "steps": 1, "wall_s": 1.0, "steps_per_s": 1.0}
+    _, run = attempts_of(monkeypatch, tmp_path, [(done, 1)])
+    app.train(run, str(tmp_path))
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000002"]
+    assert (root / "latest").read_text() == "step-000002" and published.endswith("step-000002")
