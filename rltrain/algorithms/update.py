@@ -112,17 +112,35 @@ def minibatch_indices(
 
 
 def update_minibatches(
-    batch_size: int, s: UpdateSettings, generator: torch.Generator | None = None
-) -> list[Tensor]:
-    """Every minibatch an update steps through, in order: ``ppo_epochs`` shuffles of
-    :func:`minibatch_indices` (known before the first step, so their token counts can be
-    agreed between ranks in one collective)."""
+    batch: RolloutBatch,
+    s: UpdateSettings,
+    generator: torch.Generator | None,
+    loss_agg: str,
+    ranks: Ranks | None,
+) -> list[tuple[Tensor, float]]:
+    """Every minibatch an update steps through, in order (``ppo_epochs`` shuffles of
+    :func:`minibatch_indices`), each with this rank's share of it over the data-parallel ranks
+    (:func:`rank_token_shares`: known before the first step, so the ranks agree on all of
+    them in one collective).
+
+    Args:
+        batch: this rank's rows.
+        s: the settings (epochs, minibatches).
+        generator: shuffles the minibatches.
+        loss_agg: the loss's aggregation (the critic's is ``token_mean``).
+        ranks: the data-parallel ranks, or None for one.
+
+    Returns:
+        ``(row indices, share)`` per optimizer step.
+    """
     a = s.algorithm
-    return [
+    plan = [
         idx
         for _ in range(a.ppo_epochs)
-        for idx in minibatch_indices(batch_size, a.num_minibatches, generator)
+        for idx in minibatch_indices(batch.size, a.num_minibatches, generator)
     ]
+    shares = rank_token_shares([batch.token_mask[i] for i in plan], loss_agg, ranks)
+    return list(zip(plan, shares, strict=True))
 
 
 @dataclass(frozen=True)
@@ -727,9 +745,8 @@ def ppo_update(
     )
     model.train()
     sums: dict[str, float] = defaultdict(float)
-    plan = update_minibatches(batch.size, s, generator)
-    shares = rank_token_shares([batch.token_mask[i] for i in plan], s.algorithm.loss_agg, ranks)
-    for steps, (idx, share) in enumerate(zip(plan, shares, strict=True)):
+    plan = update_minibatches(batch, s, generator, s.algorithm.loss_agg, ranks)
+    for steps, (idx, share) in enumerate(plan):
         mb = batch.select(idx)
         # the first step's forward pass is at the weights before the update: the gap's
         loss_fn = functools.partial(actor_loss, s=s, gap=gap if steps == 0 else None)
@@ -800,9 +817,8 @@ def value_update(
         )
     critic.train()
     sums: dict[str, float] = defaultdict(float)
-    plan = update_minibatches(batch.size, s, generator)
-    shares = rank_token_shares([batch.token_mask[i] for i in plan], "token_mean", ranks)
-    for idx, share in zip(plan, shares, strict=True):
+    plan = update_minibatches(batch, s, generator, "token_mean", ranks)
+    for idx, share in plan:
         metrics = accumulate_step(
             critic,
             optimizer,

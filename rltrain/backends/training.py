@@ -49,7 +49,6 @@ from rltrain.algorithms.update import (
     behaviour_logprobs,
     micro_weights,
     ppo_update,
-    rank_token_shares,
     split_rows,
     trim_padding,
     update_minibatches,
@@ -560,10 +559,9 @@ class DeepSpeedEngine:
         batch, known, gap = with_old_logprobs(batch, s, self._logprobs)
         sums: dict[str, float] = defaultdict(float)
         lr = float(actor.engine.get_lr()[0])
-        plan = update_minibatches(batch.size, s, generator)
         ranks = data_parallel_ranks(self.device)
-        shares = rank_token_shares([batch.token_mask[i] for i in plan], s.algorithm.loss_agg, ranks)
-        for steps, (idx, share) in enumerate(zip(plan, shares, strict=True)):
+        plan = update_minibatches(batch, s, generator, s.algorithm.loss_agg, ranks)
+        for steps, (idx, share) in enumerate(plan):
             first = gap if steps == 0 else None  # the weights before the update
             for k, v in self._step(batch.select(idx), first, share).items():
                 sums[k] += v
