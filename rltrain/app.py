@@ -78,10 +78,8 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
 
     from rltrain.runners import loop
     from rltrain.scheduler.interrupts import check_interrupt, interrupted
-    from rltrain.telemetry.metrics import check_trackers
     from rltrain.telemetry.summary import across_attempts, write_job_summary
 
-    check_trackers(run_cfg.logging)
     if not run_cfg.trainer.checkpoint_dir:
         # A process killed while saving (SIGKILL, a lost machine) left its temporary writes in
         # this run's own checkpoint directory (the run directory is this run's: claimed);

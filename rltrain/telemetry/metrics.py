@@ -15,24 +15,10 @@ import time
 import uuid
 from typing import Any
 
-from rltrain.config.validate import tracker_problems
-from rltrain.errors import ConfigError
 from rltrain.telemetry import startup
 
 #: Keys that hold timings; excluded when comparing runs for determinism.
 TIMING_PREFIXES = ("time/", "perf/")
-
-
-def check_trackers(logging_cfg: Any) -> None:
-    """Refuse, before anything starts, a tracker that is enabled but not installed (the
-    config's checks do too: :func:`rltrain.config.validate.tracker_problems`).
-
-    Raises:
-        ConfigError: naming ``logging.<tracker>`` and the install command.
-    """
-    problems = tracker_problems(logging_cfg)
-    if problems:
-        raise ConfigError(problems)
 
 
 def _clean(value: Any) -> Any:
