@@ -247,12 +247,10 @@ def _restart_point(run_cfg: RunConfig, out_dir: str, exc: WorkerError, count: in
     import time
 
     from rltrain.runners.checkpoint import CheckpointManager, read_state
-    from rltrain.telemetry.metrics import drop_records_from
 
     root = run_cfg.trainer.checkpoint_dir or os.path.join(out_dir, "checkpoints")
     checkpoint = CheckpointManager(root).latest() or run_cfg.trainer.resume
     step = int(read_state(checkpoint)["step"]) if checkpoint else 0
-    drop_records_from(os.path.join(out_dir, "metrics.jsonl"), step)
     cause = str(exc).strip().splitlines()[0]
     log.warning(
         "restart %d of %d (trainer.max_restarts) after a worker failure: %s; resuming from %s",
