@@ -204,9 +204,9 @@ def _stop_if_deterministic(
 
 def _discard_unpublished(run_cfg: RunConfig, out_dir: str) -> None:
     """Remove checkpoint writes an interrupted or failed attempt left unpublished."""
-    from rltrain.runners.checkpoint import CheckpointManager
+    from rltrain.runners.checkpoint import CheckpointManager, checkpoint_root
 
-    root = run_cfg.trainer.checkpoint_dir or os.path.join(out_dir, "checkpoints")
+    root = checkpoint_root(run_cfg, out_dir)
     try:
         removed = CheckpointManager(root).discard_unpublished()
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the failure being raised
@@ -246,9 +246,9 @@ def _restart_point(run_cfg: RunConfig, out_dir: str, exc: WorkerError, count: in
     """Where restart ``count`` resumes: this run's latest checkpoint, else where it started."""
     import time
 
-    from rltrain.runners.checkpoint import CheckpointManager, read_state
+    from rltrain.runners.checkpoint import CheckpointManager, checkpoint_root, read_state
 
-    root = run_cfg.trainer.checkpoint_dir or os.path.join(out_dir, "checkpoints")
+    root = checkpoint_root(run_cfg, out_dir)
     checkpoint = CheckpointManager(root).latest() or run_cfg.trainer.resume
     step = int(read_state(checkpoint)["step"]) if checkpoint else 0
     cause = str(exc).strip().splitlines()[0]

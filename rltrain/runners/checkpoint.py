@@ -311,6 +311,12 @@ def _sha256(path: str, chunk: int = 8 << 20) -> str:
     return digest.hexdigest()
 
 
+def checkpoint_root(run: Any, run_dir: str) -> str:
+    """The run's checkpoint directory: ``trainer.checkpoint_dir``, else ``checkpoints/`` in
+    its run directory."""
+    return run.trainer.checkpoint_dir or os.path.join(run_dir, "checkpoints")
+
+
 def read_state(checkpoint: str) -> dict[str, Any]:
     """Read the trainer state of a published checkpoint."""
     fs, path = fsspec.core.url_to_fs(checkpoint)
@@ -588,9 +594,7 @@ def resolve_resume(run: Any, run_dir: str | None) -> Resume:
         _check_steps(run, path, f"trainer.resume={resume!r}")
         _check_later_checkpoints(run, run_dir, path)
         return _resume_from(run, path, f"resuming from {path}", identity_too=True)
-    own = run.trainer.checkpoint_dir or (
-        os.path.join(run_dir, "checkpoints") if run_dir is not None else None
-    )
+    own = checkpoint_root(run, run_dir) if run_dir is not None else run.trainer.checkpoint_dir
     if own is not None:
         path = _own_latest(own)
         if path is not None:
@@ -706,9 +710,7 @@ def _check_later_checkpoints(run: Any, run_dir: str | None, path: str) -> None:
     on would replace them step by step and prune the rest."""
     from rltrain.config.files import checkpoint_dir_contents
 
-    own = run.trainer.checkpoint_dir or (
-        os.path.join(run_dir, "checkpoints") if run_dir is not None else None
-    )
+    own = checkpoint_root(run, run_dir) if run_dir is not None else run.trainer.checkpoint_dir
     if own is None or "://" in own or not os.path.isdir(own):
         return
     step = int(read_state(path).get("step", 0))

@@ -28,7 +28,7 @@ from rltrain.config.seeds import eval_episode_seed
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.placement.micro_batches import adopt_micro_batches
 from rltrain.runners import loop
-from rltrain.runners.checkpoint import CheckpointManager, resume_state, save_state
+from rltrain.runners.checkpoint import CheckpointManager, checkpoint_root, resume_state, save_state
 from rltrain.runners.job import Job, start_job
 from rltrain.runners.loop import StepTimer
 from rltrain.runners.weight_hub import WeightHub
@@ -179,9 +179,7 @@ class EmbodiedRunner:
         most = max(n // self.sizes.steps for n in self.sizes.items_per_rollout)
         self.obs = Channel.create(f"embodied-obs-{tag}", max(most, 1), job.cluster)
         self.act = Channel.create(f"embodied-act-{tag}", 1, job.cluster)
-        self.ckpt = CheckpointManager(
-            self.run.trainer.checkpoint_dir or f"{job.run_dir}/checkpoints"
-        )
+        self.ckpt = CheckpointManager(checkpoint_root(self.run, job.run_dir))
         # the version the rollout is handed and its host buckets (actor rank 0 packs them)
         groups = SimpleNamespace(actor=self.g["actor"], receiver=lambda r: self.g.get(r))
         self.hub = WeightHub.host_only(job, groups, EmbodiedActorWorker, EmbodiedRolloutWorker)

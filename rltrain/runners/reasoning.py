@@ -28,6 +28,7 @@ from rltrain.runners import loop, staleness
 from rltrain.runners.builders import component_builders
 from rltrain.runners.checkpoint import (
     CheckpointManager,
+    checkpoint_root,
     model_fingerprint,
     resume_state,
     save_state,
@@ -83,9 +84,7 @@ class ReasoningRunner:
         self.stages = ReasoningStages(job)
         self.sizes, self.g, self.task = self.stages.sizes, self.stages.g, self.stages.task
         self.fused, self.hub = self.stages.fused, self.stages.hub
-        self.ckpt = CheckpointManager(
-            self.run.trainer.checkpoint_dir or f"{job.run_dir}/checkpoints"
-        )
+        self.ckpt = CheckpointManager(checkpoint_root(self.run, job.run_dir))
         k = self.run.trainer.max_staleness if max_staleness is None else max_staleness
         self.schedule = schedule_for(self.stages, k, partial_rollout, sampler, carry)
 
