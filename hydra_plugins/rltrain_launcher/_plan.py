@@ -117,8 +117,9 @@ def job_needs(task_cfg: DictConfig, output_dir: str | None = None) -> JobNeeds:
                 from rltrain.tasks import prepare_task
 
                 prepare_task(run)  # only looks (a plan writes nothing): refuses a user's files
-            mode = plan_mode(run)
-            return JobNeeds(placement_mode=_auto_or(run, mode), cluster=cluster)
+            mode = plan_mode(run)  # the layout can be built (auto: the first one profiled)
+            auto = run.placement.mode == "auto"
+            return JobNeeds(placement_mode="auto" if auto else mode, cluster=cluster)
         if run.placement.mode == "auto":
             return _auto_needs(run, cluster)
         layout = checked_layout(run, output_dir)
@@ -146,9 +147,3 @@ def _auto_needs(run: Any, cluster: dict[str, Any]) -> JobNeeds:
     spec = ClusterSpec.from_config(run.cluster)
     devices = frozenset((n.rank, d) for n in spec.nodes for d in range(n.num_devices))
     return JobNeeds(devices=devices, placement_mode="auto", uses_ray=True, cluster=cluster)
-
-
-def _auto_or(run: Any, mode: str | None) -> str | None:
-    """The job's placement mode as its report shows it before it runs: ``auto`` for a job that
-    chooses its layout (its summary then names the winner's)."""
-    return "auto" if run.placement.mode == "auto" else mode

@@ -20,6 +20,7 @@ from rltrain.config.checks import check
 from rltrain.config.numerics import placed_components
 from rltrain.config.schema import AlgorithmConfig, CriticConfig, EnvConfig, LoraConfig, RunConfig
 from rltrain.kinds import registry
+from rltrain.kinds.records import RunnerKind
 
 
 def _changed(section: Any, default: Any, names: tuple[str, ...]) -> list[tuple[str, Any]]:
@@ -32,12 +33,13 @@ Rule = tuple[str, list[tuple[str, Any]], str]
 
 def unread_keys(cfg: RunConfig) -> Iterator[str]:
     """Every key set where nothing reads it (see the module docstring)."""
-    for section, changed, why in [*_any_runner(cfg), *_language_runner(cfg)]:
+    kind = registry.runner(cfg) if cfg.runner in registry.runner_names() else None
+    for section, changed, why in [*_any_runner(cfg, kind), *_language_runner(cfg, kind)]:
         for name, value in changed:
             yield f"{section}.{name}={value!r} is set but nothing reads it: {why}"
 
 
-def _any_runner(cfg: RunConfig) -> list[Rule]:
+def _any_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
     a, a0 = cfg.algorithm, AlgorithmConfig()
     rules: list[Rule] = []
     if a.overlong_buffer == 0:
@@ -60,7 +62,6 @@ def _any_runner(cfg: RunConfig) -> list[Rule]:
         names = ("alpha", "dropout", "target_modules")
         rules.append(("actor.lora", _changed(cfg.actor.lora, LoraConfig(), names), why))
     if "critic" not in placed_components(cfg):
-        kind = registry.runner(cfg) if cfg.runner in registry.runner_names() else None
         if kind is not None and kind.steps_env:
             why = (
                 f"runner={cfg.runner!r} trains its value head in the actor, at optimizer.lr: "
@@ -75,8 +76,7 @@ def _any_runner(cfg: RunConfig) -> list[Rule]:
     return rules
 
 
-def _language_runner(cfg: RunConfig) -> list[Rule]:
-    kind = registry.runner(cfg) if cfg.runner in registry.runner_names() else None
+def _language_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
     if kind is None or not kind.language_model:
         return []
     a, a0 = cfg.algorithm, AlgorithmConfig()
