@@ -96,13 +96,31 @@ def left_padded(
     Returns:
         ``(ids [b, L], mask [b, L])`` long tensors.
     """
+    return padded_rows(rows, pad, left=True, device=device, min_width=min_width)
+
+
+def padded_rows(
+    rows: Sequence[Sequence[int]],
+    pad: int,
+    *,
+    left: bool,
+    device: torch.device | str = "cpu",
+    min_width: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """Token id rows as one batch padded on the left or the right (:func:`left_padded`'s
+    arguments; ``left=False`` for a classifier that reads each row's last real token).
+
+    Returns:
+        ``(ids [b, L], mask [b, L])`` long tensors.
+    """
     width = max([min_width, *(len(r) for r in rows)])
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         if len(r):
-            ids[i, width - len(r) :] = torch.as_tensor(r, dtype=torch.long)
-            mask[i, width - len(r) :] = 1
+            cols = slice(width - len(r), width) if left else slice(0, len(r))
+            ids[i, cols] = torch.as_tensor(r, dtype=torch.long)
+            mask[i, cols] = 1
     return ids.to(device), mask.to(device)
 
 

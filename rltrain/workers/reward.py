@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.algorithms.sampling import decode_responses
+from rltrain.algorithms.sampling import decode_responses, padded_rows
 from rltrain.backends.generation import eos_token_ids
 from rltrain.backends.offload import StateMover
 from rltrain.config.schema import RunConfig
@@ -299,15 +299,8 @@ class ModelReward:
         out = []
         for i in range(0, len(ids), self.micro_batch):
             chunk = ids[i : i + self.micro_batch]
-            width = max(len(r) for r in chunk)
-            input_ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for j, r in enumerate(chunk):
-                input_ids[j, : len(r)] = torch.tensor(r, dtype=torch.long)
-                mask[j, : len(r)] = 1
-            logits = self.model(
-                input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)
-            ).logits
+            input_ids, mask = padded_rows(chunk, self.pad_id, left=False, device=self.device)
+            logits = self.model(input_ids=input_ids, attention_mask=mask).logits
             out.append(logits[:, 0].float().cpu())
         return (torch.cat(out) if out else torch.zeros(0)), cut
 
