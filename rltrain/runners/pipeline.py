@@ -122,7 +122,8 @@ class GenerationPipeline:
         self.surplus, self.segment = max(int(carry_surplus), 1), carry_segment
         self._primed = False
         self.queue: deque[InFlight] = deque()
-        self.next_step, self.horizon = 0, None
+        self.next_step = 0
+        self.horizon: int | None = None
         self.restarts_total = 0  # generations cancelled and submitted again, whole run
         self._restarts_at_fill = 0  # ... at the latest fill (the step's ``rollout/restarts``)
         self.dropped_total = 0  # samples dropped for staleness past the bound, whole run
