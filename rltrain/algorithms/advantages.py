@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from rltrain.algorithms.registry import get_advantage_estimator, register_advantage_estimator
-from rltrain.config.algorithms import ADVANTAGE_ESTIMATORS, group_estimators
+from rltrain.config.algorithms import ADVANTAGE_ESTIMATORS, group_estimators, is_group_based
 from rltrain.errors import ConfigError
 
 GROUP_ESTIMATORS = group_estimators()
@@ -236,41 +236,33 @@ def valid_group_advantages(
 ) -> Tensor:
     """A group estimator over each group's valid rows only (infra-failed episodes left out).
 
-    A row left out neither moves its group's mean or std nor gets an advantage (0); a group
-    with fewer than two valid rows gives 0 to all. With every row valid this equals
-    :func:`grpo_advantages` / :func:`rloo_advantages`.
+    The estimator's registered function runs on each group's valid rows as a group of their
+    own, so a row left out neither moves its group's mean or std nor gets an advantage (0); a
+    group with fewer than two valid rows gives 0 to all. With every row valid this equals the
+    estimator over the whole batch (:func:`grpo_advantages`, :func:`rloo_advantages`, ...).
 
     Args:
         scores: ``[B]`` sequence scores in groups of ``group_size`` consecutive rows.
         valid: ``[B]`` bool, False on the rows to leave out.
         group_size: samples per prompt.
-        estimator: ``grpo`` | ``dr_grpo`` | ``rloo``.
+        estimator: a group-based estimator's name (``grpo``, ``dr_grpo``, ``rloo``, or one
+            registered later).
         norm_by_std: GRPO's std division.
 
     Returns:
         ``[B]`` advantages.
-
-    Raises:
-        ConfigError: another estimator (its own statistics would need the same care).
     """
-    if estimator not in ("grpo", "dr_grpo", "rloo"):
-        raise ConfigError(
-            f"algorithm.advantage_estimator={estimator!r} cannot leave infra-failed episodes "
-            f"out of its statistics: use grpo, dr_grpo or rloo with task.env"
-        )
-    g = _groups(scores.float(), group_size)
-    v = valid.view(-1, group_size).to(g.dtype)
-    count = v.sum(dim=1, keepdim=True)
-    total = (g * v).sum(dim=1, keepdim=True)
-    if estimator == "rloo":
-        adv = g - (total - g) / (count - 1).clamp(min=1.0)
-    else:
-        mean = total / count.clamp(min=1.0)
-        adv = g - mean
-        if norm_by_std and estimator == "grpo":
-            var = (((g - mean) * v) ** 2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)
-            adv = adv / (var.sqrt() + 1e-6)
-    return (adv * v * (count >= 2)).reshape(-1)
+    fn = get_advantage_estimator(estimator)
+    scores = scores.float()
+    out = torch.zeros_like(scores)
+    for start in range(0, scores.shape[0], group_size):
+        rows = start + torch.nonzero(valid[start : start + group_size]).flatten()
+        if rows.numel() < 2:
+            continue
+        ones = torch.ones(rows.numel(), 1)
+        adv, _ = fn(scores[rows, None], ones, group_size=rows.numel(), norm_by_std=norm_by_std)
+        out[rows] = adv[:, 0]
+    return out
 
 
 def compute_advantages(
@@ -323,7 +315,7 @@ def compute_advantages(
     if token_kl is not None:
         token_rewards = token_rewards - token_kl * mask
     if valid is not None and not bool(valid.all()):  # infra-failed episodes (task.env)
-        if estimator in GROUP_ESTIMATORS:  # their groups' statistics must leave the rows out
+        if is_group_based(estimator):  # their groups' statistics must leave the rows out
             scores = token_rewards.sum(dim=1)
             seq = valid_group_advantages(scores, valid, group_size, estimator, norm_by_std)
             return seq[:, None] * mask, None

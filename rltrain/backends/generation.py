@@ -174,12 +174,15 @@ class GenerationEngine(Protocol):
         walk_sees_state: True when walking the worker's tensors finds the engine's state (the
             torch engine); False when it lives where the walk cannot see (vLLM's allocator).
         sync_members: processes this engine puts in a broadcast sync group.
+        tokenizer: the policy's tokenizer (the worker decodes evaluation answers and carried
+            rows with it).
     """
 
     device: torch.device
     mover: Any
     walk_sees_state: bool
     sync_members: int
+    tokenizer: Any
 
     def generate(
         self,

@@ -210,11 +210,11 @@ def build_optimizer(
 
 
 def build_dtype(run: RunConfig) -> str:
-    """The dtype the actor's model is built in: float32 for the torch engine, which keeps the
-    unrounded values as its fp32 masters and casts the model to ``model.dtype`` itself
-    (:class:`TorchEngine`'s ``compute_dtype``); ``model.dtype`` for DeepSpeed, which casts the
-    model and makes its masters from the cast weights."""
-    return "float32" if run.actor.backend == "torch" else run.model.dtype
+    """The dtype the actor's model is built in: float32 for an engine with ``fp32_masters``
+    (the torch engine keeps the unrounded values as its fp32 masters and casts the model to
+    ``model.dtype`` itself: :class:`TorchEngine`'s ``compute_dtype``); ``model.dtype`` for the
+    others (DeepSpeed casts the model and makes its masters from the cast weights)."""
+    return "float32" if registry.training_engine(run).fp32_masters else run.model.dtype
 
 
 def build_engine(

@@ -37,15 +37,12 @@ class EstimatorSpec:
 
 @dataclass(frozen=True)
 class PolicyLossSpec:
-    """How a policy loss takes its importance ratio.
+    """A policy loss's entry.
 
     Attributes:
-        ratio: ``token`` (one ratio per response token) or ``sequence`` (one ratio per
-            response, the length-normalised product of its tokens' ratios).
         summary: one line for messages and docs.
     """
 
-    ratio: str
     summary: str = ""
 
 
@@ -62,10 +59,8 @@ ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {
 }
 
 POLICY_LOSSES: dict[str, PolicyLossSpec] = {
-    "ppo_clip": PolicyLossSpec("token", "PPO's clipped surrogate, one ratio per token"),
-    "gspo": PolicyLossSpec(
-        "sequence", "GSPO: clipped surrogate of the length-normalised sequence ratio"
-    ),
+    "ppo_clip": PolicyLossSpec("PPO's clipped surrogate, one ratio per token"),
+    "gspo": PolicyLossSpec("GSPO: clipped surrogate of the length-normalised sequence ratio"),
 }
 
 #: ``algorithm.loss_agg`` values (how token losses become one number).
@@ -80,7 +75,20 @@ def group_estimators() -> tuple[str, ...]:
     return tuple(n for n, s in ADVANTAGE_ESTIMATORS.items() if s.group_based)
 
 
+def is_group_based(estimator: str) -> bool:
+    """True when ``estimator`` compares the samples of one prompt (False for unknown names)."""
+    spec = ADVANTAGE_ESTIMATORS.get(estimator)
+    return spec is not None and spec.group_based
+
+
 def needs_critic(estimator: str) -> bool:
     """True when ``estimator`` reads a critic's values (False for unknown names)."""
     spec = ADVANTAGE_ESTIMATORS.get(estimator)
     return spec is not None and spec.needs_critic
+
+
+def is_batch_wide(estimator: str) -> bool:
+    """True when ``estimator``'s statistics span the step's whole batch (False for unknown
+    names)."""
+    spec = ADVANTAGE_ESTIMATORS.get(estimator)
+    return spec is not None and spec.batch_wide

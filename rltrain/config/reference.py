@@ -22,6 +22,7 @@ from collections import defaultdict
 from typing import Any
 
 from rltrain.config import schema
+from rltrain.config.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from rltrain.kinds import registry
 from rltrain.kinds.records import ENGINE_KEYS
 
@@ -286,7 +287,9 @@ def render() -> str:
         "counted. Cross-field rules and the error messages are in `rltrain/config/validate.py`",
         "and `rltrain/config/engine_checks.py` (each engine's own in `rltrain/kinds/`); the",
         "values of `runner`, `actor.backend` and `rollout.backend` are the names of",
-        "`rltrain.kinds.registry`. `python -m rltrain --cfg job` prints a composed config.",
+        "`rltrain.kinds.registry`, those of `algorithm.advantage_estimator` and",
+        "`algorithm.policy_loss` the names of `rltrain/config/algorithms.py`.",
+        "`python -m rltrain --cfg job` prints a composed config.",
         "",
         "A key set away from its default where the run would not read it (a LoRA scale at",
         "rank 0, a critic's learning rate with no critic placed, `env.*` on the reasoning",
@@ -320,9 +323,14 @@ def render() -> str:
 
 
 def registry_names(key: str) -> tuple[str, ...]:
-    """The allowed values of a key whose values are the registry's names (else empty)."""
+    """The allowed values of a key whose values are a registry's names (else empty): the kinds'
+    registry's, or the algorithm vocabulary's."""
     if key == "runner":
         return registry.runner_names()
+    if key == "algorithm.advantage_estimator":
+        return tuple(ADVANTAGE_ESTIMATORS)
+    if key == "algorithm.policy_loss":
+        return tuple(POLICY_LOSSES)
     roles = {v: r for r, v in ENGINE_KEYS.items()}
     return registry.engine_names(roles[key]) if key in roles else ()
 

@@ -200,9 +200,9 @@ class OptimizerConfig:
 class AlgorithmConfig:
     """Advantage estimator, policy loss and KL settings."""
 
-    advantage_estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp | gae
-    # ppo_clip (one importance ratio per token) | gspo (one length-normalised ratio per
-    # response, clipped as a whole: use with algorithm=gspo's clip ranges)
+    # how each response token's advantage is computed (gae needs a critic placed)
+    advantage_estimator: str = "grpo"
+    # the surrogate the update minimises (gspo: use with algorithm=gspo's clip ranges)
     policy_loss: str = "ppo_clip"
     norm_adv_by_std: bool = True  # GRPO divides by the group std; Dr. GRPO does not
     kl_coef: float = 0.0  # weight of the KL to the reference policy (> 0 needs a reference)

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from rltrain.config.algorithms import group_estimators, needs_critic
+from rltrain.config.algorithms import is_group_based, needs_critic
 from rltrain.config.checks import check
 from rltrain.config.numerics import placed_components
 from rltrain.config.schema import AlgorithmConfig, CriticConfig, EnvConfig, LoraConfig, RunConfig
@@ -82,7 +82,7 @@ def _language_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
     a, a0 = cfg.algorithm, AlgorithmConfig()
     estimator = a.advantage_estimator
     rules: list[Rule] = []
-    if estimator in group_estimators():
+    if is_group_based(estimator):
         why = (
             f"algorithm.advantage_estimator={estimator!r} scores whole responses; only "
             f"reinforce_pp and gae discount per token: drop it"

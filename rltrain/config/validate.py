@@ -25,6 +25,7 @@ from rltrain.config.algorithms import (
     LOSS_AGGS,
     POLICY_LOSSES,
     group_estimators,
+    is_group_based,
     needs_critic,
 )
 from rltrain.config.checks import CHECKS, check
@@ -43,7 +44,6 @@ from rltrain.kinds.records import RunnerKind
 
 #: The estimator names, and those that compare the samples of a prompt (the vocabulary's).
 ESTIMATORS = tuple(ADVANTAGE_ESTIMATORS)
-GROUP_ESTIMATORS = group_estimators()
 
 
 def load_config(cfg: DictConfig | dict[str, Any] | RunConfig) -> RunConfig:
@@ -252,7 +252,12 @@ def _cluster(cfg: RunConfig) -> Iterator[str]:
                 f"{c.devices_per_node} is beyond any real cluster (at most {MAX_DEVICES:,} "
                 f"devices): give the nodes and devices per node this job should use"
             )
-    if isinstance(d, list) and all(isinstance(x, int) for x in d) and sum(d) == 0:
+    if (
+        c.num_nodes >= 1
+        and isinstance(d, list)
+        and all(isinstance(x, int) for x in d)
+        and sum(d) == 0
+    ):
         on_devices = _placed_on_devices(cfg.placement.component_placement)
         if on_devices:
             yield (
@@ -431,7 +436,7 @@ def _algorithm(cfg: RunConfig) -> Iterator[str]:
     n = cfg.rollout.n_samples_per_prompt
     if n < 1:
         yield f"rollout.n_samples_per_prompt={n} must be >= 1"
-    elif a.advantage_estimator in GROUP_ESTIMATORS and n < 2:
+    elif is_group_based(a.advantage_estimator) and n < 2:
         yield (
             f"rollout.n_samples_per_prompt={n} with algorithm.advantage_estimator="
             f"{a.advantage_estimator!r}: a group-based estimator compares samples of one prompt, "
@@ -442,8 +447,8 @@ def _algorithm(cfg: RunConfig) -> Iterator[str]:
     language = kind is not None and kind.language_model
     if needs_critic(a.advantage_estimator) and language and "critic" not in placed:
         yield (
-            "algorithm.advantage_estimator='gae' (PPO) needs a critic, but placement."
-            "component_placement places none: use experiment=reasoning_ppo (or "
+            f"algorithm.advantage_estimator={a.advantage_estimator!r} needs a critic, but "
+            "placement.component_placement places none: use experiment=reasoning_ppo (or "
             "reasoning_ppo_hybrid / reasoning_ppo_disaggregated), add one with "
             "+placement.component_placement.critic=all, or use grpo/rloo"
         )
@@ -479,10 +484,10 @@ def _batch_shaping(cfg: RunConfig) -> Iterator[str]:
         )
     if not a.filter_groups:
         return
-    if a.advantage_estimator not in GROUP_ESTIMATORS:
+    if not is_group_based(a.advantage_estimator):
         yield (
             f"algorithm.filter_groups=true with algorithm.advantage_estimator="
-            f"{a.advantage_estimator!r}: only group estimators {list(GROUP_ESTIMATORS)} have "
+            f"{a.advantage_estimator!r}: only group estimators {list(group_estimators())} have "
             f"prompt groups to filter"
         )
     if cfg.trainer.max_staleness > 0:
@@ -858,10 +863,14 @@ def carry_problems(cfg: RunConfig) -> Iterator[str]:
             f"carried into the next call trains at least 2 versions after the one that started "
             f"it; set trainer.max_staleness>=2 (placement=disaggregated) {fix}"
         )
+    segmented = [
+        n for n in registry.engine_names("generation") if registry.engine("generation", n).segments
+    ]
     unsupported = (
-        ("rollout.backend", cfg.rollout.backend, cfg.rollout.backend != "torch",
-         "only the torch engine decodes carried rows in segments (vLLM would need abort and "
-         "resume of its requests, which only a GPU test can cover)", "torch"),
+        ("rollout.backend", cfg.rollout.backend, cfg.rollout.backend not in segmented,
+         "only an engine with `segments` decodes carried rows across calls (vLLM would need "
+         "abort and resume of its requests, which only a GPU test can cover)",
+         "|".join(segmented)),
         ("placement.fuse", cfg.placement.fuse, str(cfg.placement.fuse).lower() == "true",
          "a fused rank trains what its own call generated", "false"),
         ("algorithm.filter_groups", cfg.algorithm.filter_groups, bool(cfg.algorithm.filter_groups),

@@ -68,6 +68,7 @@ TORCH_TRAINING = EngineKind(
     summary="torch AdamW + DDP (the CPU default)",
     runtime="rltrain.backends.training:torch_engine",
     fusable=True,
+    fp32_masters=True,
     config_checks=(
         _whole_model_training(
             "the torch engine holds the whole model on every device (data parallel, DDP)"
@@ -96,5 +97,7 @@ TORCH_GENERATION = EngineKind(
     summary="KV-cached decoding with the policy's own torch module",
     runtime="rltrain.backends.generation:torch_generation",
     fusable=True,
+    segments=True,
+    multi_turn=True,
     config_checks=(_torch_generation,),
 )

@@ -35,6 +35,12 @@ class EngineKind:
             (``rollout.gpu_memory_utilization``), not sized by the batch.
         max_model_len: it reads ``rollout.max_model_len``.
         own_kernels: it computes log-probs with its own kernels (not the trainer's).
+        segments: it decodes carried rows in segments across calls
+            (``trainer.partial_rollout=carry``).
+        multi_turn: it runs ``task.env``'s multi-turn episodes (tool calls between turns).
+        fp32_masters: a training engine that takes the model built in float32 and casts it to
+            ``model.dtype`` itself, keeping the unrounded values as its fp32 masters (others
+            get the model built in ``model.dtype``).
         config_checks: more checks of the run config when this engine is chosen.
         pre_ray_checks: ``module:function`` ``(run, plan, weight_bytes)`` raising
             ``ConfigError``, run on the plan before Ray starts.
@@ -55,6 +61,9 @@ class EngineKind:
     kv_reserved: bool = False
     max_model_len: bool = False
     own_kernels: bool = False
+    segments: bool = False
+    multi_turn: bool = False
+    fp32_masters: bool = False
     config_checks: tuple[ConfigCheck, ...] = ()
     pre_ray_checks: tuple[str, ...] = ()
     plan_problems: tuple[str, ...] = ()

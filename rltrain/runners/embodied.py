@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from rltrain.config.schema import RunConfig
+from rltrain.config.schema import AlgorithmConfig, RunConfig
 from rltrain.config.seeds import eval_episode_seed
 from rltrain.errors import ConfigError, WorkerError
 from rltrain.placement.micro_batches import adopt_micro_batches
@@ -128,6 +128,13 @@ def check_components(run: RunConfig, components: set[str]) -> None:
         problems.append(
             f"algorithm.advantage_estimator={run.algorithm.advantage_estimator!r} with "
             f"runner=embodied: the embodied actor trains PPO with GAE, set it to 'gae'"
+        )
+    if run.algorithm.policy_loss != AlgorithmConfig.policy_loss:
+        problems.append(
+            f"algorithm.policy_loss={run.algorithm.policy_loss!r} with runner=embodied: the "
+            f"embodied actor trains PPO's clipped surrogate on actions (its own loss, with the "
+            f"value and entropy terms); leave algorithm.policy_loss="
+            f"{AlgorithmConfig.policy_loss!r}"
         )
     if run.algorithm.kl_coef > 0:
         problems.append("algorithm.kl_coef must be 0 with runner=embodied (no reference policy)")

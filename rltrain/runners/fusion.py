@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from rltrain.config import resolve_offload
+from rltrain.config.algorithms import is_batch_wide
 from rltrain.config.schema import RunConfig
-from rltrain.config.validate import GROUP_ESTIMATORS  # torch-free: the plan command uses this
 from rltrain.errors import ConfigError
 from rltrain.kinds import registry
 
@@ -60,8 +60,9 @@ def _layout_blockers(plan: Any) -> list[str]:
     others = sorted(set(plan.components) - set(fused_components()) - beside)
     if others:
         out.append(
-            f"the placement also has {others}: their stages read the rollout's output between "
-            f"generation and update"
+            f"the placement also has {others}, which the fused worker does not host (a fused "
+            f"step runs only its components' stages in one process): remove them from "
+            f"placement.component_placement, or set placement.fuse=false"
         )
     return out
 
@@ -71,11 +72,10 @@ def _setting_blockers(run: RunConfig) -> list[str]:
     out: list[str] = []
     if run.trainer.max_staleness > 0:
         out.append(f"trainer.max_staleness={run.trainer.max_staleness} overlaps the two stages")
-    if run.algorithm.advantage_estimator not in GROUP_ESTIMATORS:
+    if is_batch_wide(run.algorithm.advantage_estimator):
         out.append(
             f"algorithm.advantage_estimator={run.algorithm.advantage_estimator!r} normalises "
-            f"over the whole batch, and a fused rank sees only its own prompt groups "
-            f"(group estimators {list(GROUP_ESTIMATORS)} fuse)"
+            f"over the whole batch, and a fused rank sees only its own prompt groups"
         )
     if run.algorithm.filter_groups:
         out.append(

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rltrain.config.algorithms import needs_critic
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, RltrainError
 from rltrain.kinds import registry
@@ -258,19 +259,27 @@ def check_components(run: RunConfig, components: set[str]) -> None:
             f"algorithm.kl_coef={run.algorithm.kl_coef} needs {need}: add them to the placement"
             + (" (the reference computes the KL's log-probs)" if "reference" in missing else "")
         )
-    gae = run.algorithm.advantage_estimator == "gae"
-    if gae and "critic" not in components:
+    estimator = run.algorithm.advantage_estimator
+    critic = needs_critic(estimator)
+    if critic and "critic" not in components:
         raise ConfigError(
             f"placement.component_placement places {sorted(components)} but "
-            f"algorithm.advantage_estimator='gae' (PPO) needs a critic: use experiment="
+            f"algorithm.advantage_estimator={estimator!r} needs a critic: use experiment="
             f"reasoning_ppo (or reasoning_ppo_hybrid / reasoning_ppo_disaggregated), or add "
             f"+placement.component_placement.critic=all"
         )
-    if "critic" in components and not gae:
+    if "critic" in components and not critic:
         raise ConfigError(
             f"placement.component_placement places a critic but algorithm.advantage_estimator="
-            f"{run.algorithm.advantage_estimator!r} does not use one: remove it from the "
-            f"placement, or use algorithm=ppo (gae)"
+            f"{estimator!r} does not use one: remove it from the placement, or use "
+            f"algorithm=ppo (gae)"
+        )
+    if "reference" in components and run.algorithm.kl_coef <= 0:
+        raise ConfigError(
+            f"placement.component_placement places a reference but algorithm.kl_coef="
+            f"{run.algorithm.kl_coef}: the reference only computes the KL's log-probs, so the "
+            f"run would never start it; remove it from the placement, or set "
+            f"algorithm.kl_coef > 0"
         )
     for path in registry.training_engine(run).pre_ray_checks:
         load(path)(run, None)  # the engine's own limits (DeepSpeed's)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from rltrain.errors import ConfigError
+from rltrain.kinds import registry
 from rltrain.tasks.tool_format import final_answer, format_result, parse_call
 
 #: The protocol's methods (never tools).
@@ -152,6 +153,10 @@ def load_env_class(spec: str, key: str = "task.env") -> type:
     return cls
 
 
+def _engine(name: str) -> Any:
+    return registry.engine("generation", name)
+
+
 def env_problems(run: Any) -> list[str]:
     """What stops ``task.env`` (checked before Ray starts), as messages naming the keys."""
     t, r = run.task, run.rollout
@@ -166,10 +171,11 @@ def env_problems(run: Any) -> list[str]:
         load_env_class(t.env)
     except ConfigError as exc:
         out.extend(exc.problems if hasattr(exc, "problems") else [str(exc)])
-    if r.backend != "torch":
+    engines = [n for n in registry.engine_names("generation") if _engine(n).multi_turn]
+    if r.backend not in engines:
         out.append(
-            f"task.env runs multi-turn episodes with the torch engine only (got rollout.backend="
-            f"{r.backend!r}): set rollout.backend=torch"
+            f"task.env runs multi-turn episodes with the engines {engines} only (got "
+            f"rollout.backend={r.backend!r}): set rollout.backend={engines[0]}"
         )
     if run.trainer.partial_rollout == "continue":
         out.append(

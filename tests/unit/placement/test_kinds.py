@@ -3,6 +3,7 @@ registered for one test, are picked up by validation, the plan, fusion and the b
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -124,3 +125,49 @@ def test_a_registered_component_is_placeable_and_built():
 def test_registering_a_name_twice_is_refused():
     with pytest.raises(ValueError, match="already registered"):
         registry.register(registry.engine("generation", "torch"))
+
+
+def test_carry_multi_turn_and_the_build_dtype_follow_the_engines_entries():
+    """What was a test of the name "torch" is a property of the entry: a toy engine with
+    ``segments``/``multi_turn`` is accepted where one without them is refused, naming the
+    engines that have them."""
+    from rltrain.backends.training import build_dtype
+    from rltrain.tasks.text_env import env_problems
+
+    able = dataclasses.replace(
+        TOY_ENGINE, name="toy_able", segments=True, multi_turn=True, config_checks=()
+    )
+    carry = {
+        "trainer.max_staleness": 2,
+        "trainer.partial_rollout": "carry",
+        "simulate.response_length_median": 8,
+        "simulate.rollout_token_latency_ms": 5,
+    }
+    with registry.registered(TOY_ENGINE, able):
+        compose("disaggregated", **carry, **{"rollout.backend": "toy_able"})
+        with pytest.raises(ConfigError, match=r"rollout.backend='toy'.*set rollout.backend=torch"):
+            compose("disaggregated", **carry, **{"rollout.backend": "toy"})
+        env = compose("collocated", **{"rollout.backend": "toy_able"})
+        env.task.env = "rltrain.tasks.calc_tool:CalculatorEnv"
+        assert not [p for p in env_problems(env) if "multi-turn episodes" in p]
+        env.rollout.backend = "toy"
+        (problem,) = [p for p in env_problems(env) if "multi-turn episodes" in p]
+        assert "['torch', 'toy_able']" in problem and "got rollout.backend='toy'" in problem
+    run = compose("collocated", **{"model.dtype": "bfloat16"})
+    assert build_dtype(run) == "float32"  # the torch engine keeps fp32 masters
+    masters = registry.training_engine(run)
+    plain = dataclasses.replace(masters, name="toy_plain", fp32_masters=False)
+    with registry.registered(plain):
+        run.actor.backend = "toy_plain"
+        assert build_dtype(run) == "bfloat16"
+
+
+def test_a_component_the_fused_worker_does_not_host_stops_fusion_saying_so():
+    with registry.registered(JUDGE):
+        run = compose("collocated", **{"placement.component_placement.judge": "all"})
+        plan = build_plan(run, ClusterSpec.from_config(run.cluster), check_fit=False)
+        blockers = fusion_blockers(run, plan)
+    assert any(
+        "['judge'], which the fused worker does not host" in b and "placement.fuse=false" in b
+        for b in blockers
+    )
