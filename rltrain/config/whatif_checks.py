@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rltrain.config.catalogue import problems as catalogue_problems
+from rltrain.config.schema import WhatifConfig
 
 #: Response-length models the simulator knows (``whatif.response_length``).
 LENGTH_MODELS = ("max", "uniform", "lognormal")
@@ -51,6 +52,14 @@ def whatif_problems(cfg: Any) -> Iterator[str]:
         yield (
             f"whatif.link={w.link!r} describes the network of whatif.hardware, which is not set: "
             f"set whatif.hardware too, or drop the link"
+        )
+    default_u = WhatifConfig.train_utilization
+    if w.hardware is None and w.train_utilization != default_u:
+        yield (
+            f"whatif.train_utilization={w.train_utilization} scales the roofline of "
+            f"whatif.hardware, which is not set (simulated devices take their time from "
+            f"simulate.*): set whatif.hardware too, or drop whatif.train_utilization (default "
+            f"{default_u})"
         )
     if w.hardware is not None:
         sim = getattr(cfg, "simulate", None)

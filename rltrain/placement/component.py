@@ -374,7 +374,27 @@ class ModelParallelComponentPlacement(ComponentPlacement):
         strategy = PackedPlacementStrategy(
             flat[0], flat[-1], mp, self._rollout_stride(where), entry.node_groups
         )
+        self._check_engines_on_one_node(strategy, where, mp)
         self._set("rollout", strategy)
+
+    def _check_engines_on_one_node(
+        self, strategy: PackedPlacementStrategy, where: str, mp: int
+    ) -> None:
+        """Refuse a rollout engine whose devices would straddle nodes (one engine is one
+        process, on one node), naming the placement and the engine size."""
+        space = self._resolved["rollout"][0]
+        for rank, rs in enumerate(strategy.hardware_ranks()):
+            nodes = sorted({space.node[r] for r in rs})
+            if len(nodes) > 1:
+                devices = ", ".join(f"node {space.node[r]} device {space.local[r]}" for r in rs)
+                raise PlacementError(
+                    f"{where}: rollout.tensor_parallel_size * pipeline_parallel_size = {mp} "
+                    f"groups the rollout's devices into engines of {mp}, but engine {rank} would "
+                    f"straddle nodes {nodes} ({devices}), and one engine runs on one node: place "
+                    f"the rollout so every node's share is a multiple of {mp} devices starting "
+                    f"at a node boundary (cluster.devices_per_node a multiple of {mp}), or lower "
+                    f"rollout.tensor_parallel_size"
+                )
 
     def _rollout_stride(self, where: str) -> int:
         """Stride rollout engines over a collocated actor's TP groups (1 otherwise)."""

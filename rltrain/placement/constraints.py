@@ -141,7 +141,7 @@ def choose_sync_path(
 
     This is the layout's own answer (IPC or NCCL only); ``weight_sync.transport`` adds the
     object store and collectives that serve partial overlaps too
-    (:mod:`rltrain.backends.weight_sync.choice`), and planning checks the configured transport
+    (:mod:`rltrain.placement.transport_choice`), and planning checks the configured transport
     with :func:`check_weight_sync_layout`.
 
     Args:
@@ -229,7 +229,7 @@ def check_weight_sync_layout(
 
     Raises:
         ConfigError: ``ipc`` with a rollout GPU that hosts no actor rank (a config key at odds
-            with the placement, as :func:`rltrain.backends.weight_sync.choice.choose_transport`
+            with the placement, as :func:`rltrain.placement.transport_choice.choose_transport`
             reports it).
     """
     if transport != "ipc":

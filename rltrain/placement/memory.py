@@ -165,6 +165,14 @@ def value_param_count(d: ModelDims) -> int:
     return param_count(d) - head + d.hidden_size + 1
 
 
+def reward_param_count(d: ModelDims) -> int:
+    """Parameters of a sequence-classification reward model (what
+    ``AutoModelForSequenceClassification`` loads): the decoder without its LM head (``V·h``,
+    unless tied to the embeddings) plus a one-score head without bias (``h``)."""
+    head = 0 if d.tie_word_embeddings else d.vocab_size * d.hidden_size
+    return param_count(d) - head + d.hidden_size
+
+
 def lora_linear_shapes(d: ModelDims) -> dict[str, tuple[int, int]]:
     """``(in, out)`` features of each Linear of a Llama/Qwen2 decoder layer that LoRA may target
     (``actor.lora.target_modules``)."""

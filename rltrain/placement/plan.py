@@ -636,11 +636,11 @@ def component_terms(
         t["activations"] = mem.activation_bytes(b, seq, dims, tp, False, **_logits(run, "forward"))
     elif name == "reward" and run.reward.kind == "model" and run.reward.model_path:
         rdims = mem.checkpoint_dims(run.reward.model_path, dims.dtype)
-        t["weights"] = mem.weight_bytes(mem.param_count(rdims), dims.dtype)
+        t["weights"] = mem.weight_bytes(mem.reward_param_count(rdims), dims.dtype)
         micro = getattr(run.reward, "micro_batch_size", None) or run.actor.micro_batch_size
-        t["activations"] = mem.activation_bytes(
-            micro_batch(run, micro, world), mem.sequence_length(run, rdims), rdims, 1, False
-        )
+        b, seq = micro_batch(run, micro, world), mem.sequence_length(run, rdims)
+        # A sequence classifier's score head gives one output per token, not vocabulary logits.
+        t["activations"] = mem.activation_bytes(b, seq, rdims, 1, False, outputs_per_token=1)
     elif name == "rollout":
         t = _rollout_terms(run, world, ndev, node, dims, params, seq)
     t["context"] = mem.context_bytes(node.accelerator_type) * ndev

@@ -356,8 +356,8 @@ def check_engines(run: RunConfig, plan: Any) -> None:
         load(path)(run, plan)  # e.g. vLLM's memory reservation on the plan's devices
     for path in registry.training_engine(run).pre_ray_checks:
         load(path)(run, plan)  # e.g. DeepSpeed's ZeRO-3 on the plan's actor ranks
-    from rltrain.backends.weight_sync.choice import choose_transport
     from rltrain.config.engine_checks import local_gpus_visible
+    from rltrain.placement.transport_choice import choose_transport
 
     simulated = any(n.accelerator_type == "sim" for n in plan.cluster.nodes)
     # Simulated devices in the config-made plan are what the run gets only on a local Ray of a

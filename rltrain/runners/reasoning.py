@@ -11,7 +11,7 @@ Components that share a device take turns through the residency coordinator (``j
 Bulk data (rollout batches, weights) moves between workers as Ray object references: the driver
 only passes references and receives small things (rewards for logging, metrics). Weights reach
 the rollout (and the inference component) by the transport the plan chose
-(:func:`~rltrain.backends.weight_sync.choice.choose_transport`: object store, CUDA IPC, or a
+(:func:`~rltrain.placement.transport_choice.choose_transport`: object store, CUDA IPC, or a
 bucketed broadcast), written into ``summary.json``.
 """
 

@@ -3,7 +3,7 @@ receiver's transport, and what each was handed for that version.
 
 A reasoning run hands its rollout (and an inference component) the actor's weights after every
 update, through the transport the plan chose for each receiver
-(:func:`~rltrain.backends.weight_sync.choice.choose_transport`: the object store, CUDA IPC, or
+(:func:`~rltrain.placement.transport_choice.choose_transport`: the object store, CUDA IPC, or
 a broadcast group). :class:`WeightHub` sets the transports up with both ends, queues the
 exports behind the actor's update, records what each receiver is handed, and at the end leaves
 no version in flight. The runner and its schedules call it; the worker classes are passed in
@@ -15,7 +15,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
-from rltrain.backends.weight_sync.choice import TransportChoice, choose_transport
+from rltrain.placement.transport_choice import TransportChoice, choose_transport
 from rltrain.runners.layout import RECEIVERS
 
 

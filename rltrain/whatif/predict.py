@@ -18,7 +18,14 @@ import rltrain.whatif.hardware as hw
 from rltrain.telemetry.timeline import chrome_trace_with_devices, covered, merge
 from rltrain.whatif.calibrate import DEFAULT, Calibration
 from rltrain.whatif.events import Sink, schedule_of, simulate
-from rltrain.whatif.workload import StepModel, inter_link, kv_tokens, moved_bytes, procs_of
+from rltrain.whatif.workload import (
+    StepModel,
+    inter_link,
+    kv_tokens,
+    moved_bytes,
+    procs_of,
+    sync_transport,
+)
 
 #: ``plan.json``'s key for the prediction.
 PREDICTED = "predicted"
@@ -73,6 +80,33 @@ def target_device(run: Any) -> hw.Device:
     """``whatif.hardware``'s device, else the simulated device."""
     name = getattr(getattr(run, "whatif", None), "hardware", None)
     return hw.device(name) if name else hw.SIM
+
+
+def hardware_needed(run: Any, cluster: Any) -> str:
+    """Why the configured cluster cannot be predicted as it is, or ``""`` when it can.
+
+    Without ``whatif.hardware`` the simulator times simulated devices (the ``simulate.*``
+    latencies their workers sleep); a cluster of real GPUs sleeps none of them, so its step
+    needs the catalogue device it runs on.
+
+    Args:
+        run: the run config (``whatif.hardware`` read).
+        cluster: the :class:`~rltrain.placement.types.ClusterSpec` planned on.
+
+    Returns:
+        One line naming ``whatif.hardware`` and the catalogue's devices, or ``""``.
+    """
+    if not target_device(run).simulated:
+        return ""
+    if not any(n.accelerator_type == "cuda" for n in cluster.nodes):
+        return ""
+    from rltrain.config.catalogue import entries
+
+    return (
+        "predicted: none: the cluster's devices are real GPUs (cluster.simulate_devices=false) "
+        "and whatif.hardware=null times simulated devices only; set whatif.hardware to the GPU "
+        f"the cluster runs on (one of {sorted(entries('devices'))}) to predict its step"
+    )
 
 
 def hardware_cluster(run: Any, cluster: Any, device: hw.Device) -> Any:
@@ -143,6 +177,7 @@ def predict(
         shares=shares,
         exact_ranks=exact_ranks,
         moved=moved_bytes(plan) if shares else {},
+        transport=sync_transport(run, plan),
     )
     schedule, k, policy = schedule_of(run, fused)
     sampler = str(run.trainer.sampler) if schedule == "pipelined" else "in_order"

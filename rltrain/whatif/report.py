@@ -21,7 +21,7 @@ from rltrain.errors import RltrainError
 from rltrain.kinds import registry
 from rltrain.whatif import candidates as cands
 from rltrain.whatif.calibrate import DEFAULT, Calibration, from_profile
-from rltrain.whatif.predict import PREDICTED, Prediction, predict
+from rltrain.whatif.predict import PREDICTED, Prediction, hardware_needed, predict
 from rltrain.whatif.profiles import cached_costs
 
 #: The predicted timeline ``mode=plan`` writes next to ``plan.json`` (``trace.json``'s format).
@@ -176,8 +176,14 @@ def plan_prediction(run: Any, plan: Any, out_dir: str, fusable: Fusable) -> dict
         fusable: ``(run, plan) -> bool``: whether the run's actor, rollout and reward run fused.
 
     Returns:
-        What ``plan.json`` adds: ``predicted`` (and ``predicted_ranking``).
+        What ``plan.json`` adds: ``predicted`` (and ``predicted_ranking``); nothing on real
+        GPUs without ``whatif.hardware`` (:func:`~rltrain.whatif.predict.hardware_needed`,
+        printed instead).
     """
+    needed = hardware_needed(run, plan.cluster)
+    if needed:
+        print(needed)
+        return {}
     calib = calibration(run)
     fused = registry.runner(run).fusable and fusable(run, plan)
     t0 = time.perf_counter()

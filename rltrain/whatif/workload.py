@@ -22,7 +22,7 @@ from rltrain.config.seeds import continuation_seed, sampling_seed
 from rltrain.placement import memory as mem
 from rltrain.telemetry.trace import device_label
 from rltrain.whatif.calibrate import DEFAULT, Calibration
-from rltrain.whatif.hardware import SIM, Device, Link, link
+from rltrain.whatif.hardware import HOST_MEMORY, SIM, Device, Link, link
 from rltrain.whatif.roofline import (
     ModelCost,
     decode_step_seconds,
@@ -72,6 +72,9 @@ class StepModel:
         exact_ranks: simulate the decoding of only this many ranks per step (the ones holding
             the longest and the most tokens); the others take the shortest of those. None:
             every rank. A ranking needs only the slowest rank's time.
+        transport: the rollout's weight-sync transport as the run resolves it (``host``,
+            ``collective``, ``ipc``: :func:`sync_transport`); None: CUDA IPC where actor and
+            rollout share devices, else a broadcast.
     """
 
     run: Any
@@ -85,6 +88,7 @@ class StepModel:
     shares: bool = False
     exact_ranks: int | None = None
     moved: Mapping[str, int] = field(default_factory=dict)
+    transport: str | None = None
     cost: ModelCost = field(init=False)
 
     def __post_init__(self) -> None:
@@ -252,20 +256,39 @@ class StepModel:
         return seconds
 
     def sync(self) -> float:
-        """New weights from the actor to the rollout (the plan's transport)."""
+        """New weights from the actor to the rollout, over :attr:`transport`: CUDA IPC a
+        device-local copy; ``collective`` a broadcast tree over the node's link (or the network
+        between nodes); ``host`` (:meth:`host_sync`) through the host and Ray's object store."""
         if self.fused:
             return 0.0
         nbytes = self.cost.weight_bytes
         if self.sim:
             return self.calib.sync_s + HOST_SECONDS(nbytes)
+        transport = self.transport or ("ipc" if self.shares else "collective")
+        if transport == "none":  # no rollout to feed
+            return 0.0
+        if transport == "ipc":
+            return nbytes / (self.device.bandwidth * 0.8)
+        if transport == "host":
+            return self.host_sync(nbytes)
         actor_nodes = {p.node for p in self.procs.get("actor", ())}
         roll_nodes = {p.node for p in self.procs.get("rollout", ())}
-        if self.shares:  # CUDA IPC on shared devices: a device-local copy
-            return nbytes / (self.device.bandwidth * 0.8)
         lk = (
             self.device.intra if actor_nodes == roll_nodes and len(actor_nodes) == 1 else self.inter
         )
         return lk.seconds(nbytes, hops=max(1, math.ceil(math.log2(max(self.world("rollout"), 2)))))
+
+    def host_sync(self, nbytes: float) -> float:
+        """``weight_sync.transport=host`` on a catalogue device: actor rank 0 copies the weights
+        to the CPU over its host link (PCIe), packs them into buckets Ray's object store holds
+        (host memory, :data:`HOST_MEMORY`), the network carries them to a rollout on another
+        node, and every rollout rank copies them onto its device over its own host link (in
+        parallel)."""
+        actor = self.procs.get("actor", ())
+        source = actor[0].node if actor else 0
+        remote = any(p.node != source for p in self.procs.get("rollout", ()))
+        seconds = 2 * self.device.host.seconds(nbytes) + HOST_MEMORY.seconds(nbytes)
+        return seconds + (self.inter.seconds(nbytes) if remote else 0.0)
 
     def move(self, component: str) -> float:
         """Seconds ``component`` spends offloading (or, the same again, reloading) per step."""
@@ -302,6 +325,28 @@ class StepModel:
 def HOST_SECONDS(nbytes: float) -> float:  # noqa: N802 - a constant-like helper
     """Seconds to move ``nbytes`` through the host (object store) on simulated devices."""
     return SIM.host.seconds(nbytes, hops=0)
+
+
+def sync_transport(run: Any, plan: Any) -> str:
+    """The weight-sync transport the run would give its rollout on ``plan``'s devices, as the
+    runtime resolves ``weight_sync.transport`` (``auto`` included:
+    :func:`~rltrain.placement.transport_choice.choose_transport`).
+
+    Args:
+        run: the run config.
+        plan: the plan the prediction times (on ``whatif.hardware``'s devices when set).
+
+    Returns:
+        ``host``, ``collective``, ``ipc`` or ``none``; an explicit transport these devices could
+        not serve (the configured cluster's check accepted it) is timed as named.
+    """
+    from rltrain.errors import ConfigError
+    from rltrain.placement.transport_choice import choose_transport
+
+    try:
+        return choose_transport(run, plan, "rollout").name
+    except ConfigError:
+        return str(run.weight_sync.transport)
 
 
 def procs_of(plan: Any) -> dict[str, tuple[Proc, ...]]:

@@ -42,8 +42,8 @@ def test_vllm_continues_a_paused_generation_under_new_weights() -> None:
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     from rltrain.algorithms.logprobs import compute_logprobs
     from rltrain.backends import continuation
-    from rltrain.backends.weight_sync.choice import TransportChoice
     from rltrain.backends.weight_sync.transport import WeightSender
+    from rltrain.placement.transport_choice import TransportChoice
     from rltrain.tasks.model import build_model
     from rltrain.workers.rollout import RolloutWorker
 

@@ -42,8 +42,8 @@ def test_vllm_rollout_sleeps_wakes_loads_over_ipc_and_generates() -> None:
     pytest.importorskip("vllm")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     from rltrain.algorithms.logprobs import compute_logprobs
-    from rltrain.backends.weight_sync.choice import TransportChoice
     from rltrain.backends.weight_sync.transport import WeightSender
+    from rltrain.placement.transport_choice import TransportChoice
     from rltrain.tasks.model import build_model
     from rltrain.workers.rollout import RolloutWorker
 

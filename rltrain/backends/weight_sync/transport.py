@@ -1,6 +1,6 @@
 """The runtime side of weight sync: one interface for the actor's export and a receiver's load.
 
-The transport is decided from the plan (:func:`~rltrain.backends.weight_sync.choice.
+The transport is decided from the plan (:func:`~rltrain.placement.transport_choice.
 choose_transport`); this module moves the bytes:
 
 - :class:`WeightSender` lives in an actor rank that feeds receivers. ``export(named, version)``
@@ -36,10 +36,10 @@ from rltrain.backends.weight_sync.buckets import (
     pack_bucket,
     plan_buckets,
 )
-from rltrain.backends.weight_sync.choice import TransportChoice
 from rltrain.backends.weight_sync.collective import SyncGroup
 from rltrain.backends.weight_sync.host import HostBuckets, pack_to_host
 from rltrain.errors import ConfigError, WorkerError
+from rltrain.placement.transport_choice import TransportChoice
 
 #: ``loader(bucket, flat) -> tensors written``: how a receiver writes one bucket into its model.
 Loader = Callable[[Bucket, torch.Tensor], int]

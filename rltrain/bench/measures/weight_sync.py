@@ -279,9 +279,9 @@ class ModelSyncWorker(Worker):
         import torch
 
         from rltrain.backends.generation import TorchReceiver
-        from rltrain.backends.weight_sync.choice import TransportChoice
         from rltrain.backends.weight_sync.transport import WeightSender
         from rltrain.config.schema import ModelConfig, RunConfig
+        from rltrain.placement.transport_choice import TransportChoice
 
         run = RunConfig()
         run.model = ModelConfig(**model, init_seed=0 if sender else 1)

@@ -9,7 +9,6 @@ import weakref
 import pytest
 import torch
 
-from rltrain.backends.weight_sync.choice import TransportChoice
 from rltrain.backends.weight_sync.ipc import (
     HeldVersions,
     IpcPayload,
@@ -21,6 +20,7 @@ from rltrain.backends.weight_sync.transport import CollectiveVersion, acknowledg
 from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, PlacementError, WorkerError
 from rltrain.placement.sizes import derive_sizes
+from rltrain.placement.transport_choice import TransportChoice
 from rltrain.workers.actor import ActorWorker
 
 

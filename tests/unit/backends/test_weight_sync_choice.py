@@ -8,11 +8,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from rltrain.backends.weight_sync.choice import choose_transport
 from rltrain.config import load_config
 from rltrain.config.store import register_configs
 from rltrain.errors import ConfigError
 from rltrain.placement.plan import build_plan
+from rltrain.placement.transport_choice import choose_transport
 from rltrain.placement.types import GIB, ClusterSpec, NodeSpec
 
 CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"

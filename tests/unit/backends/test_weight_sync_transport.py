@@ -9,7 +9,6 @@ import threading
 import torch
 
 from rltrain.backends.weight_sync.buckets import load_bucket
-from rltrain.backends.weight_sync.choice import TransportChoice
 from rltrain.backends.weight_sync.collective import SyncGroup
 from rltrain.backends.weight_sync.host import HostBuckets
 from rltrain.backends.weight_sync.transport import (
@@ -19,6 +18,7 @@ from rltrain.backends.weight_sync.transport import (
     receive_versions,
     weight_version,
 )
+from rltrain.placement.transport_choice import TransportChoice
 from rltrain.scheduler.worker import free_port
 
 

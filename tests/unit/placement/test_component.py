@@ -197,8 +197,16 @@ def test_hybrid_rollout_inside_actor_devices_is_fed_on_device(node8):
 
 
 def test_rollout_engines_never_straddle_nodes(two_nodes):
-    with pytest.raises(PlacementError, match="straddle nodes"):
+    with pytest.raises(PlacementError) as err:
         mp({"actor": "0-3", "rollout": "6-9"}, two_nodes, rollout_tp=4)
+    assert str(err.value) == (
+        "cluster.component_placement['rollout']='6-9': rollout.tensor_parallel_size * "
+        "pipeline_parallel_size = 4 groups the rollout's devices into engines of 4, but engine 0 "
+        "would straddle nodes [0, 1] (node 0 device 6, node 0 device 7, node 1 device 0, node 1 "
+        "device 1), and one engine runs on one node: place the rollout so every node's share is "
+        "a multiple of 4 devices starting at a node boundary (cluster.devices_per_node a "
+        "multiple of 4), or lower rollout.tensor_parallel_size"
+    )
 
 
 @pytest.mark.parametrize(

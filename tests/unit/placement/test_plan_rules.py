@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from placement_helpers import compose
+from placement_helpers import CONF, compose
 
 from rltrain.config.schema import ModelConfig, OffloadPolicyConfig, RunConfig
 from rltrain.errors import ConfigError, PlacementError, ResourceError
 from rltrain.placement import PlacementMode
 from rltrain.placement import memory as mem
 from rltrain.placement.export import plan_to_dict
+from rltrain.placement.micro_batches import choose_micro_batches
 from rltrain.placement.plan import build_plan, component_terms, micro_batch
 from rltrain.placement.types import GIB, ClusterSpec
 
@@ -130,13 +131,35 @@ def test_a_micro_batch_holds_no_more_rows_than_a_rank_gets():
     assert micro_batch(run, 64, 2) == 64
 
 
+def test_a_reward_model_is_counted_as_a_sequence_classifier(tmp_path):
+    # A Qwen-shaped reward checkpoint, embeddings untied: the worker loads it with
+    # AutoModelForSequenceClassification, a one-score head in place of the LM head.
+    shape = {**QWEN25_05B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    shape.update(num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    shape.update(max_position_embeddings=128, tie_word_embeddings=False)
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    run = run_on({"actor,rollout": "0-1"})
+    run.model = MID
+    run.task.max_prompt_length, run.rollout.max_new_tokens = 20, 12  # 32 tokens
+    run.reward.kind, run.reward.model_path, run.reward.micro_batch_size = "model", str(tmp_path), 8
+    terms = mid_terms(run, "reward", 2)
+    # per layer 64*(64+64) + 64*64 + 3*64*128 + 2*64 + (64+64) q/k/v biases = 37_120; embeddings
+    # 1000*64, final norm 64, score head 64 (no LM head): 138_368 parameters in bf16
+    assert terms["weights"] == 138_368 * 2
+    # a forward of 8 sequences of 32 tokens: 8*32*64*17 elements in bf16, one fp32 score a token
+    assert terms["activations"] == 8 * 32 * 64 * 17 * 2 + 8 * 32 * 4
+
+
 def write_qwen(tmp_path) -> str:
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_05B))
     return str(tmp_path)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_qwen25_05b_plans_on_one_80_gib_device(tmp_path, dtype):
+@pytest.mark.parametrize(
+    ("dtype", "rows", "peak_gib"), [("float32", 64, 56.41), ("bfloat16", 128, 55.46)]
+)
+def test_qwen25_05b_plans_on_one_80_gib_device(tmp_path, dtype, rows, peak_gib):
+    # The figures docs/placement.md (Memory model) quotes: keep them in step.
     run = compose(
         "collocated",
         **{
@@ -146,15 +169,19 @@ def test_qwen25_05b_plans_on_one_80_gib_device(tmp_path, dtype):
             "cluster.device_memory_gib": 80,
         },
     )
+    run, choice = choose_micro_batches(run)  # as mode=plan: the largest micro-batch that fits
+    assert choice.chosen["actor.micro_batch_size"] == rows  # float32: 128 rows do not fit
     plan = plan_of(run)  # fits: no ResourceError
     train = plan.memory[(0, 0)].stage("train")
     act = next(t.bytes for t in train.terms if t.kind == "activations")
-    # 64 sequences of 512 + 4 tokens (not the checkpoint's 32,768): b*s*h*L*17 elements in the
-    # model dtype plus 5 fp32 copies of the 4 response tokens' logits over the 151,936-token
-    # vocabulary.
-    elements = 64 * 516 * 896 * 24 * 17
-    assert act == elements * mem.DTYPE_BYTES[dtype] + 64 * 4 * 151_936 * 4 * 5
-    assert train.required_bytes < 80 * GIB
+    # `rows` sequences of 512 + 4 tokens (not the checkpoint's 32,768): b*s*h*L*17 elements in
+    # the model dtype plus 5 fp32 copies of the 4 response tokens' logits over the
+    # 151,936-token vocabulary.
+    elements = rows * 516 * 896 * 24 * 17
+    assert act == elements * mem.DTYPE_BYTES[dtype] + rows * 4 * 151_936 * 4 * 5
+    assert round(plan.memory[(0, 0)].peak_bytes / GIB, 2) == peak_gib
+    doc = " ".join((CONF.parent / "docs" / "placement.md").read_text().split())
+    assert f"{rows} rows at {peak_gib} GiB in {dtype}" in doc
 
 
 def test_fixes_never_suggest_a_setting_already_on(tmp_path):

@@ -8,8 +8,8 @@ from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any
 
-from rltrain.backends.weight_sync.choice import TransportChoice
 from rltrain.backends.weight_sync.transport import CollectiveVersion
+from rltrain.placement.transport_choice import TransportChoice
 from rltrain.runners.weight_hub import WeightHub
 
 

@@ -40,7 +40,7 @@ for name in WITHOUT:
 import rltrain.algorithms.logprobs
 import rltrain.backends.generation
 import rltrain.backends.vllm_rollout
-import rltrain.backends.weight_sync.choice
+import rltrain.placement.transport_choice
 import rltrain.backends.weight_sync.ipc
 import rltrain.backends.weight_sync.transport
 import rltrain.tasks.model

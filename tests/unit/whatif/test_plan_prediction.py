@@ -102,7 +102,8 @@ def _w(**kw):
         ({"link": "infiniband"}, "whatif.link='infiniband' describes the network"),
         ({"link": "carrier-pigeon", "hardware": "h100"}, "whatif.link='carrier-pigeon'"),
         ({"steps": 1}, "whatif.steps=1"),
-        ({"train_utilization": 1.5}, "whatif.train_utilization=1.5"),
+        ({"train_utilization": 1.5, "hardware": "h100"}, "whatif.train_utilization=1.5"),
+        ({"train_utilization": 0.5}, "whatif.train_utilization=0.5 scales the roofline of"),
         ({"response_length": "zipf"}, "whatif.response_length='zipf'"),
         ({"response_length_mean": 10.0}, "only shapes whatif.response_length=lognormal"),
         ({"response_length_sigma": 0.0}, "whatif.response_length_sigma=0.0"),
@@ -111,6 +112,18 @@ def _w(**kw):
 def test_bad_whatif_values_are_named(kw, needle):
     problems = list(whatif_problems(_w(**kw)))
     assert any(needle in p for p in problems), problems
+
+
+def test_train_utilization_without_hardware_is_refused():
+    # simulated devices ignore it (their time is simulate.*), as they would whatif.link
+    (problem,) = whatif_problems(_w(train_utilization=0.5))
+    assert problem == (
+        "whatif.train_utilization=0.5 scales the roofline of whatif.hardware, which is not set "
+        "(simulated devices take their time from simulate.*): set whatif.hardware too, or drop "
+        "whatif.train_utilization (default 0.4)"
+    )
+    assert list(whatif_problems(_w(train_utilization=0.5, hardware="h100"))) == []
+    assert list(whatif_problems(_w())) == []
 
 
 def test_simulated_device_time_with_catalogue_hardware_is_refused():

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rltrain.backends.offload import release_cached_blocks
-from rltrain.backends.weight_sync.choice import TransportChoice
 from rltrain.config.schema import RunConfig
 from rltrain.placement.sizes import derive_sizes
+from rltrain.placement.transport_choice import TransportChoice
 from rltrain.runners.stages import _mean_metrics
 from rltrain.workers.actor import ActorWorker
 from rltrain.workers.common import TrainResult, memory_peaks
