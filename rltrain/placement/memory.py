@@ -113,6 +113,25 @@ def model_dims(model: Any) -> ModelDims:
     return checkpoint_dims(str(path), dtype)
 
 
+def saved_dtype(path: str) -> str | None:
+    """The dtype a Hugging Face checkpoint was saved in (``config.json``'s ``dtype``, or
+    ``torch_dtype`` in older files), when it is one the plan counts; else None.
+
+    Args:
+        path: the checkpoint directory.
+
+    Returns:
+        ``float32``, ``bfloat16`` or ``float16``, or None (no such field, or no readable file).
+    """
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            c = json.load(f)
+    except (OSError, ValueError):
+        return None
+    value = c.get("dtype") or c.get("torch_dtype") if isinstance(c, dict) else None
+    return value if value in DTYPE_BYTES else None
+
+
 def checkpoint_dims(path: str, dtype: str) -> ModelDims:
     """Model sizes from a Hugging Face checkpoint's ``config.json``.
 

@@ -635,8 +635,10 @@ def component_terms(
         b = micro_batch(run, sec.micro_batch_size, max(world // mp, 1))
         t["activations"] = mem.activation_bytes(b, seq, dims, tp, False, **_logits(run, "forward"))
     elif name == "reward" and run.reward.kind == "model" and run.reward.model_path:
-        rdims = mem.checkpoint_dims(run.reward.model_path, dims.dtype)
-        t["weights"] = mem.weight_bytes(mem.reward_param_count(rdims), dims.dtype)
+        # the worker loads the checkpoint in the dtype it was saved in (transformers' "auto")
+        saved = mem.saved_dtype(run.reward.model_path) or dims.dtype
+        rdims = mem.checkpoint_dims(run.reward.model_path, saved)
+        t["weights"] = mem.weight_bytes(mem.reward_param_count(rdims), saved)
         micro = getattr(run.reward, "micro_batch_size", None) or run.actor.micro_batch_size
         b, seq = micro_batch(run, micro, world), mem.sequence_length(run, rdims)
         # A sequence classifier's score head gives one output per token, not vocabulary logits.

@@ -148,6 +148,9 @@ def test_a_reward_model_is_counted_as_a_sequence_classifier(tmp_path):
     assert terms["weights"] == 138_368 * 2
     # a forward of 8 sequences of 32 tokens: 8*32*64*17 elements in bf16, one fp32 score a token
     assert terms["activations"] == 8 * 32 * 64 * 17 * 2 + 8 * 32 * 4
+    # saved in float32: the worker loads it so (transformers' dtype "auto"), and so it counts
+    (tmp_path / "config.json").write_text(json.dumps({**shape, "dtype": "float32"}))
+    assert mid_terms(run, "reward", 2)["weights"] == 138_368 * 4
 
 
 def write_qwen(tmp_path) -> str:
