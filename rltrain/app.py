@@ -7,7 +7,9 @@ import dataclasses
 import logging
 import os
 import shutil
+from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from rltrain.config.schema import RunConfig
@@ -16,10 +18,10 @@ from rltrain.telemetry import startup
 
 log = logging.getLogger("rltrain")
 
-#: What Hydra writes into a run directory before the job runs.
 #: Marks a directory a run has written its outputs into: a later run may replace them there.
 RUN_STAMP = ".rltrain_run"
-#: A refused run's directory holding only these is removed; one an earlier run stamped is kept.
+#: What Hydra and the run log write into a run directory before the job runs: what a refused
+#: run removes, when it created them and the directory holds nothing else.
 HYDRA_FILES = frozenset({".hydra", "rltrain.log"})
 #: What runs write into their run directory (train, mode=plan, placement=auto).
 RUN_OUTPUTS = (
@@ -34,10 +36,16 @@ RUN_OUTPUTS = (
     "plan.svg",
     "plan_trace.json",
     "auto_placement.json",
+    "auto_placement.txt",
     "auto_profile",
     "tensorboard",  # logging.tensorboard
     "wandb",  # logging.wandb: W&B's own files, and the run id a resumed run logs on with
     "wandb_run_id",
+    # what the atomic writes of the files above pass through
+    "metrics.jsonl.tmp",
+    "summary.json.tmp",
+    "trace.json.tmp",
+    "utilization.json.tmp",
 )
 
 
@@ -387,39 +395,119 @@ def claim_run_dir(out_dir: str, run_cfg: RunConfig) -> None:
     stamp of an earlier run is the user's own (``hydra.run.dir=.``, a data directory): writing
     the run's outputs there would replace theirs. An earlier run's directory may be run into
     again, but a fresh training run (``trainer.resume=null``) would replace and prune the
-    checkpoints it holds.
+    checkpoints it holds. A single Hydra run makes these checks before Hydra writes anything
+    (:class:`RunDirCallback`); they are made again here for runs outside Hydra.
+
+    Args:
+        out_dir: the run directory.
+        run_cfg: the checked run config.
 
     Raises:
         ConfigError: naming the directory's key, the files and the fix.
     """
+    t = run_cfg.trainer
+    _claim(out_dir, _run_dir_key(), run_cfg.mode, t.checkpoint_dir, t.resume)
+
+
+def _claim(out_dir: str, key: str, mode: object, checkpoint_dir: object, resume: object) -> None:
     if os.path.exists(os.path.join(out_dir, RUN_STAMP)):
-        _refuse_fresh_over_checkpoints(out_dir, run_cfg)
+        _refuse_fresh_over_checkpoints(out_dir, key, mode, checkpoint_dir, resume)
         return
     held = [n for n in RUN_OUTPUTS if os.path.lexists(os.path.join(out_dir, n))]
     if held:
         raise ConfigError(
-            f"{_run_dir_key()}={out_dir!r} holds {', '.join(held)}, which no rltrain run wrote "
+            f"{key}={out_dir!r} holds {', '.join(held)}, which no rltrain run wrote "
             f"there (no {RUN_STAMP} in it): the run would replace what is there. Point "
-            f"{_run_dir_key()} at a new directory (or leave it at its default, "
+            f"{key} at a new directory (or leave it at its default, "
             f"outputs/<date>/<time>)"
         )
 
 
-def _refuse_fresh_over_checkpoints(out_dir: str, run_cfg: RunConfig) -> None:
+def _refuse_fresh_over_checkpoints(
+    out_dir: str, key: str, mode: object, checkpoint_dir: object, resume: object
+) -> None:
     from rltrain.config.files import checkpoint_dir_contents
 
     own = os.path.join(out_dir, "checkpoints")
-    t = run_cfg.trainer
-    if run_cfg.mode != "train" or t.checkpoint_dir or t.resume is not None:
+    if mode != "train" or checkpoint_dir or resume is not None:
         return
     if not os.path.isdir(own) or not (found := checkpoint_dir_contents(own)[1]):
         return
     raise ConfigError(
-        f"{_run_dir_key()}={out_dir!r} holds an earlier run's checkpoints ({', '.join(found[-3:])} "
+        f"{key}={out_dir!r} holds an earlier run's checkpoints ({', '.join(found[-3:])} "
         f"in checkpoints/) and trainer.resume=null starts afresh, which would replace and delete "
-        f"them: set trainer.resume=auto to continue them, or point {_run_dir_key()} at a new "
+        f"them: set trainer.resume=auto to continue them, or point {key} at a new "
         f"directory"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Before:
+    """What a single run's directory held before Hydra created or wrote into it."""
+
+    existed: bool  # the directory (a refused run never removes it)
+    names: frozenset[str]  # its entries (a refused run never removes them)
+    first_new: str  # the outermost directory this run creates: the path itself or an ancestor
+    cwd: str  # the working directory the run started in
+
+
+#: Single runs' directories as they were before Hydra wrote into them, by absolute path.
+_BEFORE: dict[str, _Before] = {}
+
+
+def note_before_run(path: str) -> None:
+    """Record what ``path`` holds before a run writes there, so that a refused run removes
+    only what it created.
+
+    Args:
+        path: the run directory.
+    """
+    path = os.path.abspath(path)
+    first_new = path
+    while not os.path.lexists(os.path.dirname(first_new)):
+        first_new = os.path.dirname(first_new)
+    try:
+        names, existed = frozenset(os.listdir(path)), True
+    except FileNotFoundError:
+        names, existed = frozenset(), False
+    except OSError:  # not a directory, unreadable: Hydra's own mkdir reports it
+        return
+    _BEFORE[path] = _Before(existed, names, first_new, os.getcwd())
+
+
+class RunDirCallback(Callback):
+    """Hydra callback (``hydra.callbacks.run_dir`` in ``conf/config.yaml``): checks a single
+    run's directory before Hydra creates it or writes ``.hydra/`` into it.
+
+    Hydra writes ``.hydra/`` before the task function starts, and a callback cannot stop a
+    run (Hydra turns what it raises into a warning). So when :func:`claim_run_dir` would refuse
+    the directory, Hydra is told not to write ``.hydra/`` (``hydra.output_subdir=null``) and
+    the task function refuses the run with the same check. The callback also records what the
+    directory held, for :func:`refused_run`.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Record what the run directory holds; keep Hydra out of one the run will refuse.
+
+        Args:
+            config: the composed config, ``hydra`` node included.
+            kwargs: what else Hydra passes (unused).
+        """
+        from omegaconf import OmegaConf, read_write
+
+        try:
+            path = os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir")))
+            note_before_run(path)
+            mode = OmegaConf.select(config, "mode")
+            checkpoint_dir = OmegaConf.select(config, "trainer.checkpoint_dir")
+            resume = OmegaConf.select(config, "trainer.resume")
+        except Exception:  # noqa: BLE001 - the task's own checks name what does not resolve
+            return
+        try:
+            _claim(path, "hydra.run.dir", mode, checkpoint_dir, resume)
+        except ConfigError:
+            with read_write(config.hydra):
+                config.hydra.output_subdir = None
 
 
 def _stamp_run_dir(out_dir: str) -> None:
@@ -506,9 +594,11 @@ def _refuse_private_preset() -> None:
 def refused_run(exc: RltrainError) -> bool:
     """Record a single run's refusal; say whether the caller should report it itself.
 
-    The refusal goes into the run's ``rltrain.log``; a run directory holding nothing but what
-    Hydra wrote before the job started is removed (with empty parents inside the working
-    directory), so a refused command leaves nothing behind.
+    The refusal goes into the run's ``rltrain.log``. What this run created in its run
+    directory before the job started (Hydra's ``.hydra/`` and the log) is removed when the
+    directory holds nothing else, and so is the directory when this run created it (with the
+    empty parents it created), so a refused command leaves nothing behind. Nothing that was
+    there before the run is removed.
 
     Args:
         exc: the refusal.
@@ -535,23 +625,47 @@ def refused_run(exc: RltrainError) -> bool:
 
 
 def _remove_if_untouched(path: str) -> bool:
-    """Remove a run directory holding only Hydra's files; say whether it is gone."""
+    """Remove what this run created in its run directory when that is only Hydra's files.
+
+    Only what :func:`note_before_run` shows this run created is removed: the directory (and
+    the empty parents it created) when it is new, else the Hydra files that were not there.
+
+    Returns:
+        Whether no log of this run is left there to record the refusal in.
+    """
+    path = os.path.abspath(path)
+    before = _BEFORE.get(path)
     try:
-        if not set(os.listdir(path)) <= HYDRA_FILES:
-            return False
+        names = set(os.listdir(path))
     except FileNotFoundError:
         return True  # removed by a refused run of the same second
     except OSError:
         return False
+    if before is None:
+        return False  # what was there before this run is unknown: nothing is removed
+    created = names - before.names
+    if not created <= HYDRA_FILES:
+        return False  # the run wrote outputs (a refused plan keeps its drawing and log)
+    if before.existed:
+        for name in created:
+            target = os.path.join(path, name)
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.remove(target)
+        return "rltrain.log" not in before.names  # a log that was there gets the refusal
+    with contextlib.suppress(OSError):  # hydra.job.chdir=true: the job runs inside it
+        if os.path.commonpath([os.getcwd(), path]) == path:
+            os.chdir(before.cwd)
     shutil.rmtree(path, ignore_errors=True)
-    cwd = os.path.abspath(os.getcwd())
-    parent = os.path.dirname(os.path.abspath(path))
-    while parent.startswith(cwd + os.sep):
+    parent = os.path.dirname(path)
+    while path != before.first_new and parent != os.path.dirname(parent):
         try:
             os.rmdir(parent)  # only when empty
         except OSError:
             break
-        parent = os.path.dirname(parent)
+        path, parent = parent, os.path.dirname(parent)
     return True
 
 

@@ -2,14 +2,16 @@
 
 Order of events in :func:`launch`:
 
-1. Compose every job's config (a composition error stops the sweep before anything runs) and
-   plan it: which devices it needs, or why it can never run (that job alone fails, at once).
+1. Compose every job's config (a composition error, or jobs given one output directory by
+   ``hydra.sweep.subdir``, stops the sweep before anything runs) and plan it: which devices it
+   needs, or why it can never run (that job alone fails, at once).
 2. Check that the jobs share one ``cluster`` config; start or join that Ray cluster.
 3. Admit jobs in order while they fit: at most ``max_concurrent_jobs`` at once, each on a slice
    of free devices disjoint from the others' (:mod:`._slices`). Each job runs in a fresh driver
    process (:mod:`._driver`) on this node, which reserves nothing itself.
 4. When a job's driver exits, wait for Ray to free what the job held, release its slice, and
-   admit the next jobs. A failed job never stops the others.
+   admit the next jobs. A failed job never stops the others of the batch (a sweeper decides
+   whether its next batches run).
 5. Write the report (:mod:`._report`) and return one ``JobReturn`` per job, in order.
 """
 
@@ -27,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from hydra_plugins.rltrain_launcher import _ray, _report
 from hydra_plugins.rltrain_launcher._plan import JobNeeds, job_needs
 from hydra_plugins.rltrain_launcher._slices import DeviceSlice, SliceAllocator
-from hydra_plugins.rltrain_launcher.rltrain_launcher import RltrainLauncher
+from hydra_plugins.rltrain_launcher.rltrain_launcher import RltrainLauncher, RltrainLauncherConf
 from rltrain.errors import ConfigError, ResourceError, WorkerError
 
 #: Marks a directory a sweep has written its report into (a later batch may replace it).
@@ -68,6 +70,8 @@ class Job:
     end: float | None = None
     ret: JobReturn | None = None
     error: str = ""
+    # The job directory's summary.json before the job started (an earlier run's), if any.
+    summary_before: tuple[int, int] | None = None
 
 
 # ------------------------------------------------------------------------------------ compose
@@ -290,14 +294,16 @@ def _refuse_shared_checkpoint_dirs(jobs: Sequence[Job]) -> None:
         if job.ret is None:
             where = OmegaConf.select(job.sweep_config, "trainer.checkpoint_dir", default=None)
             if where:
-                sharing.setdefault(str(where), []).append(job)
-    for where, group in sharing.items():
+                sharing.setdefault(_checkpoint_place(job, str(where)), []).append(job)
+    for place, group in sharing.items():
         if len(group) < 2:
             continue
         nums = ", ".join(f"#{j.num}" for j in group)
         for job in group:
+            where = str(OmegaConf.select(job.sweep_config, "trainer.checkpoint_dir"))
+            shown = repr(where) if where == place else f"{where!r} ({place})"
             exc = ConfigError(
-                f"trainer.checkpoint_dir={where!r} is the checkpoint directory of jobs {nums}: "
+                f"trainer.checkpoint_dir={shown} is the checkpoint directory of jobs {nums}: "
                 f"each would replace and delete the others' checkpoints. Leave it null (each "
                 f"job writes <job dir>/checkpoints) or give each job its own, e.g. "
                 f"'trainer.checkpoint_dir=${{hydra:runtime.output_dir}}/checkpoints'"
@@ -305,6 +311,49 @@ def _refuse_shared_checkpoint_dirs(jobs: Sequence[Job]) -> None:
             job.ret = _failed(job, exc)
             job.error = _first_line(exc)
             log.error("rltrain launcher: job #%s cannot run: %s", job.num, _message(exc))
+
+
+def _checkpoint_place(job: Job, where: str) -> str:
+    """Where a job's ``trainer.checkpoint_dir`` lies: an absolute, normalised path (relative
+    ones from the job's working directory), or a URI as written."""
+    if "://" in where:
+        return where.rstrip("/")
+    chdir = OmegaConf.select(job.sweep_config, "hydra.job.chdir", default=False)
+    base = job.output_dir if chdir else os.getcwd()
+    return os.path.realpath(os.path.join(base, os.path.expanduser(where)))
+
+
+def refuse_shared_job_dirs(jobs: Sequence[Job], earlier: Mapping[str, int]) -> None:
+    """Refuse jobs whose output directories are one (``hydra.sweep.subdir`` names no job's own
+    directory): each would replace the others' outputs and checkpoints.
+
+    Args:
+        jobs: the batch's jobs.
+        earlier: output directory -> job number, of the sweep's earlier batches.
+
+    Raises:
+        ConfigError: naming the jobs, the directory and ``hydra.sweep.subdir``; nothing has run.
+    """
+    owners: dict[str, list[int]] = {}
+    for where, num in earlier.items():
+        owners.setdefault(where, []).append(num)
+    for job in jobs:
+        owners.setdefault(job.output_dir, []).append(job.num)
+    problems = [
+        f"jobs {', '.join(f'#{n}' for n in nums)} would all write into {where!r}"
+        for where, nums in owners.items()
+        if len(nums) > 1
+    ]
+    if problems:
+        subdir = OmegaConf.select(jobs[0].sweep_config, "hydra.sweep.subdir", default=None)
+        raise ConfigError(
+            [
+                *problems,
+                f"hydra.sweep.subdir={subdir!r} gives these jobs one directory: each would "
+                f"replace the others' outputs and checkpoints. Make it differ per job, e.g. "
+                f"hydra.sweep.subdir='${{hydra.job.num}}' (the default)",
+            ]
+        )
 
 
 def _claim_sweep_dir(sweep_dir: Path) -> None:
@@ -342,6 +391,7 @@ def _run_all(launcher: RltrainLauncher, jobs: Sequence[Job], drivers: _Drivers, 
                 if piece is None:
                     continue  # waits for a running job to free devices; later jobs may fit now
                 job.slice = piece
+                job.summary_before = _summary_stamp(job.output_dir)
                 pending.remove(job)
                 running[job.num] = job
                 log.info(
@@ -383,9 +433,38 @@ def _release(
 
 
 # -------------------------------------------------------------------------------------- report
-def _report_jobs(launcher: RltrainLauncher, jobs: Sequence[Job], sweep_dir: Path) -> None:
+def _summary_stamp(output_dir: str) -> tuple[int, int] | None:
+    """The identity of the ``summary.json`` in a job directory now (None: there is none)."""
+    from rltrain.telemetry.summary import SUMMARY_FILE
+
+    try:
+        st = os.stat(os.path.join(output_dir, SUMMARY_FILE))
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def job_summary(job: Job) -> dict[str, Any] | None:
+    """The summary the job wrote; None when it wrote none (a plan, a failure, a refusal), even
+    where its directory keeps an earlier run's ``summary.json``.
+
+    Args:
+        job: an ended job.
+
+    Returns:
+        The job's summary (:func:`rltrain.telemetry.summary.read_job_summary`) or None.
+    """
     from rltrain.telemetry.summary import read_job_summary
 
+    if job.start is None:
+        return None  # refused before its driver started: nothing there is this job's
+    now = _summary_stamp(job.output_dir)
+    if now is None or now == job.summary_before:
+        return None
+    return read_job_summary(job.output_dir)
+
+
+def _report_jobs(launcher: RltrainLauncher, jobs: Sequence[Job], sweep_dir: Path) -> None:
     rows = {r["job"]: r for r in launcher.report_rows}
     for job in jobs:
         assert job.ret is not None  # every job has ended
@@ -402,7 +481,7 @@ def _report_jobs(launcher: RltrainLauncher, jobs: Sequence[Job], sweep_dir: Path
             "objective": objective if isinstance(objective, int | float) else None,
             "placement_mode": job.needs.placement_mode,
         }
-        rows[job.num] = _report.make_row(info, read_job_summary(job.output_dir))
+        rows[job.num] = _report.make_row(info, job_summary(job))
     launcher.report_rows = [rows[k] for k in sorted(rows)]
     out = _report.write_report(launcher.report_rows, str(sweep_dir))
     print(f"\nSweep report ({out['md']}):\n\n{out['table']}", flush=True)
@@ -414,6 +493,22 @@ def _check_options(launcher: RltrainLauncher) -> None:
     if launcher.max_concurrent_jobs < 1:
         problems.append(
             f"hydra.launcher.max_concurrent_jobs={launcher.max_concurrent_jobs} must be >= 1"
+        )
+    if launcher.job_timeout_s is not None and not launcher.job_timeout_s > 0:
+        problems.append(
+            f"hydra.launcher.job_timeout_s={launcher.job_timeout_s} must be > 0 (seconds before "
+            f"a job's driver is killed), or null for no limit"
+        )
+    if not launcher.release_timeout_s > 0:
+        problems.append(
+            f"hydra.launcher.release_timeout_s={launcher.release_timeout_s} must be > 0 (seconds "
+            f"to wait for Ray to free a finished job's devices; the default is 60)"
+        )
+    known = ", ".join(f.name for f in fields(RltrainLauncherConf) if not f.name.startswith("_"))
+    for key in launcher.unknown:
+        problems.append(
+            f"hydra.launcher.{key} is not an option of hydra/launcher=rltrain (known: {known}): "
+            f"remove +hydra.launcher.{key}"
         )
     remote = launcher.ray_cfg.get("remote") or {}
     for key in remote:
@@ -441,18 +536,20 @@ def launch(
         One JobReturn per job, in the order of ``job_overrides``.
 
     Raises:
-        ConfigError: for a bad launcher option, a job config that does not compose, or jobs that
-            differ in ``cluster.*``. Nothing has run then.
+        ConfigError: for a bad launcher option, a job config that does not compose, jobs that
+            share an output directory or differ in ``cluster.*``. Nothing has run then.
     """
     setup_globals()
     assert launcher.config is not None  # set by setup()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
     _check_options(launcher)
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    jobs = [_compose(launcher, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
+    refuse_shared_job_dirs(jobs, launcher.job_dirs)
     if launcher.report:
         _claim_sweep_dir(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [_compose(launcher, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
+    launcher.job_dirs.update({j.output_dir: j.num for j in jobs})
     cluster = one_cluster(jobs)
     capacity = {}
     if cluster is not None:

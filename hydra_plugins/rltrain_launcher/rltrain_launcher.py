@@ -49,9 +49,9 @@ class RltrainLauncherConf:
     ray: RayConf = field(default_factory=RayConf)
     # Jobs running at once. Above 1, jobs whose plans fit on disjoint devices run side by side.
     max_concurrent_jobs: int = 1
-    # Kill a job's driver after this many seconds (null: no limit); the job then fails.
+    # Kill a job's driver after this many seconds (> 0; null: no limit); the job then fails.
     job_timeout_s: Optional[float] = None
-    # How long to wait for Ray to free a finished job's devices before admitting the next one.
+    # Seconds (> 0) to wait for Ray to free a finished job's devices before admitting the next.
     release_timeout_s: float = 60.0
     # Write sweep_report.{csv,md} (and a throughput chart) into the sweep directory.
     report: bool = True
@@ -72,8 +72,12 @@ class RltrainLauncher(Launcher):
         job_timeout_s: float | None = None,
         release_timeout_s: float = 60.0,
         report: bool = True,
+        **unknown: Any,
     ) -> None:
         self.ray_cfg = ray
+        # Keys added with `+hydra.launcher.<key>=...`: refused by name when the sweep launches
+        # (Hydra's own error for an unexpected argument names neither the key nor the fix).
+        self.unknown = unknown
         self.max_concurrent_jobs = max_concurrent_jobs
         self.job_timeout_s = job_timeout_s
         self.release_timeout_s = release_timeout_s
@@ -83,6 +87,8 @@ class RltrainLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         # Report rows of every batch so far: sweepers such as Optuna call launch() repeatedly.
         self.report_rows: list[dict[str, Any]] = []
+        # Output directory -> job number, of every batch so far: no two jobs may share one.
+        self.job_dirs: dict[str, int] = {}
 
     def setup(
         self,

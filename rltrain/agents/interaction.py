@@ -19,16 +19,18 @@ episode leaves the decoding batch when its turn ends, the others keep decoding w
 runs, and it joins again at the next step once the reply arrived (``tools.slots`` caps the rows
 decoded at once). Each turn samples with its own generator seeded by ``(seed, episode, turn)``,
 so a run is reproducible whatever the tools' timing. A tool that raises (other than
-:class:`~rltrain.tasks.text_env.ToolError`) or outlives ``tools.timeout_s`` marks its episode
-infra-failed: loss mask 0 throughout, left out of the group statistics, counted in
-``rollout/infra_failed``. ``rollout.max_turns`` and ``rollout.max_total_tokens`` end episodes
-cleanly (``truncated``).
+:class:`~rltrain.tasks.text_env.ToolError`) or runs longer than ``tools.timeout_s`` marks its
+episode infra-failed: loss mask 0 throughout, left out of the group statistics, counted in
+``rollout/infra_failed``. The timeout is measured where the call runs, from when a pool thread
+takes it (:func:`timed_step`), so a call queued behind others is not charged their time.
+``rollout.max_turns`` and ``rollout.max_total_tokens`` end episodes cleanly (``truncated``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
@@ -64,8 +66,9 @@ class Interaction(Protocol):
     ) -> RolloutBatch:
         """``n`` samples (episodes) per prompt as one batch, on CPU."""
 
-    def evaluate(self, task: Any) -> float:
-        """Greedy accuracy on the task's evaluation rows."""
+    def evaluate(self, task: Any, seed: int = 0) -> float:
+        """Greedy accuracy on the task's evaluation rows (``seed``: the evaluation's own, for
+        what it draws besides its greedy tokens)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class SingleTurn:
     ) -> RolloutBatch:
         return self.sample(prompts, seed, with_logprobs, should_stop)
 
-    def evaluate(self, task: Any) -> float:
+    def evaluate(self, task: Any, seed: int = 0) -> float:
         return self.greedy(task)
 
 
@@ -150,6 +153,25 @@ class InjectedToolFailure(RuntimeError):
     """``simulate.tool_failure_rate``'s failure of one tool call."""
 
 
+class EpisodesStopped(GenerationStopped):
+    """A multi-turn batch cancelled mid-way (a weight swap). Episodes are never paused (their
+    tools' state cannot be continued under new weights): there is no partial batch, and the
+    episodes' sampled tokens are thrown away.
+
+    Args:
+        sampled_tokens: the tokens the engine had sampled for the batch (tool observations not
+            counted), turns still decoding included.
+    """
+
+    def __init__(self, sampled_tokens: int) -> None:
+        super().__init__(None)
+        self.sampled_tokens = sampled_tokens
+
+
+class ToolTimeout(RuntimeError):
+    """A tool call ran longer than ``tools.timeout_s``."""
+
+
 # ------------------------------------------------------------------------------ tool messages
 @dataclass(frozen=True)
 class ToolReset:
@@ -206,6 +228,39 @@ def run_step(env: Any, action: str, failure_seed: int | None, s: EpisodeSettings
     return ToolReply(str(observation), float(reward), bool(done), dict(info or {}))
 
 
+def timed_step(env: Any, action: str, failure_seed: int | None, s: EpisodeSettings) -> ToolReply:
+    """:func:`run_step`, given at most ``tools.timeout_s`` from now: a pool thread calls this
+    when it takes the call, so the clock starts when the call starts running, never while it
+    waits in the queue.
+
+    The step runs on a thread of its own: a Python thread cannot be stopped, so a call past its
+    timeout goes on there until it returns (its result is dropped), but the pool thread is free
+    for the next call at the timeout. A queued call therefore waits at most ``tools.timeout_s``
+    per round of the worker's ``tools.concurrency`` threads ahead of it.
+
+    Raises:
+        ToolTimeout: the step ran longer than ``tools.timeout_s``.
+        InjectedToolFailure: the call drew ``simulate.tool_failure_rate``'s failure.
+        Exception: whatever the environment raised (the episode's infra failure).
+    """
+    out: Future = Future()
+
+    def call() -> None:
+        try:
+            out.set_result(run_step(env, action, failure_seed, s))
+        except BaseException as exc:  # handed to the waiting pool thread
+            out.set_exception(exc)
+
+    threading.Thread(target=call, daemon=True, name="tool-call").start()
+    try:
+        return out.result(timeout=s.timeout_s)
+    except FutureTimeout:
+        raise ToolTimeout(
+            f"the tool call ran longer than tools.timeout_s={s.timeout_s}: raise tools.timeout_s "
+            f"if the tool is that slow"
+        ) from None
+
+
 class ToolPool(Protocol):
     """Where episodes' environments live and their steps run."""
 
@@ -243,7 +298,7 @@ class LocalToolPool:
         return out
 
     def step(self, handle: Any, action: str, failure_seed: int | None) -> Future:
-        return self.threads.submit(run_step, handle, action, failure_seed, self.settings)
+        return self.threads.submit(timed_step, handle, action, failure_seed, self.settings)
 
     def close(self, handles: Sequence[Any]) -> None:
         for env in handles:
@@ -286,7 +341,6 @@ class Episode:
     failed: bool = False
     truncated: bool = False
     pending: Future | None = None
-    started: float = 0.0
     calling: bool = False
     past: Any = None  # the KV cache of the trajectory so far (but its last id), between turns
 
@@ -337,7 +391,6 @@ class ToolEpisodes:
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         self.call_ends = call_end_ids(tokenizer)
         self.rows = {ex.prompt: ex for ex in (*task.train, *task.eval)}
-        self.seed = run.seed
         self._observation_cache: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------------------ public
@@ -354,15 +407,16 @@ class ToolEpisodes:
         self._run(episodes, dataclasses.replace(self.params, n=1), seed, with_logprobs, should_stop)
         return self._batch(episodes, n, with_logprobs)
 
-    def evaluate(self, task: Any) -> float:
+    def evaluate(self, task: Any, seed: int = 0) -> float:
         """Share of the evaluation rows whose greedy episode earns the full reward (episodes
-        that failed for infrastructure reasons are left out)."""
+        that failed for infrastructure reasons are left out); ``seed`` draws the evaluation's
+        ``simulate.tool_failure_rate`` failures (the caller's per evaluation)."""
         rows = list(task.eval)
         if not rows:
             return 0.0
         episodes = self._start([ex.prompt for ex in rows])
         greedy = dataclasses.replace(self.params, n=1, greedy=True)
-        self._run(episodes, greedy, 0, False, None)
+        self._run(episodes, greedy, seed, False, None)
         scored = [e for e in episodes if not e.failed]
         return sum(e.reward >= 1.0 for e in scored) / max(len(scored), 1)
 
@@ -387,12 +441,15 @@ class ToolEpisodes:
         with_logprobs: bool,
         should_stop: Callable[[], bool] | None,
     ) -> None:
-        """Every episode to its end, turns decoded by continuous batching.
+        """Every episode to its end, turns decoded by continuous batching; ``seed`` (the
+        call's sampling seed: per step and rank) seeds each turn and each tool call's
+        ``simulate.tool_failure_rate`` draw.
 
         Ready episodes (new ones, and those whose tool reply arrived) join the decoding batch
         at the next step while it has free slots; an episode leaves it when its turn ends and
         holds no slot while its tool runs. With nothing to decode, the loop waits for the
-        first tool reply (or the first call's timeout).
+        first tool reply (the pool answers every call within ``tools.timeout_s`` of its start,
+        a timeout as a failure).
         """
         model = self.model()
         was_training = model.training
@@ -409,7 +466,7 @@ class ToolEpisodes:
         try:
             while ready or waiting or decoder.rows:
                 if should_stop is not None and should_stop():
-                    raise GenerationStopped()
+                    raise EpisodesStopped(_sampled_tokens(episodes, decoder))
                 waiting = self._arrivals(waiting, ready, wait=not ready and not decoder.rows)
                 if ready and decoder.free and self._joins_now(decoder, len(ready), since_join):
                     joining, ready = ready[: decoder.free], ready[decoder.free :]
@@ -419,7 +476,7 @@ class ToolEpisodes:
                     ended, since_join = decoder.step(), since_join + 1
                 for result in ended:
                     e = by_row[result.key]
-                    self._end_turn(e, result.ids, result.logprobs)
+                    self._end_turn(e, result.ids, result.logprobs, seed)
                     if e.pending is not None:
                         e.past = result.past  # the next turn prefills only the new ids
                         waiting.append(e)
@@ -446,18 +503,13 @@ class ToolEpisodes:
         episodes go to ``ready``; returns the episodes still waiting."""
         if not waiting:
             return waiting
-        if wait:
-            now = time.monotonic()
-            first_deadline = min(e.started + self.settings.timeout_s for e in waiting)
+        if wait:  # bounded so that the caller looks at should_stop between waits
             pending = [e.pending for e in waiting if e.pending is not None]
-            futures_wait(
-                pending, timeout=max(first_deadline - now, 0.0), return_when=FIRST_COMPLETED
-            )
-        now = time.monotonic()
+            futures_wait(pending, timeout=self.settings.timeout_s, return_when=FIRST_COMPLETED)
         still = []
         for e in waiting:
             assert e.pending is not None
-            if e.pending.done() or now - e.started >= self.settings.timeout_s:
+            if e.pending.done():
                 self._collect(e)
                 if e.done:
                     e.past = None
@@ -470,38 +522,35 @@ class ToolEpisodes:
     def _remaining(self, e: Episode) -> int:
         return self.settings.max_total_tokens - len(e.ids)
 
-    def _end_turn(self, e: Episode, tokens: list[int], logp: list[float]) -> None:
+    def _end_turn(self, e: Episode, tokens: list[int], logp: list[float], seed: int) -> None:
         """Append a finished turn to its episode and hand its action to its environment."""
         e.append(tokens, 1.0, logp)
         e.turns += 1
         last = tokens[-1] if tokens else None
         if last in self.eos_ids:
-            self._submit(e, self.tokenizer.decode(tokens[:-1]), calling=False)
+            self._submit(e, self.tokenizer.decode(tokens[:-1]), False, seed)
         elif last in self.call_ends and self._remaining(e) > 0:
             text = self.tokenizer.decode(tokens)  # a merged "])" keeps its tail in the ids
-            self._submit(e, text[: text.rindex(CALL_END) + 1], calling=True)
+            self._submit(e, text[: text.rindex(CALL_END) + 1], True, seed)
         else:  # the token budget cut the turn
             e.done = e.truncated = True
 
-    def _submit(self, e: Episode, action: str, calling: bool) -> None:
+    def _submit(self, e: Episode, action: str, calling: bool, seed: int) -> None:
         failure_seed = None
-        if calling:  # failures are drawn per (run seed, row, call): timing never changes them
-            e.requests += 1
-            failure_seed = seeds.tool_failure_seed(self.seed, e.row, e.requests)
-        e.started, e.calling = time.monotonic(), calling
+        if calling:  # drawn per (call's seed, row, call): timing never changes them, while
+            e.requests += 1  # each step, rank and evaluation draws its own
+            failure_seed = seeds.tool_failure_seed(seed, e.row, e.requests)
+        e.calling = calling
         e.pending = self.pool.step(e.handle, action, failure_seed)
 
     def _collect(self, e: Episode) -> None:
-        """Take an episode's pending step: its observation, reward and end."""
+        """Take an episode's finished step: its observation, reward and end."""
         if e.pending is None:
             return
         future, e.pending = e.pending, None
-        left = self.settings.timeout_s - (time.monotonic() - e.started)
         try:
-            reply: ToolReply = future.result(timeout=max(left, 0.0))
-        except Exception as exc:  # raised, timed out or its worker died: the episode's failure
-            if isinstance(exc, FutureTimeout):
-                future.cancel()  # a call already running cannot be stopped: its thread is left
+            reply: ToolReply = future.result()
+        except Exception:  # raised, timed out or its worker died: the episode's failure
             e.calls += int(e.calling)
             e.done = e.failed = True
             return
@@ -559,6 +608,13 @@ class ToolEpisodes:
             turns=torch.tensor([e.turns for e in episodes]),
             tool_calls=torch.tensor([e.calls for e in episodes]),
         )
+
+
+def _sampled_tokens(episodes: Sequence[Episode], decoder: TurnDecoder) -> int:
+    """Tokens sampled so far: the episodes' ended turns (loss mask 1; observations have 0) and
+    the turns still decoding."""
+    ended = sum(int(sum(e.loss)) for e in episodes)
+    return ended + sum(len(row.ids) for row in decoder.rows)
 
 
 def engine_interaction(run: Any, engine: Any) -> Interaction:

@@ -130,5 +130,7 @@ def explain(exc: BaseException) -> str | None:
     if isinstance(cause, ValidationError):
         return _bad_value(exc, cause)
     if isinstance(exc, (ConfigCompositionException, OmegaConfBaseException)):
-        return str(exc)
+        text = str(exc).strip()
+        why = str(exc.__cause__ or "").split("\n")[0].strip()  # Hydra's text may drop it
+        return f"{text}: {why}" if why and why not in text else text
     return None

@@ -113,7 +113,9 @@ def episode_turn_seed(seed: int, row: int, turn: int) -> int:
 
 
 def tool_failure_seed(seed: int, row: int, call: int) -> int:
-    """The draw of ``simulate.tool_failure_rate`` for call ``call`` of episode ``row``."""
+    """The draw of ``simulate.tool_failure_rate`` for call ``call`` of episode ``row``:
+    ``seed`` is the generation call's sampling seed (per step and rank), or an evaluation's
+    own, so each step, rank and evaluation draws its own failures."""
     return _wrap(seed * 1_000_003 + row * 1_009 + call)
 
 

@@ -6,11 +6,12 @@ Between scoring and training, :meth:`BatchStage.select` turns what a step genera
 
 - :class:`AllRows` (the default): the generation batch is the training batch; the driver does
   not wait for the scores before the update starts.
-- :class:`GroupFilter` (``algorithm.filter_groups=true``, DAPO's dynamic sampling): prompt
-  groups whose rewards are all equal are dropped; while fewer informative groups than the
-  training batch holds were found, another round of prompts is generated (at most
-  ``algorithm.max_generation_batches`` rounds). When the rounds run out, the batch is topped up
-  with the earliest dropped groups (their group advantage is zero).
+- :class:`GroupFilter` (``algorithm.filter_groups=true``, DAPO's dynamic sampling): prompt groups
+  whose rewards are all equal are dropped (only scored rows count: an infra-failed episode's 0.0 is
+  a placeholder, so a group needs two scored rows whose rewards differ); while fewer informative
+  groups than the training batch holds were found, another round of prompts is generated (at most
+  ``algorithm.max_generation_batches`` rounds). When the rounds run out, the batch is topped up with
+  the earliest dropped groups (their group advantage is zero).
 
 Round ``j`` of step ``s`` generates the task's prompts of data index ``s * rounds + j``
 (:meth:`BatchStage.data_index`): a pure function of the step, so a resumed run sees the same
@@ -54,12 +55,20 @@ class BatchStage(Protocol):
         """The task's data index of round ``round_`` of ``step``."""
         ...
 
-    def select(self, rewards: Sequence[torch.Tensor], final: bool) -> Selection | None:
+    def select(
+        self,
+        rewards: Sequence[torch.Tensor],
+        final: bool,
+        scored: Sequence[torch.Tensor | None] | None = None,
+    ) -> Selection | None:
         """The training rows, or None when another round must be generated first.
 
         Args:
             rewards: ``[b]`` rewards per shard of every round so far, in generation order.
             final: no round is left; a selection must be made.
+            scored: per shard, ``[b]`` bool marking the rows that have a reward (False: an
+                infra-failed episode, whose reward is a placeholder), or None: every row; None
+                for all shards: every row of every shard.
         """
         ...
 
@@ -73,7 +82,12 @@ class AllRows:
     def data_index(self, step: int, round_: int) -> int:
         return step
 
-    def select(self, rewards: Sequence[torch.Tensor], final: bool) -> Selection | None:
+    def select(
+        self,
+        rewards: Sequence[torch.Tensor],
+        final: bool,
+        scored: Sequence[torch.Tensor | None] | None = None,
+    ) -> Selection | None:
         return Selection()
 
 
@@ -95,8 +109,15 @@ class GroupFilter:
     def data_index(self, step: int, round_: int) -> int:
         return step * self.rounds + round_
 
-    def select(self, rewards: Sequence[torch.Tensor], final: bool) -> Selection | None:
-        keep = informative_groups(torch.cat(list(rewards)).float(), self.group_size)
+    def select(
+        self,
+        rewards: Sequence[torch.Tensor],
+        final: bool,
+        scored: Sequence[torch.Tensor | None] | None = None,
+    ) -> Selection | None:
+        keep = scored_informative_groups(
+            torch.cat(list(rewards)).float(), _joined(rewards, scored), self.group_size
+        )
         kept = torch.nonzero(keep).flatten()
         if len(kept) < self.groups and not final:
             return None
@@ -113,6 +134,43 @@ class GroupFilter:
                 "batch/topped_up_groups": float(topped_up),
             },
         )
+
+
+def _joined(
+    rewards: Sequence[torch.Tensor], scored: Sequence[torch.Tensor | None] | None
+) -> torch.Tensor:
+    """Every shard's ``scored`` mask joined (a None shard or None list: all rows scored)."""
+    masks = scored if scored is not None else [None] * len(rewards)
+    return torch.cat(
+        [
+            torch.ones(len(r), dtype=torch.bool) if m is None else m.bool()
+            for r, m in zip(rewards, masks, strict=True)
+        ]
+    )
+
+
+def scored_informative_groups(rewards: torch.Tensor, scored: torch.Tensor, n: int) -> torch.Tensor:
+    """Which prompt groups the group advantage gives a nonzero signal: at least two scored rows
+    whose rewards differ. The advantage step leaves unscored (infra-failed) rows out of the group
+    statistics and gives them no advantage, so their placeholder reward must not make a group
+    of equal scored rewards look informative.
+
+    Args:
+        rewards: ``[B]`` rewards, groups of ``n`` consecutive rows.
+        scored: ``[B]`` bool, True where the row has a reward.
+        n: samples per prompt.
+
+    Returns:
+        ``[B / n]`` bool.
+
+    Raises:
+        ConfigError: ``B`` is not a multiple of ``n``.
+    """
+    informative_groups(rewards, n)  # refuses a batch that does not split into groups
+    g, ok = rewards.reshape(-1, n), scored.reshape(-1, n)
+    high = torch.where(ok, g, torch.full_like(g, -torch.inf)).max(dim=1).values
+    low = torch.where(ok, g, torch.full_like(g, torch.inf)).min(dim=1).values
+    return (ok.sum(dim=1) >= 2) & (high > low)
 
 
 def batch_stage_for(run: Any, sizes: Any) -> BatchStage:

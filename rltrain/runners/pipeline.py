@@ -188,13 +188,14 @@ class GenerationPipeline:
         """The step record's ``rollout/*`` entries for the batch ``gen`` (taken this step).
 
         Returns:
-            ``rollout/weight_version`` (the version the batch's first tokens were sampled
-            with), ``rollout/staleness`` (``step`` minus it) and ``rollout/staleness_max`` (the
-            most versions any trained sample spans: the same, one version per batch),
+            ``rollout/weight_version`` (the version the step's generation was first submitted
+            with; the token versions give ``rollout/oldest_version``), ``rollout/staleness``
+            (``step`` minus it) and ``rollout/staleness_max`` (the most versions any trained
+            sample spans: the same, one version per batch),
             ``rollout/dropped_samples`` (samples past the bound, generated again); with ``restart``,
             ``rollout/restarts`` (generations restarted at this step's weight swap); with
             ``continue``, ``rollout/continued`` (generations paused and continued at it) and
-            ``rollout/newest_version`` (the newest version that sampled any of the batch).
+            ``rollout/newest_version`` (the version of the generation's last pass).
         """
         stale = staleness(gen.step, gen.first_version)
         out: dict[str, Any] = {

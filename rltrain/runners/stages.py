@@ -252,7 +252,8 @@ class ReasoningStages:
         all_shards, scores = list(shards), scored.scores()
         for round_ in range(1, self.batch_stage.rounds + 1):
             final = round_ == self.batch_stage.rounds
-            selection = self.batch_stage.select([s.rewards for s in scores], final)
+            rewards, masks = [s.rewards for s in scores], [s.scored for s in scores]
+            selection = self.batch_stage.select(rewards, final, masks)
             if selection is not None:
                 return all_shards, ScoredShards(None, scores), selection
             with timer("generate"), self.job.stage("rollout"):
@@ -368,6 +369,16 @@ class ScoredShards:
 
 
 #: The rollout/trainer log-prob gap's metrics (:class:`~rltrain.algorithms.logprobs.LogprobGap`).
+#: An actor rank's trained tokens in its update (``token_mask``'s sum: infra-failed rows and
+#: tool results count none).
+LOSS_TOKENS = "actor/loss_tokens"
+#: The actor's metrics that average over tokens: their mean over the ranks weighs each rank by
+#: its ``LOSS_TOKENS``.
+TOKEN_METRICS = frozenset(
+    f"actor/{k}"
+    for k in ("pg_loss", "clip_frac", "approx_kl", "entropy", "kl_loss", "tis_weight_mean",
+              "tis_clip_frac")
+)  # fmt: skip
 GAP_MEAN, GAP_MAX, GAP_TOKENS = (
     "rollout/logprob_gap_mean",
     "rollout/logprob_gap_max",
@@ -402,13 +413,25 @@ def reward_stats(scores: list[Any]) -> dict[str, float]:
 
 
 def _mean_metrics(results: list[TrainResult]) -> dict[str, float]:
-    """Every metric averaged over the ranks; the allocator peaks the largest; the log-prob
-    gap's mean weighted by each rank's tokens, its max the largest, its token count summed."""
+    """Every metric averaged over the ranks; the allocator peaks the largest; the actor's
+    per-token metrics (:data:`TOKEN_METRICS`) weighted by each rank's trained tokens
+    (``actor/loss_tokens``, summed: a rank whose rows all failed trained none and does not
+    count; with no token trained anywhere they are left out); the log-prob gap's mean weighted
+    by each rank's tokens, its max the largest, its token count summed."""
     keys = sorted({k for r in results for k in r.metrics})
     out: dict[str, float] = {}
+    trained = [r for r in results if r.metrics.get(LOSS_TOKENS, 0.0) > 0]
+    weighted = all(LOSS_TOKENS in r.metrics for r in results)
     for k in keys:  # over the ranks that report it (a rank may have no gap to report)
         values = [r.metrics[k] for r in results if k in r.metrics]
-        out[k] = max(values) if k.endswith(PEAK_METRICS) else sum(values) / len(values)
+        if k == LOSS_TOKENS:
+            out[k] = sum(values)
+        elif weighted and k in TOKEN_METRICS:
+            tokens = sum(r.metrics[LOSS_TOKENS] for r in trained if k in r.metrics)
+            if tokens:
+                out[k] = sum(r.metrics[k] * r.metrics[LOSS_TOKENS] for r in trained) / tokens
+        else:
+            out[k] = max(values) if k.endswith(PEAK_METRICS) else sum(values) / len(values)
     tokens = sum(r.metrics.get(GAP_TOKENS, 0.0) for r in results)
     if tokens:
         out[GAP_MEAN] = (

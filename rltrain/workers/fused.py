@@ -20,6 +20,7 @@ from rltrain.algorithms.sampling import SamplingParams, greedy_accuracy
 from rltrain.algorithms.update import add_advantages
 from rltrain.backends.generation import sample_own, sampling_seed
 from rltrain.backends.weight_sync.host import HostBuckets
+from rltrain.config import seeds
 from rltrain.config.schema import RunConfig
 from rltrain.placement.sizes import BatchSizes
 from rltrain.telemetry import trace
@@ -41,6 +42,7 @@ class FusedWorker(ActorWorker):
         super().__init__(run, sizes)
         self.params = SamplingParams.from_rollout(run.rollout)
         self.rule = RuleReward(run)
+        self.updates = 0  # the policy updates made (as a rollout's weight version counts them)
         self.eos_ids = self.rule.eos_ids  # the rollout's stop ids (eos_token_ids)
         self.interaction: Interaction = (
             SingleTurn(self._sample, self._greedy)
@@ -87,6 +89,7 @@ class FusedWorker(ActorWorker):
             mine = add_advantages(mine, self.settings)
             result = self.update(mine, step)
         times["train"] = time.perf_counter() - t
+        self.updates = step + 1
         result.metrics.update({f"time/{k}_s": v for k, v in times.items()})
         return result, scores
 
@@ -95,9 +98,13 @@ class FusedWorker(ActorWorker):
 
         Args:
             weights: ignored: a fused rank evaluates the parameters it trains.
+
+        The evaluation's seed follows the updates made (as a rollout's follows its weight
+        version): each evaluation draws its own ``simulate.tool_failure_rate`` failures.
         """
+        seed = seeds.eval_episode_seed(self.run.seed, self.updates, 0)
         with trace.span("evaluate", "rollout", self.device_labels):
-            return self.interaction.evaluate(self.rule.task)
+            return self.interaction.evaluate(self.rule.task, seed)
 
     def _sample(
         self,

@@ -16,7 +16,12 @@ from typing import Any
 
 import torch
 
-from rltrain.agents.interaction import Interaction, attach_pool, engine_interaction
+from rltrain.agents.interaction import (
+    EpisodesStopped,
+    Interaction,
+    attach_pool,
+    engine_interaction,
+)
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.sampling import GenerationStopped, encode_prompts
 from rltrain.backends import continuation
@@ -175,7 +180,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             try:
                 done = self._sample(prompts, step, behaviour_logprobs, parked)
             except GenerationStopped as stop:
-                self._park(step, parked, stop.partial)
+                lost = stop.sampled_tokens if isinstance(stop, EpisodesStopped) else 0
+                self._park(step, parked, stop.partial, lost)
                 return None  # nobody reads a cancelled call's result
             batch = self._handed_on(step, done)
             try:
@@ -380,9 +386,11 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             self._ended[step] = batch
         return batch
 
-    def _count_discarded(self, step: int, batch: Any) -> None:
+    def _count_discarded(self, step: int, batch: Any, tokens: int = 0) -> None:
+        """Add ``batch``'s sampled tokens (if any) and ``tokens`` to the step's discarded."""
         if batch is not None:
-            tokens = continuation.sampled_tokens(batch)
+            tokens += continuation.sampled_tokens(batch)
+        if tokens:
             self._discarded[step] = self._discarded.get(step, 0) + tokens
 
     def _sample(
@@ -411,9 +419,12 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
     def _stitched(self, parked: Parked, more: RolloutBatch) -> Any:
         return continuation.stitch(parked, more, self.version, self.tokenizer_pad_id)
 
-    def _park(self, step: int, before: Parked | None, partial: Any) -> None:
+    def _park(self, step: int, before: Parked | None, partial: Any, lost: int = 0) -> None:
         """Keep a paused generation's rows (``continue``); ``partial`` is what the stopped
-        call sampled: a first pass's batch, or a continuation already stitched to ``before``."""
+        call sampled: a first pass's batch, or a continuation already stitched to ``before``.
+        ``lost``: tokens it sampled that no partial batch holds (multi-turn episodes, which
+        are never paused), discarded with any policy."""
+        self._count_discarded(step, None, lost)
         if not self._continues:
             self._count_discarded(step, partial)
             return
@@ -450,12 +461,15 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         return _cancelled()
 
     def evaluate(self, weights: Any = None) -> float:
-        """Greedy accuracy on the task's evaluation prompts, with the given weights."""
+        """Greedy accuracy on the task's evaluation prompts, with the given weights (the
+        evaluation's seed follows their version, so each evaluation of a run draws its own
+        ``simulate.tool_failure_rate`` failures, and a resumed run the same)."""
         self._sync(weights, None)
         if self._task is None:
             self._task = build_task(self.run.task, self.tokenizer)
+        seed = seeds.eval_episode_seed(self.run.seed, max(self.version, 0), 0)
         with trace.span("evaluate", "rollout", self.device_labels):
-            return self.interaction.evaluate(self._task)
+            return self.interaction.evaluate(self._task, seed)
 
     def memory_report(self) -> dict[str, Any]:
         """Ledger bytes vs the independent measure (see :class:`ResidentState`).

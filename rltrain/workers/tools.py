@@ -7,11 +7,12 @@ running their steps on ``tools.concurrency`` threads. The rollout's (or fused) p
 :class:`RayToolPool` over every worker of the pool: an episode's environment is opened on one
 worker (round robin) and all its steps go there, so a tool keeps its state between calls.
 
-Faults: a tool that raises or outlives ``tools.timeout_s`` fails its episode (infra failure,
-:mod:`rltrain.agents.interaction`). A tool worker that dies (its process killed, out of memory)
-fails every episode waiting on it, and the batch's ``generate`` then raises a ``WorkerError``
-naming the worker: the run stops (the pool does not replace workers; their environments'
-state is gone with them).
+Faults: a tool that raises or runs longer than ``tools.timeout_s`` (timed from when one of the
+worker's threads takes the call, :func:`~rltrain.agents.interaction.timed_step`) fails its episode
+(infra failure, :mod:`rltrain.agents.interaction`). A tool worker that dies (its process killed, out
+of memory) fails every episode waiting on it, and the batch's ``generate`` then raises a
+``WorkerError`` naming the worker: the run stops (the pool does not replace workers; their
+environments' state is gone with them).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rltrain.agents.interaction import (
     ToolReply,
     ToolReset,
     ToolStep,
-    run_step,
+    timed_step,
 )
 from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
@@ -115,6 +116,7 @@ class ToolWorker(Worker):
 
         Raises:
             WorkerError: no environment is open under the key.
+            ToolTimeout: the step ran longer than ``tools.timeout_s`` (timed from now).
             Exception: what the environment raised (the client fails the episode).
         """
         with self.lock:
@@ -122,7 +124,7 @@ class ToolWorker(Worker):
             self.steps += 1
         if env is None:
             raise WorkerError(f"tool worker rank {self.rank}: no environment open as {msg.key!r}")
-        return run_step(env, msg.action, msg.failure_seed, self.settings)
+        return timed_step(env, msg.action, msg.failure_seed, self.settings)
 
     def close(self, keys: Sequence[str]) -> int:
         """Close the episodes' environments; returns how many were open."""

@@ -3,6 +3,7 @@ log-prob gap over a multi-turn batch), masks, limits, and tool faults that cost 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -256,3 +257,30 @@ def test_the_same_seed_samples_the_same_tokens_whatever_the_tools_timing(agent):
         assert torch.equal(other.response_ids, first.response_ids)
         assert torch.equal(other.loss_mask, first.loss_mask)
         assert torch.allclose(other.old_logprobs, first.old_logprobs, atol=1e-5)
+
+
+def test_tool_latency_below_the_timeout_fails_no_episode_whatever_the_queue(agent):
+    _, _, task = agent
+    # one tool thread, every call 0.3 s: episodes that call at once queue for longer than
+    # timeout_s, yet each call runs 0.3 s < 0.4 s
+    run = _run(tools__concurrency=1, tools__timeout_s=0.4, simulate__tool_latency_ms=300)
+    batch = _episodes(agent, run).generate([ex.prompt for ex in task.train[:2]], 4, False, None)
+    assert int(batch.tool_calls.sum()) >= 3
+    assert not bool(batch.infra_failed.any())
+
+
+def test_tool_failures_are_drawn_per_call_seed(agent):
+    _, _, task = agent
+    episodes = _episodes(agent, _run(simulate__tool_failure_rate=0.3))
+    greedy = dataclasses.replace(episodes.params, n=1, greedy=True)  # the same calls each time
+    prompts = [ex.prompt for ex in task.train[:12]]
+
+    def failed(seed: int) -> list[int]:
+        runs = episodes._start(prompts)
+        episodes._run(runs, greedy, seed, False, None)
+        assert sum(e.requests for e in runs) >= 10
+        return [e.row for e in runs if e.failed]
+
+    first = failed(101)  # two steps' (or ranks', or evaluations') seeds
+    assert first != failed(202)
+    assert failed(101) == first  # reproducible

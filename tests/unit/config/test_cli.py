@@ -64,6 +64,10 @@ def test_unknown_key_lists_the_known_ones(tmp_path):
         ("hydra.run.dir=/proc/no/such/dir", "hydra.run.dir"),
         ("cluster.devices_per_node=100000000", "beyond any real cluster"),
         ("cluster.device_memory_gib=nan", "cluster.device_memory_gib"),
+        (
+            "~trainer.total_steps",
+            "~trainer.total_steps: TrainerConfig (DictConfig) does not support deletion",
+        ),
     ],
 )
 def test_hydra_mistakes_are_clear_errors(override: str, expected: str, tmp_path):

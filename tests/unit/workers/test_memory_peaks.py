@@ -58,7 +58,9 @@ def test_released_blocks_go_back_to_the_driver_on_cuda_only(monkeypatch):
 
 
 class _Rows:
-    """What ``update`` needs of a batch here: ``to``."""
+    """What ``update`` needs of a batch here: ``to`` and the trained tokens."""
+
+    token_mask = torch.ones(2, 3)
 
     def to(self, device):
         return self
@@ -87,5 +89,6 @@ def test_an_actor_whose_receiver_shares_its_device_releases_after_each_update(
     monkeypatch.setattr(actor_mod, "release_cached_blocks", lambda d: seen.append(d) or True)
     monkeypatch.setattr(actor.engine, "update", lambda batch, gen: {"actor/pg_loss": 0.5})
     result = actor.update(_Rows(), step=3)
-    assert result.metrics == {"actor/pg_loss": 0.5}  # no allocator peaks off CUDA
+    # no allocator peaks off CUDA; the trained tokens weigh the rank over the others
+    assert result.metrics == {"actor/pg_loss": 0.5, "actor/loss_tokens": 6.0}
     assert seen == [actor.device] * released
