@@ -18,7 +18,17 @@ from typing import Any
 from rltrain.config.algorithms import is_group_based, needs_critic
 from rltrain.config.checks import check
 from rltrain.config.numerics import placed_components
-from rltrain.config.schema import AlgorithmConfig, CriticConfig, EnvConfig, LoraConfig, RunConfig
+from rltrain.config.schema import (
+    ActorConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    EnvConfig,
+    LoraConfig,
+    ModelConfig,
+    RolloutConfig,
+    RunConfig,
+    TrainerConfig,
+)
 from rltrain.kinds import registry
 from rltrain.kinds.records import RunnerKind
 
@@ -34,7 +44,8 @@ Rule = tuple[str, list[tuple[str, Any]], str]
 def unread_keys(cfg: RunConfig) -> Iterator[str]:
     """Every key set where nothing reads it (see the module docstring)."""
     kind = registry.runner(cfg) if cfg.runner in registry.runner_names() else None
-    for section, changed, why in [*_any_runner(cfg, kind), *_language_runner(cfg, kind)]:
+    rules = [*_any_runner(cfg, kind), *_language_runner(cfg, kind), *_env_runner(cfg, kind)]
+    for section, changed, why in rules:
         for name, value in changed:
             yield f"{section}.{name}={value!r} is set but nothing reads it: {why}"
 
@@ -101,6 +112,37 @@ def _language_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
     names = tuple(f.name for f in dataclasses.fields(EnvConfig))
     rules.append(("env", _changed(cfg.env, EnvConfig(), names), why))
     return rules
+
+
+#: What a runner that steps simulators reads of the language-model sections: its policy network
+#: is ``model.hidden_size`` wide and ``model.num_layers`` deep, initialised from
+#: ``model.init_seed``, and trains in float32; its batch is ``env.*``'s transitions.
+_ENV_RUNNER_UNREAD = (
+    ("model", ModelConfig(), tuple(
+        f.name for f in dataclasses.fields(ModelConfig)
+        if f.name not in ("hidden_size", "num_layers", "init_seed")
+    )),
+    ("rollout", RolloutConfig(),
+     ("temperature", "top_p", "n_samples_per_prompt", "max_new_tokens")),
+    ("algorithm", AlgorithmConfig(), ("norm_adv_by_std", "loss_agg")),
+    ("actor", ActorConfig(), ("micro_batch_size",)),
+    ("trainer", TrainerConfig(), ("train_batch_size",)),
+)  # fmt: skip
+
+
+def _env_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
+    if kind is None or not kind.steps_env:
+        return []
+    why = (
+        f"runner={cfg.runner!r} acts with its own policy network (model.hidden_size, "
+        f"model.num_layers; float32), samples its actions from the policy's distribution and "
+        f"trains PPO on the transitions env.* sizes (minibatches: algorithm.num_minibatches): "
+        f"drop it"
+    )
+    return [
+        (name, _changed(getattr(cfg, name), default, fields), why)
+        for name, default, fields in _ENV_RUNNER_UNREAD
+    ]
 
 
 @check

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rltrain.errors import ConfigError
-from rltrain.telemetry.trace import Span, device_label, to_chrome_trace
+from rltrain.telemetry.trace import DROPPED, Span, device_label, to_chrome_trace
 
 
 class _UsesDevices(Protocol):
@@ -422,7 +422,13 @@ def format_table(summary: Mapping[str, Any], processes: bool = False) -> str:
         for line in lines
     ]
     title = f"timeline: {summary.get('window_s', 0.0):.3f} s window, {len(rows)} lanes"
-    return "\n".join([title, *text])
+    dropped = summary.get("dropped_spans") or {}
+    warn = [
+        f"warning: {process} recorded more spans than it keeps (trace.MAX_SPANS) and dropped "
+        f"its {n} oldest: its lanes read idle where they were"
+        for process, n in sorted(dropped.items())
+    ]
+    return "\n".join([title, *text, *warn])
 
 
 # ------------------------------------------------------------------------------------- writing
@@ -493,6 +499,9 @@ def write_run_timeline(
     doc = chrome_trace_with_devices(spans, devices)
     _atomic_write(out / TRACE_FILE, json.dumps(doc))
     summary = summarize(spans, devices, window_us=training_window(spans))
+    dropped = {s.process: s.dropped for s in spans if s.name == DROPPED and s.dropped}
+    if dropped:  # those processes' earliest spans are missing: their lanes read idle there
+        summary["dropped_spans"] = dropped
     _atomic_write(out / UTILIZATION_FILE, json.dumps(_finite(summary), indent=1))
     return summary
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 #: Spans kept per process before the oldest are dropped (a run that never drains stays bounded).
 MAX_SPANS = 100_000
+#: The name of the marker :func:`drain` adds when spans were dropped (the count in ``dropped``).
+DROPPED = "spans_dropped"
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class Span:
         start_us: start, microseconds since the epoch.
         dur_us: duration in microseconds.
         pid: the OS process id.
+        dropped: on a :data:`DROPPED` marker (zero length), how many of the process's oldest
+            spans its full buffer dropped before the drain; 0 on every other span.
     """
 
     name: str
@@ -47,10 +51,12 @@ class Span:
     start_us: float
     dur_us: float
     pid: int
+    dropped: int = 0
 
 
 _lock = threading.Lock()
 _buffer: deque[Span] = deque(maxlen=MAX_SPANS)
+_dropped = 0  # spans pushed out of the full buffer since the last drain
 _process = "driver"
 _enabled = True
 
@@ -99,15 +105,24 @@ def span(name: str, component: str, devices: Sequence[str | int] = ()) -> Iterat
         record = Span(
             name, component, lanes, _process, start / 1e3, (end - start) / 1e3, os.getpid()
         )
+        global _dropped
         with _lock:
+            if len(_buffer) == _buffer.maxlen:
+                _dropped += 1
             _buffer.append(record)
 
 
 def drain() -> list[Span]:
-    """Remove and return this process's recorded spans (oldest first)."""
+    """Remove and return this process's recorded spans (oldest first), followed by a
+    :data:`DROPPED` marker counting the spans the full buffer dropped, if any."""
+    global _dropped
     with _lock:
         out = list(_buffer)
         _buffer.clear()
+        dropped, _dropped = _dropped, 0
+    if dropped:
+        now = time.time_ns() / 1e3
+        out.append(Span(DROPPED, "trace", (), _process, now, 0.0, os.getpid(), dropped))
     return out
 
 
@@ -144,6 +159,8 @@ def to_chrome_trace(spans: Iterable[Span]) -> dict:
             )
     for s in spans:
         args = {"process": s.process, "os_pid": s.pid, "devices": list(s.devices)}
+        if s.dropped:
+            args["dropped"] = s.dropped
         lanes = [lane_ids[("device", d)] for d in s.devices] + [lane_ids[("process", s.process)]]
         for pid in lanes:
             events.append(

@@ -1,0 +1,50 @@
+"""An embodied run reads its policy network's width, depth and seed of the model section and
+none of the language model's sampling or batching keys: each set away from its default is
+refused before Ray, naming it (a run with them set trained bit for bit as one without)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from rltrain.config import load_config
+from rltrain.config.store import register_configs
+from rltrain.errors import ConfigError
+
+CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
+
+
+def load(*overrides: str):
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return load_config(compose(config_name="config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "rollout.temperature=0.05",
+        "rollout.top_p=0.1",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.max_new_tokens=7",
+        "model.dtype=bfloat16",
+        "model.intermediate_size=32",
+        "algorithm.norm_adv_by_std=false",
+        "algorithm.loss_agg=seq_mean_token_sum",
+        "actor.micro_batch_size=3",
+        "trainer.train_batch_size=16",
+    ],
+)
+def test_a_language_model_key_on_the_embodied_runner_is_refused(override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}=.* is set but nothing reads it: runner="):
+        load("experiment=cartpole_hybrid", override)
+
+
+def test_the_policy_networks_own_keys_are_accepted():
+    run = load("experiment=cartpole_hybrid", "model.hidden_size=32", "model.num_layers=3")
+    assert (run.model.hidden_size, run.model.num_layers) == (32, 3)
