@@ -32,6 +32,7 @@ import os
 import pkgutil
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -136,6 +137,7 @@ class MeasureResult:
     note: str = ""
     date: str = field(default_factory=lambda: datetime.date.today().isoformat())
     extras: dict[str, float] = field(default_factory=dict)
+    machine: str = field(default_factory=lambda: machine_label())
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,7 +146,8 @@ class MeasureResult:
 def result_from_dict(d: dict[str, Any]) -> MeasureResult:
     """A :class:`MeasureResult` read back from ``results.json`` (:meth:`MeasureResult.to_dict`)."""
     cases = tuple(CaseResult(**{**c, "samples": tuple(c["samples"])}) for c in d["cases"])
-    return MeasureResult(**{**d, "cases": cases})
+    # results written before headings named the machine: no machine, rather than this one
+    return MeasureResult(**{"machine": "", **d, "cases": cases})
 
 
 _REGISTRY: dict[str, Measure] = {}
@@ -352,7 +355,8 @@ def markdown(results: list[MeasureResult]) -> str:
     """
     out = []
     for r in results:
-        out.append(f"### `{r.name}` ({r.date}{', quick' if r.quick else ''})\n")
+        where = f", {r.machine}" if r.machine else ""
+        out.append(f"### `{r.name}` ({r.date}{where}{', quick' if r.quick else ''})\n")
         if r.description:
             out.append(f"{r.description}\n")
         out.append(
@@ -378,6 +382,25 @@ def markdown(results: list[MeasureResult]) -> str:
             out.append(f"\n{r.note}")
         out.append("")
     return "\n".join(out)
+
+
+def machine_label() -> str:
+    """The machine in a few words for a figure's heading: its CPUs, memory and accelerators
+    (``2 CPUs, 24 GiB, no GPU``; ``16 CPUs, 128 GiB, 1 x NVIDIA H100 80GB HBM3``)."""
+    parts = [f"{os.cpu_count()} CPUs"]
+    try:
+        with open("/proc/meminfo") as f:
+            kib = int(f.readline().split()[1])
+        parts.append(f"{kib / 1024**2:.0f} GiB")
+    except (OSError, ValueError, IndexError):
+        pass
+    torch = sys.modules.get("torch")  # the measures import it; the harness never does
+    if torch is not None and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        parts.append(f"{n} x {torch.cuda.get_device_name(0)}")
+    else:
+        parts.append("no GPU")
+    return ", ".join(parts)
 
 
 def machine() -> dict[str, Any]:

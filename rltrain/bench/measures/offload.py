@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rltrain.bench.harness import Case, Suite, measure
+from rltrain.bench.harness import Case, Suite, counts, measure
 
 WARMUP, REPEATS = 1, 5
 #: (width, layers) of the MLP per setting: about 16 bytes of state per parameter.
@@ -30,8 +30,9 @@ SIZES = {"quick": (512, 4), "cpu": (1024, 8), "cuda": (4096, 4)}
 
 
 def _calls(quick: bool) -> int:
-    """Timed plus warm-up calls the harness makes per case (its quick rule)."""
-    return (min(WARMUP, 1) + min(REPEATS, 2)) if quick else WARMUP + REPEATS
+    """Timed plus warm-up calls the harness makes per case (asked of its own rule)."""
+    suite = Suite(cases=(), baseline="", warmup=WARMUP, repeats=REPEATS)
+    return sum(counts(Case("any", lambda: None), suite, quick))
 
 
 def build_state(width: int, layers: int, device: Any) -> tuple[Any, Any]:

@@ -60,5 +60,5 @@ def plan_scale(quick: bool) -> Suite:
         baseline=f"nodes={nodes[0]}",
         warmup=1,
         repeats=5,
-        note="Target: nodes=1024 under 0.5 s median; per-size ratio near 1 (linear in nodes).",
+        note="Goal: per-size ratio near 1 and a scaling exponent near 1 (linear in nodes).",
     )

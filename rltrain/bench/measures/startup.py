@@ -31,7 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rltrain.bench import harness
 from rltrain.bench.harness import Case, Suite, measure
+from rltrain.errors import ConfigError
 from rltrain.telemetry.startup import MARKS_ENV, read_marks
 
 #: The command measured (the default run, one step).
@@ -327,7 +329,18 @@ def process_table(rows: Sequence[tuple[str, float, float]]) -> str:
 
 @measure("startup", "python -m rltrain trainer.total_steps=1: start-up phases, wall and CPU")
 def startup_measure(quick: bool) -> Suite:
-    """The main command's start-up, against raw Ray start-up in the same run."""
+    """The main command's start-up, against raw Ray start-up in the same run.
+
+    Raises:
+        ConfigError: a cluster to join was given: both runs time starting a local Ray.
+    """
+    address = os.environ.get(harness.ADDRESS_ENV)
+    if address:
+        raise ConfigError(
+            f"startup times the main command and raw Ray each starting a local Ray, and a "
+            f"cluster to join was given ({address!r}): run `rltrain bench startup` without "
+            f"--address or cluster=ray"
+        )
     tmp = tempfile.mkdtemp(prefix="rltrain-bench-startup-")
     runs: list[StartupRun] = []
 

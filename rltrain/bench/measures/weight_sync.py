@@ -433,7 +433,9 @@ def weight_sync_step(quick: bool) -> Suite:
             "sync as the trainer runs it (host: the export packs CPU buckets, the object store "
             "carries them, the receiver loads them; collective: the export snapshots buckets, "
             "the gloo broadcast is waited for, the receiver loads them), driver round trips "
-            "included."
+            "included. The ratio column is against the default policy's memcpy; a larger "
+            "model's host and collective rows compare with its own memcpy row (their medians' "
+            "quotient), not with that ratio."
         ),
         teardown=teardown,
     )

@@ -49,14 +49,13 @@ def test_queued_calls_are_timed_from_their_start():
 def test_a_call_past_its_timeout_fails_and_frees_its_thread():
     pool = _pool(timeout_s=0.5)
     ((env, _),) = pool.open([None])
-    start = time.monotonic()
     try:
         stuck = pool.step(env, "stuck", 1)
         after = pool.step(env, "0.1", 2)  # queued behind the stuck call
         with pytest.raises(ToolTimeout, match="tools.timeout_s=0.5"):
             stuck.result(timeout=10)
-        assert after.result(timeout=10).observation == "ok"  # 0.1 s from its own start
-        # the thread was free at the stuck call's timeout: 0.5 + 0.1 s, not the stuck call's 30
-        assert time.monotonic() - start < 5
+        # the thread was free at the stuck call's timeout (the stuck call itself would hold it
+        # until RELEASE): the queued call ran its 0.1 s and answered
+        assert after.result(timeout=10).observation == "ok"
     finally:
         RELEASE.set()

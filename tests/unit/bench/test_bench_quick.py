@@ -329,3 +329,23 @@ def test_results_read_back_equal_what_was_written():
     suite = Suite(cases=(Case("n=1", clock.step, size=1),), baseline="n=1", warmup=1, repeats=3)
     r = harness.run_measure(Measure("toy", "a toy", lambda quick: suite), clock=clock)
     assert harness.result_from_dict(json.loads(json.dumps(r.to_dict()))) == r
+
+
+def test_a_sections_heading_names_the_date_and_the_machine():
+    r = harness.MeasureResult("toy", "d", "a", True, (), None, date="2026-11-28", machine="m1")
+    assert "### `toy` (2026-11-28, m1, quick)" in harness.markdown([r])
+    assert harness.MeasureResult("toy", "d", "a", False, ()).machine == harness.machine_label()
+    label = harness.machine_label()
+    assert label.startswith(f"{os.cpu_count()} CPUs, ") and ("GPU" in label or " x " in label)
+    # a result written before headings named the machine reads back with none, not this one
+    old = {k: v for k, v in r.to_dict().items() if k != "machine"}
+    assert harness.result_from_dict(old).machine == ""
+
+
+def test_startup_refuses_a_cluster_to_join(monkeypatch):
+    from rltrain.bench.measures.startup import startup_measure
+    from rltrain.errors import ConfigError
+
+    monkeypatch.setenv(harness.ADDRESS_ENV, "10.0.0.1:6379")
+    with pytest.raises(ConfigError, match="without --address or cluster=ray"):
+        startup_measure(quick=True)
