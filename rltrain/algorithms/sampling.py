@@ -444,6 +444,7 @@ def greedy_accuracy(
     max_new_tokens: int,
     batch_size: int = 256,
     examples: Sequence[Any] | None = None,
+    eos_ids: Collection[int] | None = None,
 ) -> float:
     """Share of evaluation prompts whose greedy response earns the full reward (>= 1).
 
@@ -454,6 +455,10 @@ def greedy_accuracy(
         max_new_tokens: the generation budget (``rollout.max_new_tokens``).
         batch_size: prompts per forward pass.
         examples: score these instead of ``task.eval``.
+        eos_ids: the ids that end a response, the rollout's own
+            (:func:`rltrain.backends.generation.eos_token_ids`: a checkpoint's generation
+            config adds end-of-turn ids), so evaluation scores the text training rewards;
+            None: the tokenizer's EOS alone (a built model has no generation config).
 
     Returns:
         Accuracy in ``[0, 1]``.
@@ -465,18 +470,14 @@ def greedy_accuracy(
     # the tokenizer encodes on the host; a policy on a GPU needs its prompts there
     weight = next(model.parameters(), None)
     device = weight.device if weight is not None else torch.device("cpu")
+    stops = tuple(eos_ids) if eos_ids is not None else (tokenizer.eos_token_id,)
     correct = 0
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in chunk])
         batch = generate(
-            model,
-            ids.to(device),
-            mask.to(device),
-            params,
-            tokenizer.eos_token_id,
-            tokenizer.pad_token_id,
+            model, ids.to(device), mask.to(device), params, stops, tokenizer.pad_token_id
         )
-        texts = decode_responses(tokenizer, batch, tokenizer.eos_token_id)
+        texts = decode_responses(tokenizer, batch, stops)
         correct += sum(task.reward(ex.prompt, t) >= 1.0 for ex, t in zip(chunk, texts, strict=True))
     return correct / len(items)

@@ -362,7 +362,9 @@ class TorchGeneration(TorchReceiver):
     def evaluate(self, task: Any) -> float:
         from rltrain.algorithms.sampling import greedy_accuracy
 
-        return greedy_accuracy(self.model, self.tokenizer, task, self.run.rollout.max_new_tokens)
+        return greedy_accuracy(
+            self.model, self.tokenizer, task, self.run.rollout.max_new_tokens, eos_ids=self.eos_ids
+        )
 
 
 # ------------------------------------------------------------------------------------ vLLM

@@ -251,7 +251,7 @@ class TaskConfig:
     name: str = "arithmetic"  # arithmetic | jsonl | gym
     seed: int = 0  # seeds the built-in data and the train/eval split
     num_train: int = 0  # prompts generated for training; 0: every prompt the task defines
-    num_eval: int = 0  # held-out prompts for greedy evaluation; 0: the task's default
+    num_eval: int = 0  # prompts held out for greedy evaluation; 0: evaluate on the training set
     max_operand: int = 4  # arithmetic: operands are 0..max_operand
     # prompt/answer rows: a .jsonl, .json or .parquet file, or a datasets.save_to_disk directory
     path: Optional[str] = None

@@ -751,6 +751,14 @@ def _unread_task_keys(t: Any) -> Iterator[str]:
                     f"environment (env.num_envs, env.rollout_steps, env.eval_episodes size it): "
                     f"drop task.{key}"
                 )
+    yield from _unread_by_gym(t, defaults)
+    if t.name != "jsonl" and t.params:
+        yield (
+            f"task.params={dict(t.params)!r} sets a data generator (task.generate, which writes "
+            f"task.name=jsonl data); task.name={t.name!r} reads none of it: drop "
+            + " ".join(f"task.params.{k}" for k in t.params)
+            + (" (task.max_operand sizes the arithmetic task)" if t.name == "arithmetic" else "")
+        )
     if t.name != "gym" and t.env_id != defaults.env_id:
         yield (
             f"task.env_id={t.env_id!r} picks a Gymnasium environment for task.name='gym'; "
@@ -763,6 +771,22 @@ def _unread_task_keys(t: Any) -> Iterator[str]:
             f"'jsonl' reads its prompts from task.path: drop task.max_operand (or use "
             f"task.name=arithmetic)"
         )
+
+
+def _unread_by_gym(t: Any, defaults: Any) -> Iterator[str]:
+    """Language-task keys set on ``task.name=gym``: a simulator policy reads no prompts, so a
+    reward function, a system prompt or a chat template would be ignored. (``task.params`` is
+    refused for every task that is not ``jsonl``; ``task.max_prompt_length`` stays: the memory
+    plan sizes sequences from it for every runner.)"""
+    if t.name != "gym":
+        return
+    for key in ("reward_fn", "system_prompt", "chat_template"):
+        value = getattr(t, key)
+        if value != getattr(defaults, key):
+            yield (
+                f"task.{key}={value!r} is for a language task (task.name=jsonl or arithmetic); "
+                f"task.name='gym' scores episodes by the environment's reward: drop task.{key}"
+            )
 
 
 @check

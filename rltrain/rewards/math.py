@@ -6,8 +6,8 @@ Two answer conventions:
   #### 18``). The number right after the *last* ``####`` followed by one counts (only
   spaces, a sign or ``$`` in between).
 - **boxed** (``boxed``, MATH-style): the final answer is the argument of the *last*
-  ``\\boxed{...}`` (nested braces allowed: ``\\boxed{\\frac{1}{2}}``); ``\\boxed 5`` and
-  ``\\fbox{...}`` are read too.
+  ``\\boxed{...}`` (nested braces allowed: ``\\boxed{\\frac{1}{2}}``); ``\\boxed 5`` (a number
+  after a space) and ``\\fbox{...}`` are read too; a bare ``\\boxed`` in prose is no answer.
 
 The reference answer (``task.answer_key``) may be the bare answer (``72``) or a whole reference
 solution in the same convention (GSM8K's ``answer`` field, ``"... #### 72"``; MATH's ``solution``
@@ -33,11 +33,14 @@ from fractions import Fraction
 FORMAT_SCORE = 0.1
 
 # "####" then, optionally, a number as written in a solution, on the marker's line: sign and
-# dollar (spaces between), digits with thousands commas, decimals, an optional "/d"
-# denominator. Linear-time (no nested quantifiers).
+# dollar (spaces between), digits with thousands commas (a comma only between digits: "42,
+# since" is 42), decimals, an optional "/d" denominator. Linear-time: each repetition starts
+# with a comma, so no two ways to match overlap.
 _HASH_NUMBER = re.compile(
-    r"####[ \t]*([-+]?[ \t]*\$?[ \t]*[-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:[ \t]*/[ \t]*\d+)?)?"
+    r"####[ \t]*([-+]?[ \t]*\$?[ \t]*[-+]?(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)(?:[ \t]*/[ \t]*\d+)?)?"
 )
+_BOX = re.compile(r"\\(?:boxed|fbox)")
+_BOX_ARG = re.compile(r"\s*(\{)|\s+(\S+)")  # a brace group, or one word after a space
 _FRAC = re.compile(r"^([-+]?)\\frac\{([^{}]*)\}\{([^{}]*)\}$")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
@@ -66,7 +69,9 @@ def extract_hash_answer(text: str) -> str | None:
 def extract_boxed(text: str) -> str | None:
     """The argument of the last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``).
 
-    Braces nest: ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``.
+    Braces nest: ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``. Without braces only a
+    number after a space is an argument (``\\boxed 5``); a bare ``\\boxed`` in prose ("I put
+    it in \\boxed as asked") holds no answer, so the box before it counts.
 
     Args:
         text: a response or a reference solution.
@@ -75,24 +80,29 @@ def extract_boxed(text: str) -> str | None:
         The boxed text, or None when there is no box, the last box is empty, or it is never
         closed (a response cut off by the token budget has no final answer).
     """
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    rest = text[start + (6 if text.startswith("\\boxed", start) else 5) :]
-    if rest.startswith(" ") and not rest.lstrip().startswith("{"):
-        word = rest.lstrip().split(maxsplit=1)
-        return word[0].rstrip("$") if word else None
-    rest = rest.lstrip()
-    if not rest.startswith("{"):
-        return None
+    for found in reversed(list(_BOX.finditer(text))):
+        arg = _BOX_ARG.match(text, found.end())
+        if arg is None:
+            continue
+        if arg.group(1) is not None:
+            return _braced(text, arg.start(1))
+        word = arg.group(2).rstrip("$")
+        if parse_number(word) is not None:
+            return word
+    return None
+
+
+def _braced(text: str, start: int) -> str | None:
+    """The inside of the brace group opening at ``text[start]``; None when empty or never
+    closed."""
     depth = 0
-    for i, ch in enumerate(rest):
-        if ch == "{":
+    for i in range(start, len(text)):
+        if text[i] == "{":
             depth += 1
-        elif ch == "}":
+        elif text[i] == "}":
             depth -= 1
             if depth == 0:
-                return rest[1:i].strip() or None  # an empty box holds no answer
+                return text[start + 1 : i].strip() or None  # an empty box holds no answer
     return None
 
 
@@ -209,6 +219,33 @@ def math_reward(response: str, answer: str, style: str, format_score: float = 0.
     return 1.0 if answers_equal(got, want.strip()) else format_score
 
 
+def full_reward_response(answer: str, style: str) -> str:
+    """A response that earns the full reward against ``answer``: the final answer the reward
+    reads from the reference, written in the convention (``#### 7``, ``\\boxed{7}``).
+
+    Only this text has to be spellable by the tokenizer: a reference solution's prose never
+    has to be generated. A number is written plainly (``1,200`` as ``1200``: the reward
+    compares values), anything else in its normalised spelling.
+
+    Args:
+        answer: the reference: the bare answer or a whole solution in the same convention.
+        style: ``"gsm8k"`` or ``"boxed"``.
+
+    Returns:
+        The response text.
+
+    Raises:
+        ValueError: an unknown style.
+    """
+    if style not in _EXTRACT:
+        raise ValueError(f"style={style!r}: choose one of {sorted(_EXTRACT)}")
+    want = (_EXTRACT[style](answer) or answer).strip()
+    value = parse_number(want)
+    text = str(value.numerator) if value is not None and value.denominator == 1 else None
+    text = text or normalize_answer(want)
+    return f"#### {text}" if style == "gsm8k" else f"\\boxed{{{text}}}"
+
+
 def gsm8k(prompt: str, response: str, answer: str) -> float:
     """1.0 when the number after the response's last ``####`` equals the reference, else 0.0.
 
@@ -244,3 +281,11 @@ def boxed_with_format(prompt: str, response: str, answer: str) -> float:
     """:func:`boxed`, plus :data:`FORMAT_SCORE` for a boxed answer that is wrong."""
     del prompt
     return math_reward(response, answer, "boxed", FORMAT_SCORE)
+
+
+# What a response must spell to earn each reward (read by the task's spelling check,
+# :func:`rltrain.tasks.build.assemble`): the final answer, not the reference solution's prose.
+gsm8k.full_reward_response = lambda answer: full_reward_response(answer, "gsm8k")
+gsm8k_with_format.full_reward_response = gsm8k.full_reward_response
+boxed.full_reward_response = lambda answer: full_reward_response(answer, "boxed")
+boxed_with_format.full_reward_response = boxed.full_reward_response

@@ -175,11 +175,15 @@ def split_eval(
 ) -> tuple[tuple[Example, ...], tuple[Example, ...], bool]:
     """Split examples into training and held-out evaluation sets.
 
+    The split is by distinct prompt: a prompt given on several rows is held out on none of
+    them or on all of them (evaluated once), so no held-out prompt is ever trained on.
+
     Args:
         examples: every example of the task, in a fixed order.
-        num_eval: examples held out for evaluation; 0 evaluates on the training examples.
-        num_train: training examples to keep; 0 keeps all that are not held out.
-        seed: seeds the shuffle that picks the held-out examples.
+        num_eval: distinct prompts held out for evaluation; 0 evaluates on the training
+            examples.
+        num_train: training examples (rows) to keep; 0 keeps all that are not held out.
+        seed: seeds the shuffle that picks the held-out prompts.
         key_prefix: config section named in errors.
 
     Returns:
@@ -195,23 +199,28 @@ def split_eval(
             f"{key_prefix}.num_eval={num_eval} / {key_prefix}.num_train={num_train}: "
             f"counts must be >= 0"
         )
-    if num_eval >= len(examples):
+    rows: dict[str, list[int]] = {}  # each distinct prompt -> its rows, in first-seen order
+    for i, ex in enumerate(examples):
+        rows.setdefault(ex.prompt, []).append(i)
+    groups = list(rows.values())
+    if num_eval >= len(groups):
         raise ConfigError(
             f"{key_prefix}.num_eval={num_eval} holds out every one of the task's "
-            f"{len(examples)} prompts: choose fewer than {len(examples)}"
+            f"{len(groups)} distinct prompts: choose fewer than {len(groups)}"
         )
-    available = len(examples) - num_eval
-    if num_train > available:
-        held = f" ({num_eval} held out by {key_prefix}.num_eval)" if num_eval else ""
+    order = list(range(len(groups)))
+    random.Random(seed).shuffle(order)
+    held = sorted(groups[g][0] for g in order[:num_eval])
+    rest = [i for g in order[num_eval:] for i in groups[g]]
+    if num_train > len(rest):
+        out = (
+            f" ({len(examples) - len(rest)} held out by {key_prefix}.num_eval)" if num_eval else ""
+        )
         raise ConfigError(
-            f"{key_prefix}.num_train={num_train} is more than the {available} training prompts "
-            f"the task has ({len(examples)} prompts{held}): choose at most {available}, or 0 "
+            f"{key_prefix}.num_train={num_train} is more than the {len(rest)} training prompts "
+            f"the task has ({len(examples)} prompts{out}): choose at most {len(rest)}, or 0 "
             f"for all of them"
         )
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    held = sorted(order[:num_eval])
-    rest = order[num_eval:]
     kept = sorted(rest[:num_train] if num_train else rest)
     train = tuple(examples[i] for i in kept)
     if num_eval == 0:

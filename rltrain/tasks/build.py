@@ -25,9 +25,6 @@ REASONING_TASKS = ("arithmetic", "jsonl")
 #: Prompts tokenised per call when measuring them (bounds the memory of one call).
 CHUNK = 4096
 
-#: Prompts whose read-back (decoded without special tokens) is always checked exactly.
-SAMPLE = 512
-
 
 @dataclass
 class Source:
@@ -142,60 +139,36 @@ def _render(
     return ok
 
 
-def _special_texts(tokenizer: Any) -> list[str]:
-    """The texts of the tokenizer's special tokens, longest first."""
-    found = set(getattr(tokenizer, "all_special_tokens", []) or [])
-    for added in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values():
-        if getattr(added, "special", False):
-            found.add(str(added.content))
-    return sorted((t for t in found if t), key=len, reverse=True)
-
-
-def _without(text: str, specials: Sequence[str]) -> str:
-    for s in specials:
-        text = text.replace(s, "")
-    return text
-
-
 def _measure(
     sources: Sequence[Source], tokenizer: Any, max_len: int, problems: list[str]
 ) -> dict[str, str]:
-    """Refuse prompts over ``task.max_prompt_length`` tokens; return the prompts' aliases.
+    """Refuse prompts over ``task.max_prompt_length`` tokens and prompts the reward cannot tell
+    apart; return the prompts' aliases.
 
     The reward worker reads a prompt back from its token ids without special tokens; where
-    that differs from the rendered text (a chat template's ``<|im_start|>``), the task maps
-    it back (:attr:`Task.aliases`).
-
-    Tokenising 100k prompts costs tens of CPU seconds, so only the prompts that could be too
-    long are counted exactly: no tokenizer gives a text more tokens than its UTF-8 bytes plus
-    the special tokens it adds (byte-level BPE, character and word-piece vocabularies,
-    SentencePiece with its leading-space piece). The read-back is the rendered text without
-    its special tokens; that is checked exactly on :data:`SAMPLE` prompts and on every prompt
-    that was tokenised, and any difference (a normalising tokenizer, characters it does not
-    know) makes every prompt be read back exactly instead.
+    that differs from the rendered text (a chat template's ``<|im_start|>``, characters the
+    tokenizer maps to its unknown token), the task maps it back (:attr:`Task.aliases`). Every
+    prompt is read back exactly: no cheaper rule holds for every tokenizer (normalisers,
+    unknown characters), and straight through the Rust backend it costs about half a CPU
+    second per 10k prompts. Distinct prompts that read back as one text but have different
+    answers would all be scored against one of the answers, so they are refused.
     """
     from rltrain.tasks.tokenizer import prompt_token_ids
 
-    specials = _special_texts(tokenizer)
-    try:
-        extra = int(tokenizer.num_special_tokens_to_add()) + 1
-    except (AttributeError, TypeError, NotImplementedError):
-        extra = 4
     aliases: dict[str, str] = {}
+    readers: dict[str, list[tuple[Source, int]]] = {}  # read-back -> the rows that read so
     for src in sources:
-        prompts = src.prompts
-        long = [i for i, p in enumerate(prompts) if len(p.encode()) + extra > max_len]
-        exact = sorted(set(long) | set(range(min(SAMPLE, len(prompts)))))
-        ids, read = _tokenise(tokenizer, [prompts[i] for i in exact], prompt_token_ids)
-        if all(r == _without(prompts[i], specials) for i, r in zip(exact, read, strict=True)):
-            for p in prompts:
-                key = _without(p, specials)
-                if key != p:
-                    aliases[key] = p
-        else:  # the cheap reading is wrong for this tokenizer: read every prompt back
-            _, everything = _tokenise(tokenizer, prompts, prompt_token_ids)
-            aliases.update({r: p for r, p in zip(everything, prompts, strict=True) if r != p})
-        too_long = [(i, len(r)) for i, r in zip(exact, ids, strict=True) if len(r) > max_len]
+        too_long: list[tuple[int, int]] = []
+        for start in range(0, len(src.prompts), CHUNK):
+            chunk = src.prompts[start : start + CHUNK]
+            ids = prompt_token_ids(tokenizer, chunk)
+            read = _decode_without_specials(tokenizer, ids)
+            for i, (prompt, back, row) in enumerate(zip(chunk, read, ids, strict=True), start):
+                if len(row) > max_len:
+                    too_long.append((i, len(row)))
+                if back != prompt:
+                    aliases.setdefault(back, prompt)
+                readers.setdefault(back, []).append((src, i))
         for i, n in too_long[:MAX_LISTED]:
             problems.append(
                 f"{src.where(i)}: the prompt is {n} tokens (chat template applied), over "
@@ -205,22 +178,32 @@ def _measure(
         if len(too_long) > MAX_LISTED:
             problems.append(
                 f"{src.key}: {len(too_long) - MAX_LISTED} more prompts over "
-                f"task.max_prompt_length={max_len} ({len(too_long)} of {len(prompts)})"
+                f"task.max_prompt_length={max_len} ({len(too_long)} of {len(src.prompts)})"
             )
+    _refuse_collisions(readers, problems)
     return aliases
 
 
-def _tokenise(
-    tokenizer: Any, prompts: Sequence[str], encode: Callable
-) -> tuple[list[list[int]], list[str]]:
-    """Token ids (as generation feeds them) and the read-back text of each prompt, in chunks."""
-    ids: list[list[int]] = []
-    read: list[str] = []
-    for start in range(0, len(prompts), CHUNK):
-        chunk_ids = encode(tokenizer, list(prompts[start : start + CHUNK]))
-        ids += chunk_ids
-        read += _decode_without_specials(tokenizer, chunk_ids)
-    return ids, read
+def _refuse_collisions(readers: dict[str, list[tuple[Source, int]]], problems: list[str]) -> None:
+    """Refuse distinct prompts that read back as one text but have different answers."""
+    clashes = []
+    for back, rows in readers.items():
+        a_src, a = rows[0]
+        for b_src, b in rows[1:]:
+            # one prompt with two answers is :func:`_examples`' problem, named there
+            if b_src.answers[b] != a_src.answers[a] and b_src.prompts[b] != a_src.prompts[a]:
+                clashes.append((back, a_src, a, b_src, b))
+                break
+    for back, a_src, a, b_src, b in clashes[:MAX_LISTED]:
+        problems.append(
+            f"{a_src.where(a)} and {b_src.where(b)}: the prompts differ but both read back from "
+            f"their token ids as {back!r:.80} (the tokenizer cannot spell all their characters), "
+            f"and their answers differ ({a_src.answers[a]!r:.40} and {b_src.answers[b]!r:.40}), "
+            f"so the reward cannot tell them apart: use a tokenizer that spells them (add the "
+            f"characters to model.vocab_chars, or set model.tokenizer_path) or drop one row"
+        )
+    if len(clashes) > MAX_LISTED:
+        problems.append(f"{len(clashes) - MAX_LISTED} more prompts read back like these")
 
 
 def _decode_without_specials(tokenizer: Any, ids: list[list[int]]) -> list[str]:
@@ -235,24 +218,40 @@ def _decode_without_specials(tokenizer: Any, ids: list[list[int]]) -> list[str]:
     return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
-def _spellable(sources: Sequence[Source], tokenizer: Any, problems: list[str]) -> None:
-    """Refuse answers holding characters the tokenizer maps to its unknown token."""
+def _spellable(
+    sources: Sequence[Source], tokenizer: Any, reward_fn: RewardFn, problems: list[str]
+) -> None:
+    """Refuse answers whose winning response holds characters the tokenizer maps to its
+    unknown token.
+
+    The text checked is what a response must spell to earn the full reward: the reward
+    function's ``full_reward_response(answer)`` where it has one (the math rewards: ``#### 7``
+    for a whole GSM8K solution, whose prose is never generated), else the answer itself.
+    """
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None:
         return  # byte-level tokenizers spell everything
+    spelled = getattr(reward_fn, "full_reward_response", None) or (lambda answer: answer)
     for src in sources:
         unique = sorted(set(src.answers))
-        bad_answers = set()
+        bad_answers: dict[str, str] = {}
         for start in range(0, len(unique), CHUNK):
             chunk = unique[start : start + CHUNK]
-            ids = tokenizer(chunk, add_special_tokens=False)["input_ids"]
-            bad_answers |= {a for a, r in zip(chunk, ids, strict=True) if unk in r}
+            texts = [spelled(a) for a in chunk]
+            ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            bad_answers |= {a: t for a, t, r in zip(chunk, texts, ids, strict=True) if unk in r}
         if not bad_answers:
             continue
         bad = [i for i, a in enumerate(src.answers) if a in bad_answers]
         for i in bad[:MAX_LISTED]:
+            answer = src.answers[i]
+            reads = (
+                ""
+                if bad_answers[answer] == answer
+                else f" (the reward reads {bad_answers[answer]!r:.40})"
+            )
             problems.append(
-                f"{src.where(i)}: answer {src.answers[i]!r:.80} has characters the tokenizer "
+                f"{src.where(i)}: answer {answer!r:.80}{reads} has characters the tokenizer "
                 f"does not know, so no response can earn its reward: add them to "
                 f"model.vocab_chars or use a checkpoint's tokenizer (model.tokenizer_path)"
             )
@@ -305,7 +304,7 @@ def assemble(cfg: Any, tokenizer: Any, problems: list[str], tokenizer_key: str =
     if tokenizer is not None and rendered:
         aliases = _measure(sources, tokenizer, cfg.max_prompt_length, problems)
     if tokenizer is not None:
-        _spellable(sources, tokenizer, problems)
+        _spellable(sources, tokenizer, reward_fn, problems)
     if train is None or not rendered:
         return None
     seen: dict[str, tuple[str, str]] = {}

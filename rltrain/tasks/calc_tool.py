@@ -29,7 +29,7 @@ import random
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from rltrain.tasks.generated import checked_spec, ensure_written, held_stamp
 from rltrain.tasks.text_env import ToolEnv, ToolError
@@ -79,6 +79,9 @@ class CalcToolSpec:
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
     seed: int = 0
+
+    #: the ``task.generate`` value that writes it, for messages
+    generator: ClassVar[str] = "calc_tool"
 
     @classmethod
     def from_params(cls, params: dict[str, Any], seed: int) -> CalcToolSpec:

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from rltrain.errors import ConfigError
@@ -202,6 +203,8 @@ def _explain_failure(path: str, key: str, kind: str, exc: Exception) -> str:
     cause = exc.__cause__ or exc.__context__ or exc
     detail = f"{type(cause).__name__}: {cause}".strip().rstrip(":")
     if kind == "parquet":
+        if _parquet_rows(path) == 0:
+            return f"{key}={path!r} holds no rows: give a file with at least one row"
         return (
             f"{key}={path!r} is not a readable Parquet file ({detail}); write it with "
             f"pandas.DataFrame.to_parquet or datasets' Dataset.to_parquet"
@@ -211,6 +214,16 @@ def _explain_failure(path: str, key: str, kind: str, exc: Exception) -> str:
         f"and a field must hold the same type in every row (e.g. the prompt always a string, "
         f"or always a list of messages)"
     )
+
+
+def _parquet_rows(path: str) -> int | None:
+    """The row count a Parquet file's footer records, or None when it cannot be read."""
+    try:
+        import pyarrow.parquet as pq
+
+        return int(pq.read_metadata(path).num_rows)
+    except Exception:  # noqa: BLE001 - not Parquet at all: the caller says so
+        return None
 
 
 def _diagnose_json(path: str, key: str) -> str | None:
@@ -235,6 +248,8 @@ def _diagnose_json(path: str, key: str) -> str | None:
             return (
                 f"{key}={path!r} line {exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno})"
             )
+        if isinstance(data, list) and not data:
+            return f"{key}={path!r} is an empty JSON array: it holds no rows"
         bad = next((i for i, r in enumerate(data) if not isinstance(r, dict)), None)
         if bad is not None:
             return (
@@ -345,6 +360,17 @@ def read_rows(
             f"missing field {name!r} ({cfg_key}={name!r}): give every row the field, or drop "
             f"the row",
         )
+    odd_prompts = [
+        i for i, p in enumerate(prompts) if p is not None and not isinstance(p, (str, list, tuple))
+    ]
+    if odd_prompts:
+        problems += _listed(
+            odd_prompts,
+            rows,
+            f"the prompt field {prompt_key!r} holds {_kind(prompts[odd_prompts[0]])} (first of "
+            f"these rows): a prompt must be a string or a list of {{role, content}} messages; "
+            f"quote it",
+        )
     odd = [i for i, a in enumerate(raw_answers) if isinstance(a, (list, dict))]
     problems += _listed(
         odd, rows, f"the answer field {answer_key!r} holds a list or object: give a string"
@@ -373,8 +399,48 @@ def read_rows(
     )
     if problems:
         raise ConfigError(problems)
+    if file_kind(path, key) == "json" and any(_is_number(a) for a in raw_answers):
+        # Arrow reads a JSON number as int64 or float64: a 20-digit answer, or an int beside a
+        # float, comes back rounded. The file's own digits are the reference answer.
+        raw_answers = _exact_json_answers(path, answer_key, len(raw_answers)) or raw_answers
     rows.answers.extend(_answer_text(a) for a in raw_answers)
     return rows
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _exact_json_answers(path: str, answer_key: str, n: int) -> list[Any] | None:
+    """Each row's answer field as a JSON or JSON-lines file spells it: a number comes back as
+    its exact digits (``Decimal``, an integral float as its integer), anything else as parsed.
+
+    Returns:
+        ``n`` answers in row order, or None when the file's rows do not line up with ``n``.
+    """
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    parse = {"parse_int": int, "parse_float": Decimal}
+    if text.lstrip().startswith("["):
+        records = json.loads(text, **parse)
+    else:
+        records = [json.loads(line, **parse) for line in text.splitlines() if line.strip()]
+    if len(records) != n:
+        return None
+    out = []
+    for record in records:
+        value = record.get(answer_key) if answer_key in record else None
+        if answer_key not in record:  # a nested field, ``a.b``, as :func:`_column` reads it
+            value = record
+            for part in answer_key.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+        out.append(value)
+    return out
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's kind as messages name it (``a number``)."""
+    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _unknown_roles(prompt: Any) -> list[str]:
@@ -411,4 +477,6 @@ def _is_json_lines(path: str) -> bool:
 def _answer_text(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))  # a numeric column read as float64: 72.0 is the answer 72
+    if isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value():
+        return str(int(value))  # a JSON 72.0 or 1e3 is the answer 72 or 1000, as above
     return str(value)

@@ -22,8 +22,9 @@ from rltrain.errors import ConfigError
 def spec_values(cls: Any, params: dict[str, Any], seed: int) -> dict[str, Any]:
     """The fields of the spec dataclass ``cls`` that ``task.params`` sets, type-checked.
 
-    Other keys of ``task.params`` are not the generator's and are left alone; ``seed`` comes
-    from the run, not from ``task.params``.
+    ``task.params`` holds the generator's settings and ``data_dir`` (the experiment presets
+    put ``task.path`` and ``model.path`` under it); any other key is refused, as a misspelt
+    setting would otherwise be ignored. ``seed`` comes from the run (``task.seed``).
 
     Args:
         cls: the generator's spec dataclass (int, float and bool fields).
@@ -34,12 +35,21 @@ def spec_values(cls: Any, params: dict[str, Any], seed: int) -> dict[str, Any]:
         Keyword arguments for ``cls``.
 
     Raises:
-        ConfigError: a value of the wrong type (a bool for a number, a string, a non-finite
-            float, a number for a bool), naming
+        ConfigError: a key that is not one of those, or a value of the wrong type (a bool for
+            a number, a string, a non-finite float, a number for a bool), naming
             ``task.params.<name>``.
     """
     values: dict[str, Any] = {"seed": seed}
-    problems = []
+    known = [f.name for f in fields(cls) if f.name != "seed"] + ["data_dir"]
+    generator = getattr(cls, "generator", "")
+    problems = [
+        f"task.params.{name}={params[name]!r} is not a setting of task.generate="
+        f"{generator!r}: "
+        + ("the generator's seed is task.seed" if name == "seed" else f"its settings are {known}")
+        + "; fix the key or drop it"
+        for name in params
+        if name not in known
+    ]
     for f in fields(cls):
         if f.name == "seed" or f.name not in params:
             continue

@@ -33,7 +33,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from rltrain.config.schema import MODEL_SIZE_FIELDS
 from rltrain.config.seeds import dataset_seed
@@ -125,9 +125,12 @@ class Gsm8kTinySpec:
     seed: int = 0
     tool: bool = False
 
+    #: the ``task.generate`` value that writes it, for messages
+    generator: ClassVar[str] = "gsm8k_tiny"
+
     @classmethod
     def from_params(cls, params: dict[str, Any], seed: int) -> Gsm8kTinySpec:
-        """Read the spec from ``task.params`` (other keys there are not the generator's).
+        """Read the spec from ``task.params``.
 
         Raises:
             ConfigError: a value of the wrong type or out of range.

@@ -117,4 +117,6 @@ class FusedWorker(ActorWorker):
         return sample_own(self, prompts, seed, with_logprobs, should_stop)
 
     def _greedy(self, task: object) -> float:
-        return greedy_accuracy(self.model, self.tokenizer, task, self.run.rollout.max_new_tokens)
+        return greedy_accuracy(
+            self.model, self.tokenizer, task, self.run.rollout.max_new_tokens, eos_ids=self.eos_ids
+        )

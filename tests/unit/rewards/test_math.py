@@ -36,6 +36,8 @@ from rltrain.tasks import import_reward_fn
         ("#### 3/4", "3/4"),
         ("no marker, just 42", None),
         ("#### \n42", None),  # the number must be on the marker's line
+        ("#### 42, since 6*7", "42"),  # a comma only groups digits: the sentence's is not kept
+        ("#### 1,200, done", "1,200"),
         ("", None),
     ],
 )
@@ -54,6 +56,10 @@ def test_hash_answer_extraction(text, want):
         (r"\boxed{2} then \boxed{3", None),  # the last box is cut off: no final answer
         (r"\boxed{}", None),
         (r"\boxed", None),
+        # a bare \boxed in prose is no answer: the box before it counts
+        (r"\boxed{5}. I put it in \boxed as asked.", "5"),
+        (r"I put it in \boxed as asked.", None),
+        (r"\boxed 5$ and \boxed.", "5"),
         ("no box", None),
     ],
 )
@@ -102,6 +108,13 @@ def test_gsm8k_reward_cases():
     assert gsm8k("", f"#### {huge}", huge) == 1.0
     # floats would call these equal (both round to 1e29); exact fractions do not
     assert gsm8k("", f"#### {huge[:-1]}2", huge) == 0.0
+
+
+def test_a_comma_after_the_final_answer_is_not_part_of_it():
+    # extracted "42," / "1,200," read as no number, and were scored as wrong answers
+    assert math_reward("#### 42, since 6*7", "42", "gsm8k", 0.1) == 1.0
+    assert math_reward("#### 1,200, done", "1200", "gsm8k", 0.1) == 1.0
+    assert math_reward("#### 1,200, done", "1201", "gsm8k", 0.1) == 0.1
 
 
 def test_format_reward_is_paid_only_for_a_wrong_but_well_formed_answer():

@@ -70,8 +70,17 @@ def test_problems_are_correct_disjoint_and_seeded():
 
 def test_spec_from_params_names_the_bad_keys():
     assert Gsm8kTinySpec.from_params(
-        {"num_train": 10, "other": "kept for others"}, 5
+        {"num_train": 10, "data_dir": "/d"},
+        5,  # the presets' paths read data_dir
     ) == Gsm8kTinySpec(num_train=10, seed=5)
+    # a misspelt setting would be ignored: it is refused with the settings there are
+    with pytest.raises(ConfigError) as info:
+        Gsm8kTinySpec.from_params({"sft_stepz": 5, "seed": 3}, 0)
+    misspelt, seed = info.value.problems
+    assert misspelt.startswith("task.params.sft_stepz=5 is not a setting of task.generate=")
+    assert "'gsm8k_tiny': its settings are ['num_train', 'num_eval', 'max_number'" in misspelt
+    assert "'tool', 'data_dir']; fix the key or drop it" in misspelt
+    assert "task.params.seed=3" in seed and "the generator's seed is task.seed" in seed
     with pytest.raises(ConfigError, match="task.params.num_eval='3' must be an integer"):
         Gsm8kTinySpec.from_params({"num_eval": "3"}, 0)
     # operands 0..1: 4 sums and 3 differences per template, 3 templates each, 10 names, 8 objects
