@@ -4,20 +4,15 @@ iterations per placement mode, pipelined overlap read from the timeline, offload
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from composed import composed_run as compose_run
 
-from rltrain.config import load_config
-from rltrain.config.store import register_configs
 from rltrain.runners.embodied import pipeline_overlap, run_embodied
 from rltrain.telemetry.metrics import read_metrics
 
 pytestmark = pytest.mark.spread  # no module fixture: each test may run in either process
 
-CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
 SHORT = (
     "trainer.total_steps=2",
     "trainer.eval_every=2",
@@ -30,13 +25,6 @@ SHORT = (
 #: Modelled device time: 2 environments per stage x 40 ms, for env steps and inference alike
 #: (well above the ~40 ms channel round trip of a loaded 2-core machine).
 LATENCY = ("simulate.env_step_latency_ms=40", "simulate.env_policy_latency_ms=40")
-
-
-def compose_run(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
 def check_run(summary, tmp_path, mode: str) -> dict:

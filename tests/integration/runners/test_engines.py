@@ -10,12 +10,9 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from composed import composed_run as compose_run
 from residency_probe import record_residency_counts
 
-from rltrain.config import load_config
-from rltrain.config.store import register_configs
 from rltrain.runners import reasoning
 from rltrain.runners.stages import ReasoningStages
 from rltrain.telemetry.metrics import read_metrics
@@ -26,7 +23,6 @@ pytestmark = pytest.mark.spread
 #: The unit of the tests that read the module's ``scored_run`` (one process runs it once).
 SCORED_RUN = pytest.mark.spread(unit="test_engines-scored-run")
 
-CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
 SHORT = (
     "trainer.total_steps=3",
     "trainer.eval_every=3",
@@ -34,13 +30,6 @@ SHORT = (
     "rollout.n_samples_per_prompt=4",
     "logging.progress=false",
 )
-
-
-def compose_run(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
 class WeightsRollout(RolloutWorker):

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from composed import composed_run as compose_run
 from residency_probe import record_residency_counts
 
-from rltrain.config import load_config
-from rltrain.config.store import register_configs
 from rltrain.errors import ConfigError, ResourceError
 from rltrain.runners.reasoning import run_reasoning
 from rltrain.telemetry.metrics import read_metrics
@@ -22,20 +18,12 @@ pytestmark = pytest.mark.spread
 #: runs each once).
 DEFAULT_RUN = pytest.mark.spread(unit="test_reasoning-default-run")
 
-CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
 SHORT = (
     "trainer.total_steps=3",
     "trainer.eval_every=3",
     "trainer.train_batch_size=4",
     "logging.progress=false",
 )
-
-
-def compose_run(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
 @pytest.fixture(scope="module")

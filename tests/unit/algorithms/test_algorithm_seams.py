@@ -4,31 +4,18 @@ its properties, never its name."""
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from composed import composed_run as compose_run
 
 from rltrain.algorithms import registry as algo_registry
 from rltrain.algorithms.advantages import compute_advantages, valid_group_advantages
 from rltrain.config import algorithms as vocab
-from rltrain.config import load_config
 from rltrain.config.reference import registry_names
-from rltrain.config.store import register_configs
 from rltrain.errors import ConfigError
 from rltrain.runners import embodied, fusion, layout
 
-CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
 REASONING = {"actor", "rollout", "reward"}
-
-
-def compose_run(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
 def _best_gap(rewards, mask, *, group_size, **_):

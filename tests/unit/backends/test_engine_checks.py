@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from composed import composed_run as load
 
-from rltrain.config import engine_checks, load_config
-from rltrain.config.store import register_configs
+from rltrain.config import engine_checks
 from rltrain.errors import ConfigError
-
-CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
-
-
-def load(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
 def problems(*overrides: str) -> str:

@@ -5,23 +5,14 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from composed import composed as compose_run
 
 from rltrain.config import load_config, resolve_offload
 from rltrain.config.schema import OffloadPolicyConfig, RunConfig
-from rltrain.config.store import register_configs
 from rltrain.errors import ConfigError
 
 CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
 SHIPPED = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
-
-
-def compose_run(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def test_primary_config_validates():

@@ -4,24 +4,10 @@ refused before Ray, naming it (a run with them set trained bit for bit as one wi
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from composed import composed_run as load
 
-from rltrain.config import load_config
-from rltrain.config.store import register_configs
 from rltrain.errors import ConfigError
-
-CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
-
-
-def load(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
 @pytest.mark.parametrize(

@@ -4,25 +4,11 @@ change nothing."""
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from composed import composed as compose_run
 
 from rltrain.config import load_config
-from rltrain.config.store import register_configs
 from rltrain.errors import ConfigError
-
-CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
-
-
-def compose_run(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
 
 ASYNC = ("placement=disaggregated", "trainer.max_staleness=2")
 LONG_TAIL = ("simulate.response_length_median=8", "simulate.rollout_token_latency_ms=5")

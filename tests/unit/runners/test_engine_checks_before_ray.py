@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from composed import composed_run as compose_run
 
 from rltrain.backends.vllm_rollout import check_vllm_memory
-from rltrain.config import engine_checks, load_config
-from rltrain.config.store import register_configs
+from rltrain.config import engine_checks
 from rltrain.errors import ConfigError
 from rltrain.placement.plan import build_plan
 from rltrain.placement.types import GIB, ClusterSpec, NodeSpec
 from rltrain.runners import reasoning
-
-CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
-
-
-def compose_run(*overrides: str):
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
 
 
 @pytest.fixture
