@@ -258,15 +258,7 @@ def _cluster(cfg: RunConfig) -> Iterator[str]:
         and all(isinstance(x, int) for x in d)
         and sum(d) == 0
     ):
-        on_devices = _placed_on_devices(cfg.placement.component_placement)
-        if on_devices:
-            yield (
-                f"cluster.devices_per_node={c.devices_per_node!r} gives the cluster no devices, "
-                f"but placement.component_placement puts {on_devices} on devices: set "
-                f"cluster.devices_per_node to at least 1 (simulated devices on a machine "
-                f"without GPUs), or place them on a node group ({{node_group: node, placement: "
-                f"'0'}})"
-            )
+        yield from _deviceless(cfg)
     if c.cpus_per_node is not None:
         yield from _positive("cluster.cpus_per_node", c.cpus_per_node)
     if c.host_memory_gib is not None:
@@ -278,6 +270,18 @@ def _cluster(cfg: RunConfig) -> Iterator[str]:
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         yield f"cluster.node_groups labels {dup} are used twice: labels must be unique"
+
+
+def _deviceless(cfg: RunConfig) -> Iterator[str]:
+    """Components placed on devices of a cluster that has none."""
+    on_devices = _placed_on_devices(cfg.placement.component_placement)
+    if on_devices:
+        yield (
+            f"cluster.devices_per_node={cfg.cluster.devices_per_node!r} gives the cluster no "
+            f"devices, but placement.component_placement puts {on_devices} on devices: set "
+            f"cluster.devices_per_node to at least 1 (simulated devices on a machine without "
+            f"GPUs), or place them on a node group ({{node_group: node, placement: '0'}})"
+        )
 
 
 def _placed_on_devices(component_placement: Any) -> list[str]:

@@ -327,13 +327,8 @@ def process_table(rows: Sequence[tuple[str, float, float]]) -> str:
     return "\n".join(out)
 
 
-@measure("startup", "python -m rltrain trainer.total_steps=1: start-up phases, wall and CPU")
-def startup_measure(quick: bool) -> Suite:
-    """The main command's start-up, against raw Ray start-up in the same run.
-
-    Raises:
-        ConfigError: a cluster to join was given: both runs time starting a local Ray.
-    """
+def _refuse_a_cluster_to_join() -> None:
+    """Both runs time starting a local Ray: a cluster given to join would be ignored."""
     address = os.environ.get(harness.ADDRESS_ENV)
     if address:
         raise ConfigError(
@@ -341,6 +336,16 @@ def startup_measure(quick: bool) -> Suite:
             f"cluster to join was given ({address!r}): run `rltrain bench startup` without "
             f"--address or cluster=ray"
         )
+
+
+@measure("startup", "python -m rltrain trainer.total_steps=1: start-up phases, wall and CPU")
+def startup_measure(quick: bool) -> Suite:
+    """The main command's start-up, against raw Ray start-up in the same run.
+
+    Raises:
+        ConfigError: a cluster to join was given: both runs time starting a local Ray.
+    """
+    _refuse_a_cluster_to_join()
     tmp = tempfile.mkdtemp(prefix="rltrain-bench-startup-")
     runs: list[StartupRun] = []
 
