@@ -17,6 +17,7 @@ def _reward_worker(run: Any) -> str:
 
 ACTOR = ComponentKind(
     name="actor",
+    state_kinds=("weights", "grads", "optimizer"),
     summary="trains the policy",
     workers={"reasoning": "rltrain.workers.actor:ActorWorker"},
     layout_args=("sizes",),
@@ -24,6 +25,7 @@ ACTOR = ComponentKind(
 )
 ROLLOUT = ComponentKind(
     name="rollout",
+    state_kinds=("weights", "kv_cache"),
     summary="generates with the generation engine",
     workers={"reasoning": "rltrain.workers.rollout:RolloutWorker"},
     receives_weights=True,
@@ -31,18 +33,21 @@ ROLLOUT = ComponentKind(
 )
 REWARD = ComponentKind(
     name="reward",
+    state_kinds=("weights",),
     summary="scores: the task's rule, or a reward model (reward.kind)",
     workers={"reasoning": _reward_worker},
     fused=True,
 )
 REFERENCE = ComponentKind(
     name="reference",
+    state_kinds=("weights",),
     summary="the frozen reference policy's log-probs for the KL",
     workers={"reasoning": "rltrain.workers.reference:ReferenceWorker"},
     built_when=lambda run: run.algorithm.kl_coef > 0,
 )
 CRITIC = ComponentKind(
     name="critic",
+    state_kinds=("weights", "grads", "optimizer"),
     summary="the value model of PPO with GAE",
     workers={"reasoning": "rltrain.workers.critic:CriticWorker"},
     layout_args=("critic_sizes",),
@@ -50,6 +55,7 @@ CRITIC = ComponentKind(
 )
 INFERENCE = ComponentKind(
     name="inference",
+    state_kinds=("weights",),
     summary="recomputes the step's log-probs on its own devices",
     workers={"reasoning": "rltrain.workers.inference:InferenceWorker"},
     receives_weights=True,
@@ -57,6 +63,7 @@ INFERENCE = ComponentKind(
 ENV = ComponentKind(name="env", summary="steps simulators (embodied runs)")
 TOOLS = ComponentKind(
     name="tools",
+    state_kinds=(),
     summary="tool workers of multi-turn runs (task.env): host the environments, run tool calls",
     workers={"reasoning": "rltrain.workers.tools:ToolWorker"},
     built_when=lambda run: run.task.env is not None,

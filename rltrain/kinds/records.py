@@ -95,6 +95,10 @@ class ComponentKind:
             a placement giving it devices is refused.
         serves_rollout: the generation calls it while it generates (tool workers): it does not
             stop ``placement.fuse`` and a fused run starts it beside the fused ranks.
+        state_kinds: the state kinds its processes keep on their devices between stages (what
+            ``placement.offload.<name>`` can move); ``kv_cache`` counts only where the
+            generation engine reserves it (``kv_reserved``). None: not declared (its workers
+            decide what they hold), so its policies are not checked against it.
     """
 
     name: str
@@ -106,6 +110,7 @@ class ComponentKind:
     built_when: Callable[[Any], bool] | None = None
     cpu_only: bool = False
     serves_rollout: bool = False
+    state_kinds: tuple[str, ...] | None = None
 
     def worker_path(self, runner: str, run: Any) -> str | None:
         """``module:Class`` of the worker a run of ``runner`` builds for it (None: none)."""

@@ -1,13 +1,17 @@
 """The memory model: bytes a component's process holds on its devices, term by term.
 
-One function per term, each with its formula, so the plan's prediction and the run-time ledger
-(the residency coordinator) count the same way. Sizes are per *process*; a process spread over
+One function per term, each with its formula. The plan predicts every term with them; the
+run-time ledger (the residency coordinator) registers each worker's measured state instead and
+takes only a stage's transient terms from the plan (:func:`transient_kinds`, applied for the
+run's engines), so the two agree where the formulas match the workers' state. Sizes are per
+*process*; a process spread over
 ``k`` devices (a rollout engine with tensor parallelism) holds ``1/k`` of each term on each.
 
 Terms (state kinds): ``weights``, ``grads``, ``optimizer``, ``kv_cache`` (these may be offloaded
 by policy), ``activations`` (only while the component runs), ``weight_sync`` (the actor's CUDA-IPC
 export buckets, in the ``sync`` stage only) and ``context`` (the per-process device context:
-CUDA's, about 0.5 GiB; none on simulated devices).
+CUDA's, about 0.5 GiB; none on simulated devices). The torch generation engine's ``kv_cache`` is
+transient too (:func:`transient_kinds`): it exists only while the rollout generates.
 """
 
 from __future__ import annotations
@@ -431,6 +435,23 @@ EXPORT_KIND = "weight_sync"
 
 #: Kinds a process holds only while a stage that uses them runs (not state it keeps).
 TRANSIENT_KINDS = ("activations", EXPORT_KIND)
+
+
+def transient_kinds(kv_reserved: bool) -> tuple[str, ...]:
+    """The kinds a process holds only while a stage that uses them runs.
+
+    :data:`TRANSIENT_KINDS`, plus the generation engine's ``kv_cache`` unless the engine reserves
+    it (``kv_reserved``, vLLM): the torch engine allocates its cache for a ``generate`` call and
+    frees it after, while a reserved cache stays on the device until the engine sleeps, so it is
+    state that an offload policy moves and that the worker's ledger measures.
+
+    Args:
+        kv_reserved: the generation engine's entry says ``kv_reserved``.
+
+    Returns:
+        The transient kinds.
+    """
+    return TRANSIENT_KINDS if kv_reserved else (*TRANSIENT_KINDS, "kv_cache")
 
 
 def ipc_export_bytes(params: int, dtype: str, shards: int = 1) -> int:

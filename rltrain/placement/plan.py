@@ -10,8 +10,9 @@ together and have no reward stage): ``generate`` (rollout), ``reward`` (a reward
 ``logprob`` (reference, inference), ``train`` (actor, critic), ``sync`` (actor weights to
 rollout). In a stage, a component that runs holds all its terms; one that does not holds its
 state kinds unless its policy moves them: ``after_stage`` offloads them, ``on_demand`` leaves them
-until the device needs the room (the plan evicts whole components, largest first, only when the
-stage would not fit otherwise). Activations exist only while a component runs; the device
+until the device needs the room (:func:`evictions`: the residency coordinator's rule, kind by
+kind, only when the stage would not fit otherwise). Activations (and the torch generation
+engine's KV cache, :func:`transient_kinds`) exist only while a component runs; the device
 context stays while the process lives.
 """
 
@@ -21,7 +22,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from rltrain.config.offload import OffloadPolicy, resolve_offload
 from rltrain.errors import PlacementError, ResourceError
@@ -533,6 +534,7 @@ def _predict(
     nodes = {n.rank: n for n in cluster.nodes}
     dims = mem.model_dims(run.model)
     policies = {n: _policy(run, n) for n in cp.components}
+    transient = transient_kinds(run)
     terms_cache: dict[tuple[str, int, int, str], dict[str, int]] = {}
     records: dict[tuple[Any, ...], DeviceMemory] = {}
     out: dict[Device, DeviceMemory] = {}
@@ -559,7 +561,9 @@ def _predict(
                 capacity_bytes=node.device_memory_bytes,
                 accelerator_type=node.accelerator_type,
                 stages=tuple(
-                    _stage_memory(s, active, per_proc, policies, node.device_memory_bytes)
+                    _stage_memory(
+                        s, active, per_proc, policies, node.device_memory_bytes, transient
+                    )
                     for s, active in stages
                 ),
             )
@@ -713,14 +717,62 @@ def _rollout_terms(
     return t
 
 
+def transient_kinds(run: Any) -> frozenset[str]:
+    """Kinds of predicted memory that exist only while their component's stage runs: what the
+    plan leaves out of the other stages and the residency ledger adds for a stage's lease
+    (everything else a worker holds is state its ledger measures).
+
+    Args:
+        run: the run config (its generation engine decides whether ``kv_cache`` is transient).
+
+    Returns:
+        :func:`~rltrain.placement.memory.transient_kinds` for the run's generation engine.
+    """
+    return frozenset(mem.transient_kinds(registry.generation_engine(run).kv_reserved))
+
+
+K = TypeVar("K")
+
+
+def evictions(movable: Mapping[K, Mapping[str, int]], room: int) -> list[tuple[K, str, int]]:
+    """Which idle state leaves a device so that ``room`` more bytes are free: the one rule the
+    plan predicts with and the residency coordinator evicts by.
+
+    The holder with the most movable bytes goes first (ties by key), and of a holder its largest
+    kinds first (ties by name), one kind at a time, stopping as soon as the room is made; kinds
+    of 0 bytes never move.
+
+    Args:
+        movable: per holder (a component in the plan, ``(component, rank)`` in the ledger), the
+            bytes per kind its policy lets leave and that are on the device now.
+        room: bytes to free; nothing moves when it is 0 or less.
+
+    Returns:
+        ``(holder, kind, bytes)`` in eviction order; short of ``room`` when everything movable
+        is not enough.
+    """
+    out: list[tuple[K, str, int]] = []
+    holders = sorted(movable.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+    for key, kinds in holders:
+        for kind, b in sorted(kinds.items(), key=lambda kb: (-kb[1], kb[0])):
+            if room <= 0:
+                return out
+            if b > 0:
+                out.append((key, kind, b))
+                room -= b
+    return out
+
+
 def _stage_memory(
     stage: str,
     active: Mapping[str, frozenset[str]],
     per_proc: list[tuple[str, int, dict[str, int]]],
     policies: Mapping[str, OffloadPolicy],
     capacity: int,
+    transient: frozenset[str] = frozenset(mem.TRANSIENT_KINDS),
 ) -> StageMemory:
-    """One device's terms in one stage, after offload policies and on-demand eviction."""
+    """One device's terms in one stage, after offload policies and on-demand eviction
+    (:func:`evictions`); ``transient`` kinds count only for the components that run."""
     sizes: dict[tuple[str, str, str], int] = {}
     for comp, ndev, terms in per_proc:
         uses = active.get(comp, frozenset())
@@ -729,7 +781,7 @@ def _stage_memory(
             share = -(-b // ndev)
             if kind in uses or kind == "context":
                 status = "active" if uses else "pinned"
-            elif kind in mem.TRANSIENT_KINDS:
+            elif kind in transient:
                 continue  # freed when the component's stage ends
             elif not policy.may_offload(kind):
                 status = "pinned"
@@ -741,20 +793,16 @@ def _stage_memory(
             sizes[k] = sizes.get(k, 0) + share
     terms = [MemoryTerm(c, k, b, s) for (c, k, s), b in sizes.items()]
     required = sum(t.bytes for t in terms if t.status in ("active", "pinned"))
-    evictable: dict[str, int] = {}
+    evictable: dict[str, dict[str, int]] = {}
     for t in terms:
         if t.status == "evictable":
-            evictable[t.component] = evictable.get(t.component, 0) + t.bytes
-    evicted = set()
-    # Evict whole components, largest first, only as far as this stage needs the room.
-    for comp, _ in sorted(evictable.items(), key=lambda kv: -kv[1]):
-        if required + sum(v for c, v in evictable.items() if c not in evicted) <= capacity:
-            break
-        evicted.add(comp)
+            evictable.setdefault(t.component, {})[t.kind] = t.bytes
+    held = sum(b for kinds in evictable.values() for b in kinds.values())
+    evicted = {(c, k) for c, k, _ in evictions(evictable, required + held - capacity)}
     if evicted:
         terms = [
             MemoryTerm(t.component, t.kind, t.bytes, "offloaded")
-            if t.status == "evictable" and t.component in evicted
+            if t.status == "evictable" and (t.component, t.kind) in evicted
             else t
             for t in terms
         ]

@@ -23,7 +23,7 @@ from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
 from rltrain.kinds import registry
 from rltrain.placement.micro_batches import adopt_micro_batches
-from rltrain.placement.plan import Plan, build_plan
+from rltrain.placement.plan import Plan, build_plan, transient_kinds
 from rltrain.placement.types import GIB, ClusterSpec
 from rltrain.runners.layout import RunLayout, check_launched, layout_for
 from rltrain.scheduler import Cluster, WorkerGroup
@@ -31,9 +31,6 @@ from rltrain.scheduler.interrupts import check_interrupt
 from rltrain.scheduler.residency import ResidencyCoordinator, Resident
 from rltrain.telemetry import startup, trace
 from rltrain.workers.common import ResidentState
-
-#: Kinds of predicted memory that exist only while the component's stage runs.
-TRANSIENT_KINDS = ("activations", "kv_cache", "weight_sync")
 
 
 @dataclass
@@ -121,12 +118,16 @@ def _simulated_memory(spec: ClusterSpec, run: RunConfig) -> ClusterSpec:
 
 
 def _stage_extra(plan: Plan, component: str, device: tuple[int, int]) -> int:
+    """The plan's transient bytes of ``component`` on ``device`` in its largest stage: what a
+    lease adds to the state its workers measured (a kind the worker measures, vLLM's reserved
+    KV cache, is not transient and is counted once, as state)."""
     memory = plan.memory.get(device)
     if memory is None:
         return 0
+    transient = transient_kinds(plan.run)
     return max(
         (
-            sum(t.bytes for t in s.terms if t.component == component and t.kind in TRANSIENT_KINDS)
+            sum(t.bytes for t in s.terms if t.component == component and t.kind in transient)
             for s in memory.stages
         ),
         default=0,

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from rltrain.config.offload import OffloadPolicy
 from rltrain.errors import ResourceError
+from rltrain.placement.plan import evictions as rule_evictions
 from rltrain.placement.types import GIB
 
 Device = tuple[int, int]  # (node rank, local device id)
@@ -55,11 +56,12 @@ class Resident:
         return sum(b for k, b in self.total.items() if k not in self.offloaded)
 
     def movable(self) -> dict[str, int]:
-        """Bytes per kind that the policy lets leave and that are on the device now."""
+        """Bytes per kind that the policy lets leave and that are on the device now (a kind of
+        0 bytes, an optimizer before its first step, has nothing to move)."""
         return {
             k: b
             for k, b in self.total.items()
-            if k not in self.offloaded and self.policy.may_offload(k)
+            if b and k not in self.offloaded and self.policy.may_offload(k)
         }
 
 
@@ -143,7 +145,9 @@ class ResidencyCoordinator:
         """Decide what must leave so that ``component``'s stage fits on all its devices.
 
         Evicts on-demand residents before after-stage ones (after-stage residents normally left
-        already), larger kinds first, and only from devices the stage uses.
+        already), each by the plan's rule (:func:`~rltrain.placement.plan.evictions`: the
+        resident with the most movable bytes first, its larger kinds first, only as far as the
+        stage needs), and only from devices the stage uses.
 
         Raises:
             ResourceError: when even evicting everything the policies allow cannot make room;
@@ -167,17 +171,19 @@ class ResidencyCoordinator:
                 if k not in r.offloaded and k not in chosen.get((r.component, r.rank), set())
             )
             free = self.capacity[dev] - held
-            order = sorted(others, key=lambda r: (r.policy.when != "on_demand", r.component))
-            for r in order:
-                if free >= need:
-                    break
-                gone = chosen.setdefault((r.component, r.rank), set())
-                for kind, b in sorted(r.movable().items(), key=lambda kv: -kv[1]):
-                    if free >= need:
-                        break
-                    if kind not in gone:
-                        gone.add(kind)
-                        free += b
+            for on_demand in (True, False):
+                movable = {
+                    (r.component, r.rank): {
+                        k: b
+                        for k, b in r.movable().items()
+                        if k not in chosen.get((r.component, r.rank), set())
+                    }
+                    for r in others
+                    if (r.policy.when == "on_demand") == on_demand
+                }
+                for key, kind, b in rule_evictions(movable, need - free):
+                    chosen.setdefault(key, set()).add(kind)
+                    free += b
             if free < need:
                 raise ResourceError(self._explain_shortfall(component, dev, need, free, others))
         evictions = tuple(

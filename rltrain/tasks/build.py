@@ -243,17 +243,21 @@ def _spellable(
         if not bad_answers:
             continue
         bad = [i for i, a in enumerate(src.answers) if a in bad_answers]
+        name = f"{getattr(reward_fn, '__module__', '?')}:{getattr(reward_fn, '__name__', '?')}"
         for i in bad[:MAX_LISTED]:
             answer = src.answers[i]
-            reads = (
-                ""
-                if bad_answers[answer] == answer
-                else f" (the reward reads {bad_answers[answer]!r:.40})"
-            )
+            text = bad_answers[answer]
+            reads = "" if text == answer else f" (task.reward_fn={name} pays for {text!r:.40})"
+            unknown = [
+                c
+                for c in dict.fromkeys(text)
+                if unk in tokenizer(c, add_special_tokens=False)["input_ids"]
+            ]
             problems.append(
                 f"{src.where(i)}: answer {answer!r:.80}{reads} has characters the tokenizer "
-                f"does not know, so no response can earn its reward: add them to "
-                f"model.vocab_chars or use a checkpoint's tokenizer (model.tokenizer_path)"
+                f"does not know ({', '.join(map(repr, unknown))}), so no response can earn its "
+                f"reward: add them to model.vocab_chars or use a checkpoint's tokenizer "
+                f"(model.tokenizer_path)"
             )
         if len(bad) > MAX_LISTED:
             problems.append(f"{src.key}: {len(bad) - MAX_LISTED} more answers like these")

@@ -171,3 +171,16 @@ def test_a_component_the_fused_worker_does_not_host_stops_fusion_saying_so():
         "['judge'], which the fused worker does not host" in b and "placement.fuse=false" in b
         for b in blockers
     )
+
+
+def test_an_offload_policy_is_checked_against_the_components_declared_state_kinds():
+    judge = dataclasses.replace(JUDGE, state_kinds=("weights",))
+    overrides = {
+        "placement.component_placement.judge": "all",
+        "placement.offload.judge": {"when": "after_stage", "states": ["optimizer"]},
+    }
+    with registry.registered(judge):
+        with pytest.raises(ConfigError, match=r"optimizer'\] that judge does not hold"):
+            compose("collocated", **overrides)
+        overrides["placement.offload.judge"] = {"when": "after_stage", "states": ["weights"]}
+        compose("collocated", **overrides)

@@ -212,7 +212,9 @@ def test_on_demand_state_is_evicted_only_when_the_room_is_needed():
     gen = plan.memory[(0, 0)].stage("generate")
     assert gen.required_bytes == 14_602_888_806 + 2 * CTX
     assert terms(gen)[("actor", "optimizer")] == (OPT, "offloaded")
-    assert gen.peak_bytes == gen.required_bytes
+    # one kind at a time, the largest first (the runtime's rule): the optimizer's leaving makes
+    # the room, so the weights and grads stay
+    assert gen.peak_bytes == gen.required_bytes + W + W
 
 
 def test_simulated_devices_have_no_context_and_torch_rollout_has_a_kv_estimate():

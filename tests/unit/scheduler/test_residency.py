@@ -226,3 +226,44 @@ def test_a_stage_that_fits_does_not_wait_for_offloads_still_running():
     co.flush()
     assert log[-2:] == [("awaited", "offload", "rollout"), ("awaited", "offload", "actor")]
     # on the 4 GiB device of the test above the same stage waits (it needs the room)
+
+
+def test_kinds_of_zero_bytes_never_move():
+    # before its first step an actor's optimizer (and here its gradients) hold nothing: an
+    # offload span for them would move nothing
+    co = ResidencyCoordinator({DEV: 8 * GIB})
+    log = []
+    co.register(
+        Resident("actor", 0, (DEV,), AFTER, {"weights": GIB, "grads": 0, "optimizer": 0}),
+        Recorder(log, "actor"),
+    )
+    co.register(
+        Resident("rollout", 0, (DEV,), AFTER, {"weights": 0, "kv_cache": 0}),
+        Recorder(log, "rollout"),
+    )
+    co.offload_all("actor")
+    co.offload_all("rollout")
+    with co.stage("rollout"):
+        pass
+    co.flush()
+    assert log == [("offload", "actor", ("weights",))]
+    assert co.counts() == {("actor", "offload"): 1}
+
+
+def test_on_demand_evicts_the_resident_with_most_movable_bytes_first():
+    # capacity 10 GiB; rollout needs 4; actor holds 1+1+2 = 4, critic 2+2+1 = 5: 3 GiB short.
+    # The critic (5 GiB movable) goes first, its 2 GiB kinds by name (grads, then weights),
+    # and nothing more once 4 GiB are free: 13 - 4 = 9 GiB stay on the device.
+    co = ResidencyCoordinator({DEV: 10 * GIB})
+    co.register(actor(ON_DEMAND))
+    co.register(
+        Resident(
+            "critic", 0, (DEV,), ON_DEMAND, {"weights": 2 * GIB, "grads": 2 * GIB, "optimizer": GIB}
+        )
+    )
+    co.register(Resident("rollout", 0, (DEV,), NEVER, {"weights": GIB, "kv_cache": 3 * GIB}))
+    with co.stage("rollout") as lease:
+        assert [(e.component, e.kinds, e.bytes) for e in lease.evictions] == [
+            ("critic", ("grads", "weights"), 4 * GIB)
+        ]
+        assert co.usage(DEV) == 9 * GIB

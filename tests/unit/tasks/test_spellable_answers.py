@@ -35,7 +35,10 @@ def test_a_gsm8k_solution_needs_only_its_final_answer_spelled(tmp_path):
 def test_the_final_answer_or_its_marker_unspellable_is_refused(tmp_path):
     tok = build_tokenizer(ModelConfig(vocab_chars="0123456789+-*/=(). "))  # no '#'
     cfg = _task(tmp_path, SOLUTION, "rltrain.rewards.math:gsm8k")
-    with pytest.raises(ConfigError, match=r"line 1: answer .* \(the reward reads '#### 7'\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"line 1: answer .* \(task.reward_fn=\S+:gsm8k pays for '#### 7'\) .* \('#'\)",
+    ):
         build_task(cfg, tok)
     # exact match compares the whole answer: every character of it must be spellable
     with pytest.raises(ConfigError, match=r"line 1: answer 'Tom has .* has characters"):
