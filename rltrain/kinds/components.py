@@ -60,7 +60,9 @@ INFERENCE = ComponentKind(
     workers={"reasoning": "rltrain.workers.inference:InferenceWorker"},
     receives_weights=True,
 )
-ENV = ComponentKind(name="env", summary="steps simulators (embodied runs)")
+# A CPU simulator keeps its state in host memory: nothing for an offload policy to move (a GPU
+# simulator's worker would report its buffers in state_bytes, and declare them here).
+ENV = ComponentKind(name="env", summary="steps simulators (embodied runs)", state_kinds=())
 TOOLS = ComponentKind(
     name="tools",
     state_kinds=(),

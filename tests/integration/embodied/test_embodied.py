@@ -45,7 +45,7 @@ def check_run(summary, tmp_path, mode: str) -> dict:
 
 
 @pytest.mark.timeout(300)
-def test_hybrid_pipelines_env_and_rollout_and_offloads_them_for_training(
+def test_hybrid_pipelines_env_and_rollout_and_offloads_the_rollout_for_training(
     ray_session, tmp_path, monkeypatch
 ):
     """The seeds' hybrid layout: env on device 0, rollout on device 1, actor on both."""
