@@ -746,15 +746,6 @@ def _unread_task_keys(t: Any) -> Iterator[str]:
                     f"task.{key}={value!r} names a field of a data file (task.name=jsonl); "
                     f"task.name={t.name!r} has none: {fix}drop task.{key}"
                 )
-    if t.name == "gym":
-        for key in ("num_train", "num_eval", "max_operand"):
-            value = getattr(t, key)
-            if value != getattr(defaults, key):
-                yield (
-                    f"task.{key}={value} sizes a prompt task; task.name='gym' runs an "
-                    f"environment (env.num_envs, env.rollout_steps, env.eval_episodes size it): "
-                    f"drop task.{key}"
-                )
     yield from _unread_by_gym(t, defaults)
     if t.name != "jsonl" and t.params:
         yield (
@@ -778,19 +769,26 @@ def _unread_task_keys(t: Any) -> Iterator[str]:
 
 
 def _unread_by_gym(t: Any, defaults: Any) -> Iterator[str]:
-    """Language-task keys set on ``task.name=gym``: a simulator policy reads no prompts, so a
-    reward function, a system prompt or a chat template would be ignored. (``task.params`` is
-    refused for every task that is not ``jsonl``; ``task.max_prompt_length`` stays: the memory
-    plan sizes sequences from it for every runner.)"""
+    """Prompt-task keys set on ``task.name=gym``: a simulator policy reads no prompts, so their
+    sizes, a reward function, a system prompt or a chat template would be ignored.
+    (``task.params`` is refused for every task that is not ``jsonl``; ``task.max_prompt_length``
+    stays: the memory plan sizes sequences from it for every runner.)"""
     if t.name != "gym":
         return
-    for key in ("reward_fn", "system_prompt", "chat_template"):
+    sized = (
+        "sizes a prompt task; task.name='gym' runs an environment (env.num_envs, "
+        "env.rollout_steps, env.eval_episodes size it)"
+    )
+    language = (
+        "is for a language task (task.name=jsonl or arithmetic); task.name='gym' scores "
+        "episodes by the environment's reward"
+    )
+    why = dict.fromkeys(("num_train", "num_eval", "max_operand"), sized)
+    why |= dict.fromkeys(("reward_fn", "system_prompt", "chat_template"), language)
+    for key, reason in why.items():
         value = getattr(t, key)
         if value != getattr(defaults, key):
-            yield (
-                f"task.{key}={value!r} is for a language task (task.name=jsonl or arithmetic); "
-                f"task.name='gym' scores episodes by the environment's reward: drop task.{key}"
-            )
+            yield f"task.{key}={value!r} {reason}: drop task.{key}"
 
 
 @check
