@@ -454,11 +454,7 @@ class ToolEpisodes:
         model = self.model()
         was_training = model.training
         model.eval()
-        slots = self.settings.slots or len(episodes)
-        stops = {*self.eos_ids, *self.call_ends}
-        decoder = TurnDecoder(
-            model, params, stops, self.tokenizer.pad_token_id, self.device, slots, with_logprobs
-        )
+        decoder = self._decoder(model, params, len(episodes), with_logprobs)
         by_row = {e.row: e for e in episodes}
         ready = list(episodes)
         waiting: list[Episode] = []
@@ -484,6 +480,17 @@ class ToolEpisodes:
             model.train(was_training)
             self.pool.close([e.handle for e in episodes])
         self.pool.check()  # a tool worker died: its episodes failed above, and the run stops
+
+    def _decoder(
+        self, model: Any, params: SamplingParams, episodes: int, with_logprobs: bool
+    ) -> TurnDecoder:
+        """The continuous-batching decoder of one call: ``tools.slots`` rows at once (0: every
+        episode), a turn ending at an EOS or at the end of a tool call."""
+        slots = self.settings.slots or episodes
+        stops = {*self.eos_ids, *self.call_ends}
+        return TurnDecoder(
+            model, params, stops, self.tokenizer.pad_token_id, self.device, slots, with_logprobs
+        )
 
     @staticmethod
     def _joins_now(decoder: TurnDecoder, ready: int, since_join: int) -> bool:

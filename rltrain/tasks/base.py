@@ -170,6 +170,16 @@ class Task:
         return float(self.reward_fn(held, response, self._answers[held]))
 
 
+def _check_train_count(num_train: int, rest: int, total: int, num_eval: int, prefix: str) -> None:
+    """Refuse asking for more training rows than the ``rest`` the held-out prompts leave."""
+    if num_train > rest:
+        out = f" ({total - rest} held out by {prefix}.num_eval)" if num_eval else ""
+        raise ConfigError(
+            f"{prefix}.num_train={num_train} is more than the {rest} training prompts the task "
+            f"has ({total} prompts{out}): choose at most {rest}, or 0 for all of them"
+        )
+
+
 def split_eval(
     examples: Sequence[Example], num_eval: int, num_train: int, seed: int, key_prefix: str = "task"
 ) -> tuple[tuple[Example, ...], tuple[Example, ...], bool]:
@@ -212,15 +222,7 @@ def split_eval(
     random.Random(seed).shuffle(order)
     held = sorted(groups[g][0] for g in order[:num_eval])
     rest = [i for g in order[num_eval:] for i in groups[g]]
-    if num_train > len(rest):
-        out = (
-            f" ({len(examples) - len(rest)} held out by {key_prefix}.num_eval)" if num_eval else ""
-        )
-        raise ConfigError(
-            f"{key_prefix}.num_train={num_train} is more than the {len(rest)} training prompts "
-            f"the task has ({len(examples)} prompts{out}): choose at most {len(rest)}, or 0 "
-            f"for all of them"
-        )
+    _check_train_count(num_train, len(rest), len(examples), num_eval, key_prefix)
     kept = sorted(rest[:num_train] if num_train else rest)
     train = tuple(examples[i] for i in kept)
     if num_eval == 0:
