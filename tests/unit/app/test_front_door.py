@@ -147,6 +147,8 @@ def test_moving_the_actor_moves_the_collocated_rollout():
 def test_plan_mode_writes_the_plan_and_refuses_after(no_ray):
     from rltrain.app import run
 
-    with pytest.raises(RltrainError):
+    with pytest.raises(
+        ConfigError, match="trainer.max_staleness=1 needs rollout and actor on separate devices"
+    ):
         run(compose_config("mode=plan", "trainer.max_staleness=1"))
     assert json.loads((no_ray / "plan.json").read_text())["mode"] == "collocated"

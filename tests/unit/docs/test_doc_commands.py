@@ -232,6 +232,8 @@ def _inline_overrides() -> list[tuple[str, str]]:
 
 
 INLINE_OVERRIDES = _inline_overrides()
+#: Overrides the docs quote as examples of values refused on load.
+SHOWN_REFUSED = frozenset({"cluster.devices_per_node=1e8"})
 
 
 @pytest.mark.parametrize(
@@ -239,8 +241,12 @@ INLINE_OVERRIDES = _inline_overrides()
 )
 def test_documented_override_composes(where: str, override: str, placeholders):
     key, _, value = override.partition("=")
-    if "<" in value or "..." in value or re.fullmatch(r"[A-Za-z]", value):
-        pytest.skip("a pattern (<x>, ..., or a single letter), not a value")
+    if "<" in value or "..." in value or "|" in value or re.fullmatch(r"[A-Za-z]", value):
+        pytest.skip("a pattern (<x>, ..., a|b, or a single letter), not a value")
+    if override in SHOWN_REFUSED:
+        with pytest.raises(Exception, match=re.escape(key)):  # the doc's point: it is refused
+            load_config(compose_config(_fill([override], placeholders)))
+        return
     if key.startswith("hydra."):
         pytest.skip("Hydra's own key: Hydra checks it")
     try:
@@ -251,6 +257,21 @@ def test_documented_override_composes(where: str, override: str, placeholders):
         # must exist, take its value's type and need no extra `+`.
         bad_key = ("unknown config key", "Could not override", "bad value for", "could not read")
         assert not any(b in message for b in bad_key), f"{where}: {override} -> {message}"
+        # ... and a value its own key's checks accept (a problem that names this key with a
+        # type or range refusal is the doc's value, not a missing part of its command)
+        name = key.lstrip("+")
+        bad_value = (
+            "is not a whole number",
+            "is not valid: choose one of",
+            "must be > 0",
+            "must be >= 0",
+            "is not a number",
+            "must be a",
+        )
+        own = [line for line in message.splitlines() if f"{name}=" in line]
+        assert not [line for line in own if any(b in line for b in bad_value)], (
+            f"{where}: {override} -> {message}"
+        )
 
 
 def test_the_docs_show_commands():

@@ -31,6 +31,21 @@ def global_rank(cluster: ClusterSpec, node: int, device: int) -> int:
     return sum(n.num_devices for n in cluster.nodes[:node]) + device
 
 
+def node_of(cluster: ClusterSpec, rank: int) -> int:
+    """The node holding the cluster's hardware rank ``rank`` (nodes in order)."""
+    first = 0
+    for i, node in enumerate(cluster.nodes):
+        if rank < first + node.num_devices:
+            return i
+        first += node.num_devices
+    raise AssertionError(f"rank {rank} is past the cluster's {first} devices")
+
+
+def straddles(cluster: ClusterSpec, process_ranks: list[list[int]]) -> bool:
+    """Whether any process's hardware ranks lie on two nodes (computed by hand)."""
+    return any(len({node_of(cluster, r) for r in ranks}) > 1 for ranks in process_ranks)
+
+
 def place(cluster: ClusterSpec, text: str) -> list[Placement]:
     cp = HybridComponentPlacement({"cluster": {"component_placement": {"actor": text}}}, cluster)
     return cp.get_placements("actor")
@@ -89,15 +104,25 @@ def test_well_formed_strings_are_placed_exactly_or_refused_for_overlap(case):
     cluster, text, specs = case
     named = [set(range(a, b + 1)) for a, b, _ in specs]
     overlap = any(named[i] & named[j] for i in range(len(named)) for j in range(i))
+    # a part splitting n devices over p processes gives each n / p consecutive devices
+    processes = [
+        list(range(a + k * ((b - a + 1) // p), a + (k + 1) * ((b - a + 1) // p)))
+        for a, b, p in specs
+        if p < b - a + 1
+        for k in range(p)
+    ]
+    straddle = straddles(cluster, processes)
     try:
         placements = place(cluster, text)
     except PlacementError as err:
         msg = str(err)
         # the only ways a well-formed string fails: two parts name one device, or a
-        # multi-device process would straddle two nodes
-        assert ("both name resource" in msg) == overlap or "straddle" in msg, msg
+        # multi-device process would straddle two nodes, each where it does
+        assert overlap or straddle, f"a valid string was refused: {msg}"
+        assert ("both name resource" in msg and overlap) or ("straddle" in msg and straddle), msg
         assert repr(text) in msg  # quoted exactly as given
         return
+    assert not overlap and not straddle, f"{text!r} was accepted"
     assert not overlap
     assert_valid_layout(cluster, placements)
     start = 0
@@ -196,12 +221,21 @@ def test_node_processes_see_their_node_and_reserve_nothing(cluster, data):
 def test_packed_never_invents_devices(cluster, start, per, stride, blocks):
     end = start + per * stride * blocks - 1
     strategy = PackedPlacementStrategy(start, end, per, stride)
+    # by hand: block b, process j takes b * per * stride + start + j + k * stride, k < per
+    size = per * stride
+    processes = [
+        [start + b * size + j + k * stride for k in range(per)]
+        for b in range(blocks)
+        for j in range(stride)
+    ]
+    exists = end < cluster.num_devices
+    straddle = exists and straddles(cluster, processes)
     try:
         placements = strategy.get_placement(cluster)
     except PlacementError as err:
-        assert end >= cluster.num_devices or "straddle" in str(err)
+        assert not exists or ("straddle" in str(err) and straddle), str(err)
         return
-    assert end < cluster.num_devices
+    assert exists and not straddle
     ranks = [global_rank(cluster, p.cluster_node_rank, d) for p in placements for d in p.device_ids]
     assert sorted(ranks) == list(range(start, end + 1))  # each device once, none outside
     assert all(len(p.device_ids) == per for p in placements)

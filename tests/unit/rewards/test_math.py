@@ -17,6 +17,7 @@ from rltrain.rewards.math import (
     gsm8k,
     gsm8k_with_format,
     math_reward,
+    normalize_answer,
     parse_number,
 )
 from rltrain.tasks import import_reward_fn
@@ -146,3 +147,17 @@ def test_answers_equal_and_unknown_style():
 def test_rewards_are_importable_by_their_config_names():
     assert import_reward_fn("rltrain.rewards.math:gsm8k") is m.gsm8k
     assert import_reward_fn("rltrain.rewards.math:boxed_with_format") is m.boxed_with_format
+
+
+@pytest.mark.parametrize(
+    ("raw", "normal"),
+    [
+        (r"\tfrac{1}{2}", r"\frac{1}{2}"),  # text-style fraction: the same number
+        (r"50\%", "50"),  # an escaped percent sign
+        (r"1\!000", "1000"),  # LaTeX's negative thin space
+        (r"3\;cm", "3cm"),  # thick space
+        (r"3\ cm", "3cm"),  # control space
+    ],
+)
+def test_latex_spacing_and_style_commands_normalize_away(raw, normal):
+    assert normalize_answer(raw) == normal
