@@ -21,6 +21,7 @@ from rltrain.config.numerics import placed_components
 from rltrain.config.schema import (
     ActorConfig,
     AlgorithmConfig,
+    AutoPlacementConfig,
     CriticConfig,
     EnvConfig,
     LoraConfig,
@@ -72,6 +73,20 @@ def _any_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
         )
         names = ("alpha", "dropout", "target_modules")
         rules.append(("actor.lora", _changed(cfg.actor.lora, LoraConfig(), names), why))
+    auto, auto0 = cfg.placement.auto, AutoPlacementConfig()
+    if cfg.placement.mode != "auto":
+        why = (
+            f"placement.auto.* configures placement=auto's profiling and search, and "
+            f"placement.mode={cfg.placement.mode!r}: use placement=auto, or drop it"
+        )
+        names = tuple(f.name for f in dataclasses.fields(AutoPlacementConfig))
+        rules.append(("placement.auto", _changed(auto, auto0, names), why))
+    elif kind is not None and not kind.steps_env:
+        why = (
+            f"it lists env.pipeline_stage_num values for embodied runs, and runner="
+            f"{cfg.runner!r} steps no simulators: drop it"
+        )
+        rules.append(("placement.auto", _changed(auto, auto0, ("pipeline_stages",)), why))
     if "critic" not in placed_components(cfg):
         if kind is not None and kind.steps_env:
             why = (
