@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from rltrain.autoplace.candidates import (
 )
 from rltrain.autoplace.cost import costs_to_dict
 from rltrain.autoplace.profile import Profile, get_profile
-from rltrain.autoplace.search import Row, ordered, pick, rank, render, verify
+from rltrain.autoplace.search import UNCHECKED, Row, ordered, pick, rank, render, verify
 from rltrain.autoplace.settings import DEFAULT_STAGES, AutoSettings
 from rltrain.errors import ConfigError
 from rltrain.kinds import registry
@@ -124,7 +124,7 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
     Raises:
         ConfigError: bad ``placement.auto.*`` values, or no candidate passes its checks (every
             candidate's reason listed).
-        ResourceError: profiling could not run within the time limit.
+        ResourceError: no profiling run gave a reading (the time limit, or every run failed).
     """
     settings = settings or AutoSettings.from_run(run)
     profile = get_profile(run, settings, os.path.join(run_dir, PROFILE_DIR))
@@ -135,24 +135,9 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
     t2 = time.perf_counter()
     winner = pick(rows)
     if winner is None:
-        reasons = [f"{r.candidate.name}: {r.reason}" for r in rows if r.reason]
-        if len(reasons) > MAX_REASONS:
-            more = len(reasons) - MAX_REASONS
-            reasons = reasons[:MAX_REASONS] + [f"... and {more} more (fastest predicted first)"]
-        raise ConfigError(
-            [
-                "placement=auto: no candidate layout passes the checks training makes; each one's "
-                "reason follows (give more devices, or lower the memory the run needs)"
-            ]
-            + reasons
-        )
-    origin = (
-        f"profile {profile.key}: cached {profile.created} ({profile.path})"
-        if profile.source == "cache"
-        else f"profile {profile.key}: measured in {profile.seconds:.1f} s "
-        f"({len(profile.runs)} layouts profiled), cached at {profile.path}"
-    )
-    text = render(rows, winner, header=f"placement=auto: {len(rows)} candidates; {origin}")
+        raise refusal(rows, settings.max_checked)
+    header = f"placement=auto: {len(rows)} candidates; {origin(profile)}"
+    text = render(rows, winner, header="\n".join([header, *profile.gaps()]))
     shown = ordered(rows, winner)
     sim = simulated(run, shown, profile)
     text += simulated_text(shown, sim)
@@ -167,6 +152,53 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
         rows=tuple(shown),
         search_s=t1 - t0,
         verify_s=t2 - t1,
+    )
+
+
+def refusal(rows: Sequence[Row], max_checked: int) -> ConfigError:
+    """The error when no row is valid: each excluded row's reason, and, when
+    ``placement.auto.max_checked`` left rows unchecked, how many and the fix.
+
+    Args:
+        rows: the checked rows (:func:`~rltrain.autoplace.search.verify`), none valid.
+        max_checked: ``placement.auto.max_checked``.
+
+    Returns:
+        The error to raise.
+    """
+    reasons = [f"{r.candidate.name}: {r.reason}" for r in rows if r.reason]
+    if len(reasons) > MAX_REASONS:
+        more = len(reasons) - MAX_REASONS
+        reasons = reasons[:MAX_REASONS] + [f"... and {more} more (fastest predicted first)"]
+    unchecked = sum(r.status == UNCHECKED for r in rows)
+    if unchecked:
+        head = (
+            f"placement=auto: none of the {len(rows) - unchecked} candidate layouts checked "
+            f"passes the checks training makes, and {unchecked} of the {len(rows)} were not "
+            f"checked (placement.auto.max_checked={max_checked}): raise "
+            f"placement.auto.max_checked (to {len(rows)} to check every one); each checked "
+            f"one's reason follows"
+        )
+    else:
+        head = (
+            "placement=auto: no candidate layout passes the checks training makes; each one's "
+            "reason follows (give more devices, or lower the memory the run needs)"
+        )
+    return ConfigError([head, *reasons])
+
+
+def origin(profile: Profile) -> str:
+    """Where the profile came from, in words (the ranking's first line)."""
+    if profile.source == "cache":
+        return f"profile {profile.key}: cached {profile.created} ({profile.path})"
+    where = (
+        f"cached at {profile.path}"
+        if profile.path
+        else "not cached (the cache keeps its complete profile)"
+    )
+    return (
+        f"profile {profile.key}: measured in {profile.seconds:.1f} s "
+        f"({len(profile.runs)} layouts profiled), {where}"
     )
 
 

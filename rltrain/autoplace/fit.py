@@ -94,8 +94,8 @@ def _overhead(reading: RunReading) -> float:
 
 
 def fused(reading: RunReading) -> bool:
-    """Whether a reasoning run stepped fused (its driver times the whole ``step``)."""
-    return "step" in reading.stages
+    """Whether a reasoning run stepped fused (its driver timed one ``step`` call per step)."""
+    return reading.fused
 
 
 def fit_reasoning(
@@ -141,7 +141,7 @@ def fit_reasoning(
         train.append((cand.actor_devices, t))
         if fused(r):
             own = g + t + r.stages.get("reward", 0.0)
-            fused_o.append(max((r.period_s or r.stages["step"]) - own, 0.0))
+            fused_o.append(max(r.seconds_per_step - own, 0.0))
             continue
         if cand.shares:
             moves.append((cand.rollout_devices, g_moves + t_moves))

@@ -3,13 +3,17 @@
 The runs go through the runners' own entry points (:func:`rltrain.runners.reasoning.
 run_reasoning`, :func:`rltrain.runners.embodied.run_embodied`) on the configured cluster: real
 workers on the real (or simulated) devices. Each is bounded by ``placement.auto.profile_steps``
-steps and what is left of ``placement.auto.time_limit_s`` (``trainer.time_budget_s``); a run
-that would start after the limit is skipped and the fit uses the runs made. All runs share one
-Ray: a local one is started once (and stopped after), an existing one is joined.
+steps and what is left of ``placement.auto.time_limit_s`` (``trainer.time_budget_s``, which
+bounds the run's training loop, not its workers' start-up and shutdown); a run that would start
+after the limit is skipped and the fit uses the runs made. A run that fails is reported and its
+slot's next layout is run instead. All runs share one Ray: a local one is started once (and
+stopped after), an existing one is joined.
 
 Profiles are cached under ``placement.auto.cache_dir`` by :func:`profile_key`: the model, the
 task, the cluster, and every setting that changes how long a stage takes (batch sizes, lengths,
-engines, latency knobs); not the placement, which is what the profile serves to choose.
+engines, latency knobs); not the placement, which is what the profile serves to choose. A
+profile the time limit cut short is never cached over a complete one, and a cached one that was
+cut short is measured again.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 from rltrain.autoplace.candidates import Candidate, apply
 from rltrain.autoplace.cost import EmbodiedCosts, ReasoningCosts, costs_from_dict, costs_to_dict
 from rltrain.autoplace.fit import fit_embodied, fit_reasoning, profile_candidates
-from rltrain.autoplace.readings import RunReading, read_run
+from rltrain.autoplace.readings import RunReading, read_metrics, read_run
 from rltrain.autoplace.settings import AutoSettings
 from rltrain.errors import ConfigError, ResourceError
 from rltrain.kinds import registry
@@ -52,8 +56,10 @@ class Profile:
         source: ``measured`` (this call profiled) or ``cache`` (read from ``path``).
         seconds: wall-clock seconds the profiling took when it was measured.
         created: when it was measured (ISO date and time).
-        path: the cache file.
-        skipped: profiling layouts not run because the time limit was reached.
+        path: the cache file ("" when it was not cached).
+        skipped: profiling layouts the time limit left out: not run, or stopped before a timed
+            step.
+        failed: ``"<layout>: <error>"`` of each profiling run that failed.
     """
 
     key: str
@@ -65,6 +71,23 @@ class Profile:
     created: str = ""
     path: str = ""
     skipped: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Whether the time limit left no profiling layout out."""
+        return not self.skipped
+
+    def gaps(self) -> list[str]:
+        """Lines saying which profiling layouts were left out and why (none when none)."""
+        lines = []
+        if self.skipped:
+            lines.append(
+                "  skipped at placement.auto.time_limit_s (raise it to measure them): "
+                + ", ".join(self.skipped)
+            )
+        lines += [f"  failed: {f}" for f in self.failed]
+        return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +99,7 @@ class Profile:
             "seconds": self.seconds,
             "created": self.created,
             "skipped": list(self.skipped),
+            "failed": list(self.failed),
         }
 
     @classmethod
@@ -90,6 +114,7 @@ class Profile:
             created=str(d.get("created", "")),
             path=path,
             skipped=tuple(d.get("skipped", ())),
+            failed=tuple(d.get("failed", ())),
         )
 
 
@@ -195,8 +220,8 @@ def measure(
 
     Raises:
         ConfigError: no profiling layout passes the checks.
-        ResourceError: no profiling run recorded a timed step within the limit.
-        ConfigError / PlacementError / WorkerError: a profiling run failed (its message).
+        ResourceError: no profiling run recorded a timed step within the limit, or every one
+            failed (each failure named).
     """
     from rltrain.scheduler import Cluster
 
@@ -205,46 +230,27 @@ def measure(
         run.runner, node_devices(run), run.env.pipeline_stage_num, run.env.num_envs
     )
     start = clock()
-    skipped: list[str] = []
-    specs = [c for c in (_first_valid(run, slot) for slot in slots) if c is not None]
-    if not specs:
+    firsts = [_first_valid(run, slot) for slot in slots]
+    if all(c is None for c in firsts):
         raise ConfigError(
             "placement=auto: no layout to profile passes the checks training makes (every "
             "layout of node 0's devices is refused): lower the memory the run needs or give "
             "the cluster more devices; python -m rltrain mode=plan placement=collocated shows "
             "why"
         )
-    # Later passes run the layouts in reverse order; each layout keeps its fastest reading, so
-    # load that comes and goes on a shared machine does not decide the profile.
-    order = [specs if i % 2 == 0 else specs[::-1] for i in range(max(settings.profile_passes, 1))]
-    best: dict[str, tuple[Candidate, RunReading]] = {}
+    # each slot from its first valid layout: the rest are the fall-backs of a failed run
+    runnable = [list(sl[sl.index(c) :]) for sl, c in zip(slots, firsts, strict=True) if c]
     cluster = Cluster.start(run.cluster)  # one Ray for every profiling run
     try:
-        for i, batch in enumerate(order):
-            for cand in batch:
-                left = settings.time_limit_s - (clock() - start)
-                if left <= 0:
-                    skipped.append(cand.name if i == 0 else f"{cand.name} (pass {i + 1})")
-                    continue
-                d = os.path.join(out_dir, _dir_name(cand) + (f"-pass{i + 1}" if i else ""))
-                prun = profile_run_config(run, cand, settings.profile_steps, left, d)
-                log.info(
-                    "placement=auto: profiling %s (%d steps)", cand.name, settings.profile_steps
-                )
-                entry(prun, d)
-                reading = read_run(d, WARMUP_STEPS)
-                kept = best.get(cand.name)
-                if kept is None or reading.seconds_per_step < kept[1].seconds_per_step:
-                    best[cand.name] = (cand, reading)
+        made = profile_layouts(run, settings, out_dir, runnable, entry, clock, start)
     finally:
         cluster.shutdown()
-    made = [best[c.name] for c in specs if c.name in best]
-    if not made:
+    if not made.runs:
         raise ResourceError(
-            f"placement.auto.time_limit_s={settings.time_limit_s}: no profiling run fitted in "
-            f"the limit; raise it"
+            f"placement=auto: no profiling run recorded a timed step ({made.why_none(settings)}); "
+            f"the runs are under {out_dir}"
         )
-    costs = _fit(run, made)
+    costs = _fit(run, made.runs)
     runs = tuple(
         {
             "layout": c.name,
@@ -253,7 +259,7 @@ def measure(
             "stages": c.stages,
             "reading": r.to_dict(),
         }
-        for c, r in made
+        for c, r in made.runs
     )
     return Profile(
         key=profile_key(run),
@@ -263,18 +269,144 @@ def measure(
         source="measured",
         seconds=clock() - start,
         created=datetime.datetime.now().isoformat(timespec="seconds"),
-        skipped=tuple(skipped),
+        skipped=made.skipped,
+        failed=made.failed,
     )
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the profiling runs gave.
+
+    Attributes:
+        runs: ``(layout, reading)`` of each layout measured, in slot order.
+        skipped: layouts the time limit left out (see :attr:`Profile.skipped`).
+        failed: ``"<layout>: <error>"`` of each run that failed.
+    """
+
+    runs: tuple[tuple[Candidate, RunReading], ...]
+    skipped: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+
+    def why_none(self, settings: AutoSettings) -> str:
+        """Why no layout was measured, and the fix."""
+        why = [f"failed: {f}" for f in self.failed]
+        if self.skipped:
+            why.append(
+                f"cut short by placement.auto.time_limit_s={settings.time_limit_s}: "
+                f"{', '.join(self.skipped)}; raise it"
+            )
+        return "; ".join(why)
+
+
+#: Characters of a failed run's error kept in the profile (its first line).
+ERROR_CHARS = 300
+
+
+def profile_layouts(
+    run: Any,
+    settings: AutoSettings,
+    out_dir: str,
+    slots: Sequence[Sequence[Candidate]],
+    entry: Callable[[Any, str], dict],
+    clock: Callable[[], float] = time.monotonic,
+    start: float | None = None,
+) -> Measured:
+    """Run the profiling layouts on a started cluster and read them back.
+
+    Each slot's first layout runs; when its run fails (the entry raises, or it recorded no
+    step), the failure is kept and the slot's next layout that passes the checks runs instead.
+    No run starts once ``settings.time_limit_s`` has passed since ``start``; one that its time
+    budget stopped within its warm-up step counts as left out by the limit. With
+    ``settings.profile_passes > 1`` the measured layouts run again (every other pass in
+    reverse order) and each keeps its fastest reading, so load that comes and goes on a shared
+    machine does not decide the profile.
+
+    Args:
+        run: the base run config.
+        settings: ``placement.auto.*``.
+        out_dir: where the runs write (one directory per run).
+        slots: the layouts of each slot, the first to run first (each passes the checks).
+        entry: ``(run config, run directory) -> summary``: drives one run.
+        clock: the clock the time limit is kept with.
+        start: the clock's reading when profiling began (default: now).
+
+    Returns:
+        The readings and what was left out.
+    """
+    start = clock() if start is None else start
+    best: dict[str, tuple[Candidate, RunReading]] = {}
+    skipped: list[str] = []
+    failed: list[str] = []
+
+    def attempt(cand: Candidate, i: int) -> str:
+        """One profiling run: ``ok``, ``skipped`` (the time limit) or ``failed``."""
+        tag = cand.name if i == 0 else f"{cand.name} (pass {i + 1})"
+        left = settings.time_limit_s - (clock() - start)
+        if left <= 0:
+            skipped.append(tag)
+            return "skipped"
+        d = os.path.join(out_dir, _dir_name(cand) + (f"-pass{i + 1}" if i else ""))
+        prun = profile_run_config(run, cand, settings.profile_steps, left, d)
+        log.info("placement=auto: profiling %s (%d steps)", cand.name, settings.profile_steps)
+        try:
+            entry(prun, d)
+            reading = read_run(d, WARMUP_STEPS)
+        except Exception as exc:  # noqa: BLE001 - one layout's failure leaves the others usable
+            if _stopped_in_warmup(d):
+                skipped.append(f"{tag} (stopped within its warm-up step)")
+                return "skipped"
+            failed.append(f"{tag}: {_first_line(exc)}")
+            log.warning("placement=auto: profiling %s failed: %s", cand.name, failed[-1])
+            return "failed"
+        kept = best.get(cand.name)
+        if kept is None or reading.seconds_per_step < kept[1].seconds_per_step:
+            best[cand.name] = (cand, reading)
+        return "ok"
+
+    measured: list[Candidate] = []
+    for slot in slots:
+        for j, cand in enumerate(slot):
+            if j and not _passes(run, cand):
+                continue  # a fall-back the checks refuse
+            outcome = attempt(cand, 0)
+            if outcome == "ok":
+                measured.append(cand)
+            if outcome != "failed":
+                break
+    for i in range(1, max(settings.profile_passes, 1)):
+        for cand in measured if i % 2 == 0 else measured[::-1]:
+            attempt(cand, i)
+    return Measured(tuple(best[c.name] for c in measured), tuple(skipped), tuple(failed))
+
+
+def _stopped_in_warmup(run_dir: str) -> bool:
+    """Whether a run that could not be read back took its warm-up step only (its time budget
+    stopped it: a profiling run takes at least two steps otherwise)."""
+    try:
+        return 0 < len(read_metrics(run_dir)) <= WARMUP_STEPS
+    except ConfigError:
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    """An error's type and first line, shortened (a worker's traceback follows it)."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    if len(text) > ERROR_CHARS:
+        text = text[: ERROR_CHARS - 3] + "..."
+    return f"{type(exc).__name__}: {text}"
 
 
 def _first_valid(run: Any, slot: Sequence[Candidate]) -> Candidate | None:
     """The first layout of a slot that passes the checks training makes."""
+    return next((cand for cand in slot if _passes(run, cand)), None)
+
+
+def _passes(run: Any, cand: Candidate) -> bool:
+    """Whether a profiling layout passes the checks training makes."""
     from rltrain.autoplace.search import check_candidate
 
-    for cand in slot:
-        if not check_candidate(run, _profiled_as(cand))[0]:
-            return cand
-    return None
+    return not check_candidate(run, _profiled_as(cand))[0]
 
 
 def _profiled_as(cand: Candidate) -> Candidate:
@@ -305,8 +437,10 @@ def _dir_name(cand: Candidate) -> str:
 
 
 def get_profile(run: Any, settings: AutoSettings, out_dir: str) -> Profile:
-    """The run's profile: from the cache when there is one (and ``reprofile`` is off), else
-    measured and cached.
+    """The run's profile: from the cache when there is a complete one (and ``reprofile`` is
+    off), else measured and cached. A measured profile the time limit cut short is not cached
+    over a complete one (it is returned uncached, ``path`` empty); a cached one that was cut
+    short is measured again.
 
     Args:
         run: the base run config.
@@ -321,9 +455,54 @@ def get_profile(run: Any, settings: AutoSettings, out_dir: str) -> Profile:
     """
     key = profile_key(run)
     if not settings.reprofile:
-        cached = load_cached(settings, key)
+        cached = reusable_cached(settings, key)
         if cached is not None:
             return cached
-    profile = measure(run, settings, out_dir)
-    path = save_cached(settings, profile)
-    return dataclasses.replace(profile, path=path)
+    return store(settings, measure(run, settings, out_dir))
+
+
+def reusable_cached(settings: AutoSettings, key: str) -> Profile | None:
+    """The cached profile of ``key`` when it is complete; None when there is none or the time
+    limit cut it short (then it is to be measured again, with the limit the run has now).
+
+    Args:
+        settings: ``placement.auto.*``.
+        key: the profile's key (:func:`profile_key`).
+
+    Returns:
+        The cached profile, or None.
+    """
+    cached = load_cached(settings, key)
+    if cached is None or cached.complete:
+        return cached
+    log.warning(
+        "placement=auto: the cached profile %s left out %s (placement.auto.time_limit_s): "
+        "measuring again",
+        cached.path,
+        ", ".join(cached.skipped),
+    )
+    return None
+
+
+def store(settings: AutoSettings, profile: Profile) -> Profile:
+    """Cache a measured profile, unless the time limit cut it short and the cache holds a
+    complete one of the same key (which stays).
+
+    Args:
+        settings: ``placement.auto.*``.
+        profile: the measured profile.
+
+    Returns:
+        The profile with ``path`` set to its cache file, or empty when it was not cached.
+    """
+    cached = load_cached(settings, profile.key)
+    if not profile.complete and cached is not None and cached.complete:
+        log.warning(
+            "placement=auto: this profile left out %s (placement.auto.time_limit_s=%s): not "
+            "cached over the complete one at %s",
+            ", ".join(profile.skipped),
+            settings.time_limit_s,
+            cached.path,
+        )
+        return dataclasses.replace(profile, path="")
+    return dataclasses.replace(profile, path=save_cached(settings, profile))

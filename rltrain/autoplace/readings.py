@@ -3,13 +3,16 @@
 A run writes ``metrics.jsonl`` (one record per step with ``time/<stage>_s``) and, with
 ``logging.trace=true``, ``trace.json`` (every span: the driver's one per step, the workers'
 ``offload`` / ``reload``). From them :func:`read_run` takes, over the *timed* steps (after the
-warm-up steps, before the last one, which is followed by evaluation and the checkpoint):
+warm-up steps, before the last one, which is followed by evaluation and the checkpoint, unless
+it is the only one left: with one warm-up step, a two-step run times its second step):
 
 - each stage's mean seconds per step (the runner's own timers);
 - the step *period*: the median time from one step's start to the next one's (the driver's
   per-step span), which is what a step really costs, driver work between steps included; the
   median, because the machines these runs share may stall one step now and then;
-- the seconds per step each component spent moving state (offload and reload spans).
+- the seconds per step each component spent moving state (offload and reload spans);
+- whether the run stepped fused: its driver's per-step span is then ``step`` (the one call per
+  step), and its stage timers (``time/generate_s``, ...) are the fused ranks' own.
 
 Pure: reads files, imports neither Ray nor torch.
 """
@@ -27,6 +30,8 @@ from rltrain.errors import ConfigError
 
 #: Driver spans that open a step: synchronous steps, asynchronous ones, fused ones.
 STEP_SPANS = ("generate", "generate_wait", "step")
+#: The driver span of a fused step.
+FUSED_SPAN = "step"
 #: Worker spans of state moving between device and host.
 MOVE_SPANS = ("offload", "reload")
 
@@ -43,6 +48,8 @@ class RunReading:
         moves: ``"<component>/<offload|reload>"`` -> seconds per timed step.
         old_logprobs_s: mean seconds per timed step of the actor's pi_old forward pass
             (``actor/old_logprobs_s``; part of the ``train`` stage; 0 when it made none).
+        fused: whether the driver took fused steps (its trace's per-step span is ``step``;
+            False without a trace). ``step_s`` is then the driver's whole call per step.
     """
 
     steps: int
@@ -51,6 +58,7 @@ class RunReading:
     period_s: float | None = None
     moves: Mapping[str, float] = field(default_factory=dict)
     old_logprobs_s: float = 0.0
+    fused: bool = False
 
     @property
     def seconds_per_step(self) -> float:
@@ -75,6 +83,7 @@ class RunReading:
             period_s=None if d.get("period_s") is None else float(d["period_s"]),
             moves=dict(d.get("moves", {})),
             old_logprobs_s=float(d.get("old_logprobs_s", 0.0)),
+            fused=bool(d.get("fused", False)),
         )
 
 
@@ -101,17 +110,26 @@ def step_windows(trace: Any) -> tuple[list[float], list[tuple[str, str, float, f
     Returns:
         ``(starts, moves)`` with ``moves`` as ``(component, kind, start_s, end_s)``.
     """
+    starts, moves, _ = _driver_steps(trace)
+    return starts, moves
+
+
+def _driver_steps(
+    trace: Any,
+) -> tuple[list[float], list[tuple[str, str, float, float]], set[str]]:
+    """:func:`step_windows` and the names of the driver's per-step spans."""
     from rltrain.telemetry.timeline import intervals
 
-    starts, moves = [], []
+    starts, moves, names = [], [], set()
     for iv in intervals(trace):
         if iv.lane_kind != "process":
             continue
         if iv.component == "driver" and iv.name in STEP_SPANS:
             starts.append(iv.start_us / 1e6)
+            names.add(iv.name)
         elif iv.name in MOVE_SPANS:
             moves.append((iv.component, iv.name, iv.start_us / 1e6, iv.end_us / 1e6))
-    return sorted(starts), moves
+    return sorted(starts), moves, names
 
 
 def timed(records: Sequence[Mapping[str, Any]], warmup: int) -> list[Mapping[str, Any]]:
@@ -146,14 +164,15 @@ def read_run(run_dir: str, warmup: int = 1) -> RunReading:
     stages = {k[5:-2]: statistics.fmean(float(r.get(k) or 0.0) for r in rows) for k in keys}
     step_s = statistics.fmean(float(r.get("time/step_s") or 0.0) for r in rows)
     old_lp = statistics.fmean(float(r.get("actor/old_logprobs_s") or 0.0) for r in rows)
-    period, moves = None, {}
+    period, moves, fused = None, {}, False
     trace_path = os.path.join(run_dir, "trace.json")
     if os.path.exists(trace_path):
         from rltrain.telemetry.timeline import load_trace
 
-        starts, spans = step_windows(load_trace(trace_path))
+        starts, spans, names = _driver_steps(load_trace(trace_path))
         period, moves = _period_and_moves(starts, spans, warmup, len(rows))
-    return RunReading(len(rows), stages, step_s, period, moves, old_lp)
+        fused = FUSED_SPAN in names
+    return RunReading(len(rows), stages, step_s, period, moves, old_lp, fused)
 
 
 def _period_and_moves(

@@ -27,9 +27,11 @@ class AutoSettings:
     """The search's settings (``placement.auto.*``).
 
     Attributes:
-        profile_steps: training steps per profiling run; the first is warm-up and not timed.
-        time_limit_s: wall-clock budget of all profiling runs together; a run that would start
-            after it is skipped and the fit uses the runs made.
+        profile_steps: training steps per profiling run; the first is warm-up and not timed,
+            nor is the last unless it is the only one left.
+        time_limit_s: wall-clock seconds from the start of profiling after which no profiling
+            run starts (skipped; the fit uses the runs made); a run that starts stops training
+            at what is left (``trainer.time_budget_s``), its start-up and shutdown unbounded.
         cache_dir: where profiles are cached (``~`` expanded).
         reprofile: ignore a cached profile and measure again.
         candidates: the layout families enumerated.

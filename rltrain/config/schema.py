@@ -95,7 +95,7 @@ class AutoPlacementConfig:
     seconds per step, rank them, run the winner (mode=plan: print the ranking only)."""
 
     profile_steps: int = 5  # steps per profiling run; the first is warm-up and is not timed (>= 2)
-    time_limit_s: float = 300.0  # profiling wall-clock budget over all its runs (> 0)
+    time_limit_s: float = 300.0  # wall-clock s after which no profiling run starts (> 0)
     # where profiles are cached by (model, task, cluster); null: ~/.cache/rltrain/profiles
     cache_dir: Optional[str] = None
     reprofile: bool = False  # ignore a cached profile and measure again

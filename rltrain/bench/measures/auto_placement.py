@@ -128,6 +128,7 @@ SCENARIOS = (
         "embodied",
         (
             "experiment=cartpole_collocated",
+            "placement.mode=auto",
             "env.num_envs=16",
             "env.rollout_steps=8",
             "simulate.env_step_latency_ms=20",

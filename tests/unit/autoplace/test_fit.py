@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rltrain.autoplace.candidates import Candidate
 from rltrain.autoplace.fit import fit_embodied, fit_reasoning, profile_candidates
-from rltrain.autoplace.readings import RunReading
+from rltrain.autoplace.readings import RunReading, read_run
 
 
 def _names(slots):
@@ -74,14 +76,37 @@ def test_fit_reasoning_takes_moves_out_of_the_stages():
     assert c.moves.at(1) == pytest.approx(0.3) and c.moves.at(2) == pytest.approx(0.3)
 
 
-def test_fit_reasoning_with_a_fused_run():
-    turns = _reading(
-        {"generate": 1.5, "train": 1.0, "reward": 0.0, "sync": 0.05}, step_s=2.55, period_s=2.6
-    )
-    # fused ranks time their own stages; the driver times the whole call ("step")
-    fused = _reading(
-        {"generate": 1.0, "train": 0.6, "reward": 0.0, "step": 1.62}, step_s=1.62, period_s=1.65
-    )
+def _write_run(path, records, starts_s, step_span):
+    """A run directory as a reasoning run writes it: ``metrics.jsonl`` and the driver's
+    per-step spans in ``trace.json`` (``step`` for a fused step, ``generate`` for one taking
+    turns)."""
+    path.mkdir()
+    with open(path / "metrics.jsonl", "w") as f:
+        for i, r in enumerate(records):
+            f.write(json.dumps({"step": i, "reward/mean": 0.0, **r}) + "\n")
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "process driver"}}]
+    events += [
+        {"ph": "X", "name": step_span, "cat": "driver", "pid": 1, "ts": s * 1e6, "dur": 1e5}
+        for s in starts_s
+    ]
+    (path / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    return read_run(str(path), warmup=1)
+
+
+def test_fit_reasoning_with_a_fused_run(tmp_path):
+    # 4 steps each: step 0 is warm-up, step 3 is followed by evaluation: steps 1-2 are timed.
+    turn = {"time/generate_s": 1.5, "time/train_s": 1.0, "time/reward_s": 0.0}
+    turn = {**turn, "time/sync_s": 0.05, "time/step_s": 2.55}
+    turns = _write_run(tmp_path / "split", [turn] * 4, [0.0, 2.6, 5.2, 7.8], "generate")
+    # fused ranks time their own stages; the driver times the whole call (time/step_s) and
+    # records no sync
+    one = {"time/generate_s": 1.0, "time/train_s": 0.6, "time/reward_s": 0.0}
+    slow = {"time/generate_s": 5.0, "time/train_s": 5.0, "time/reward_s": 0.0}
+    records = [{**slow, "time/step_s": 11.0}] + [{**one, "time/step_s": 1.62}] * 2
+    records.append({**slow, "time/step_s": 20.0})
+    fused = _write_run(tmp_path / "fused", records, [0.0, 11.0, 12.7, 14.4], "step")
+    assert fused.fused and not turns.fused
+    assert RunReading.from_dict(fused.to_dict()) == fused  # cached profiles keep it
     c = fit_reasoning(
         [
             (Candidate("disaggregated", (0, 1), (1, 2)), turns),
@@ -90,8 +115,8 @@ def test_fit_reasoning_with_a_fused_run():
     )
     assert c.generate.at(2) == pytest.approx(1.0) and c.train.at(1) == pytest.approx(1.0)
     assert c.sync == pytest.approx(0.05)  # from the turn-taking run only
-    assert c.overhead == pytest.approx(0.05)
-    assert c.fused_overhead == pytest.approx(1.65 - 1.6)
+    assert c.overhead == pytest.approx(2.6 - 2.55)
+    assert c.fused_overhead == pytest.approx(1.7 - 1.6)  # period beyond the ranks' stages
     assert c.moves.at(1) == 0.0
 
 
