@@ -14,7 +14,7 @@ Pure: no torch, no Ray; the workers, the cost model and the checks all ask here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rltrain.config.checks import check
@@ -29,6 +29,18 @@ def placed_components(run: Any) -> set[str]:
     """Component names the placement places (``"actor,rollout"`` keys split)."""
     keys = getattr(getattr(run, "placement", None), "component_placement", None) or {}
     return {n.strip() for k in keys for n in str(k).split(",")}
+
+
+def device_placement_keys(run: Any) -> list[str]:
+    """The ``placement.component_placement`` keys placed on the cluster's devices (a range, or
+    ``node_group: cluster``), as written (``"actor,rollout"`` not split)."""
+    keys = getattr(getattr(run, "placement", None), "component_placement", None) or {}
+    out = []
+    for key, value in keys.items():
+        group = value.get("node_group") if isinstance(value, Mapping) else None
+        if group in (None, "cluster"):
+            out.append(str(key))
+    return out
 
 
 def numerics_mismatches(run: Any) -> list[str]:

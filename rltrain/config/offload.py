@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rltrain.config.checks import check
-from rltrain.config.numerics import placed_components
+from rltrain.config.numerics import device_placement_keys, placed_components
 from rltrain.config.schema import OFFLOAD_WHEN, STATE_KINDS, OffloadPolicyConfig, RunConfig
 from rltrain.errors import ConfigError
 from rltrain.kinds import registry
@@ -160,16 +160,6 @@ def _named_states(policy: OffloadPolicyConfig, resolved: OffloadPolicy) -> froze
     return resolved.states & frozenset(named)
 
 
-def _placed_on_devices(run: Any) -> set[str]:
-    """Components some ``placement.component_placement`` entry gives devices."""
-    out: set[str] = set()
-    for key, value in (run.placement.component_placement or {}).items():
-        group = value.get("node_group") if isinstance(value, Mapping) else None
-        if group in (None, "cluster"):
-            out |= {n.strip() for n in str(key).split(",")}
-    return out
-
-
 def offload_problems(run: Any) -> Iterator[str]:
     """Offload policies that could move nothing, or not what they say: each with the key, the
     value and the fix.
@@ -186,7 +176,8 @@ def offload_problems(run: Any) -> Iterator[str]:
     Yields:
         One message per problem.
     """
-    placed, on_devices = placed_components(run), _placed_on_devices(run)
+    placed = placed_components(run)
+    on_devices = {n.strip() for k in device_placement_keys(run) for n in k.split(",")}
     for name, raw in (run.placement.offload or {}).items():
         key = f"placement.offload.{name}"
         try:

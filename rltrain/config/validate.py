@@ -274,7 +274,7 @@ def _cluster(cfg: RunConfig) -> Iterator[str]:
 
 def _deviceless(cfg: RunConfig) -> Iterator[str]:
     """Components placed on devices of a cluster that has none."""
-    on_devices = _placed_on_devices(cfg.placement.component_placement)
+    on_devices = device_placement_keys(cfg)
     if on_devices:
         yield (
             f"cluster.devices_per_node={cfg.cluster.devices_per_node!r} gives the cluster no "
@@ -282,16 +282,6 @@ def _deviceless(cfg: RunConfig) -> Iterator[str]:
             f"cluster.devices_per_node to at least 1 (simulated devices on a machine without "
             f"GPUs), or place them on a node group ({{node_group: node, placement: '0'}})"
         )
-
-
-def _placed_on_devices(component_placement: Any) -> list[str]:
-    """Components placed on the cluster's devices (a range, or ``node_group: cluster``)."""
-    out = []
-    for key, value in (component_placement or {}).items():
-        group = value.get("node_group") if isinstance(value, dict) else None
-        if group in (None, "cluster"):
-            out.append(str(key))
-    return out
 
 
 @check
@@ -1025,6 +1015,7 @@ import rltrain.config.device_checks  # noqa: E402, F401
 import rltrain.config.engine_checks  # noqa: E402, F401
 import rltrain.config.numerics  # noqa: E402, F401
 import rltrain.config.unread  # noqa: E402, F401
+from rltrain.config.numerics import device_placement_keys  # noqa: E402
 
 # The what-if simulator's section keeps its checks in their own module.
 from rltrain.config.whatif_checks import whatif_problems  # noqa: E402
