@@ -289,18 +289,17 @@ def _refuse_impossible(jobs: Sequence[Job], allocator: SliceAllocator) -> None:
 def _refuse_shared_checkpoint_dirs(jobs: Sequence[Job]) -> None:
     """Fail, before anything runs, jobs that would write one ``trainer.checkpoint_dir``: each
     would replace and prune the others' checkpoints."""
-    sharing: dict[str, list[Job]] = {}
+    sharing: dict[str, list[tuple[Job, str]]] = {}
     for job in jobs:
         if job.ret is None:
             where = OmegaConf.select(job.sweep_config, "trainer.checkpoint_dir", default=None)
             if where:
-                sharing.setdefault(_checkpoint_place(job, str(where)), []).append(job)
+                sharing.setdefault(_checkpoint_place(job, str(where)), []).append((job, str(where)))
     for place, group in sharing.items():
         if len(group) < 2:
             continue
-        nums = ", ".join(f"#{j.num}" for j in group)
-        for job in group:
-            where = str(OmegaConf.select(job.sweep_config, "trainer.checkpoint_dir"))
+        nums = ", ".join(f"#{j.num}" for j, _ in group)
+        for job, where in group:
             shown = repr(where) if where == place else f"{where!r} ({place})"
             exc = ConfigError(
                 f"trainer.checkpoint_dir={shown} is the checkpoint directory of jobs {nums}: "

@@ -93,11 +93,6 @@ def _overhead(reading: RunReading) -> float:
     return max(reading.period_s - reading.step_s, 0.0)
 
 
-def fused(reading: RunReading) -> bool:
-    """Whether a reasoning run stepped fused (its driver timed one ``step`` call per step)."""
-    return reading.fused
-
-
 def fit_reasoning(
     runs: Sequence[tuple[Candidate, RunReading]],
     old_logprob_passes: tuple[int, int] = (0, 0),
@@ -139,7 +134,7 @@ def fit_reasoning(
         t = max(r.stages.get("train", 0.0) - t_moves, 0.0)
         gen.append((cand.rollout_devices, g))
         train.append((cand.actor_devices, t))
-        if fused(r):
+        if r.fused:
             own = g + t + r.stages.get("reward", 0.0)
             fused_o.append(max(r.seconds_per_step - own, 0.0))
             continue

@@ -104,32 +104,25 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r.get("step", 0))
 
 
-def step_windows(trace: Any) -> tuple[list[float], list[tuple[str, str, float, float]]]:
-    """The driver's step starts (seconds) and every move span, from a Chrome trace document.
+def step_windows(trace: Any) -> tuple[list[float], list[tuple[str, str, float, float]], bool]:
+    """The driver's step starts (seconds), every move span, and whether the driver stepped
+    fused (its per-step span is :data:`FUSED_SPAN`), from a Chrome trace document.
 
     Returns:
-        ``(starts, moves)`` with ``moves`` as ``(component, kind, start_s, end_s)``.
+        ``(starts, moves, fused)`` with ``moves`` as ``(component, kind, start_s, end_s)``.
     """
-    starts, moves, _ = _driver_steps(trace)
-    return starts, moves
-
-
-def _driver_steps(
-    trace: Any,
-) -> tuple[list[float], list[tuple[str, str, float, float]], set[str]]:
-    """:func:`step_windows` and the names of the driver's per-step spans."""
     from rltrain.telemetry.timeline import intervals
 
-    starts, moves, names = [], [], set()
+    starts, moves, fused = [], [], False
     for iv in intervals(trace):
         if iv.lane_kind != "process":
             continue
         if iv.component == "driver" and iv.name in STEP_SPANS:
             starts.append(iv.start_us / 1e6)
-            names.add(iv.name)
+            fused = fused or iv.name == FUSED_SPAN
         elif iv.name in MOVE_SPANS:
             moves.append((iv.component, iv.name, iv.start_us / 1e6, iv.end_us / 1e6))
-    return sorted(starts), moves, names
+    return sorted(starts), moves, fused
 
 
 def timed(records: Sequence[Mapping[str, Any]], warmup: int) -> list[Mapping[str, Any]]:
@@ -169,9 +162,8 @@ def read_run(run_dir: str, warmup: int = 1) -> RunReading:
     if os.path.exists(trace_path):
         from rltrain.telemetry.timeline import load_trace
 
-        starts, spans, names = _driver_steps(load_trace(trace_path))
+        starts, spans, fused = step_windows(load_trace(trace_path))
         period, moves = _period_and_moves(starts, spans, warmup, len(rows))
-        fused = FUSED_SPAN in names
     return RunReading(len(rows), stages, step_s, period, moves, old_lp, fused)
 
 
