@@ -191,9 +191,9 @@ def value_param_count(d: ModelDims) -> int:
 def reward_param_count(d: ModelDims) -> int:
     """Parameters of a sequence-classification reward model (what
     ``AutoModelForSequenceClassification`` loads): the decoder without its LM head (``V·h``,
-    unless tied to the embeddings) plus a one-score head without bias (``h``)."""
-    head = 0 if d.tie_word_embeddings else d.vocab_size * d.hidden_size
-    return param_count(d) - head + d.hidden_size
+    unless tied to the embeddings) plus a one-score head without bias (``h``): the critic's
+    value model but its head's bias."""
+    return value_param_count(d) - 1
 
 
 def lora_linear_shapes(d: ModelDims) -> dict[str, tuple[int, int]]:
