@@ -879,9 +879,7 @@ def carry_problems(cfg: RunConfig) -> Iterator[str]:
             f"carried into the next call trains at least 2 versions after the one that started "
             f"it; set trainer.max_staleness>=2 (placement=disaggregated) {fix}"
         )
-    segmented = [
-        n for n in registry.engine_names("generation") if registry.engine("generation", n).segments
-    ]
+    segmented = registry.engine_names("generation", having="segments")
     unsupported = (
         ("rollout.backend", cfg.rollout.backend, cfg.rollout.backend not in segmented,
          "only an engine with `segments` decodes carried rows across calls (vLLM would need "

@@ -64,10 +64,15 @@ def registered(*kinds: Kind) -> Iterator[None]:
             unregister(k)
 
 
-def engine_names(role: str) -> tuple[str, ...]:
+def engine_names(role: str, having: str | None = None) -> tuple[str, ...]:
     """The allowed values of the role's key (``actor.backend``: training, ``rollout.backend``:
-    generation), in registration order."""
-    return tuple(name for r, name in _ENGINES if r == role)
+    generation), in registration order; with ``having``, only the engines whose entry sets
+    that property (``segments``, ``multi_turn``, ...)."""
+    return tuple(
+        name
+        for (r, name), kind in _ENGINES.items()
+        if r == role and (having is None or getattr(kind, having))
+    )
 
 
 def engine(role: str, name: str) -> EngineKind:

@@ -153,10 +153,6 @@ def load_env_class(spec: str, key: str = "task.env") -> type:
     return cls
 
 
-def _engine(name: str) -> Any:
-    return registry.engine("generation", name)
-
-
 def env_problems(run: Any) -> list[str]:
     """What stops ``task.env`` (checked before Ray starts), as messages naming the keys."""
     t, r = run.task, run.rollout
@@ -171,7 +167,7 @@ def env_problems(run: Any) -> list[str]:
         load_env_class(t.env)
     except ConfigError as exc:
         out.extend(exc.problems if hasattr(exc, "problems") else [str(exc)])
-    engines = [n for n in registry.engine_names("generation") if _engine(n).multi_turn]
+    engines = list(registry.engine_names("generation", having="multi_turn"))
     if r.backend not in engines:
         out.append(
             f"task.env runs multi-turn episodes with the engines {engines} only (got "
