@@ -33,7 +33,7 @@ from rltrain.runners.weight_hub import WeightHub
 from rltrain.scheduler import WorkerGroup
 from rltrain.tasks import build_task, build_tokenizer
 from rltrain.workers.actor import ActorWorker
-from rltrain.workers.common import PEAK_METRICS, TrainResult
+from rltrain.workers.common import LOSS_TOKENS, PEAK_METRICS, TrainResult
 from rltrain.workers.critic import CriticWorker
 from rltrain.workers.inference import InferenceWorker
 from rltrain.workers.reference import ReferenceWorker, gather_round_robin
@@ -368,10 +368,6 @@ class ScoredShards:
         return self._scores
 
 
-#: The rollout/trainer log-prob gap's metrics (:class:`~rltrain.algorithms.logprobs.LogprobGap`).
-#: An actor rank's trained tokens in its update (``token_mask``'s sum: infra-failed rows and
-#: tool results count none).
-LOSS_TOKENS = "actor/loss_tokens"
 #: The actor's metrics that average over tokens: their mean over the ranks weighs each rank by
 #: its ``LOSS_TOKENS``.
 TOKEN_METRICS = frozenset(
@@ -379,6 +375,7 @@ TOKEN_METRICS = frozenset(
     for k in ("pg_loss", "clip_frac", "approx_kl", "entropy", "kl_loss", "tis_weight_mean",
               "tis_clip_frac")
 )  # fmt: skip
+#: The rollout/trainer log-prob gap's metrics (:class:`~rltrain.algorithms.logprobs.LogprobGap`).
 GAP_MEAN, GAP_MAX, GAP_TOKENS = (
     "rollout/logprob_gap_mean",
     "rollout/logprob_gap_max",

@@ -29,6 +29,7 @@ from rltrain.tasks.model import build_model
 from rltrain.telemetry import trace
 from rltrain.workers.batching import concat_batches, with_scores
 from rltrain.workers.common import (
+    LOSS_TOKENS,
     ResidentState,
     TrainResult,
     compute_device,
@@ -143,7 +144,7 @@ class ActorWorker(Worker, ResidentState):
         gen = torch.Generator().manual_seed(minibatch_seed(self.run.seed, step))
         memory_peaks(self.device, reset=True)
         metrics = self.engine.update(self.own_reference(mine.to(self.device)), gen)
-        metrics["actor/loss_tokens"] = float(mine.token_mask.sum())  # weighs it over the ranks
+        metrics[LOSS_TOKENS] = float(mine.token_mask.sum())
         metrics.update(memory_peaks(self.device))
         if self._yields_device:
             release_cached_blocks(self.device)

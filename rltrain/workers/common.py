@@ -123,6 +123,9 @@ def reachable_device_bytes(obj: Any, device: torch.device) -> int:
 
 #: The ends of an update's allocator peak metrics (:func:`memory_peaks`); ranks report their max.
 PEAK_METRICS = ("memory_allocated_peak_gib", "memory_reserved_peak_gib")
+#: An actor rank's trained tokens in its update (``token_mask``'s sum: infra-failed rows and
+#: tool results count none); it weighs the rank's per-token metrics over the ranks.
+LOSS_TOKENS = "actor/loss_tokens"
 
 
 def memory_peaks(
