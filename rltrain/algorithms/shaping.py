@@ -18,15 +18,21 @@ from rltrain.algorithms.batch import RolloutBatch
 from rltrain.errors import ConfigError
 
 
-def informative_groups(rewards: Tensor, group_size: int) -> Tensor:
+def informative_groups(rewards: Tensor, group_size: int, scored: Tensor | None = None) -> Tensor:
     """Which prompt groups have rewards that differ (a group-based advantage is not all 0).
+
+    With ``scored``, only the scored rows count: the advantage step leaves unscored
+    (infra-failed) rows out of the group statistics and gives them no advantage, so their
+    placeholder reward must not make a group of equal scored rewards look informative; a group
+    then needs two scored rows whose rewards differ.
 
     Args:
         rewards: ``[B]`` rewards, groups of ``group_size`` consecutive rows.
         group_size: samples per prompt.
+        scored: ``[B]`` bool, True where the row has a reward; None: every row.
 
     Returns:
-        ``[B / group_size]`` bool, True where the group's rewards are not all equal.
+        ``[B / group_size]`` bool, True where the group's (scored) rewards are not all equal.
 
     Raises:
         ConfigError: ``B`` is not a multiple of ``group_size``.
@@ -37,7 +43,12 @@ def informative_groups(rewards: Tensor, group_size: int) -> Tensor:
             f"={group_size}"
         )
     g = rewards.reshape(-1, group_size)
-    return (g != g[:, :1]).any(dim=1)
+    if scored is None:
+        return (g != g[:, :1]).any(dim=1)
+    ok = scored.reshape(-1, group_size)
+    high = torch.where(ok, g, torch.full_like(g, -torch.inf)).max(dim=1).values
+    low = torch.where(ok, g, torch.full_like(g, torch.inf)).min(dim=1).values
+    return (ok.sum(dim=1) >= 2) & (high > low)
 
 
 def overlong_penalties(response_mask: Tensor, budget: int, buffer: int, penalty: float) -> Tensor:

@@ -115,8 +115,8 @@ class GroupFilter:
         final: bool,
         scored: Sequence[torch.Tensor | None] | None = None,
     ) -> Selection | None:
-        keep = scored_informative_groups(
-            torch.cat(list(rewards)).float(), _joined(rewards, scored), self.group_size
+        keep = informative_groups(
+            torch.cat(list(rewards)).float(), self.group_size, _joined(rewards, scored)
         )
         kept = torch.nonzero(keep).flatten()
         if len(kept) < self.groups and not final:
@@ -147,30 +147,6 @@ def _joined(
             for r, m in zip(rewards, masks, strict=True)
         ]
     )
-
-
-def scored_informative_groups(rewards: torch.Tensor, scored: torch.Tensor, n: int) -> torch.Tensor:
-    """Which prompt groups the group advantage gives a nonzero signal: at least two scored rows
-    whose rewards differ. The advantage step leaves unscored (infra-failed) rows out of the group
-    statistics and gives them no advantage, so their placeholder reward must not make a group
-    of equal scored rewards look informative.
-
-    Args:
-        rewards: ``[B]`` rewards, groups of ``n`` consecutive rows.
-        scored: ``[B]`` bool, True where the row has a reward.
-        n: samples per prompt.
-
-    Returns:
-        ``[B / n]`` bool.
-
-    Raises:
-        ConfigError: ``B`` is not a multiple of ``n``.
-    """
-    informative_groups(rewards, n)  # refuses a batch that does not split into groups
-    g, ok = rewards.reshape(-1, n), scored.reshape(-1, n)
-    high = torch.where(ok, g, torch.full_like(g, -torch.inf)).max(dim=1).values
-    low = torch.where(ok, g, torch.full_like(g, torch.inf)).min(dim=1).values
-    return (ok.sum(dim=1) >= 2) & (high > low)
 
 
 def batch_stage_for(run: Any, sizes: Any) -> BatchStage:
