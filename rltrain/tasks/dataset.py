@@ -300,12 +300,14 @@ def _column(table: Any, name: str) -> list[Any] | None:
     head, _, rest = name.partition(".")
     if not rest or head not in columns:
         return None
-    out = []
-    for value in table.select_columns([head])[:][head]:
-        for part in rest.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        out.append(value)
-    return out
+    return [_field(value, rest) for value in table.select_columns([head])[:][head]]
+
+
+def _field(value: Any, dotted: str) -> Any:
+    """Field ``dotted`` (``b`` or ``b.c``) of a nested record; None where a level is missing."""
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _listed(bad: Sequence[int], rows: Rows, text: str) -> list[str]:
@@ -427,15 +429,8 @@ def _exact_json_answers(path: str, answer_key: str, n: int) -> list[Any] | None:
         records = [json.loads(line, **parse) for line in text.splitlines() if line.strip()]
     if len(records) != n:
         return None
-    out = []
-    for record in records:
-        value = record.get(answer_key) if answer_key in record else None
-        if answer_key not in record:  # a nested field, ``a.b``, as :func:`_column` reads it
-            value = record
-            for part in answer_key.split("."):
-                value = value.get(part) if isinstance(value, dict) else None
-        out.append(value)
-    return out
+    # a top-level key as written, else a nested field ``a.b`` as :func:`_column` reads it
+    return [r[answer_key] if answer_key in r else _field(r, answer_key) for r in records]
 
 
 def _kind(value: Any) -> str:
