@@ -120,7 +120,8 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
             trainer = dataclasses.replace(run_cfg.trainer, resume=restarts[-1]["checkpoint"])
             attempt = dataclasses.replace(run_cfg, trainer=trainer)
     if restarts:
-        summary = across_attempts(summary, _records(out_dir), attempts)
+        staleness = run_cfg.trainer.max_staleness
+        summary = across_attempts(summary, _records(out_dir), attempts, staleness)
         summary["restarts"] = restarts
     write_job_summary(out_dir, summary)
     print_summary(summary, out_dir)
@@ -149,7 +150,7 @@ def _cause(exc: WorkerError) -> str:
         inner = getattr(cause, "cause", None) or cause  # Ray wraps the worker's exception
         text = (str(inner).strip().splitlines() or [""])[-1]
         return f"{type(inner).__name__}: {text}".strip().rstrip(":") + f" in {exc.where}"
-    return (str(exc).strip().splitlines() or ["a worker failed"])[0]
+    return (str(exc).strip().splitlines() or ["a worker failed"])[0].rstrip(":")
 
 
 def _signature(cause: str) -> str:
@@ -259,7 +260,7 @@ def _restart_point(run_cfg: RunConfig, out_dir: str, exc: WorkerError, count: in
     root = checkpoint_root(run_cfg, out_dir)
     checkpoint = CheckpointManager(root).latest() or run_cfg.trainer.resume
     step = int(read_state(checkpoint)["step"]) if checkpoint else 0
-    cause = str(exc).strip().splitlines()[0]
+    cause = _cause(exc)
     log.warning(
         "restart %d of %d (trainer.max_restarts) after a worker failure: %s; resuming from %s",
         count,

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from rltrain.config.schema import RunConfig, TrainerConfig
 from rltrain.scheduler.interrupts import check_interrupt
-from rltrain.telemetry.metrics import MetricsLogger, drop_records_from, plot_curves
+from rltrain.telemetry.metrics import MetricsLogger, drop_records_from, plot_curves, read_metrics
 
 
 @dataclass
@@ -221,7 +221,8 @@ def fit(
         run: the run's config: its ``trainer`` section sets the cadence, its ``logging``
             section the metrics logger's outputs, and the whole of it is the trackers' run
             parameters (W&B's config, MLflow's params).
-        run_dir: where ``metrics.jsonl`` and ``reward_curve.png`` go.
+        run_dir: where ``metrics.jsonl`` and ``reward_curve.png`` (over the steps of every run
+            into it, when ``metrics.jsonl`` is written) go.
         on_start: called with the start step before the schedule begins.
 
     Returns:
@@ -230,8 +231,12 @@ def fit(
     """
     cadence = Cadence.of(run.trainer)
     start = runner.resume()
+    path = os.path.join(run_dir, "metrics.jsonl")
+    earlier: list[dict[str, Any]] = []
     if start > 0:  # the steps from the checkpoint on are logged again (a run cut off after it)
-        drop_records_from(os.path.join(run_dir, "metrics.jsonl"), start)
+        drop_records_from(path, start)
+        # the run's reward curve is drawn over every step, those of earlier runs included
+        earlier = read_metrics(path) if run.logging.jsonl and os.path.exists(path) else []
     metrics = MetricsLogger(run_dir, run.logging, config=dataclasses.asdict(run), resume=start > 0)
     if on_start is not None:
         on_start(start)
@@ -266,5 +271,5 @@ def fit(
             LAST_FIT[:] = [Progress(start, done_steps, time.monotonic() - t0)]
             metrics.close()
             schedule.end(done_steps, clean)
-    plot_curves(metrics.records, f"{run_dir}/reward_curve.png")
+    plot_curves(earlier + metrics.records, f"{run_dir}/reward_curve.png")
     return runner.summary(metrics.records, done_steps - start, time.monotonic() - t0, status)

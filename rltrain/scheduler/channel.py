@@ -91,7 +91,8 @@ class ChannelStats:
 
 
 class _Queue:
-    def __init__(self) -> None:
+    def __init__(self, key: str) -> None:
+        self.key = key
         self.items: deque[tuple[list[Any], float]] = deque()
         self.weight = 0.0
         self.high_water = 0
@@ -113,13 +114,15 @@ class _ChannelActor:
         self.gets = 0
         self.by_value = 0
         # Ray runs an async actor's calls concurrently, so two puts a producer started back to
-        # back may arrive in either order: each handle numbers its puts and waits its turn here.
+        # back may arrive in either order: each handle numbers its puts per key and each put
+        # waits its turn here: ``turns`` is a producer's lowest unfinished number, ``finished``
+        # its numbers above it that are done (queued, or given up without queuing).
         self.turns: dict[str, int] = {}
-        self.turn_changed = asyncio.Condition()
+        self.finished: dict[str, set[int]] = {}
 
     def _q(self, key: str) -> _Queue:
         if key not in self.queues:
-            self.queues[key] = _Queue()
+            self.queues[key] = _Queue(key)
         return self.queues[key]
 
     def _closed_error(self, op: str) -> str:
@@ -136,17 +139,45 @@ class _ChannelActor:
             return self._closed_error(op)
         return None
 
-    async def _turn(self, order: tuple[str, int] | None) -> None:
-        if order is not None:
-            producer, seq = order
-            async with self.turn_changed:
-                await self.turn_changed.wait_for(lambda: self.turns.get(producer, 0) >= seq)
+    def _my_turn(self, order: tuple[str, int] | None) -> bool:
+        return order is None or self.turns.get(order[0], 0) >= order[1]
 
-    async def _next_turn(self, order: tuple[str, int] | None) -> None:
-        if order is not None:
-            async with self.turn_changed:
-                self.turns[order[0]] = order[1] + 1
-                self.turn_changed.notify_all()
+    async def _await_turn(
+        self, q: _Queue, order: tuple[str, int] | None, block: bool, timeout: float | None
+    ) -> str | None:
+        """Wait until the handle's earlier puts to this key are done; an error string or None.
+
+        A non-blocking put waits only while its predecessors are still arriving: once the
+        queue is full they are waiting for room, so it fails at once.
+        """
+        if self._my_turn(order):
+            return None
+        if block:
+            return await self._wait(q, lambda: self._my_turn(order), timeout, "put")
+        async with q.changed:
+            await q.changed.wait_for(
+                lambda: self._my_turn(order) or len(q.items) >= self.maxsize or self.closed
+            )
+        if self._my_turn(order):
+            return None
+        if self.closed:
+            return self._closed_error("put")
+        return f"full: channel {self.name!r} key {q.key!r} holds {self.maxsize} items"
+
+    async def _finish(self, q: _Queue, order: tuple[str, int] | None) -> None:
+        """Mark a put done (queued or given up), so the handle's next puts may go."""
+        if order is None:
+            return
+        producer, seq = order
+        done = self.finished.setdefault(producer, set())
+        done.add(seq)
+        turn = self.turns.get(producer, 0)
+        while turn in done:
+            done.remove(turn)
+            turn += 1
+        self.turns[producer] = turn
+        async with q.changed:
+            q.changed.notify_all()
 
     async def put(
         self,
@@ -157,11 +188,15 @@ class _ChannelActor:
         timeout: float | None,
         order: tuple[str, int] | None = None,
     ) -> str | None:
-        await self._turn(order)
+        q = self._q(key)
+        began = asyncio.get_running_loop().time()
         try:
-            return await self._put(wrapped, key, weight, block, timeout)
+            err = await self._await_turn(q, order, block, timeout)
+            if err:
+                return err
+            return await self._put(wrapped, key, weight, block, _left(timeout, began))
         finally:
-            await self._next_turn(order)
+            await self._finish(q, order)
 
     async def _put(
         self, wrapped: Any, key: str, weight: float, block: bool, timeout: float | None
@@ -194,15 +229,18 @@ class _ChannelActor:
         timeout: float | None,
         order: tuple[str, int] | None = None,
     ) -> str | None:
-        await self._turn(order)
+        q = self._q(key)
         try:
+            err = await self._await_turn(q, order, True, timeout)
+            if err:
+                return err
             for w in wrapped:
                 err = await self._put(w, key, weight, True, timeout)
                 if err:
                     return err
             return None
         finally:
-            await self._next_turn(order)
+            await self._finish(q, order)
 
     async def get_batch(
         self, key: str, target_weight: float, max_items: int, block: bool, timeout: float | None
@@ -249,6 +287,13 @@ class _ChannelActor:
             maxsize=self.maxsize,
             by_value=self.by_value,
         )
+
+
+def _left(timeout: float | None, began: float) -> float | None:
+    """What is left of ``timeout`` seconds counted from loop time ``began`` (None: no limit)."""
+    if timeout is None:
+        return None
+    return max(0.0, timeout - (asyncio.get_running_loop().time() - began))
 
 
 _ERRORS = {

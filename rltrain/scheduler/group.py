@@ -5,14 +5,17 @@ Calls name the method, never a string: ``group.call(MyWorker.method, *args)`` is
 lands on ``MyWorker.method``. RLinf's shorthand ``group.method(*args)`` (attribute lookup by name)
 is deliberately not offered: static tools cannot see through it.
 
-A failure in any rank (an exception, or the process dying) surfaces at ``wait()`` as a
-:class:`WorkerError` naming group, rank, node, devices and the remote traceback. The group, and
-every group linked to it by a collective, is then torn down: siblings blocked in a collective are
-killed instead of waiting out the collective timeout.
+A failure in any rank (an exception, an exception in the worker's ``__init__``, the process
+dying, or a failed input: another worker's call whose result was passed in) surfaces at
+``wait()`` as a :class:`WorkerError` naming group, rank, node, devices and the remote traceback;
+a failed input is blamed on the worker that raised it. The group, and every group linked to it
+by a collective, is then torn down: siblings blocked in a collective are killed instead of
+waiting out the collective timeout.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +40,80 @@ R = TypeVar("R")
 
 class CallTimeoutError(WorkerError, TimeoutError):
     """``wait(timeout=...)`` expired before every rank answered (the workers keep running)."""
+
+
+@dataclass(frozen=True)
+class RemoteFailure:
+    """What a Ray error from a group call says failed (:func:`read_failure`).
+
+    Attributes:
+        kind: ``raised`` (the called method raised), ``init`` (the worker's ``__init__``
+            raised), ``died`` (the process died) or ``input`` (another task or actor call
+            whose result was passed to the call raised).
+        cause: the exception the worker code raised (None when a process died).
+        task: for ``input``, the failed call as Ray names it (``RewardWorker.score``).
+        actor_id: for ``input``, the Ray actor id (hex) of the worker that raised.
+        pid: for ``input``, that worker's process id.
+        ip: for ``input``, that worker's node address.
+    """
+
+    kind: str
+    cause: BaseException | None = None
+    task: str = ""
+    actor_id: str = ""
+    pid: int | None = None
+    ip: str = ""
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Ray's text for a call whose argument came from a failed call: the failed call's header follows.
+_FAILED_INPUT = re.compile(
+    r"At least one of the input arguments for this task could not be computed:\s*\n"
+    r"(?:\S+: )?ray::(?P<task>[\w.]+)\(\) \(pid=(?P<pid>\d+), ip=(?P<ip>[^,)]+)"
+    r"(?:, actor_id=(?P<actor_id>[0-9a-f]+))?"
+)
+
+
+def read_failure(exc: BaseException) -> RemoteFailure:
+    """Read what failed from the Ray error a group call raised.
+
+    Ray reports an exception in an actor's ``__init__`` as the actor's death
+    (``ActorDiedError`` with ``actor_init_failed``; the creation task's ``RayTaskError`` is its
+    first argument), and an exception in a call whose result was passed to another call as an
+    exception of that other call (only its text names the call that raised).
+
+    Args:
+        exc: the error ``ray.get`` raised.
+
+    Returns:
+        The failure's kind and the worker's exception; for a failed input, which call raised.
+    """
+    errors = ray.exceptions
+    if isinstance(exc, errors.RayActorError) and exc.actor_init_failed:
+        task_error = next((a for a in exc.args if isinstance(a, errors.RayTaskError)), None)
+        return RemoteFailure("init", getattr(task_error, "cause", None))
+    if isinstance(exc, errors.RayActorError):
+        return RemoteFailure("died")
+    cause = getattr(exc, "cause", None)
+    found = list(_FAILED_INPUT.finditer(_ANSI.sub("", str(exc))))
+    if isinstance(exc, errors.RayTaskError) and found:
+        origin = found[-1]  # a chain of failed inputs lists the call that raised last
+        return RemoteFailure(
+            "input",
+            cause,
+            origin["task"],
+            origin["actor_id"] or "",
+            int(origin["pid"]),
+            origin["ip"],
+        )
+    return RemoteFailure("raised", cause)
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` of an exception, on one line (the message's first line, cut at 200)."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    text = text if len(text) <= 200 else text[:199] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -329,20 +406,56 @@ class WorkerGroup(Generic[W]):
     def _fail(self, rank: int, method: str, exc: BaseException) -> WorkerError:
         info = self._state.infos[rank] if rank < len(self._state.infos) else None
         who = info.describe() if info else f"group {self.name!r} rank {rank}"
-        died = isinstance(exc, ray.exceptions.ActorDiedError | ray.exceptions.ActorUnavailableError)
-        what = f"the worker process died while running {method!r}" if died else f"{method!r} raised"
-        message = f"{who}: {what}:\n{exc}"
-        if died and info is not None:
+        failure = read_failure(exc)
+        what, where, worker = self._blame(rank, method, failure, info)
+        said = f": {one_line(failure.cause)}" if failure.cause is not None else ""
+        message = f"{who}: {what}{said}:\n{exc}"
+        if failure.kind == "died" and info is not None:
             message += "\n" + self._node_neighbours(info)
         self._state.failed = f"rank {rank} {method!r}"
         self._state.cluster.on_group_failure(self.name)
         err = WorkerError(
             message + "\nThe group and the groups sharing a collective with it were torn down."
         )
-        err.worker = info  # type: ignore[attr-defined]
-        err.cause = getattr(exc, "cause", None) if not died else None
-        err.where = f"group {self.name!r} rank {rank} {method!r}"
+        err.worker = worker  # type: ignore[attr-defined]
+        err.cause = failure.cause  # type: ignore[attr-defined]
+        err.where = where  # type: ignore[attr-defined]
         return err
+
+    def _blame(
+        self, rank: int, method: str, failure: RemoteFailure, info: WorkerInfo | None
+    ) -> tuple[str, str, WorkerInfo | None]:
+        """What happened, where (``group 'g' rank r 'method'``) and the worker that failed."""
+        where = f"group {self.name!r} rank {rank} {method!r}"
+        if failure.kind == "died":
+            return f"the worker process died while running {method!r}", where, info
+        if failure.kind == "init":
+            never = f" (so {method!r} never ran)" if method != "__init__" else ""
+            return (
+                f"its __init__ raised{never}",
+                f"group {self.name!r} rank {rank} '__init__'",
+                info,
+            )
+        if failure.kind != "input":
+            return f"{method!r} raised", where, info
+        # The worker that raised is the one to blame, not the one its result was passed to.
+        found = self._find_worker(failure.actor_id)
+        task_method = failure.task.rsplit(".", 1)[-1]
+        if found is not None:
+            origin = f"{found.describe()} {task_method!r}"
+            origin_where = f"group {found.group!r} rank {found.rank} {task_method!r}"
+        else:
+            origin = origin_where = f"ray::{failure.task} (pid {failure.pid}, {failure.ip})"
+        what = f"{method!r} could not run: its input from {origin} failed"
+        return what, f"{origin_where} (an input of {where})", found or info
+
+    def _find_worker(self, actor_id: str) -> WorkerInfo | None:
+        """The identity of this job's worker whose Ray actor id (hex) is ``actor_id``."""
+        for group in self._state.cluster.groups:
+            for actor, info in zip(group.actors, group.workers, strict=False):
+                if actor_id and actor._actor_id.hex() == actor_id:
+                    return info
+        return None
 
     def _node_neighbours(self, info: WorkerInfo) -> str:
         """The job's processes on the dead worker's node: what a lost node takes with it."""

@@ -22,8 +22,9 @@ as a blank cell in the report):
 After restarts (``trainer.max_restarts``) the summary describes the whole run
 (:func:`across_attempts`): ``steps`` from the first attempt's start to the last step, ``wall_s``
 the training seconds of every attempt (redone steps included), ``steps_per_s`` their ratio, the
-per-step measures over every recorded step, and ``attempts`` lists each attempt. The peak memory
-is the final attempt's (a failed attempt's job is gone before it can report one).
+per-step measures and the ``rollout`` totals over every recorded step (a redone step counted
+once), and ``attempts`` lists each attempt. The peak memory is the final attempt's (a failed
+attempt's job is gone before it can report one).
 
 No Ray, no torch: this module is imported by the launcher process and by jobs.
 """
@@ -183,7 +184,10 @@ def read_job_summary(run_dir: str | os.PathLike[str] | None) -> dict[str, Any] |
 
 
 def across_attempts(
-    last: Mapping[str, Any], records: list[Mapping[str, Any]], attempts: list[Mapping[str, Any]]
+    last: Mapping[str, Any],
+    records: list[Mapping[str, Any]],
+    attempts: list[Mapping[str, Any]],
+    max_staleness: int = 0,
 ) -> dict[str, Any]:
     """The summary of a run that was restarted, over every attempt.
 
@@ -193,10 +197,13 @@ def across_attempts(
             records of the steps it redoes).
         attempts: one record per attempt, oldest first, each with ``first_step``,
             ``done_steps`` and ``training_s`` (as :func:`rltrain.app.train` keeps them).
+        max_staleness: ``trainer.max_staleness`` (the bound of the ``rollout`` totals'
+            ``within_bound``).
 
     Returns:
         ``last`` with the whole run's ``steps``, ``wall_s``, ``steps_per_s``,
-        ``seconds_per_stage``, ``tokens_per_s`` and ``env_steps_per_s``, plus ``attempts``.
+        ``seconds_per_stage``, ``tokens_per_s``, ``env_steps_per_s`` and ``rollout`` totals,
+        plus ``attempts``.
     """
     out = dict(last)
     firsts = [a["first_step"] for a in attempts if a.get("first_step") is not None]
@@ -219,5 +226,38 @@ def across_attempts(
     tokens = [r["perf/tokens_per_s"] for r in records if r.get("perf/tokens_per_s") is not None]
     if tokens:
         out["tokens_per_s"] = sum(tokens) / len(tokens)
+    since = attempts[-1].get("first_step") if attempts else None
+    if since is not None:
+        rollout = _rollout_over_attempts(last.get("rollout") or {}, records, since, max_staleness)
+        if rollout:
+            out["rollout"] = rollout
     out["attempts"] = [dict(a) for a in attempts]
+    return out
+
+
+def _rollout_over_attempts(
+    final: Mapping[str, Any], records: list[Mapping[str, Any]], since: int, max_staleness: int
+) -> dict[str, Any]:
+    """The whole run's ``rollout`` totals: the final attempt's (``final``: its records, from
+    step ``since`` on, and what it left buffered at its end) plus the records of the steps the
+    earlier attempts kept (before ``since``; the steps it redid were replaced)."""
+    from rltrain.runners.staleness import SUMMED, UNFINISHED, run_totals
+
+    earlier = [r for r in records if r.get("step", since) < since]
+    before = run_totals(earlier, max_staleness)
+    if not before:
+        return dict(final)
+    if not final:
+        return before
+    out = dict(final)
+    out["staleness_max"] = max(before["staleness_max"], final["staleness_max"])
+    for key in (*(k.split("/", 1)[1] for k in SUMMED), UNFINISHED.split("/", 1)[1]):
+        if key in before or key in final:
+            out[key] = before.get(key, 0) + final.get(key, 0)
+    stale = "rollout/staleness_max"
+    n_before = sum(stale in r for r in earlier)
+    n_final = sum(stale in r for r in records if r.get("step", since) >= since)
+    if n_before + n_final:  # shares of steps: weigh each attempt's by its steps
+        within = before["within_bound"] * n_before + final["within_bound"] * n_final
+        out["within_bound"] = within / (n_before + n_final)
     return out

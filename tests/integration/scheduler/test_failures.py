@@ -11,6 +11,7 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
+from rltrain import app
 from rltrain.errors import ResourceError, WorkerError
 from rltrain.placement.strategies import PackedPlacementStrategy
 from rltrain.scheduler import Cluster, Worker
@@ -36,8 +37,21 @@ class Flaky(Worker):
     def pid(self) -> int:
         return os.getpid()
 
+    def take(self, value: float) -> float:
+        return value
+
     def devices_env(self) -> str:
         return os.environ["CUDA_VISIBLE_DEVICES"]
+
+
+class BadInit(Worker):
+    def __init__(self) -> None:
+        raise TypeError("bad argument in worker __init__")
+
+
+class Scorer(Worker):
+    def score(self) -> float:
+        raise RuntimeError("reward outage")
 
 
 def actor_states(group, settle_s: float = 30.0) -> list[str]:
@@ -72,6 +86,42 @@ def test_exception_names_group_rank_node_devices_and_traceback(cluster):
     assert actor_states(group) == ["DEAD", "DEAD"]
     with pytest.raises(WorkerError, match="torn down after a failure"):
         group.call(Flaky.pid)
+
+
+def test_an_exception_in_init_is_reported_with_its_cause_not_as_a_death(cluster):
+    with pytest.raises(WorkerError) as info:
+        BadInit.create_group().launch(
+            cluster, name="badinit", placement_strategy=PackedPlacementStrategy(0, 0)
+        )
+    err = info.value
+    first = str(err).splitlines()[0]
+    assert "group 'badinit' rank 0" in first
+    assert "its __init__ raised: TypeError: bad argument in worker __init__" in first
+    assert "died" not in first and "If the node left the cluster" not in str(err)
+    # The cause is what the restart policy reads: a TypeError is not worth a restart.
+    assert isinstance(err.cause, TypeError) and isinstance(err.cause, app.DETERMINISTIC)
+    assert err.where == "group 'badinit' rank 0 '__init__'"
+
+
+def test_a_failed_input_is_blamed_on_the_worker_that_raised(cluster):
+    scorer = Scorer.create_group().launch(
+        cluster, name="scorer", placement_strategy=PackedPlacementStrategy(0, 0)
+    )
+    learner = Flaky.create_group().launch(
+        cluster, name="learner2", placement_strategy=PackedPlacementStrategy(1, 1)
+    )
+    scores = scorer.call(Scorer.score)
+    with pytest.raises(WorkerError) as info:  # the learner's wait sees the scorer's exception
+        learner.call(Flaky.take, scores.refs[0]).wait(timeout=60)
+    err = info.value
+    first = str(err).splitlines()[0]
+    assert first.startswith("group 'learner2' rank 0")
+    assert "its input from group 'scorer' rank 0" in first and "'score' failed" in first
+    assert first.endswith("RuntimeError: reward outage:")
+    assert err.where == "group 'scorer' rank 0 'score' (an input of group 'learner2' rank 0 'take')"
+    assert err.worker == scorer.workers[0]
+    assert app._cause(err) == f"RuntimeError: reward outage in {err.where}"
+    scorer.shutdown()
 
 
 def test_kill_9_fails_the_pending_call(cluster):

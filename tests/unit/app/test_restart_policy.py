@@ -79,6 +79,17 @@ def test_a_transient_failure_is_restarted_and_the_summary_covers_every_attempt(
     assert summary["wall_s"] == pytest.approx(2.0 * (4 + 7 + 10))  # every attempt's training
 
 
+def test_the_restart_records_name_the_exception_type_and_message(monkeypatch, tmp_path):
+    outage = failure(RuntimeError("transient reward outage"), "Traceback ...")
+    outage.where = "group 'reward' rank 0 'score' (an input of group 'actor' rank 0 'train')"
+    done = {"status": "completed", "steps": 2, "wall_s": 4.0, "steps_per_s": 0.5}
+    _, run = attempts_of(monkeypatch, tmp_path, [(outage, 2), (done, 4)])
+    summary = app.train(run, str(tmp_path))
+    expected = f"RuntimeError: transient reward outage in {outage.where}"
+    assert summary["restarts"][0]["cause"] == expected
+    assert summary["attempts"][0]["cause"] == expected
+
+
 def test_across_attempts_recomputes_the_per_step_measures():
     last = {"steps": 2, "wall_s": 1.0, "steps_per_s": 2.0, "seconds_per_stage": {"train": 9.0}}
     records = [{"step": s, "time/train_s": 0.5, "perf/tokens_per_s": 100.0} for s in range(4)]
@@ -89,6 +100,55 @@ def test_across_attempts_recomputes_the_per_step_measures():
     out = across_attempts(last, records, attempts)
     assert out["steps"] == 4 and out["wall_s"] == 4.0 and out["steps_per_s"] == 1.0
     assert out["seconds_per_stage"] == {"train": 0.5} and out["tokens_per_s"] == 100.0
+
+
+def test_across_attempts_totals_the_rollout_over_the_steps_every_attempt_kept():
+    # Attempt 1 ran steps 0-4 and failed in step 4; the restart resumed from the step-4
+    # checkpoint and redid step 4 (metrics.jsonl holds the redone record only), then step 5.
+    continued, discarded, dropped = [0, 100, 50, 30, 20, 10], [0, 5, 0, 0, 7, 0], [0, 0, 1, 0, 0, 2]
+    stale = [0, 1, 1, 2, 1, 0]
+    records = [
+        {
+            "step": s,
+            "rollout/continued_tokens": continued[s],
+            "rollout/discarded_tokens": discarded[s],
+            "rollout/dropped_samples": dropped[s],
+            "rollout/staleness_max": stale[s],
+        }
+        for s in range(6)
+    ]
+    # The final attempt's own totals (steps 4-5) with 1 group of 9 tokens left buffered.
+    final = {
+        "staleness_max": 1,
+        "continued_tokens": 30,
+        "discarded_tokens": 7 + 9,
+        "dropped_samples": 2,
+        "unfinished_groups": 1,
+        "within_bound": 1.0,
+    }
+    last = {"steps": 2, "wall_s": 2.0, "steps_per_s": 1.0, "rollout": final}
+    attempts = [
+        {"first_step": 0, "done_steps": 4, "training_s": 4.0},
+        {"first_step": 4, "done_steps": 6, "training_s": 2.0},
+    ]
+    out = across_attempts(last, records, attempts, max_staleness=1)
+    assert out["rollout"] == {
+        "staleness_max": 2,
+        "continued_tokens": 210,  # 0 + 100 + 50 + 30 kept from attempt 1, + 20 + 10
+        "discarded_tokens": 5 + 16,
+        "dropped_samples": 1 + 2,
+        "unfinished_groups": 1,
+        "within_bound": pytest.approx((3 + 2) / 6),  # steps 0-2 and 4-5 within 1 version
+    }
+
+
+def test_across_attempts_leaves_a_synchronous_run_without_rollout_totals():
+    records = [{"step": s, "time/train_s": 0.5} for s in range(3)]
+    attempts = [
+        {"first_step": 0, "done_steps": 2, "training_s": 2.0},
+        {"first_step": 2, "done_steps": 3, "training_s": 1.0},
+    ]
+    assert "rollout" not in across_attempts({"steps": 1}, records, attempts)
 
 
 def test_a_save_cut_off_by_a_killed_process_is_cleared_when_the_run_starts(monkeypatch, tmp_path):
