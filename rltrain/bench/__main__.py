@@ -72,8 +72,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain.bench") -
         prog: the program name usage messages show.
 
     Returns:
-        The exit code: 0; 1 when a measure failed; 2 for an unknown measure or a bad option or an
-        unreachable cluster.
+        The exit code: 0; 1 when a measure failed; 2 for an unknown measure, a bad option
+        (an ``--update-docs`` path that cannot be written, checked before any measure runs) or
+        an unreachable cluster.
     """
     args = parser(prog).parse_args(argv)
     registry = discover()
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain.bench") -
             print(f"{name}: {m.description}")
         return 0
     try:
+        # before any measure runs: a path the results cannot go to would lose them at the end
+        check_docs_path(args.update_docs)
         names, address = cluster_address(args.names, args.address)
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -118,6 +121,33 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain.bench") -
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def check_docs_path(path: str | None) -> None:
+    """Refuse an ``--update-docs`` file the results could not be written to.
+
+    Args:
+        path: the option's value (None: not given).
+
+    Raises:
+        ConfigError: the path is a directory, its directory does not exist, or it cannot be
+            written.
+    """
+    if path is None:
+        return
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        problem = "is a directory"
+    elif not os.path.isdir(folder):
+        problem = f"is in {folder}, which does not exist"
+    elif not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        problem = "cannot be written"
+    else:
+        return
+    raise ConfigError(
+        f"--update-docs {path} {problem}: name a Markdown file in an existing, writable "
+        f"directory (without a value: docs/benchmarks.md, run from the repository root)"
+    )
 
 
 def _run(registry: dict, names: list[str], quick: bool) -> tuple[list, list[str]]:

@@ -232,14 +232,25 @@ class EmbodiedRunner:
                 f"env epoch {step} holds actions of weight versions {stale}, expected only "
                 f"{self.version}: a rollout rank did not load the exported weights"
             )
-        with timer("train"), self.job.stage("actor"):
-            refs = [r.rollout[0] for r in results]
-            trained = g["actor"].call(EmbodiedActorWorker.train, refs, step).wait()
-            for rank, r in enumerate(trained):
-                self.job.refresh_ledger("actor", r.state_bytes, rank)
+        trained = self._train_and_export(step, [r.rollout[0] for r in results], timer)
+        return self._step_metrics(results, served, trained, timer.times)
+
+    def _train_and_export(self, step: int, refs: list[Any], timer: StepTimer) -> list[Any]:
+        """The actor's update on the epoch's transitions ``refs``, then the export of version
+        ``step + 1``, both in the actor's lease (the export reads its resident weights).
+
+        Returns:
+            Each actor rank's ``TrainResult``.
+        """
+        with self.job.stage("actor"):
+            with timer("train"):
+                trained = self.g["actor"].call(EmbodiedActorWorker.train, refs, step).wait()
+                for rank, r in enumerate(trained):
+                    self.job.refresh_ledger("actor", r.state_bytes, rank)
+            # timed apart from train: the stage times add up to time/step_s
             with timer("sync"):
                 self.export_weights(step + 1, lease=False)
-        return self._step_metrics(results, served, trained, timer.times)
+        return trained
 
     @contextmanager
     def _leases(self, *components: str):

@@ -208,18 +208,20 @@ class ReasoningStages:
         critic_metrics: dict[str, Any] = {}
         if g.critic is not None:  # PPO: the actor's GAE reads the values the critic attaches
             shards, critic_metrics = self._critic(step, shards, scored.rewards, ref_logprobs, timer)
-        with timer("train"), self.job.stage("actor"):
-            trained = g.actor.call(
-                ActorWorker.train,
-                *shards,
-                rewards=scored.rewards,
-                step=step,
-                ref_logprobs=ref_logprobs,
-                old_logprobs=old_logprobs,
-                rows=selection.rows,
-            )
-            exported = self.hub.submit_exports(step + 1)
-            results = trained.wait()
+        with self.job.stage("actor"):  # the export reads the actor's weights: still resident
+            with timer("train"):
+                trained = g.actor.call(
+                    ActorWorker.train,
+                    *shards,
+                    rewards=scored.rewards,
+                    step=step,
+                    ref_logprobs=ref_logprobs,
+                    old_logprobs=old_logprobs,
+                    rows=selection.rows,
+                )
+                exported = self.hub.submit_exports(step + 1)
+                results = trained.wait()
+            # timed apart from train: the stage times add up to time/step_s
             with timer("sync"):
                 self.hub.handed(step + 1, exported)
         self.version = step + 1

@@ -2,10 +2,10 @@
 
 Reads ``<run dir>/trace.json`` (or a trace file given directly), draws one horizontal lane per
 plan device (then, with ``--processes``, one per process; by default only processes without a
-device, such as the driver or a CPU reward worker), a block per span coloured by component and
-labelled with its stage, memory movement (offload, reload, weight sync) hatched and waits pale,
-and the device's busy share at the right — the device x time pictures RLinf and OpenRLHF use to
-explain placement modes, from a real run. It also prints the utilization table
+device of their own, such as the driver or a CPU reward worker), a block per span coloured by
+component and labelled with its stage, memory movement (offload, reload, weight sync) hatched and
+waits pale, and the device's busy share at the right — the device x time pictures RLinf and
+OpenRLHF use to explain placement modes, from a real run. It also prints the utilization table
 (:func:`rltrain.telemetry.timeline.format_table`).
 
 The layout (:func:`layout`) is pure and tested on its own; drawing uses matplotlib's Agg backend,
@@ -76,13 +76,34 @@ def _tracks(items: list[tuple[float, float, Any]]) -> list[tuple[int, Any]]:
     return out
 
 
+def processes_with_devices(doc: Mapping[str, Any]) -> set[str]:
+    """The processes that recorded a span on a device of their own (``args.devices``).
+
+    A span's component does not tell: the driver's ``launch`` spans carry the component they
+    start (``actor``...), whose workers hold devices, while the driver holds none.
+
+    Args:
+        doc: a Chrome-trace document written by :mod:`rltrain.telemetry.trace`.
+
+    Returns:
+        The process names (``actor[0]``...) as the process lanes are named.
+    """
+    out = set()
+    for e in doc.get("traceEvents", []):
+        args = e.get("args") if e.get("ph") == "X" else None
+        if isinstance(args, Mapping) and args.get("devices") and "process" in args:
+            out.add(str(args["process"]))
+    return out
+
+
 def layout(doc: Mapping[str, Any], processes: str = "deviceless") -> list[Lane]:
     """Lanes and blocks of a trace, ready to draw.
 
     Args:
         doc: a Chrome-trace document as :func:`~rltrain.telemetry.timeline.load_trace` returns.
         processes: which process lanes to add after the devices: ``all``, ``deviceless`` (only
-            processes that recorded no device span: the driver, CPU-only workers) or ``none``.
+            processes with no device of their own, :func:`processes_with_devices`: the
+            driver, CPU-only workers) or ``none``.
 
     Returns:
         Device lanes (the plan's devices, natural order, each even if idle), then process lanes.
@@ -98,13 +119,10 @@ def layout(doc: Mapping[str, Any], processes: str = "deviceless") -> list[Lane]:
     by_lane: dict[tuple[str, str], list] = {}
     for i in ivs:
         by_lane.setdefault((i.lane_kind, i.lane), []).append(i)
-    on_device = {i.component for i in ivs if i.lane_kind == "device"}
+    with_devices = processes_with_devices(doc)
     names = [("device", d) for d in summary["devices"]]
     for p in sorted(summary["processes"], key=lane_sort_key):
-        own = by_lane[("process", p)]
-        if processes == "all" or (
-            processes == "deviceless" and not any(i.component in on_device for i in own)
-        ):
+        if processes == "all" or (processes == "deviceless" and p not in with_devices):
             names.append(("process", p))
     lanes = []
     for kind, name in names:
@@ -127,6 +145,33 @@ def layout(doc: Mapping[str, Any], processes: str = "deviceless") -> list[Lane]:
     return lanes
 
 
+def figure_path(out: str | Path) -> Path:
+    """The file a drawing is written to: ``out``, with ``.png`` added when it has no suffix
+    (matplotlib picks the format from the suffix, and adds ``.png`` itself to a bare name).
+
+    Args:
+        out: the path given (``--out``).
+
+    Returns:
+        The path the picture will have.
+
+    Raises:
+        ConfigError: for a suffix matplotlib cannot write (``.txt``...).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    path = Path(out)
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise ConfigError(
+            f"--out {out}: {path.suffix!r} is not a picture format matplotlib writes; end the "
+            f"path with .png (or one of {', '.join('.' + f for f in sorted(formats))})"
+        )
+    return path
+
+
 def render(
     doc: Mapping[str, Any], out: str | Path, processes: str = "deviceless", title: str = ""
 ) -> Path:
@@ -134,7 +179,7 @@ def render(
 
     Args:
         doc: the Chrome-trace document.
-        out: the PNG path to write (parent directories are created).
+        out: the path to write (parent directories are created; :func:`figure_path`).
         processes: which process lanes to draw (see :func:`layout`).
         title: the figure's title.
 
@@ -142,7 +187,8 @@ def render(
         The path written.
 
     Raises:
-        ConfigError: when the trace has no lanes to draw.
+        ConfigError: when the trace has no lanes to draw, or ``out``'s suffix names no
+            picture format.
     """
     import matplotlib
 
@@ -158,7 +204,7 @@ def render(
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    path = Path(out)
+    path = figure_path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, metadata={"Software": DRAWN_BY})
     plt.close(fig)
@@ -319,18 +365,33 @@ def render_pair(
         _draw_lanes(ax, ls, window)
         ax.set_title(f"{name}{': ' + title if title and name == 'measured' else ''}", fontsize=10)
     fig.tight_layout()
-    path = Path(out)
+    path = figure_path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, metadata={"Software": DRAWN_BY})
     plt.close(fig)
     return path
 
 
+#: The predicted timeline a ``mode=plan`` run writes (:data:`rltrain.whatif.report.TRACE_FILE`).
+PLAN_TRACE = "plan_trace.json"
+
+
 def _predicted_doc(path: str) -> dict[str, Any]:
-    """A predicted trace: a plan directory's ``plan_trace.json`` or a trace file."""
+    """A predicted trace: a plan directory's ``plan_trace.json`` or a trace file.
+
+    Raises:
+        ConfigError: when there is no such trace (a directory without ``plan_trace.json``:
+            the hint names ``mode=plan``, which writes it).
+    """
     p = Path(path)
     if p.is_dir():
-        p = p / "plan_trace.json"
+        p = p / PLAN_TRACE
+        if not p.is_file():
+            raise ConfigError(
+                f"--predicted {path}: no {PLAN_TRACE} there; a plan run writes it in its "
+                f"output directory (python -m rltrain <the run's overrides> mode=plan): pass "
+                f"that directory or the {PLAN_TRACE} file itself"
+            )
     return load_trace(p)
 
 
@@ -381,11 +442,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain trace") -
         prog: the program name usage messages show (``rltrain trace`` from the console script).
 
     Returns:
-        0, or 2 when there is no readable trace.
+        0, or 2 when there is no readable trace or ``--out`` names no picture format.
     """
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("run", help="a run directory holding trace.json, or a trace file")
-    parser.add_argument("--out", help=f"PNG to write (default: <run dir>/{TRACE_PNG})")
+    parser.add_argument(
+        "--out",
+        help=f"picture to write, its format from the suffix (.png when none; default: "
+        f"<run dir>/{TRACE_PNG})",
+    )
     parser.add_argument(
         "--processes",
         choices=("all", "deviceless", "none"),
@@ -400,14 +465,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain trace") -
         "the step and each device's idle share side by side",
     )
     args = parser.parse_args(argv)
+    run = Path(args.run)
     try:
+        # before the table: a picture that cannot be written fails the command up front
+        out = figure_path(args.out or (run if run.is_dir() else run.parent) / TRACE_PNG)
         doc = load_trace(args.run)
         predicted = _predicted_doc(args.predicted) if args.predicted else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    run = Path(args.run)
-    out = Path(args.out) if args.out else (run if run.is_dir() else run.parent) / TRACE_PNG
     if not args.out and out.exists() and not drawn_here(out):
         print(
             f"error: {out} exists and rltrain trace did not draw it: give --out PATH for the "

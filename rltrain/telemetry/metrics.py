@@ -17,8 +17,11 @@ from typing import Any
 
 from rltrain.telemetry import startup
 
-#: Keys that hold timings; excluded when comparing runs for determinism.
+#: Sections that hold timings or rates over them; excluded when comparing runs for determinism.
 TIMING_PREFIXES = ("time/", "perf/")
+#: The suffix of a key in seconds (``time/<stage>_s``) or per second (``perf/*_per_s``),
+#: whatever its section (``actor/old_logprobs_s``).
+TIMING_SUFFIX = "_s"
 
 
 def _clean(value: Any) -> Any:
@@ -292,9 +295,23 @@ def drop_records_from(path: str, step: int) -> int:
     return len(lines) - len(keep)
 
 
+def is_timing(key: str) -> bool:
+    """Whether metric ``key`` holds a wall-clock figure (seconds, or a rate over them), which
+    differs between two runs of the same seeds."""
+    return key.startswith(TIMING_PREFIXES) or key.endswith(TIMING_SUFFIX)
+
+
 def without_timings(record: dict[str, Any]) -> dict[str, Any]:
-    """A record minus its timing fields, for comparing two runs step by step."""
-    return {k: v for k, v in record.items() if not k.startswith(TIMING_PREFIXES)}
+    """A record minus its timing fields (:func:`is_timing`), for comparing two runs step by
+    step.
+
+    Args:
+        record: one ``metrics.jsonl`` record.
+
+    Returns:
+        A copy without the timing keys.
+    """
+    return {k: v for k, v in record.items() if not is_timing(k)}
 
 
 def plot_curves(

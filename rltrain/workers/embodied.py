@@ -322,7 +322,8 @@ class EmbodiedActorWorker(Worker, ResidentState):
             iteration: the policy-update index (seeds minibatch shuffling alike on all ranks).
 
         Returns:
-            Loss metrics with ``lr``, and the state sizes for the residency ledger.
+            Loss metrics (``loss/*``) with ``actor/grad_norm`` and ``actor/lr``, and the state
+            sizes for the residency ledger.
         """
         import ray
 
@@ -347,7 +348,9 @@ class EmbodiedActorWorker(Worker, ResidentState):
                 self.world_size,
                 before_step,
             )
-            metrics["lr"] = first_lr
+            # section/name keys, as the reasoning actor logs them
+            metrics["actor/grad_norm"] = metrics.pop("grad_norm")
+            metrics["actor/lr"] = first_lr
         if self.run.simulate.actor_latency_ms:  # a slower device (simulate.*)
             time.sleep(self.run.simulate.actor_latency_ms / 1000)
         return TrainResult(metrics, self.state_bytes())

@@ -4,6 +4,8 @@ iterations per placement mode, pipelined overlap read from the timeline, offload
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from composed import composed_run as compose_run
@@ -27,6 +29,15 @@ SHORT = (
 LATENCY = ("simulate.env_step_latency_ms=40", "simulate.env_policy_latency_ms=40")
 
 
+#: The ``section/name`` metrics docs/embodied.md spells out (its metrics table).
+DOCUMENTED = set(
+    re.findall(
+        r"`([a-z]+/[a-z_0-9]+)`",
+        (Path(__file__).resolve().parents[3] / "docs" / "embodied.md").read_text(),
+    )
+)
+
+
 def check_run(summary, tmp_path, mode: str) -> dict:
     assert summary["status"] == "completed" and summary["steps"] == 2
     assert summary["placement_mode"] == mode
@@ -35,6 +46,8 @@ def check_run(summary, tmp_path, mode: str) -> dict:
     assert [r["step"] for r in records] == [0, 1]
     assert all(r["env/episodes"] >= 0 and r["loss/value"] > 0 for r in records)
     assert records[-1]["eval/return_mean"] == summary["final_return"]
+    logged = {k for r in records for k in r} - {"step"}
+    assert not logged - DOCUMENTED, f"not in docs/embodied.md: {sorted(logged - DOCUMENTED)}"
     cap = 4 * 1024**3
     assert all(0 < b <= cap for b in summary["peak_memory_bytes_per_device"].values())
     latest = (tmp_path / "checkpoints" / "latest").read_text().strip()

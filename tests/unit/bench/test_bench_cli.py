@@ -202,3 +202,27 @@ def test_measures_of_one_share_run_next_to_each_other_keep_one_resource(capsys):
         "alone",
         *("make", "s1 got s1", "close"),  # made again, closed at the end
     ]
+
+
+@pytest.mark.parametrize("where", ["missing/benchmarks.md", "."])
+def test_a_bad_update_docs_path_is_refused_before_any_measure(tmp_path, capsys, monkeypatch, where):
+    from rltrain.bench import __main__ as bench_main
+
+    ran: list[str] = []
+    monkeypatch.setattr(bench_main, "_run", lambda reg, names, quick: ran.extend(names))
+    monkeypatch.setattr(bench_main, "_run_apart", lambda names, quick: ran.extend(names))
+    path = str(tmp_path / where)
+    argv = ["plan_scale", "--out", str(tmp_path / "out"), "--update-docs", path]
+    assert bench_main.main(argv) == 2
+    assert ran == []  # refused before the measures
+    err = capsys.readouterr().err
+    assert f"--update-docs {path}" in err
+    assert ("does not exist" if where != "." else "is a directory") in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_update_docs_accepts_a_new_file_in_an_existing_directory(tmp_path):
+    from rltrain.bench.__main__ import check_docs_path
+
+    check_docs_path(str(tmp_path / "new.md"))  # created when the results are written
+    check_docs_path(None)

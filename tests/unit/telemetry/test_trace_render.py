@@ -24,12 +24,17 @@ def doc_of(spans, devices):
     return json.loads(json.dumps(timeline.chrome_trace_with_devices(spans, devices)))
 
 
+#: Shaped like a real run's: the driver launches each component's workers (a ``launch`` span
+#: tagged with the component it starts, on no device), then waits for each step's batch.
 SPANS = [
-    sp("generate", "rollout", ["node0/dev0"], "rollout[0]", 0, 4),
-    sp("train", "actor", ["node0/dev0"], "actor[0]", 3, 3),  # overlaps generate: second row
-    sp("offload", "actor", ["node0/dev0"], "actor[0]", 6, 1),
-    sp("reward", "reward", [], "reward[0]", 4, 1),
-    sp("step", "driver", [], "driver", 0, 8),
+    sp("launch", "actor", [], "driver", 0, 1),
+    sp("launch", "rollout", [], "driver", 0, 0.75),
+    sp("launch", "reward", [], "driver", 0, 0.5),
+    sp("generate_wait", "driver", [], "driver", 1, 4),
+    sp("generate", "rollout", ["node0/dev0"], "rollout[0]", 1, 4),
+    sp("train", "actor", ["node0/dev0"], "actor[0]", 4, 3),  # overlaps generate: second row
+    sp("offload", "actor", ["node0/dev0"], "actor[0]", 7, 1),
+    sp("reward", "reward", [], "reward[0]", 5, 1),
 ]
 DEVICES = ["node0/dev0", "node0/dev1"]
 
@@ -39,17 +44,22 @@ def test_layout_by_hand():
     assert [(lane.name, lane.kind) for lane in lanes] == [
         ("node0/dev0", "device"),
         ("node0/dev1", "device"),
-        ("driver", "process"),  # deviceless processes only, by default
+        # processes with no device of their own, by default: the driver (its launch spans
+        # name components that hold devices, but it holds none) and a CPU reward worker
+        ("driver", "process"),
         ("reward[0]", "process"),
     ]
     dev0 = lanes[0]
     assert dev0.tracks == 2 and dev0.busy_fraction == pytest.approx(7 / 8)
     blocks = {(b.name, b.start_s, b.dur_s, b.track, b.kind) for b in dev0.blocks}
     assert blocks == {
-        ("generate", 0.0, 4.0, 0, "compute"),
-        ("train", 3.0, 3.0, 1, "compute"),
-        ("offload", 6.0, 1.0, 0, "memory"),  # back on the first free row
+        ("generate", 1.0, 4.0, 0, "compute"),
+        ("train", 4.0, 3.0, 1, "compute"),
+        ("offload", 7.0, 1.0, 0, "memory"),  # back on the first free row
     }
+    driver = lanes[2]
+    assert driver.tracks == 3  # the three launches overlap
+    assert {b.component for b in driver.blocks} == {"actor", "rollout", "reward", "driver"}
     assert lanes[1].blocks == () and lanes[1].tracks == 1 and lanes[1].busy_fraction == 0
 
 
@@ -127,3 +137,28 @@ def test_the_table_states_its_window_beside_the_summarys():
     assert "busy 90% on average (utilization.busy_fraction_mean 0.900)" in note
     summary = timeline.summarize(spans, ["node0/dev0"], window_us=timeline.training_window(spans))
     assert timeline.headline(summary)["busy_fraction_mean"] == pytest.approx(0.9)
+
+
+def test_cli_refuses_an_out_suffix_it_cannot_draw_before_printing(tmp_path, capsys):
+    timeline.write_run_timeline(tmp_path, SPANS, DEVICES)
+    assert render.main([str(tmp_path), "--out", str(tmp_path / "t.txt")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # refused before the table
+    assert "--out" in err and "'.txt'" in err and ".png" in err
+    assert not (tmp_path / "t.txt").exists()
+
+
+def test_cli_prints_the_path_it_wrote_for_an_out_without_suffix(tmp_path, capsys):
+    timeline.write_run_timeline(tmp_path, SPANS, DEVICES)
+    assert render.main([str(tmp_path), "--out", str(tmp_path / "pics" / "noext")]) == 0
+    written = tmp_path / "pics" / "noext.png"
+    assert written.stat().st_size > 1000
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {written}"
+
+
+def test_cli_points_a_predicted_dir_without_a_plan_trace_to_mode_plan(tmp_path, capsys):
+    timeline.write_run_timeline(tmp_path / "run", SPANS, DEVICES)
+    (tmp_path / "plan").mkdir()
+    assert render.main([str(tmp_path / "run"), "--predicted", str(tmp_path / "plan")]) == 2
+    err = capsys.readouterr().err
+    assert "plan_trace.json" in err and "mode=plan" in err and "logging.trace" not in err
