@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from composed import composed_run as compose_run
@@ -72,6 +74,11 @@ def test_a_few_real_steps_in_every_placement_mode(placement, ray_session, tmp_pa
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in records)
     assert records[-1]["eval/accuracy"] is not None
+    # every key the run logged is in docs/training.md's metrics table
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "training.md").read_text()
+    logged = {k for r in records for k in r if "/" in k}
+    missing = logged - set(re.findall(r"`([a-z]+/[a-z_0-9]+)`", doc))
+    assert not missing, f"not in docs/training.md: {sorted(missing)}"
     # the ledger never exceeded a device's capacity
     cap = 4 * 1024**3
     assert all(0 < b <= cap for b in summary["peak_memory_bytes_per_device"].values())
