@@ -64,12 +64,34 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
     _STATE["entered"] = True
     try:
+        _check_group_choices()
         return run(cfg)
     except RltrainError as exc:
         if interrupted(exc) or interrupt_received() or not refused_run(exc):  # Ctrl-C, a sweep's
             raise
         _STATE["refused"] = exc
         return None
+
+
+def _check_group_choices() -> None:
+    """Refuse a command line that chooses a group the chosen preset writes itself.
+
+    Raises:
+        ConfigError: see :func:`rltrain.config.presets.check_group_choices`.
+    """
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from rltrain.config.presets import check_group_choices
+
+    if not GlobalHydra.instance().is_initialized():  # a job run by another process's launcher
+        return  # (that launcher composed it; the rltrain launcher checks its jobs itself)
+    hydra_cfg = HydraConfig.get()
+    check_group_choices(
+        GlobalHydra.instance().config_loader(),
+        hydra_cfg.job.config_name,
+        list(hydra_cfg.overrides.task),
+    )
 
 
 #: Sub-command name -> the module whose ``main(argv, prog=...)`` runs it.

@@ -1,14 +1,17 @@
 """``python -m rltrain --help``: what rltrain is, its config groups and modes, where to read more.
 
 Hydra's stock page lists every group it knows, internal ones and private presets included, and
-nothing of rltrain's modes or sub-commands. This page is built from the shipped ``conf/`` tree,
-so a new preset appears in it without anyone editing the text; files whose names start with
-``_`` hold what presets share and are left out. ``--hydra-help`` still shows Hydra's own page.
+nothing of rltrain's modes or sub-commands. This page is built from the shipped ``conf/`` tree
+and the config packages installed packages add under the ``rltrain.conf`` entry point group, so
+a new preset or a user's placement appears in it without anyone editing the text; files whose
+names start with ``_`` hold what presets share and are left out. ``--hydra-help`` still shows
+Hydra's own page.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 #: Config groups a user chooses from, with what each chooses.
 GROUPS = {
@@ -21,26 +24,39 @@ GROUPS = {
 }
 
 
-def group_options(config_path: str) -> dict[str, list[str]]:
+def _config_dir(config_path: str) -> str | None:
+    """The directory of a config path: ``pkg://a.b``, ``file://<dir>`` or a directory."""
+    if config_path.startswith("pkg://"):
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(config_path[len("pkg://") :])
+        except (ImportError, ValueError):
+            return None
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        return next(iter(spec.submodule_search_locations))
+    return config_path.removeprefix("file://")
+
+
+def group_options(config_path: str, extra_paths: Sequence[str] = ()) -> dict[str, list[str]]:
     """The public options of each config group.
 
     Args:
         config_path: the primary config's directory, or ``pkg://rltrain.conf``.
+        extra_paths: further config paths (``pkg://mypkg.conf``) whose options are added.
 
     Returns:
         group -> its options (file names without ``.yaml``), private ones left out.
     """
-    if config_path.startswith("pkg://"):
-        import importlib
-
-        package = importlib.import_module(config_path[len("pkg://") :])
-        root = os.path.dirname(os.path.abspath(package.__file__))
-    else:
-        root = config_path
+    roots = [r for r in (_config_dir(p) for p in (config_path, *extra_paths)) if r is not None]
     out = {}
     for group in GROUPS:
-        folder = os.path.join(root, group)
-        names = os.listdir(folder) if os.path.isdir(folder) else []
+        names: set[str] = set()
+        for root in roots:
+            folder = os.path.join(root, group)
+            if os.path.isdir(folder):
+                names.update(os.listdir(folder))
         out[group] = sorted(
             n[: -len(".yaml")] for n in names if n.endswith(".yaml") and not n.startswith("_")
         )
@@ -70,7 +86,9 @@ def help_text(config_path: str, prog: str = "python -m rltrain") -> str:
         "",
         "config groups (default first):",
     ]
-    for group, options in group_options(config_path).items():
+    from hydra_plugins.rltrain_launcher.rltrain_search_path import contributed_config_paths
+
+    for group, options in group_options(config_path, contributed_config_paths()).items():
         default = defaults.get(group)
         shown = sorted(options, key=lambda o: (o != default, o))
         lines.append(f"  {group:<10} {', '.join(shown) or '-'}")

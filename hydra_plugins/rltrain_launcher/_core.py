@@ -105,7 +105,14 @@ def _compose(launcher: RltrainLauncher, overrides: Sequence[str], num: int) -> J
     task_cfg = copy.deepcopy(cfg)
     with read_write(task_cfg), open_dict(task_cfg):
         del task_cfg["hydra"]
-    return Job(num, list(overrides), cfg, job_needs(task_cfg, output_dir), output_dir)
+    needs = job_needs(
+        task_cfg,
+        output_dir,
+        config_loader=launcher.hydra_context.config_loader,
+        config_name=launcher.config.hydra.job.config_name,
+        overrides=overrides,
+    )
+    return Job(num, list(overrides), cfg, needs, output_dir)
 
 
 def _flatten(node: Any, prefix: str) -> dict[str, Any]:

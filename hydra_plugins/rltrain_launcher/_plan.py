@@ -2,21 +2,18 @@
 
 The one place the launcher asks rltrain about a job (:func:`job_needs`): the checks a single run
 makes before Ray starts, and the devices its plan uses.
-Jobs of other Hydra apps (no ``cluster`` / ``placement`` sections) need no devices.
+Jobs of other Hydra apps (configs not typed by rltrain's run schema) need no devices.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.rltrain_launcher._slices import Device
-
-#: Sections that make a composed config an rltrain run.
-_RLTRAIN_SECTIONS = ("cluster", "placement", "trainer")
 
 
 @dataclass(frozen=True)
@@ -39,8 +36,27 @@ class JobNeeds:
 
 
 def is_rltrain_config(cfg: DictConfig) -> bool:
-    """Whether a composed task config (without ``hydra``) describes an rltrain run."""
-    return all(key in cfg for key in _RLTRAIN_SECTIONS)
+    """Whether a composed task config (without ``hydra``) describes an rltrain run.
+
+    A config composed by Hydra is one when it is typed by rltrain's run schema (rltrain's
+    primary config starts from ``rltrain_schema``). A plain one (a test's, built from a
+    resolved container) is one when it holds every section of that schema: another app's
+    config that merely has ``cluster``, ``placement`` or ``trainer`` keys of its own is not.
+
+    Args:
+        cfg: the job's composed config.
+
+    Returns:
+        Whether to check and plan the job as an rltrain run.
+    """
+    import dataclasses
+
+    from rltrain.config.schema import RunConfig
+
+    typed = OmegaConf.get_type(cfg)
+    if typed is not None and typed is not dict:
+        return typed is RunConfig
+    return all(f.name in cfg for f in dataclasses.fields(RunConfig))
 
 
 def plan_mode(run: Any) -> str | None:
@@ -88,17 +104,29 @@ def checked_layout(run: Any, output_dir: str | None) -> Any:
     return preflight(run, output_dir)
 
 
-def job_needs(task_cfg: DictConfig, output_dir: str | None = None) -> JobNeeds:
+def job_needs(
+    task_cfg: DictConfig,
+    output_dir: str | None = None,
+    *,
+    config_loader: Any = None,
+    config_name: str | None = None,
+    overrides: Sequence[str] = (),
+) -> JobNeeds:
     """Check and plan one job, as a single run would before Ray starts.
 
-    A job that only plans (``mode=plan``) needs no devices and no Ray: it is checked when it
-    runs, as its plan command writes its plan first. Any other job goes through every check
-    of a single run (:func:`checked_layout`), so a job that would be refused fails at once,
-    with the same message.
+    A job whose overrides choose a config group its preset (``experiment=...``) also writes
+    is refused first, as a single run is (:mod:`rltrain.config.presets`). A job that only
+    plans (``mode=plan``) needs no devices and no Ray: it is checked when it runs, as its plan
+    command writes its plan first. Any other job goes through every check of a single run
+    (:func:`checked_layout`), so a job that would be refused fails at once, with the same
+    message.
 
     Args:
         task_cfg: the job's composed, resolved config without the ``hydra`` node.
         output_dir: the job's run directory.
+        config_loader: the sweep's Hydra config loader; None skips the preset check.
+        config_name: the sweep's primary config name.
+        overrides: the job's overrides.
 
     Returns:
         The job's needs; ``error`` is set (and nothing else trusted) when the job can never run.
@@ -111,6 +139,10 @@ def job_needs(task_cfg: DictConfig, output_dir: str | None = None) -> JobNeeds:
 
     cluster = dict(OmegaConf.to_container(task_cfg.cluster, resolve=True))  # type: ignore[arg-type]
     try:
+        if config_loader is not None:
+            from rltrain.config.presets import check_group_choices
+
+            check_group_choices(config_loader, config_name, overrides)
         run = load_config(task_cfg)
         if run.mode == "plan":
             if run.task.generate and registry.runner(run).language_model:

@@ -3,9 +3,11 @@
 :func:`run_log` copies everything the process prints (``sys.stdout`` and ``sys.stderr``: the
 plan, notes and warnings, progress lines, the workers' output Ray forwards, the summary) into
 the log file, as plain lines: a carriage-return redraw keeps only its last state and terminal
-colour codes are dropped. A live progress bar draws on the terminal only (:func:`terminal`);
-its lines reach the log through :func:`log_only`, at the cadence a log file gets. Pure standard
-library: no Ray, no torch.
+colour codes are dropped. A stream that outlives its run (a logging handler that took
+``sys.stderr`` during one job of a sweep, as Ray's driver logger does, and keeps it) writes to
+the terminal and to the log of the run active then, if any. A live progress bar draws on the
+terminal only (:func:`terminal`); its lines reach the log through :func:`log_only`, at the
+cadence a log file gets. Pure standard library: no Ray, no torch.
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ class _LogFile:
         self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by run_log
         self.lock = threading.Lock()
         self.partial: dict[int, str] = {}
+        self.closed = False
 
     def write(self, stream: int, text: str) -> None:
         with self.lock:
+            if self.closed:  # a late write from another thread: the run is over
+                return
             pending = self.partial.get(stream, "") + text
             *lines, rest = pending.split("\n")
             self.partial[stream] = rest
@@ -47,6 +52,7 @@ class _LogFile:
             for rest in self.partial.values():
                 if rest.strip():
                     self.file.write(_ANSI.sub("", rest.rsplit("\r", 1)[-1]) + "\n")
+            self.closed = True
             self.file.close()
 
 
@@ -60,7 +66,11 @@ class _Tee(io.TextIOBase):
 
     def write(self, text: str) -> int:
         self.terminal.write(text)
-        self._log.write(self._stream, text)
+        log: _LogFile | None = self._log
+        if self._log.closed:  # held past its run (by a logging handler): the current run's log
+            log = _ACTIVE[-1] if _ACTIVE else None
+        if log is not None:
+            log.write(self._stream, text)
         return len(text)
 
     def flush(self) -> None:

@@ -1,6 +1,6 @@
 """A Hydra app for the launcher tests: an rltrain run that reserves its plan's devices in Ray.
 
-It composes rltrain's own config through the SearchPathPlugin (``config_path=None``), joins the
+It composes rltrain's own primary config (its ``config_path`` is rltrain's configs), joins the
 sweep's Ray through ``rltrain.scheduler.Cluster``, reserves the devices its plan uses (a real
 placement group), records which physical devices Ray gave it and when, then waits until
 ``PROBE_PEERS`` jobs hold their devices at the same time (the proof that they ran side by side).
@@ -16,12 +16,16 @@ import time
 
 import hydra
 
+from hydra_plugins.rltrain_launcher.rltrain_search_path import rltrain_config_path
 from rltrain.config.store import register_configs
 
 register_configs()
 
+#: ``pkg://rltrain.conf`` installed, the checkout's ``conf/`` directory from a source checkout.
+CONFIG_PATH = str(rltrain_config_path()).removeprefix("file://")
 
-@hydra.main(version_base="1.3", config_path=None, config_name="config")
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg) -> float:
     from rltrain.config import load_config
     from rltrain.placement.plan import build_plan

@@ -58,23 +58,67 @@ def test_cli_lists_the_plugin_and_sweeps_with_it_by_default():
     assert "_target_: hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher" in ray_cfg
 
 
-def test_users_own_app_composes_rltrain_config_groups(tmp_path):
-    (tmp_path / "app.yaml").write_text("defaults:\n  - placement: hybrid\n  - cluster: local\n")
-    (tmp_path / "app.py").write_text(
-        textwrap.dedent(
-            """
-            import hydra
+FOREIGN_APP = """
+import hydra
+from omegaconf import OmegaConf
 
-            @hydra.main(version_base="1.3", config_path=".", config_name="app")
-            def main(cfg):
-                print("GOT", cfg.placement.mode, cfg.cluster.devices_per_node)
+from rltrain.config.store import register_configs
 
-            main()
-            """
-        )
+register_configs()  # rltrain_schema/... (typing with rltrain's schemas) needs it
+
+
+@hydra.main(version_base="1.3", config_path=".", config_name="config")
+def main(cfg):
+    print("TYPE", OmegaConf.get_type(cfg, "placement").__name__)
+    print("CFG", OmegaConf.to_container(cfg))
+
+main()
+"""
+
+
+def _foreign_app(tmp_path, config: str):
+    (tmp_path / "config.yaml").write_text(config)
+    (tmp_path / "app.py").write_text(FOREIGN_APP)
+    return tmp_path / "app.py"
+
+
+def test_another_apps_composition_is_its_own(tmp_path):
+    # No placement/hybrid.yaml of its own: rltrain's must not be found for it.
+    app = _foreign_app(tmp_path, "defaults:\n  - placement: hybrid\n")
+    out = subprocess.run(
+        [sys.executable, str(app), "hydra.run.dir=."],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "Could not find 'placement/hybrid'" in out.stderr
+    # Its own groups list only its own options (`--help` shows them).
+    (tmp_path / "config.yaml").write_text("foo: 1\n")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text("name: mine\n")
+    help_page = _run([str(app), "--help"], cwd=tmp_path).stdout
+    assert "model: mine" in help_page and "tiny_llama" not in help_page
+    assert "placement:" not in help_page and "hybrid" not in help_page
+    # And an app without a primary config of its own does not get rltrain's.
+    (tmp_path / "config.yaml").unlink()
+    out = subprocess.run(
+        [sys.executable, str(app), "hydra.run.dir=."],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0 and "Cannot find primary config 'config'" in out.stderr
+
+
+def test_another_app_opts_in_with_hydra_searchpath(tmp_path):
+    from hydra_plugins.rltrain_launcher.rltrain_search_path import rltrain_config_path
+
+    app = _foreign_app(
+        tmp_path,
+        "defaults:\n  - rltrain_schema/placement@placement\n  - placement: hybrid\n"
+        "  - cluster: local\n  - _self_\n"
+        f"hydra:\n  searchpath:\n    - {rltrain_config_path()}\n",
     )
-    out = _run([str(tmp_path / "app.py"), "hydra.run.dir=."], cwd=tmp_path)
-    assert "GOT hybrid 2" in out.stdout
+    out = _run([str(app), "hydra.run.dir=."], cwd=tmp_path).stdout
+    assert "TYPE PlacementConfig" in out  # typed by rltrain's schema
+    assert "'mode': 'hybrid'" in out and "'devices_per_node': 2" in out
 
 
 @pytest.fixture
@@ -101,3 +145,46 @@ def test_users_package_adds_a_placement_to_rltrain(user_package, tmp_path):
     out = _run(["-m", "rltrain", "--cfg", "job", "placement=swapped"], cwd=tmp_path, env=env)
     assert "actor: '1'" in out.stdout and "rollout: '0'" in out.stdout
     assert "mode: disaggregated" in out.stdout
+    # --help lists it beside the shipped placements.
+    help_page = _run(["-m", "rltrain", "--help"], cwd=tmp_path, env=env).stdout
+    line = next(ln for ln in help_page.splitlines() if ln.strip().startswith("placement "))
+    assert "swapped" in line and "hybrid" in line
+
+
+def test_a_contributed_option_named_like_a_shipped_one_is_warned_about(user_package, tmp_path):
+    conf = user_package / "mypkg" / "conf" / "placement"
+    (conf / "hybrid.yaml").write_text((conf / "swapped.yaml").read_text())
+    env = {**os.environ, "PYTHONPATH": str(user_package)}
+    out = _run(["-m", "rltrain", "--cfg", "job", "placement=hybrid"], cwd=tmp_path, env=env)
+    assert "mode: hybrid" in out.stdout  # the shipped one wins
+    assert "pkg://mypkg.conf/placement/hybrid.yaml is not used" in out.stderr
+    assert "placement/hybrid_mine.yaml" in out.stderr
+
+
+def test_the_launcher_runs_another_apps_jobs_with_a_trainer_section(tmp_path, join_flag):
+    # Sections named like rltrain's (cluster, placement, trainer) do not make a job rltrain's.
+    (tmp_path / "config.yaml").write_text(
+        "cluster: {nodes: 1}\nplacement: {mode: mine}\ntrainer: {epochs: 3}\n"
+    )
+    (tmp_path / "app.py").write_text(
+        textwrap.dedent(
+            """
+            import hydra
+
+            @hydra.main(version_base="1.3", config_path=".", config_name="config")
+            def main(cfg):
+                print("EPOCHS", cfg.trainer.epochs)
+                return float(cfg.trainer.epochs)
+
+            main()
+            """
+        )
+    )
+    out = _run(
+        [str(tmp_path / "app.py"), "-m", "trainer.epochs=3,4", "hydra/launcher=rltrain",
+         f"hydra.sweep.dir={tmp_path / 'sweep'}", join_flag],
+        cwd=tmp_path,
+    )  # fmt: skip
+    said = out.stdout + out.stderr
+    assert "unknown config key" not in said and "failed" not in said
+    assert (tmp_path / "sweep" / "sweep_report.md").read_text().count("| completed |") == 2

@@ -1,0 +1,186 @@
+"""Refuse a command line that chooses a config group the chosen preset also writes.
+
+A preset (``experiment=<name>``, a ``_global_`` config) is merged after the config groups, so
+its body wins over any group option: ``experiment=reasoning_ppo_hybrid placement=collocated``
+would compose a hybrid placement under the name collocated, and
+``experiment=gsm8k_tiny model=qwen2_0_5b`` a model mixed from both. Such a command is refused
+before anything starts, naming the preset, the group choice and the fix. A group the preset does
+not write (``experiment=gsm8k_tiny cluster=ray``) is accepted.
+
+The preset is read through Hydra's config loader (its defaults list and its config repository),
+so presets and groups contributed by ``rltrain.conf`` entry-point packages are covered, and so is
+everything a preset pulls in through its own defaults list (``_cartpole`` for the cartpole
+presets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rltrain.errors import ConfigError
+
+#: The config group whose options are presets.
+PRESET_GROUP = "experiment"
+
+
+def written_keys(node: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of every value a config body sets.
+
+    Args:
+        node: a config body as plain containers (mappings nest; anything else is a value).
+        prefix: the body's package (``""`` for ``_global_``).
+
+    Returns:
+        The full keys, in the body's order (an empty mapping counts as a value: it replaces).
+    """
+    if isinstance(node, Mapping) and node:
+        keys: list[str] = []
+        for key, value in node.items():
+            keys += written_keys(value, f"{prefix}.{key}" if prefix else str(key))
+        return keys
+    return [prefix] if prefix else []
+
+
+def overlapping(package: str, keys: Sequence[str]) -> list[str]:
+    """The keys that write into ``package`` (or replace a node above it).
+
+    Args:
+        package: a group's package, dotted (``placement``, ``whatif.devices``).
+        keys: dotted keys a preset sets.
+
+    Returns:
+        The keys of ``keys`` inside ``package``, or above it, in their order.
+    """
+    return [
+        k
+        for k in keys
+        if k == package or k.startswith(f"{package}.") or package.startswith(f"{k}.")
+    ]
+
+
+def preset_conflicts(
+    config_loader: Any, config_name: str | None, overrides: Sequence[str]
+) -> list[str]:
+    """Say, for each group chosen in ``overrides`` that the chosen preset also writes, why.
+
+    Args:
+        config_loader: Hydra's config loader of the app (``GlobalHydra.instance().config_loader()``
+            in a task function, ``hydra_context.config_loader`` in a launcher).
+        config_name: the primary config's name.
+        overrides: the job's command-line overrides (a sweep job's own, one value each).
+
+    Returns:
+        One message per conflicting group choice; empty when there is none or no preset.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    preset = next(
+        (
+            f"{PRESET_GROUP}/{o.value()}"
+            for o in reversed(parsed)
+            if o.key_or_group == PRESET_GROUP and not o.is_delete() and isinstance(o.value(), str)
+        ),
+        None,
+    )
+    repo = config_loader.repository
+    choices = [
+        o
+        for o in parsed
+        if not o.is_delete()
+        and o.key_or_group.split("/")[0] not in ("hydra", PRESET_GROUP)
+        and isinstance(o.value(), str)
+        and repo.group_exists(o.key_or_group)
+    ]
+    if preset is None or not choices:
+        return []
+    defaults = config_loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN)
+    parents = {d.config_path: d.parent for d in defaults.defaults if d.config_path is not None}
+
+    def in_preset(path: str | None) -> bool:
+        seen: set[str] = set()
+        while path is not None and path not in seen:
+            if path == preset:
+                return True
+            seen.add(path)
+            path = parents.get(path)
+        return False
+
+    keys = [
+        key
+        for d in defaults.defaults
+        if in_preset(d.config_path)
+        for key in _body_keys(repo, d.config_path, d.package)
+    ]
+    problems = []
+    for choice in choices:
+        key = _group_key(choice)
+        chosen = next(
+            (
+                d
+                for d in defaults.defaults
+                if d.override_key == key and not in_preset(d.config_path)
+            ),
+            None,
+        )
+        if chosen is None or chosen.package is None:
+            continue
+        if chosen.package:
+            written = overlapping(chosen.package, keys)
+        else:  # an option of the _global_ package: what it sets itself
+            own = _body_keys(repo, chosen.config_path, "")
+            written = [k for k in keys if any(overlapping(o, [k]) for o in own)]
+        if written:
+            problems.append(_message(preset.split("/", 1)[1], f"{key}={choice.value()}", written))
+    return problems
+
+
+def _body_keys(repo: Any, config_path: str | None, package: str | None) -> list[str]:
+    """The full keys a config of the repository sets (its defaults list left out)."""
+    from omegaconf import OmegaConf
+
+    loaded = repo.load_config(config_path) if config_path is not None else None
+    if loaded is None:
+        return []
+    body = OmegaConf.to_container(loaded.config, resolve=False)
+    if isinstance(body, Mapping):
+        body = {k: v for k, v in body.items() if k != "defaults"}
+    return written_keys(body, package or "")
+
+
+def _group_key(override: Any) -> str:
+    """``group`` or ``group@package``, as Hydra keys an override of a group default."""
+    return (
+        f"{override.key_or_group}@{override.package}"
+        if override.package is not None
+        else override.key_or_group
+    )
+
+
+def _message(preset: str, choice: str, written: Sequence[str]) -> str:
+    shown = ", ".join(written[:3]) + (f" and {len(written) - 3} more" if len(written) > 3 else "")
+    return (
+        f"{PRESET_GROUP}={preset} sets {shown} itself, after the config groups, so {choice} on "
+        f"the command line would be silently overridden by the preset: drop {choice}, or "
+        f"override single keys instead (e.g. {written[0]}=...)"
+    )
+
+
+def check_group_choices(
+    config_loader: Any, config_name: str | None, overrides: Sequence[str]
+) -> None:
+    """Refuse a job whose command line chooses a group the chosen preset writes.
+
+    Args:
+        config_loader: see :func:`preset_conflicts`.
+        config_name: the primary config's name.
+        overrides: the job's command-line overrides.
+
+    Raises:
+        ConfigError: naming the preset, each conflicting group choice and the fix.
+    """
+    problems = preset_conflicts(config_loader, config_name, overrides)
+    if problems:
+        raise ConfigError(problems)
