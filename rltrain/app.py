@@ -20,8 +20,9 @@ log = logging.getLogger("rltrain")
 
 #: Marks a directory a run has written its outputs into: a later run may replace them there.
 RUN_STAMP = ".rltrain_run"
-#: What Hydra and the run log write into a run directory before the job runs: what a refused
-#: run removes, when it created them and the directory holds nothing else.
+#: What Hydra and the run log write into a run directory before the job runs, with rltrain's
+#: primary config (:func:`hydra_files` has a run's own): what a refused run removes, when it
+#: created them and the directory holds nothing else.
 HYDRA_FILES = frozenset({".hydra", "rltrain.log"})
 #: What runs write into their run directory (train, mode=plan, placement=auto).
 RUN_OUTPUTS = (
@@ -47,6 +48,33 @@ RUN_OUTPUTS = (
     "trace.json.tmp",
     "utilization.json.tmp",
 )
+
+
+def hydra_files() -> frozenset[str]:
+    """What Hydra and the run log write into this run's directory before the job runs.
+
+    Hydra's ``hydra.output_subdir`` (``.hydra/``) and the log named after the job
+    (``hydra.job.name``): ``rltrain.log`` with rltrain's primary config, ``__main__.log`` with a
+    primary config of the user's own that does not name the job.
+
+    Returns:
+        Their names (:data:`HYDRA_FILES` outside a Hydra run).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return HYDRA_FILES
+    hydra = HydraConfig.get()
+    return frozenset({hydra.output_subdir or ".hydra", _log_name()})
+
+
+def _log_name() -> str:
+    """The run log's file name: the job's (``hydra.job.name``), as Hydra names its log."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return "rltrain.log"
+    return f"{HydraConfig.get().job.name}.log"
 
 
 def run_dir() -> str:
@@ -331,7 +359,7 @@ def run(cfg: DictConfig) -> float | None:
 
     out_dir = run_dir()
     os.makedirs(out_dir, exist_ok=True)
-    with run_log(os.path.join(out_dir, f"{HydraConfig.get().job.name}.log")):
+    with run_log(os.path.join(out_dir, _log_name())):
         return _run(cfg)
 
 
@@ -595,11 +623,13 @@ def _refuse_private_preset() -> None:
 def refused_run(exc: RltrainError) -> bool:
     """Record a single run's refusal; say whether the caller should report it itself.
 
-    The refusal goes into the run's ``rltrain.log``. What this run created in its run
-    directory before the job started (Hydra's ``.hydra/`` and the log) is removed when the
-    directory holds nothing else, and so is the directory when this run created it (with the
-    empty parents it created), so a refused command leaves nothing behind. Nothing that was
-    there before the run is removed.
+    The refusal goes into the run's log (``<hydra.job.name>.log``: ``rltrain.log``). What this
+    run created in its run directory before the job started (:func:`hydra_files`) is removed
+    when the directory holds nothing else, and so is the directory when this run created it
+    (with the empty parents it created), so a refused command leaves nothing behind. Nothing
+    that was there before the run is removed: what was there is known from
+    :class:`RunDirCallback` (``hydra.callbacks.run_dir``), and without its record nothing is
+    removed.
 
     Args:
         exc: the refusal.
@@ -619,7 +649,7 @@ def refused_run(exc: RltrainError) -> bool:
         # second may have removed this one already (then there is nothing to log into)
         with (
             contextlib.suppress(FileNotFoundError),
-            open(os.path.join(path, "rltrain.log"), "a") as f,
+            open(os.path.join(path, _log_name()), "a") as f,
         ):  # the terminal shows it once
             f.write(f"rltrain: refused: {exc}\n")
     return True
@@ -645,7 +675,7 @@ def _remove_if_untouched(path: str) -> bool:
     if before is None:
         return False  # what was there before this run is unknown: nothing is removed
     created = names - before.names
-    if not created <= HYDRA_FILES:
+    if not created <= hydra_files():
         return False  # the run wrote outputs (a refused plan keeps its drawing and log)
     if before.existed:
         for name in created:
@@ -655,7 +685,7 @@ def _remove_if_untouched(path: str) -> bool:
             else:
                 with contextlib.suppress(OSError):
                     os.remove(target)
-        return "rltrain.log" not in before.names  # a log that was there gets the refusal
+        return _log_name() not in before.names  # a log that was there gets the refusal
     with contextlib.suppress(OSError):  # hydra.job.chdir=true: the job runs inside it
         if os.path.commonpath([os.getcwd(), path]) == path:
             os.chdir(before.cwd)
@@ -679,13 +709,15 @@ def problems_beside(overrides: list[str], config_path: str, failed: BaseExceptio
 
     Hydra stops at the first override it cannot merge (a value of the wrong type, a key that
     needs ``+``); the config checks never see the rest. Here the refused overrides are left
-    out one by one, the remainder is composed again, and every check that runs before Ray
-    (the config checks, then the layout's) reports on it, so one command lists everything.
+    out one by one, the remainder is composed again with the command's own primary config
+    (``--config-name``, ``--config-path``, ``--config-dir``), and every check that runs before
+    Ray (the config checks, then the layout's) reports on it, so one command lists everything.
     Nothing is written and nothing starts.
 
     Args:
-        overrides: the command line's overrides.
-        config_path: the primary config's location (``rltrain.__main__.CONFIG_PATH``).
+        overrides: the command line: its overrides and Hydra's flags.
+        config_path: the primary config's location (``rltrain.__main__.CONFIG_PATH``), unless
+            the command line names another with ``--config-path``.
         failed: what Hydra raised for the command line.
 
     Returns:
@@ -693,7 +725,10 @@ def problems_beside(overrides: list[str], config_path: str, failed: BaseExceptio
     """
     from rltrain.config.errors import explain
 
-    rest = [o for o in overrides if not o.startswith(_NOT_CHECKED) and not o.startswith("-")]
+    source = _ConfigSource.of(overrides, config_path)
+    if source is None:
+        return []
+    rest = [o for o in source.overrides if not o.startswith(_NOT_CHECKED)]
     found: list[str] = []
     exc: BaseException | None = failed
     for _ in range(len(rest) + 1):
@@ -702,7 +737,7 @@ def problems_beside(overrides: list[str], config_path: str, failed: BaseExceptio
             break
         rest.remove(bad)
         try:
-            cfg = _compose(config_path, rest)
+            cfg = source.compose(rest)
         except Exception as again:  # noqa: BLE001 - the next refused override, explained below
             message = explain(again)
             if message is None:
@@ -725,17 +760,79 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def _compose(config_path: str, overrides: list[str]) -> DictConfig:
-    from hydra import compose, initialize_config_dir, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+@dataclasses.dataclass(frozen=True)
+class _ConfigSource:
+    """Where a command line's config comes from, as Hydra's own flags set it.
 
-    GlobalHydra.instance().clear()
-    if config_path.startswith("pkg://"):
-        init = initialize_config_module(config_path[len("pkg://") :], version_base="1.3")
-    else:
-        init = initialize_config_dir(os.path.abspath(config_path), version_base="1.3")
-    with init:
-        return compose(config_name="config", overrides=overrides)
+    Attributes:
+        primary: the primary config's directory (a path or ``pkg://`` module).
+        config_name: the primary config's name (``--config-name``; ``config`` by default).
+        config_dir: the directory ``--config-dir`` adds ahead of the others, or None.
+        overrides: the command line's overrides (what is not a flag or a flag's value).
+        searchpath: its ``hydra.searchpath`` override (which changes where configs are found),
+            kept when Hydra's other settings are left out.
+    """
+
+    primary: str
+    config_name: str
+    config_dir: str | None
+    overrides: tuple[str, ...]
+    searchpath: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, argv: list[str], config_path: str) -> _ConfigSource | None:
+        """Read Hydra's flags off ``argv`` (None when Hydra's parser refuses it)."""
+        from hydra._internal.utils import compute_search_path_dir, get_args_parser
+
+        try:
+            args = get_args_parser().parse_args(argv)
+        except SystemExit:  # argparse's way to refuse: the first problem is reported already
+            return None
+        primary = config_path
+        if args.config_path is not None:  # relative: to rltrain/__main__.py, as Hydra has it
+            main_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+            primary = compute_search_path_dir(main_file, None, args.config_path) or config_path
+        overrides = tuple(args.overrides or ())
+        return cls(
+            primary=primary,
+            config_name=args.config_name or "config",
+            config_dir=os.path.abspath(args.config_dir) if args.config_dir else None,
+            overrides=overrides,
+            searchpath=tuple(o for o in overrides if _key(o) == "hydra.searchpath"),
+        )
+
+    def compose(self, overrides: list[str]) -> DictConfig:
+        """Compose ``overrides`` the way the command line's run does (its search path and
+        primary config), without Hydra's own node."""
+        from hydra._internal.hydra import Hydra
+        from hydra._internal.utils import create_config_search_path
+        from hydra.core.config_search_path import SearchPathQuery
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.types import RunMode
+        from omegaconf import open_dict
+
+        search_path = create_config_search_path(self.primary)
+        if self.config_dir is not None:  # where Hydra's run puts it: before the schemas
+            search_path.prepend(
+                provider="command-line",
+                path=f"file://{self.config_dir}",
+                anchor=SearchPathQuery(provider="schema"),
+            )
+        GlobalHydra.instance().clear()
+        try:
+            hydra = Hydra.create_main_hydra2(task_name="rltrain", config_search_path=search_path)
+            cfg = hydra.compose_config(
+                config_name=self.config_name,
+                overrides=[*self.searchpath, *overrides],
+                run_mode=RunMode.RUN,
+                from_shell=False,
+                with_log_configuration=False,
+            )
+        finally:
+            GlobalHydra.instance().clear()
+        with open_dict(cfg):
+            cfg.pop("hydra", None)
+        return cfg
 
 
 def _checks_of(cfg: DictConfig) -> list[str]:

@@ -108,7 +108,8 @@ def job_summary(
         job: the running :class:`rltrain.runners.job.Job` (its plan and residency ledger).
         records: the step records this invocation logged.
         steps: steps this invocation ran.
-        seconds: their wall time.
+        seconds: their wall time, the rates' time base (:func:`fit`'s: from the first step's
+            start to the last step's end, evaluations and checkpoints included).
         status: how the run ended (``completed``, ``stopped``, ...).
 
     Returns:
@@ -268,8 +269,11 @@ def fit(
                     break
             clean = True
         finally:
-            LAST_FIT[:] = [Progress(start, done_steps, time.monotonic() - t0)]
+            # the summary's time base (wall_s): the steps with their evaluations and
+            # checkpoints, not the reward curve drawn below (half a second of matplotlib)
+            seconds = time.monotonic() - t0
+            LAST_FIT[:] = [Progress(start, done_steps, seconds)]
             metrics.close()
             schedule.end(done_steps, clean)
     plot_curves(earlier + metrics.records, f"{run_dir}/reward_curve.png")
-    return runner.summary(metrics.records, done_steps - start, time.monotonic() - t0, status)
+    return runner.summary(metrics.records, done_steps - start, seconds, status)

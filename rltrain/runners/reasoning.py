@@ -37,6 +37,7 @@ from rltrain.runners.job import Job, start_job
 from rltrain.runners.layout import RunLayout, preflight
 from rltrain.runners.schedules import schedule_for
 from rltrain.runners.stages import ReasoningStages
+from rltrain.telemetry.summary import generated_tokens
 from rltrain.workers.actor import ActorWorker
 from rltrain.workers.critic import CriticWorker
 from rltrain.workers.fused import FusedWorker
@@ -134,7 +135,8 @@ class ReasoningRunner:
     def summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
         return {
             **loop.job_summary(self.job, records, steps, seconds, status),
-            "tokens_per_s": _mean([r.get("perf/tokens_per_s") for r in records]),
+            # over the same seconds as steps_per_s, not a mean of the steps' own rates
+            "tokens_per_s": _per_second(generated_tokens(records), seconds),
             "final_reward": records[-1].get("reward/mean") if records else None,
             "final_accuracy": next(
                 (r["eval/accuracy"] for r in reversed(records) if "eval/accuracy" in r), None
@@ -179,9 +181,9 @@ def weight_sync_summary(runner: ReasoningRunner) -> dict[str, Any]:
     return {recv: choice.to_dict() for recv, choice in runner.hub.transports.items()}
 
 
-def _mean(values: list[Any]) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
+def _per_second(amount: float, seconds: float) -> float | None:
+    """``amount / seconds``, None when nothing was measured (no steps run)."""
+    return amount / seconds if amount and seconds else None
 
 
 def data_parallel(groups) -> None:

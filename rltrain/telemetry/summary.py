@@ -8,9 +8,9 @@ as a blank cell in the report):
 ==============================  ==========================================================
 ``placement_mode``              ``collocated`` | ``disaggregated`` | ``hybrid``
 ``steps``                       policy updates done
-``steps_per_s``                 policy updates per second of training (after warm-up)
-``tokens_per_s``                generated tokens per second (reasoning runs)
-``env_steps_per_s``             simulator steps per second (embodied runs)
+``steps_per_s``                 policy updates per second of ``wall_s`` (below)
+``tokens_per_s``                generated response tokens per second of ``wall_s`` (reasoning)
+``env_steps_per_s``             simulator steps per second of ``wall_s`` (embodied runs)
 ``seconds_per_stage``           ``{stage: mean seconds per step}``, e.g. ``{"generate": 0.4}``
 ``peak_memory_bytes_per_device`` ``{"<node>:<device>": bytes}``, e.g. ``{"0:1": 123456}``
 ``final_reward``                mean reward of the last step
@@ -19,12 +19,21 @@ as a blank cell in the report):
 ``status``                      ``completed`` | ``stopped`` | ``failed`` | free text
 ==============================  ==========================================================
 
+The three rates share one time base, the summary's ``wall_s`` (also written): the seconds from
+the start of the run's first step to the end of its last, the first step included (its warm-up
+too), with the evaluations and checkpoints the loop made after the steps; the start-up before
+the first step and the reward curve drawn after the last are not in it. So ``tokens_per_s /
+steps_per_s`` is the tokens generated per step, and each rate includes what evaluating and
+checkpointing cost (the per-step ``perf/*`` metrics of ``metrics.jsonl`` are rates over a step's
+own time, ``time/step_s``).
+
 After restarts (``trainer.max_restarts``) the summary describes the whole run
 (:func:`across_attempts`): ``steps`` from the first attempt's start to the last step, ``wall_s``
-the training seconds of every attempt (redone steps included), ``steps_per_s`` their ratio, the
-per-step measures and the ``rollout`` totals over every recorded step (a redone step counted
-once), and ``attempts`` lists each attempt. The peak memory is the final attempt's (a failed
-attempt's job is gone before it can report one).
+the training seconds of every attempt (redone steps included), ``steps_per_s`` and
+``tokens_per_s`` the steps and the generated tokens over it, the per-step measures and the
+``rollout`` totals over every recorded step (a redone step counted once), and ``attempts`` lists
+each attempt. The peak memory is the final attempt's (a failed attempt's job is gone before it
+can report one).
 
 No Ray, no torch: this module is imported by the launcher process and by jobs.
 """
@@ -93,6 +102,26 @@ def objective(summary: Mapping[str, Any], measure: str = "throughput") -> float 
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
     return None
+
+
+def generated_tokens(records: list[Mapping[str, Any]]) -> int:
+    """Response tokens generated over step records (``metrics.jsonl``'s).
+
+    Each record's rate ``perf/tokens_per_s`` is over its ``time/step_s``, so their product is the
+    step's tokens; a record without both adds none.
+
+    Args:
+        records: step records.
+
+    Returns:
+        The tokens, summed over the records.
+    """
+    total = 0
+    for r in records:
+        rate, seconds = r.get("perf/tokens_per_s"), r.get("time/step_s")
+        if rate is not None and seconds is not None:
+            total += round(float(rate) * float(seconds))  # tokens are whole: drop float error
+    return total
 
 
 def _check(summary: Mapping[str, Any]) -> list[str]:
@@ -223,9 +252,9 @@ def across_attempts(
         out["seconds_per_stage"] = {
             k[5:-2]: sum(float(r.get(k) or 0.0) for r in records) / len(records) for k in stages
         }
-    tokens = [r["perf/tokens_per_s"] for r in records if r.get("perf/tokens_per_s") is not None]
+    tokens = generated_tokens(records)
     if tokens:
-        out["tokens_per_s"] = sum(tokens) / len(tokens)
+        out["tokens_per_s"] = tokens / seconds if seconds else None
     since = attempts[-1].get("first_step") if attempts else None
     if since is not None:
         rollout = _rollout_over_attempts(last.get("rollout") or {}, records, since, max_staleness)

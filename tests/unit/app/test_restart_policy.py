@@ -92,14 +92,18 @@ def test_the_restart_records_name_the_exception_type_and_message(monkeypatch, tm
 
 def test_across_attempts_recomputes_the_per_step_measures():
     last = {"steps": 2, "wall_s": 1.0, "steps_per_s": 2.0, "seconds_per_stage": {"train": 9.0}}
-    records = [{"step": s, "time/train_s": 0.5, "perf/tokens_per_s": 100.0} for s in range(4)]
+    records = [
+        {"step": s, "time/train_s": 0.5, "time/step_s": 0.5, "perf/tokens_per_s": 100.0}
+        for s in range(4)
+    ]
     attempts = [
         {"first_step": 0, "done_steps": 3, "training_s": 3.0},
         {"first_step": 2, "done_steps": 4, "training_s": 1.0},
     ]
     out = across_attempts(last, records, attempts)
     assert out["steps"] == 4 and out["wall_s"] == 4.0 and out["steps_per_s"] == 1.0
-    assert out["seconds_per_stage"] == {"train": 0.5} and out["tokens_per_s"] == 100.0
+    assert out["seconds_per_stage"] == {"train": 0.5}
+    assert out["tokens_per_s"] == 50.0  # 4 steps x 50 tokens over the 4 training seconds
 
 
 def test_across_attempts_totals_the_rollout_over_the_steps_every_attempt_kept():
