@@ -94,13 +94,9 @@ def checked_layout(run: Any, output_dir: str | None) -> Any:
     Raises:
         ConfigError, PlacementError, ResourceError: what the single run would refuse.
     """
-    from rltrain.kinds import registry
     from rltrain.runners.layout import preflight
 
-    if run.task.generate and registry.runner(run).language_model:
-        from rltrain.tasks import prepare_task
-
-        prepare_task(run)  # the plan reads the checkpoint the generator writes
+    _look_at_task_files(run)  # the plan reads the checkpoint the generator writes
     return preflight(run, output_dir)
 
 
@@ -134,24 +130,16 @@ def job_needs(
     if not is_rltrain_config(task_cfg):
         return JobNeeds()
     from rltrain.config import load_config
+    from rltrain.config.presets import check_group_choices
     from rltrain.errors import RltrainError
-    from rltrain.kinds import registry
 
     cluster = dict(OmegaConf.to_container(task_cfg.cluster, resolve=True))  # type: ignore[arg-type]
     try:
         if config_loader is not None:
-            from rltrain.config.presets import check_group_choices
-
             check_group_choices(config_loader, config_name, overrides)
         run = load_config(task_cfg)
         if run.mode == "plan":
-            if run.task.generate and registry.runner(run).language_model:
-                from rltrain.tasks import prepare_task
-
-                prepare_task(run)  # only looks (a plan writes nothing): refuses a user's files
-            mode = plan_mode(run)  # the layout can be built (auto: the first one profiled)
-            auto = run.placement.mode == "auto"
-            return JobNeeds(placement_mode="auto" if auto else mode, cluster=cluster)
+            return _plan_only_needs(run, cluster)
         if run.placement.mode == "auto":
             return _auto_needs(run, cluster)
         layout = checked_layout(run, output_dir)
@@ -164,18 +152,33 @@ def job_needs(
     )
 
 
-def _auto_needs(run: Any, cluster: dict[str, Any]) -> JobNeeds:
-    """A ``placement=auto`` training job: checked as a single auto run is before it profiles
-    (the config, then ``task.generate``'s data), reserving every device of its cluster, over
-    which it profiles and chooses. Its layouts are checked when it chooses, as a single run's
-    are (the config's own layout is only the first one profiled)."""
+def _plan_only_needs(run: Any, cluster: dict[str, Any]) -> JobNeeds:
+    """A ``mode=plan`` job: no devices; refused now if its task files or layout never could be."""
+    _look_at_task_files(run)  # only looks (a plan writes nothing): refuses a user's files
+    mode = plan_mode(run)  # the layout can be built (auto: the first one profiled)
+    auto = run.placement.mode == "auto"
+    return JobNeeds(placement_mode="auto" if auto else mode, cluster=cluster)
+
+
+def _look_at_task_files(run: Any) -> None:
+    """``task.generate``'s check of the files it would write (a language-model run's), which
+    refuses a user's own files before the job is admitted."""
     from rltrain.kinds import registry
-    from rltrain.placement.types import ClusterSpec
 
     if run.task.generate and registry.runner(run).language_model:
         from rltrain.tasks import prepare_task
 
         prepare_task(run)
+
+
+def _auto_needs(run: Any, cluster: dict[str, Any]) -> JobNeeds:
+    """A ``placement=auto`` training job: checked as a single auto run is before it profiles
+    (the config, then ``task.generate``'s data), reserving every device of its cluster, over
+    which it profiles and chooses. Its layouts are checked when it chooses, as a single run's
+    are (the config's own layout is only the first one profiled)."""
+    from rltrain.placement.types import ClusterSpec
+
+    _look_at_task_files(run)
     spec = ClusterSpec.from_config(run.cluster)
     devices = frozenset((n.rank, d) for n in spec.nodes for d in range(n.num_devices))
     return JobNeeds(devices=devices, placement_mode="auto", uses_ray=True, cluster=cluster)

@@ -77,27 +77,54 @@ def preset_conflicts(
     from hydra.types import RunMode
 
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    preset = next(
-        (
-            f"{PRESET_GROUP}/{o.value()}"
-            for o in reversed(parsed)
-            if o.key_or_group == PRESET_GROUP and not o.is_delete() and isinstance(o.value(), str)
-        ),
-        None,
-    )
+    named = [o for o in parsed if not o.is_delete() and isinstance(o.value(), str)]
+    presets = [f"{PRESET_GROUP}/{o.value()}" for o in named if o.key_or_group == PRESET_GROUP]
+    preset = presets[-1] if presets else None
     repo = config_loader.repository
     choices = [
         o
-        for o in parsed
-        if not o.is_delete()
-        and o.key_or_group.split("/")[0] not in ("hydra", PRESET_GROUP)
-        and isinstance(o.value(), str)
+        for o in named
+        if o.key_or_group.split("/")[0] not in ("hydra", PRESET_GROUP)
         and repo.group_exists(o.key_or_group)
     ]
     if preset is None or not choices:
         return []
     defaults = config_loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN)
-    parents = {d.config_path: d.parent for d in defaults.defaults if d.config_path is not None}
+    in_preset = _within(preset, defaults.defaults)
+    keys = [
+        key
+        for d in defaults.defaults
+        if in_preset(d.config_path)
+        for key in _body_keys(repo, d.config_path, d.package)
+    ]
+    problems = []
+    for choice in choices:
+        written = _written_over(choice, defaults.defaults, in_preset, keys, repo)
+        if written:
+            key = f"{_group_key(choice)}={choice.value()}"
+            problems.append(_message(preset.split("/", 1)[1], key, written))
+    return problems
+
+
+def _written_over(
+    choice: Any, defaults: Sequence[Any], in_preset: Any, keys: Sequence[str], repo: Any
+) -> list[str]:
+    """The preset's ``keys`` that land on what the group ``choice`` chose."""
+    key = _group_key(choice)
+    chosen = next(
+        (d for d in defaults if d.override_key == key and not in_preset(d.config_path)), None
+    )
+    if chosen is None or chosen.package is None:
+        return []
+    if chosen.package:
+        return overlapping(chosen.package, keys)
+    own = _body_keys(repo, chosen.config_path, "")  # an option of the _global_ package
+    return [k for k in keys if any(overlapping(o, [k]) for o in own)]
+
+
+def _within(preset: str, defaults: Sequence[Any]) -> Any:
+    """A test of whether a config of the defaults list is ``preset`` or pulled in by it."""
+    parents = {d.config_path: d.parent for d in defaults if d.config_path is not None}
 
     def in_preset(path: str | None) -> bool:
         seen: set[str] = set()
@@ -108,33 +135,7 @@ def preset_conflicts(
             path = parents.get(path)
         return False
 
-    keys = [
-        key
-        for d in defaults.defaults
-        if in_preset(d.config_path)
-        for key in _body_keys(repo, d.config_path, d.package)
-    ]
-    problems = []
-    for choice in choices:
-        key = _group_key(choice)
-        chosen = next(
-            (
-                d
-                for d in defaults.defaults
-                if d.override_key == key and not in_preset(d.config_path)
-            ),
-            None,
-        )
-        if chosen is None or chosen.package is None:
-            continue
-        if chosen.package:
-            written = overlapping(chosen.package, keys)
-        else:  # an option of the _global_ package: what it sets itself
-            own = _body_keys(repo, chosen.config_path, "")
-            written = [k for k in keys if any(overlapping(o, [k]) for o in own)]
-        if written:
-            problems.append(_message(preset.split("/", 1)[1], f"{key}={choice.value()}", written))
-    return problems
+    return in_preset
 
 
 def _body_keys(repo: Any, config_path: str | None, package: str | None) -> list[str]:
