@@ -26,12 +26,16 @@ class EstimatorSpec:
         needs_critic: reads token values from a critic component.
         batch_wide: its statistics span the whole step's batch (whitening), so a rank that sees
             only its own prompt groups cannot compute it alone.
+        reads: the options of :data:`ESTIMATOR_OPTIONS` its registered function reads (as the
+            keywords ``norm_by_std``, ``gamma``, ``lam``); one it does not read is refused when
+            set away from its default (:mod:`rltrain.config.unread`).
         summary: one line for messages and docs.
     """
 
     group_based: bool
     needs_critic: bool = False
     batch_wide: bool = False
+    reads: tuple[str, ...] = ()
     summary: str = ""
 
 
@@ -46,15 +50,25 @@ class PolicyLossSpec:
     summary: str = ""
 
 
+#: ``algorithm.*`` options read by some advantage estimators only (:attr:`EstimatorSpec.reads`).
+ESTIMATOR_OPTIONS = ("norm_adv_by_std", "gamma", "lam")
+
 ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {
-    "grpo": EstimatorSpec(True, summary="(r - group mean) / group std"),
+    "grpo": EstimatorSpec(True, reads=("norm_adv_by_std",), summary="(r - group mean) / group std"),
     "dr_grpo": EstimatorSpec(True, summary="r - group mean"),
     "rloo": EstimatorSpec(True, summary="r - mean of the other samples of the group"),
     "reinforce_pp": EstimatorSpec(
-        False, batch_wide=True, summary="discounted token returns, whitened over the batch"
+        False,
+        batch_wide=True,
+        reads=("gamma",),
+        summary="discounted token returns, whitened over the batch",
     ),
     "gae": EstimatorSpec(
-        False, needs_critic=True, batch_wide=True, summary="token-level GAE from a critic"
+        False,
+        needs_critic=True,
+        batch_wide=True,
+        reads=("gamma", "lam"),
+        summary="token-level GAE from a critic",
     ),
 }
 
@@ -92,3 +106,15 @@ def is_batch_wide(estimator: str) -> bool:
     names)."""
     spec = ADVANTAGE_ESTIMATORS.get(estimator)
     return spec is not None and spec.batch_wide
+
+
+def estimator_reads(estimator: str, option: str) -> bool:
+    """True when ``estimator``'s function reads ``algorithm.<option>`` (an option of
+    :data:`ESTIMATOR_OPTIONS`); True for unknown names, which are refused on their own."""
+    spec = ADVANTAGE_ESTIMATORS.get(estimator)
+    return spec is None or option in spec.reads
+
+
+def option_readers(option: str) -> tuple[str, ...]:
+    """Names of the estimators that read ``algorithm.<option>``, in vocabulary order."""
+    return tuple(n for n, s in ADVANTAGE_ESTIMATORS.items() if option in s.reads)

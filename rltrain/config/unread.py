@@ -3,8 +3,9 @@ key, why nothing reads it and the fix.
 
 Each rule is a key, the setting that makes it unread, and what to do. A key still at its schema
 default is never refused (presets set several at their defaults), so only a value the user or a
-preset chose and nothing would use stops the run. Micro-batch sizes of absent components are left
-alone: the plan fills every null one itself.
+preset chose and nothing would use stops the run. A micro-batch size is refused only where the
+config sets one for a component that is not placed (or a rule reward): the plan chooses the null
+ones later, on a copy of the checked config, so a size it chose never comes through here.
 
 Registered with :func:`rltrain.config.checks.check`; no torch, no Ray.
 """
@@ -15,19 +16,28 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from rltrain.config.algorithms import is_group_based, needs_critic
+from rltrain.config.algorithms import (
+    estimator_reads,
+    is_group_based,
+    needs_critic,
+    option_readers,
+)
 from rltrain.config.checks import check
-from rltrain.config.numerics import placed_components
+from rltrain.config.numerics import placed_components, resolve_old_logprobs
 from rltrain.config.schema import (
     ActorConfig,
     AlgorithmConfig,
     AutoPlacementConfig,
+    ClusterConfig,
     CriticConfig,
     EnvConfig,
+    LoggingConfig,
     LoraConfig,
     ModelConfig,
+    RewardConfig,
     RolloutConfig,
     RunConfig,
+    SimulateConfig,
     TrainerConfig,
 )
 from rltrain.kinds import registry
@@ -98,8 +108,87 @@ def _any_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
                 "no critic is placed (placement.component_placement): use algorithm=ppo or an "
                 "experiment=reasoning_ppo* preset, or drop it"
             )
-        rules.append(("critic", _changed(cfg.critic, CriticConfig(), ("lr",)), why))
+        rules.append(
+            ("critic", _changed(cfg.critic, CriticConfig(), ("lr", "micro_batch_size")), why)
+        )
+    rules += _absent_micro_batches(cfg)
+    rules += _engine_and_cluster(cfg, kind)
+    rules += _targets(cfg, kind)
     return rules
+
+
+def _absent_micro_batches(cfg: RunConfig) -> list[Rule]:
+    """Micro-batch sizes the config sets for a reference or inference component that is not
+    placed, or for a rule reward (no model forward)."""
+    placed = placed_components(cfg)
+    rules: list[Rule] = []
+    for name, fix in (
+        ("reference", "algorithm.kl_coef>0 and +placement.component_placement.reference=..."),
+        ("inference", "+placement.component_placement.inference=... (its own devices)"),
+    ):
+        size = getattr(cfg, name).micro_batch_size
+        if name not in placed and size is not None:
+            why = f"no {name} is placed (placement.component_placement): use {fix}, or drop it"
+            rules.append((name, [("micro_batch_size", size)], why))
+    if cfg.reward.kind == "rule":
+        why = (
+            "reward.kind='rule' scores with the task's reward function, no model forward: set "
+            "reward.kind=model (with reward.model_path), or drop it"
+        )
+        rules.append(("reward", _changed(cfg.reward, RewardConfig(), ("micro_batch_size",)), why))
+    return rules
+
+
+def _engine_and_cluster(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
+    """Keys of the generation engine, fusion, the Ray cluster and the trackers that the chosen
+    engine, runner, cluster or tracker never reads."""
+    rules: list[Rule] = []
+    backend = cfg.rollout.backend
+    if backend in registry.engine_names("generation"):
+        if not registry.generation_engine(cfg).kv_reserved:
+            reserving = ", ".join(registry.engine_names("generation", having="kv_reserved"))
+            why = (
+                f"rollout.backend={backend!r} reserves no share of device memory (its KV cache "
+                f"is sized by the batch it generates): use an engine that does "
+                f"({reserving}), or drop it"
+            )
+            names = ("gpu_memory_utilization",)
+            rules.append(("rollout", _changed(cfg.rollout, RolloutConfig(), names), why))
+    fuse = str(cfg.placement.fuse).lower()  # the command line's true arrives as 'True'
+    if kind is not None and not kind.fusable and fuse == "true":
+        why = (
+            f"runner={cfg.runner!r} never fuses its actor and rollout (each keeps its own "
+            f"processes): set placement.fuse=false, or drop it"
+        )
+        rules.append(("placement", [("fuse", fuse)], why))
+    if cfg.cluster.address:
+        why = (
+            f"cluster.address={cfg.cluster.address!r} joins a running Ray cluster, whose temp "
+            f"dir was chosen by `ray start --temp-dir`: drop it (or use cluster.address=null to "
+            f"start a local Ray there)"
+        )
+        rules.append(("cluster", _changed(cfg.cluster, ClusterConfig(), ("temp_dir",)), why))
+    lg = cfg.logging
+    if not (lg.wandb or lg.mlflow):
+        why = (
+            "it names the W&B project or MLflow experiment, and neither tracker is on: set "
+            "logging.wandb=true or logging.mlflow=true, or drop it"
+        )
+        rules.append(("logging", _changed(lg, LoggingConfig(), ("project",)), why))
+    return rules
+
+
+def _targets(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
+    """A target that stops the run early, with no evaluation before the last step."""
+    if kind is None or cfg.trainer.eval_every != 0:
+        return []
+    why = (
+        "trainer.eval_every=0 evaluates only after the last step, so the target can never stop "
+        "the run early: set trainer.eval_every>0, or drop it"
+    )
+    if kind.steps_env:
+        return [("env", _changed(cfg.env, EnvConfig(), ("target_return",)), why)]
+    return [("trainer", _changed(cfg.trainer, TrainerConfig(), ("target_accuracy",)), why)]
 
 
 def _language_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
@@ -108,30 +197,84 @@ def _language_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
     a, a0 = cfg.algorithm, AlgorithmConfig()
     estimator = a.advantage_estimator
     rules: list[Rule] = []
-    if is_group_based(estimator):
+    if not estimator_reads(estimator, "norm_adv_by_std"):
+        readers = ", ".join(option_readers("norm_adv_by_std"))
         why = (
-            f"algorithm.advantage_estimator={estimator!r} scores whole responses; only "
-            f"reinforce_pp and gae discount per token: drop it"
+            f"algorithm.advantage_estimator={estimator!r} never divides by the group std (only "
+            f"{readers} reads it): drop it"
+        )
+        rules.append(("algorithm", _changed(a, a0, ("norm_adv_by_std",)), why))
+    if not estimator_reads(estimator, "gamma"):
+        how = "scores whole responses" if is_group_based(estimator) else "does not discount"
+        readers = " and ".join(option_readers("gamma"))
+        why = (
+            f"algorithm.advantage_estimator={estimator!r} {how}; only {readers} discount per "
+            f"token: drop it"
         )
         rules.append(("algorithm", _changed(a, a0, ("gamma",)), why))
-    if not needs_critic(estimator):
+    if a.kl_coef <= 0:
         why = (
-            f"only GAE with a critic (algorithm=ppo) reads it, and "
-            f"algorithm.advantage_estimator={estimator!r}: drop it"
+            f"algorithm.kl_coef={a.kl_coef}: no KL to a reference is computed: set "
+            f"algorithm.kl_coef>0, or leave it at its default (algorithm.kl_estimator="
+            f"{a0.kl_estimator}, algorithm.kl_in={a0.kl_in})"
         )
-        rules.append(("algorithm", _changed(a, a0, ("lam", "value_clip", "value_coef")), why))
+        rules.append(("algorithm", _changed(a, a0, ("kl_estimator", "kl_in")), why))
+    if resolve_old_logprobs(cfg) == "rollout":
+        how = "" if a.old_logprobs == "rollout" else f"={a.old_logprobs!r}, which resolves to"
+        why = (
+            f"pi_old is the rollout's own log-probs (algorithm.old_logprobs{how} 'rollout' for "
+            f"this run), so there is no ratio to the rollout to truncate: set "
+            f"algorithm.old_logprobs=recompute, or drop it"
+        )
+        rules.append(("algorithm", _changed(a, a0, ("tis_cap",)), why))
+    why = (
+        f"only GAE with a critic (algorithm=ppo) reads it, and "
+        f"algorithm.advantage_estimator={estimator!r}: drop it"
+    )
+    if not estimator_reads(estimator, "lam"):
+        rules.append(("algorithm", _changed(a, a0, ("lam",)), why))
+    if not needs_critic(estimator):
+        rules.append(("algorithm", _changed(a, a0, ("value_clip", "value_coef")), why))
     why = (
         f"env.* sets up the simulators of an embodied run; runner={cfg.runner!r} has none: "
         f"drop it (or use an embodied preset, experiment=cartpole_hybrid)"
     )
     names = tuple(f.name for f in dataclasses.fields(EnvConfig))
     rules.append(("env", _changed(cfg.env, EnvConfig(), names), why))
+    if not kind.steps_env:
+        why = (
+            f"it models the env steps and the policy's inference of an embodied run; "
+            f"runner={cfg.runner!r} steps no simulators: drop it"
+        )
+        rules.append(("simulate", _changed(cfg.simulate, SimulateConfig(), _ENV_LATENCIES), why))
+    m = cfg.model
+    if m.path or m.tokenizer_path:
+        source = (
+            f"model.tokenizer_path={m.tokenizer_path!r}"
+            if m.tokenizer_path
+            else f"model.path={m.path!r}"
+        )
+        why = (
+            f"the tokenizer is {source}'s own; the alphabet is the built-in tokenizer's only: "
+            f"drop it"
+        )
+        rules.append(("model", _changed(m, ModelConfig(), ("vocab_chars",)), why))
     return rules
+
+
+#: ``simulate.*`` keys of the simulators and the embodied policy's inference.
+_ENV_LATENCIES = (
+    "env_step_latency_ms",
+    "env_step_jitter_ms",
+    "env_policy_latency_ms",
+    "env_policy_jitter_ms",
+)
 
 
 #: What a runner that steps simulators reads of the language-model sections: its policy network
 #: is ``model.hidden_size`` wide and ``model.num_layers`` deep, initialised from
-#: ``model.init_seed``, and trains in float32; its batch is ``env.*``'s transitions.
+#: ``model.init_seed``, and trains in float32 with no KL and its own rollout's log-probs as
+#: pi_old; its batch is ``env.*``'s transitions.
 _ENV_RUNNER_UNREAD = (
     ("model", ModelConfig(), tuple(
         f.name for f in dataclasses.fields(ModelConfig)
@@ -139,7 +282,8 @@ _ENV_RUNNER_UNREAD = (
     )),
     ("rollout", RolloutConfig(),
      ("temperature", "top_p", "n_samples_per_prompt", "max_new_tokens")),
-    ("algorithm", AlgorithmConfig(), ("norm_adv_by_std", "loss_agg")),
+    ("algorithm", AlgorithmConfig(),
+     ("norm_adv_by_std", "loss_agg", "kl_estimator", "kl_in", "tis_cap")),
     ("actor", ActorConfig(), ("micro_batch_size",)),
     ("trainer", TrainerConfig(), ("train_batch_size",)),
 )  # fmt: skip
@@ -151,13 +295,27 @@ def _env_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
     why = (
         f"runner={cfg.runner!r} acts with its own policy network (model.hidden_size, "
         f"model.num_layers; float32), samples its actions from the policy's distribution and "
-        f"trains PPO on the transitions env.* sizes (minibatches: algorithm.num_minibatches): "
-        f"drop it"
+        f"trains PPO, with no KL and its rollout's log-probs as pi_old, on the transitions env.* "
+        f"sizes (minibatches: algorithm.num_minibatches): drop it"
     )
-    return [
+    rules = [
         (name, _changed(getattr(cfg, name), default, fields), why)
         for name, default, fields in _ENV_RUNNER_UNREAD
     ]
+    why = (
+        f"runner={cfg.runner!r} makes no generate calls: it infers an action per env step "
+        f"(modelled by simulate.env_policy_latency_ms): drop it"
+    )
+    names = ("rollout_latency_ms", "rollout_token_latency_ms")
+    rules.append(("simulate", _changed(cfg.simulate, SimulateConfig(), names), why))
+    transport = cfg.weight_sync.transport
+    if transport in ("collective", "ipc"):
+        why = (
+            f"runner={cfg.runner!r} sends its policy's weights through the host (a small "
+            f"network): set weight_sync.transport=host or auto"
+        )
+        rules.append(("weight_sync", [("transport", transport)], why))
+    return rules
 
 
 @check

@@ -395,6 +395,14 @@ def _model(cfg: RunConfig) -> Iterator[str]:
         yield from _positive("model.vocab_size", m.vocab_size)
     if m.tokenizer_path is not None and not os.path.isdir(m.tokenizer_path):
         yield f"model.tokenizer_path={m.tokenizer_path!r} is not a directory"
+    if m.vocab_chars is not None and (
+        not m.vocab_chars or len(set(m.vocab_chars)) < len(m.vocab_chars)
+    ):
+        yield (
+            f"model.vocab_chars={m.vocab_chars!r} must be a non-empty string without repeated "
+            f"characters (each becomes one token of the built-in tokenizer): list the "
+            f"characters, or model.vocab_chars=null for the default alphabet"
+        )
     if m.path is None or generated:
         for key in MODEL_SIZE_FIELDS:
             yield from _positive(f"model.{key}", getattr(m, key))

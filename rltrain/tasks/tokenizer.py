@@ -113,13 +113,15 @@ def build_tokenizer(model_cfg: Any) -> Any:
         A Hugging Face tokenizer that pads on the left.
 
     Raises:
-        ConfigError: a path does not hold a tokenizer.
+        ConfigError: a path does not hold a tokenizer, or ``model.vocab_chars`` is empty or
+            repeats a character.
     """
     if model_cfg.tokenizer_path:
         return load_tokenizer(model_cfg.tokenizer_path, "model.tokenizer_path")
     if model_cfg.path:
         return load_tokenizer(model_cfg.path, "model.path")
-    return build_char_tokenizer(getattr(model_cfg, "vocab_chars", None) or DEFAULT_CHARS)
+    chars = getattr(model_cfg, "vocab_chars", None)
+    return build_char_tokenizer(DEFAULT_CHARS if chars is None else chars)
 
 
 def prompt_token_ids(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:

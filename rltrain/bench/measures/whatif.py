@@ -381,18 +381,18 @@ def run_scenario(s: Scenario, work: str) -> Outcome:
         "logging.trace=true",
         # the start-up is not measured: on a loaded machine workers may take minutes to start
         f"cluster.startup_timeout_s={STARTUP_TIMEOUT_S}",
-        "trainer.eval_every=0",
         "trainer.save_every=0",
         f"trainer.total_steps={s.steps}",
         f"trainer.checkpoint_dir={out_dir}/ckpt",
         *s.overrides,
     )
-    if registry.runner(run).steps_env:
-        import dataclasses
+    import dataclasses
 
+    if registry.runner(run).steps_env:  # no target to stop at: every scenario runs its steps
         run = dataclasses.replace(
             run, env=dataclasses.replace(run.env, target_return=None, eval_episodes=1)
         )
+    run = dataclasses.replace(run, trainer=dataclasses.replace(run.trainer, eval_every=0))
     p, _ = predicted(run, s.steps)
     # the predicted timeline is read by the code that reads the run's (the same steps, the
     # same statistics): with heavy-tailed lengths the periods differ step to step, and both

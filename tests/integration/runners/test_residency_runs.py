@@ -24,7 +24,6 @@ SETTINGS = (
     # shorter sequences and micro batches keep the predicted activations small
     "model.max_position_embeddings=16",
     "actor.micro_batch_size=32",
-    "reference.micro_batch_size=32",
 )
 # The plan predicts, on the one device: generate 0.87 MB (rollout weights + KV cache), logprob
 # 2.6 MB (reference), train 5.9 MB (actor weights, grads, Adam, activations); the idle state of
@@ -40,6 +39,7 @@ def one_device_run(*overrides: str, offload: dict | None = None, memory_gib: flo
         "reference": "0",
         "reward": {"node_group": "node", "placement": "0"},
     }
+    run.reference.micro_batch_size = 32  # set with the placement: unplaced, it is refused
     if offload is not None:
         run.placement.offload = {
             c: OffloadPolicyConfig(when=w, states=list(STATE_KINDS)) for c, w in offload.items()

@@ -1,6 +1,8 @@
 """An embodied run reads its policy network's width, depth and seed of the model section and
-none of the language model's sampling or batching keys: each set away from its default is
-refused before Ray, naming it (a run with them set trained bit for bit as one without)."""
+none of the language model's sampling, batching, KL or pi_old keys, nor the reasoning rollout's
+modelled latencies; its weights go through the host and it never fuses: each set away from its
+default is refused before Ray, naming it (a run with them set trained bit for bit as one
+without)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ from rltrain.errors import ConfigError
         "algorithm.loss_agg=seq_mean_token_sum",
         "actor.micro_batch_size=3",
         "trainer.train_batch_size=16",
+        "algorithm.kl_estimator=k1",
+        "algorithm.kl_in=reward",
+        "algorithm.tis_cap=3",
+        "simulate.rollout_latency_ms=5",
+        "simulate.rollout_token_latency_ms=1",
+        "weight_sync.transport=collective",
+        "weight_sync.transport=ipc",
     ],
 )
 def test_a_language_model_key_on_the_embodied_runner_is_refused(override):
@@ -34,3 +43,20 @@ def test_a_language_model_key_on_the_embodied_runner_is_refused(override):
 def test_the_policy_networks_own_keys_are_accepted():
     run = load("experiment=cartpole_hybrid", "model.hidden_size=32", "model.num_layers=3")
     assert (run.model.hidden_size, run.model.num_layers) == (32, 3)
+
+
+def test_the_host_weight_transport_is_accepted():
+    for transport in ("host", "auto"):
+        run = load("experiment=cartpole_hybrid", f"weight_sync.transport={transport}")
+        assert run.weight_sync.transport == transport
+
+
+def test_fusing_is_refused_on_a_runner_that_never_fuses():
+    with pytest.raises(
+        ConfigError,
+        match=r"placement.fuse='true' is set but nothing reads it: runner='embodied' never fuses",
+    ):
+        load("experiment=cartpole_collocated", "placement.fuse=true")
+    assert load("experiment=cartpole_collocated", "placement.fuse=auto").placement.fuse == "auto"
+    fused = load("placement=collocated", "placement.fuse=true")  # the reasoning runner fuses
+    assert str(fused.placement.fuse).lower() == "true"
