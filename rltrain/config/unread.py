@@ -83,6 +83,16 @@ def _any_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
         )
         names = ("alpha", "dropout", "target_modules")
         rules.append(("actor.lora", _changed(cfg.actor.lora, LoraConfig(), names), why))
+    rules += _placement_sections(cfg, kind)
+    rules += _absent_micro_batches(cfg)
+    rules += _engine_and_cluster(cfg, kind)
+    rules += _targets(cfg, kind)
+    return rules
+
+
+def _placement_sections(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
+    """``placement.auto.*`` outside placement=auto, and the critic's keys with none placed."""
+    rules: list[Rule] = []
     auto, auto0 = cfg.placement.auto, AutoPlacementConfig()
     if cfg.placement.mode != "auto":
         why = (
@@ -111,9 +121,6 @@ def _any_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
         rules.append(
             ("critic", _changed(cfg.critic, CriticConfig(), ("lr", "micro_batch_size")), why)
         )
-    rules += _absent_micro_batches(cfg)
-    rules += _engine_and_cluster(cfg, kind)
-    rules += _targets(cfg, kind)
     return rules
 
 
@@ -191,9 +198,8 @@ def _targets(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
     return [("trainer", _changed(cfg.trainer, TrainerConfig(), ("target_accuracy",)), why)]
 
 
-def _language_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
-    if kind is None or not kind.language_model:
-        return []
+def _estimator_options(cfg: RunConfig) -> list[Rule]:
+    """The algorithm options the chosen advantage estimator never reads."""
     a, a0 = cfg.algorithm, AlgorithmConfig()
     estimator = a.advantage_estimator
     rules: list[Rule] = []
@@ -212,6 +218,22 @@ def _language_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
             f"token: drop it"
         )
         rules.append(("algorithm", _changed(a, a0, ("gamma",)), why))
+    why = (
+        f"only GAE with a critic (algorithm=ppo) reads it, and "
+        f"algorithm.advantage_estimator={estimator!r}: drop it"
+    )
+    if not estimator_reads(estimator, "lam"):
+        rules.append(("algorithm", _changed(a, a0, ("lam",)), why))
+    if not needs_critic(estimator):
+        rules.append(("algorithm", _changed(a, a0, ("value_clip", "value_coef")), why))
+    return rules
+
+
+def _language_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
+    if kind is None or not kind.language_model:
+        return []
+    a, a0 = cfg.algorithm, AlgorithmConfig()
+    rules = _estimator_options(cfg)
     if a.kl_coef <= 0:
         why = (
             f"algorithm.kl_coef={a.kl_coef}: no KL to a reference is computed: set "
@@ -227,14 +249,6 @@ def _language_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
             f"algorithm.old_logprobs=recompute, or drop it"
         )
         rules.append(("algorithm", _changed(a, a0, ("tis_cap",)), why))
-    why = (
-        f"only GAE with a critic (algorithm=ppo) reads it, and "
-        f"algorithm.advantage_estimator={estimator!r}: drop it"
-    )
-    if not estimator_reads(estimator, "lam"):
-        rules.append(("algorithm", _changed(a, a0, ("lam",)), why))
-    if not needs_critic(estimator):
-        rules.append(("algorithm", _changed(a, a0, ("value_clip", "value_coef")), why))
     why = (
         f"env.* sets up the simulators of an embodied run; runner={cfg.runner!r} has none: "
         f"drop it (or use an embodied preset, experiment=cartpole_hybrid)"
