@@ -44,10 +44,11 @@ _SIMULATED_NOTE = (
 
 
 _UTILIZATION_NOTE = (
-    "Utilization (from each job's timeline, `logging.trace=true`): *busy* is the share of the run "
-    "a device ran any stage, as the mean over the job's devices / the least busy one; *moving "
-    "mem* the mean share spent offloading, reloading or syncing weights (counted in busy too); "
-    "*longest idle s* the longest gap on any device. A dash: the job wrote no timeline."
+    "Utilization (from each job's timeline, `logging.trace=true`): *busy* is the share of the "
+    "training window (after worker start-up) a device ran any stage, as the mean over the job's "
+    "devices / the least busy one; *moving mem* the mean share spent offloading, reloading or "
+    "syncing weights (counted in busy too); *longest idle s* the longest gap on any device. A "
+    "dash: the job wrote no timeline."
 )
 
 

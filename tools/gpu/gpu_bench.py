@@ -1,4 +1,4 @@
-"""GPU measurements for issue 10: state offload/reload, DeepSpeed offload_states, CUDA-IPC sync.
+"""GPU measurements: state offload/reload, DeepSpeed offload_states, CUDA-IPC sync.
 
 Run on a CUDA machine with torch (and the carried wheels, for DeepSpeed)::
 

@@ -179,7 +179,8 @@ def test_utilization_from_summary_json_shows_as_columns(tmp_path):
     assert header[at : at + 3] == ["busy mean/min", "moving mem", "longest idle s"]
     assert cells[0][at : at + 3] == ["60%/40%", "20%", "2.25"]
     assert cells[1][at : at + 3] == ["-", "-", "-"]
-    assert "*busy* is the share of the run" in lines[-1]  # the legend, since one job has it
+    # the legend, since one job has it
+    assert "*busy* is the share of the training window" in lines[-1]
 
 
 def test_utilization_columns_in_csv_and_no_legend_without_any(tmp_path):
