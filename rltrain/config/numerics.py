@@ -14,11 +14,13 @@ Pure: no torch, no Ray; the workers, the cost model and the checks all ask here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from rltrain.config.checks import check
+from rltrain.config.ranks import parse_ranks
 from rltrain.config.schema import RunConfig
+from rltrain.errors import ConfigError
 from rltrain.kinds import registry
 
 #: ``algorithm.old_logprobs`` values.
@@ -32,15 +34,73 @@ def placed_components(run: Any) -> set[str]:
 
 
 def device_placement_keys(run: Any) -> list[str]:
-    """The ``placement.component_placement`` keys placed on the cluster's devices (a range, or
-    ``node_group: cluster``), as written (``"actor,rollout"`` not split)."""
+    """The ``placement.component_placement`` keys placed on the cluster's devices, as written
+    (``"actor,rollout"`` not split).
+
+    A key is on devices when it has no ``node_group``, ``node_group: cluster``, or lists a node
+    group of accelerators: one without ``hardware`` whose nodes have devices (the reserved
+    ``node`` group, hardware groups and groups of device-less nodes count nodes or hardware
+    units instead, as :func:`rltrain.placement.resources.resource_space` numbers them).
+
+    Args:
+        run: the run config.
+
+    Returns:
+        The keys, in the order written.
+    """
     keys = getattr(getattr(run, "placement", None), "component_placement", None) or {}
-    out = []
-    for key, value in keys.items():
-        group = value.get("node_group") if isinstance(value, Mapping) else None
-        if group in (None, "cluster"):
-            out.append(str(key))
-    return out
+    return [str(k) for k, v in keys.items() if _on_devices(run, v) is True]
+
+
+def node_placement_keys(run: Any) -> list[str]:
+    """The ``placement.component_placement`` keys placed only on nodes or non-accelerator
+    hardware (every node group they list is known and has no accelerators), as written.
+
+    Args:
+        run: the run config.
+
+    Returns:
+        The keys, in the order written; a key naming an undefined group is in neither this
+        list nor :func:`device_placement_keys` (the placement check reports it).
+    """
+    keys = getattr(getattr(run, "placement", None), "component_placement", None) or {}
+    return [str(k) for k, v in keys.items() if _on_devices(run, v) is False]
+
+
+def _on_devices(run: Any, value: Any) -> bool | None:
+    """Whether a placement value addresses accelerators; None where a group it lists is not
+    defined or not readable."""
+    groups = value.get("node_group") if isinstance(value, Mapping) else None
+    if groups is None:
+        return True
+    labels = [s.strip() for s in groups.split(",")] if isinstance(groups, str) else groups
+    answers = [_group_has_devices(run, str(label)) for label in labels]
+    if True in answers:
+        return True
+    return None if None in answers else False
+
+
+def _group_has_devices(run: Any, label: str) -> bool | None:
+    """Whether node group ``label`` numbers accelerators (None: undefined or unreadable)."""
+    if label == "cluster":
+        return True
+    if label == "node":
+        return False
+    cluster = getattr(run, "cluster", None)
+    per_node = getattr(cluster, "devices_per_node", 0)
+    for group in getattr(cluster, "node_groups", None) or []:
+        get = group.get if isinstance(group, Mapping) else lambda k, g=group: getattr(g, k, None)
+        if str(get("label")) != label:
+            continue
+        if get("hardware"):
+            return False
+        try:
+            ranks = parse_ranks(get("node_ranks"), "node_ranks")
+            counts = [per_node[r] if isinstance(per_node, Sequence) else per_node for r in ranks]
+            return any(int(c) > 0 for c in counts)
+        except (ConfigError, IndexError, TypeError, ValueError):
+            return None
+    return None
 
 
 def numerics_mismatches(run: Any) -> list[str]:

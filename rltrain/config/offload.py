@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rltrain.config.checks import check
-from rltrain.config.numerics import device_placement_keys, placed_components
+from rltrain.config.numerics import node_placement_keys, placed_components
 from rltrain.config.schema import OFFLOAD_WHEN, STATE_KINDS, OffloadPolicyConfig, RunConfig
 from rltrain.errors import ConfigError
 from rltrain.kinds import registry
@@ -177,7 +177,7 @@ def offload_problems(run: Any) -> Iterator[str]:
         One message per problem.
     """
     placed = placed_components(run)
-    on_devices = {n.strip() for k in device_placement_keys(run) for n in k.split(",")}
+    on_nodes = {n.strip() for k in node_placement_keys(run) for n in k.split(",")}
     for name, raw in (run.placement.offload or {}).items():
         key = f"placement.offload.{name}"
         try:
@@ -193,7 +193,7 @@ def offload_problems(run: Any) -> Iterator[str]:
                 f"{value} is set but {name} is not placed (placement.component_placement places "
                 f"{sorted(placed)}): drop {key}, or place {name}"
             )
-        elif name not in on_devices:
+        elif name in on_nodes:
             yield (
                 f"{value} is set but {name} is placed on nodes only and holds no device memory: "
                 f"drop {key}"

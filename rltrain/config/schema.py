@@ -147,6 +147,11 @@ MODEL_SIZE_FIELDS = (
 )
 
 
+#: Special tokens of the built-in tokenizer (:mod:`rltrain.tasks.tokenizer`), in id order:
+#: padding, end of sequence, unknown; the characters of ``model.vocab_chars`` follow them.
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
+
+
 @dataclass
 class ModelConfig:
     """The policy model: a local Hugging Face checkpoint, or a tiny one built from these fields."""

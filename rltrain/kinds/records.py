@@ -143,6 +143,9 @@ class RunnerKind:
             for a placement or algorithm it cannot run; None: the reasoning checks.
         pre_ray_sizes: ``module:function`` ``(run, env_world, rollout_world, actor_world)``
             deriving its batch sizes; None: the reasoning derivation.
+        env_spaces: ``module:function`` ``(env_id) -> spaces`` reading the simulator's
+            observation and action sizes (``obs_dim``, ``action_dim``, ``action_kind``), which
+            size a policy that is not a language model in the plan; None: no simulator.
     """
 
     name: str
@@ -157,6 +160,7 @@ class RunnerKind:
     overlap: Callable[[Any], tuple[frozenset[str], ...]] = lambda run: ()
     pre_ray_components: str | None = None
     pre_ray_sizes: str | None = None
+    env_spaces: str | None = None
 
 
 def load(path: str) -> Any:

@@ -55,5 +55,6 @@ EMBODIED = RunnerKind(
     },
     overlap=_embodied_overlap,
     pre_ray_components="rltrain.runners.embodied:check_components",
+    env_spaces="rltrain.workers.env:probe_spaces",
     pre_ray_sizes="rltrain.runners.embodied:derive_sizes",
 )

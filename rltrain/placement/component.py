@@ -87,8 +87,8 @@ def detect_mode(device_sets: Mapping[str, frozenset[tuple[int, int]]]) -> Placem
 
 
 #: Components whose devices decide a model-parallel (reasoning) layout's mode, as in RLinf's
-#: ``ModelParallelComponentPlacement``: a reward or reference on the rollout's devices does not
-#: change it.
+#: ``ModelParallelComponentPlacement`` (plus the critic, which RLinf's math runs lack): a reward
+#: or reference on the rollout's devices does not change it.
 MODE_COMPONENTS = ("actor", "rollout", "inference", "critic")
 
 
@@ -99,24 +99,19 @@ def detect_model_parallel_mode(
 
     Args:
         device_sets: ``(node, device)`` pairs per component (absent or empty: not placed on
-            devices).
+            devices; components outside :data:`MODE_COMPONENTS` are ignored).
 
     Returns:
-        COLLOCATED when the actor and the rollout use the same devices; DISAGGREGATED when
-        actor, rollout and inference are pairwise disjoint and the critic shares none of
-        theirs; otherwise HYBRID (a partial overlap, which RLinf refuses and rltrain runs).
+        COLLOCATED when those components all use the same devices; DISAGGREGATED when no two
+        share a device; otherwise HYBRID (some share, some do not: RLinf's hybrid mode, which
+        its ``ModelParallelComponentPlacement`` refuses and rltrain runs).
     """
-    empty: frozenset[tuple[int, int]] = frozenset()
-    actor = device_sets.get("actor", empty)
-    rollout = device_sets.get("rollout", empty)
-    if actor == rollout:
-        return PlacementMode.COLLOCATED
-    apart = [device_sets.get(c, empty) for c in ("actor", "rollout", "inference")]
-    critic = device_sets.get("critic", empty)
-    disjoint = all(not (a & b) for i, a in enumerate(apart) for b in apart[i + 1 :]) and not any(
-        critic & s for s in apart
-    )
-    return PlacementMode.DISAGGREGATED if disjoint else PlacementMode.HYBRID
+    return detect_mode({c: s for c, s in device_sets.items() if c in MODE_COMPONENTS})
+
+
+#: Components whose workers hold their whole model on one device (no tensor parallelism): a
+#: process may have at most one.
+SINGLE_DEVICE_COMPONENTS = ("reference", "critic")
 
 
 class ComponentPlacement:
@@ -157,10 +152,13 @@ class ComponentPlacement:
             self._resolve_entry(entry)
 
     def _resolve_entry(self, entry: grammar.Entry) -> None:
-        space = resource_space(self.cluster, entry.node_groups)
+        where = f"{self.key}[{entry.key!r}]={entry.text!r}"
+        try:
+            space = resource_space(self.cluster, entry.node_groups)
+        except PlacementError as exc:  # an undefined or overlapping node group: name the key
+            raise PlacementError(f"{self.key}[{entry.key!r}]: {exc}") from None
         uneven_ok = all(k == NODE for k in set(space.kind))
         per_process = grammar.resolve(entry, len(space), space.describe(), uneven_ok)
-        where = f"{self.key}[{entry.key!r}]={entry.text!r}"
         strategy = ExplicitPlacementStrategy(per_process, entry.node_groups, where)
         resolved = strategy.resolve(self.cluster)
         for name in entry.components:
@@ -269,9 +267,9 @@ class HybridComponentPlacement(ComponentPlacement):
 class ModelParallelComponentPlacement(ComponentPlacement):
     """Actor and rollout (and inference) as model-parallel groups.
 
-    Its mode is RLinf's (:func:`detect_model_parallel_mode`): collocated when actor and rollout
-    share their devices, disaggregated when actor, rollout and inference are disjoint (and the
-    critic shares none of theirs), hybrid for a partial overlap (an rltrain extension).
+    Its mode is RLinf's (:func:`detect_model_parallel_mode`): collocated when actor, rollout,
+    inference and critic all use the same devices, disaggregated when no two of them share a
+    device, hybrid when some share and some do not (an rltrain extension).
 
     * actor and inference: one process per device; their world size must be a multiple of
       ``tensor_parallel_size * pipeline_parallel_size``. Actor rank ``a`` is in data-parallel
@@ -314,6 +312,9 @@ class ModelParallelComponentPlacement(ComponentPlacement):
         for name in ("actor", "inference"):
             if name in self._strategies:
                 self._check_one_device_each(name)
+        for name in SINGLE_DEVICE_COMPONENTS:
+            if name in self._strategies:
+                self._check_at_most_one_device(name)
         self._regroup_rollout()
 
     @property
@@ -342,6 +343,22 @@ class ModelParallelComponentPlacement(ComponentPlacement):
                 f"{name} has {len(ndev)} processes, not a multiple of "
                 f"{name}.tensor_parallel_size * {name}.pipeline_parallel_size = {tp}*{pp}: "
                 f"change the sizes or place {name} on a multiple of {tp * pp} devices"
+            )
+
+    def _check_at_most_one_device(self, name: str) -> None:
+        """Refuse a process of ``name`` holding several devices: its worker computes on its
+        first device only, so the others would sit idle while the plan splits its memory."""
+        ndev = self.devices_per_process(name)
+        bad = [rank for rank, n in enumerate(ndev) if n > 1]
+        if bad:
+            entry = self._entry[name]
+            used = self.get_hardware_ranks(name)
+            span = str(used[0]) if len(used) == 1 else f"{used[0]}-{used[-1]}"
+            raise PlacementError(
+                f"{self.key}[{entry.key!r}]={entry.text!r}: a {name} process computes on one "
+                f"device, but ranks {bad[:8]} hold {ndev[bad[0]]} devices each: give each "
+                f"process one device, e.g. {self.key}.{entry.key}={span} for one process per "
+                f"device"
             )
 
     def _regroup_rollout(self) -> None:

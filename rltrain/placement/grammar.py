@@ -43,6 +43,11 @@ _DIGITS = frozenset("0123456789")
 #: The config key placements are read from, for messages (RLinf's: cluster.component_placement).
 SECTION = "component_placement"
 
+#: Processes one component may have: as many as the largest cluster has devices
+#: (:data:`rltrain.placement.types.MAX_DEVICES`). More is a typo, refused before any list of
+#: that length is built.
+MAX_PROCESSES = 100_000
+
 
 @dataclass(frozen=True)
 class RankSpec:
@@ -330,7 +335,8 @@ def resolve(
 
     Raises:
         PlacementError: for resource ranks beyond ``num_resources``, two parts naming one
-            resource, uneven sharing, repeated or missing process ranks.
+            resource, uneven sharing, repeated or missing process ranks, or more than
+            :data:`MAX_PROCESSES` processes.
     """
     where = _where(entry.key, entry.text, entry.section)
     if num_resources == 0:
@@ -350,6 +356,12 @@ def resolve(
         )
         spans.append((part, res, procs))
         next_rank = max(next_rank, procs.stop)
+    if next_rank > MAX_PROCESSES or sum(len(p) for _, _, p in spans) > MAX_PROCESSES:
+        raise PlacementError(
+            f"{where}: process ranks up to {next_rank - 1:,} are beyond any real job (rltrain "
+            f"places at most {MAX_PROCESSES:,} processes per component): lower the process "
+            f"ranks (after ':')"
+        )
     for part, res, _ in spans:
         for r in res:
             first = owner.setdefault(r, part)

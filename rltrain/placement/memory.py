@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from rltrain.config.schema import SPECIAL_TOKENS
 from rltrain.errors import ConfigError
 
 MIB = 1024**2
@@ -43,7 +44,10 @@ ADAM_MOMENT_BYTES = 8
 #: Under bf16/fp16 training the optimizer also keeps an fp32 master copy of the weights.
 MASTER_WEIGHT_BYTES = 4
 
-#: Vocabulary of rltrain's built-in tokenizer, used when the model is built from fields.
+#: Vocabulary the plan counts for the built-in tokenizer over its default alphabet
+#: (``model.vocab_chars`` null). The tokenizer has 22 tokens there; 32 over-counts the embedding
+#: and LM head by 10 rows (a few KiB for the shipped tiny models), and the hand-computed sizes
+#: across the tests are written with it.
 DEFAULT_VOCAB_SIZE = 32
 
 STATE_KINDS = ("weights", "grads", "optimizer", "kv_cache")
@@ -108,13 +112,30 @@ def model_dims(model: Any) -> ModelDims:
             num_layers=int(get("num_layers")),
             num_heads=int(get("num_heads")),
             num_kv_heads=int(get("num_kv_heads")),
-            vocab_size=int(get("vocab_size", None) or DEFAULT_VOCAB_SIZE),
+            vocab_size=int(get("vocab_size", None) or built_in_vocab_size(get("vocab_chars"))),
             max_position_embeddings=int(get("max_position_embeddings")),
             dtype=dtype,
             tie_word_embeddings=bool(get("tie_word_embeddings", False)),
             qkv_bias=get("family", "llama") == "qwen2",
         )
     return checkpoint_dims(str(path), dtype)
+
+
+def built_in_vocab_size(chars: str | None) -> int:
+    """Tokens of the built-in character tokenizer over ``model.vocab_chars``, as
+    :func:`rltrain.tasks.tokenizer.build_char_tokenizer` builds it: the special tokens, then one
+    per character (null: :data:`DEFAULT_VOCAB_SIZE`). The model built from fields has this many
+    embedding rows when ``model.vocab_size`` is null.
+
+    Args:
+        chars: ``model.vocab_chars``.
+
+    Returns:
+        The vocabulary size.
+    """
+    if chars is None:
+        return DEFAULT_VOCAB_SIZE
+    return len(SPECIAL_TOKENS) + len(str(chars))
 
 
 def saved_dtype(path: str) -> str | None:
@@ -194,6 +215,74 @@ def reward_param_count(d: ModelDims) -> int:
     unless tied to the embeddings) plus a one-score head without bias (``h``): the critic's
     value model but its head's bias."""
     return value_param_count(d) - 1
+
+
+@dataclass(frozen=True)
+class PolicyDims:
+    """The sizes of the embodied runner's actor-critic (two tanh MLPs over flat observations,
+    as :func:`rltrain.workers.embodied.build_policy` builds it; always float32).
+
+    Attributes:
+        obs_dim: length of the flat observation.
+        action_dim: actions (discrete) or action dimensions (continuous).
+        continuous: whether actions are a Box (then a learned ``log_std`` per dimension).
+        hidden: ``model.hidden_size``.
+        layers: ``model.num_layers`` (hidden layers per MLP).
+    """
+
+    obs_dim: int
+    action_dim: int
+    continuous: bool
+    hidden: int
+    layers: int
+
+
+#: The embodied policy is built in float32 whatever ``model.dtype`` says.
+POLICY_DTYPE = "float32"
+
+
+def mlp_param_count(inputs: int, hidden: int, layers: int, outputs: int) -> int:
+    """Parameters of ``layers`` Linear+tanh layers of width ``hidden`` and a Linear head:
+    ``(i·h + h) + (L-1)·(h·h + h) + (h·o + o)``; with no hidden layer, ``i·o + o``."""
+    if layers < 1:
+        return inputs * outputs + outputs
+    return (
+        inputs * hidden
+        + hidden
+        + (layers - 1) * (hidden * hidden + hidden)
+        + (hidden * outputs + outputs)
+    )
+
+
+def policy_param_count(d: PolicyDims) -> int:
+    """Parameters of the actor-critic: the policy MLP (``action_dim`` outputs), the value MLP
+    (one output) and, for continuous actions, ``log_std`` (``action_dim``)."""
+    policy = mlp_param_count(d.obs_dim, d.hidden, d.layers, d.action_dim)
+    value = mlp_param_count(d.obs_dim, d.hidden, d.layers, 1)
+    return policy + value + (d.action_dim if d.continuous else 0)
+
+
+def policy_train_activation_bytes(transitions: int, rows: int, d: PolicyDims) -> int:
+    """Bytes the embodied actor holds while it trains, in float32.
+
+    Every rank keeps the whole epoch on its device (``transitions`` rows of observations,
+    final observations for truncation bootstraps, actions, and seven scalars: rewards, dones,
+    truncations, log-probs, values, advantages, returns), and a minibatch of ``rows`` keeps,
+    for backward, each hidden layer's Linear and tanh outputs in both MLPs plus the two heads'
+    outputs: ``4·(T·(2·obs + a + 7) + rows·(4·L·h + A + 1))`` with ``a`` = ``action_dim`` for
+    continuous actions, 1 for discrete.
+    """
+    action_cols = d.action_dim if d.continuous else 1
+    batch = transitions * (2 * d.obs_dim + action_cols + 7)
+    saved = rows * (4 * d.layers * d.hidden + d.action_dim + 1)
+    return DTYPE_BYTES[POLICY_DTYPE] * (batch + saved)
+
+
+def policy_infer_activation_bytes(rows: int, d: PolicyDims) -> int:
+    """Bytes the embodied rollout holds while it infers ``rows`` observations, in float32: the
+    observations, two hidden activations alive at once (no autograd), the action outputs:
+    ``4·rows·(obs + 2·h + A)``."""
+    return DTYPE_BYTES[POLICY_DTYPE] * rows * (d.obs_dim + 2 * d.hidden + d.action_dim)
 
 
 def lora_linear_shapes(d: ModelDims) -> dict[str, tuple[int, int]]:

@@ -21,11 +21,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, TypeVar
 
 from rltrain.config.offload import OffloadPolicy, resolve_offload
-from rltrain.errors import PlacementError, ResourceError
+from rltrain.errors import ConfigError, PlacementError, ResourceError
 from rltrain.kinds import registry
 from rltrain.kinds.records import load
 from rltrain.placement import memory as mem
@@ -174,6 +175,8 @@ class FitProblem:
 
 
 def _gib(b: int) -> str:
+    if abs(b) < GIB // 100:  # small models (the embodied MLP) would all read "0.00 GiB"
+        return f"{b / 1024**2:.2f} MiB"
     return f"{b / GIB:.2f} GiB"
 
 
@@ -535,6 +538,7 @@ def _predict(
     dims = mem.model_dims(run.model)
     policies = {n: _policy(run, n) for n in cp.components}
     transient = transient_kinds(run)
+    language = registry.runner(run).language_model  # else weights sync through the host
     terms_cache: dict[tuple[str, int, int, str], dict[str, int]] = {}
     records: dict[tuple[Any, ...], DeviceMemory] = {}
     out: dict[Device, DeviceMemory] = {}
@@ -551,7 +555,7 @@ def _predict(
                         run, comp, cp.get_world_size(comp), ndev, node, dims
                     )
                 terms = terms_cache[tkey]
-                if comp == "actor" and ipc_export_here(run, node, sig):
+                if comp == "actor" and language and ipc_export_here(run, node, sig):
                     params = mem.param_count(dims)
                     mp = run.actor.tensor_parallel_size * run.actor.pipeline_parallel_size
                     export = mem.ipc_export_bytes(params, dims.dtype, mp)
@@ -626,6 +630,10 @@ def component_terms(
     Returns:
         ``{kind: bytes}``; kinds that do not apply are left out.
     """
+    if not registry.runner(run).language_model:
+        t = _policy_terms(run, name, world)
+        t["context"] = mem.context_bytes(node.accelerator_type) * ndev
+        return {k: v for k, v in t.items() if v}
     params = mem.value_param_count(dims) if name == "critic" else mem.param_count(dims)
     seq = mem.sequence_length(run, dims)
     t: dict[str, int] = {}
@@ -651,6 +659,60 @@ def component_terms(
         t = _rollout_terms(run, world, ndev, node, dims, params, seq)
     t["context"] = mem.context_bytes(node.accelerator_type) * ndev
     return {k: v for k, v in t.items() if v}
+
+
+@lru_cache(maxsize=16)
+def _env_spaces(probe: str, env_id: str) -> tuple[int, int, bool]:
+    """``(obs_dim, action_dim, continuous)`` of a simulator, read as the workers read them (the
+    runner kind's ``env_spaces``: one CPU copy, built and closed)."""
+    try:
+        read = load(probe)
+    except ImportError as exc:  # gymnasium missing: the run could not start either
+        raise ConfigError(
+            f"task.env_id={env_id!r}: the plan reads the environment's spaces to size the "
+            f"policy, and cannot ({exc}): install gymnasium"
+        ) from None
+    spec = read(env_id)
+    return spec.obs_dim, spec.action_dim, spec.action_kind == "continuous"
+
+
+def policy_dims(run: Any) -> mem.PolicyDims:
+    """The embodied actor-critic's sizes: the environment's spaces (``task.env_id``) and
+    ``model.hidden_size`` / ``model.num_layers``.
+
+    Raises:
+        ConfigError: an environment Gymnasium cannot build, or spaces the policy does not take.
+    """
+    probe = registry.runner(run).env_spaces
+    if probe is None:
+        raise ConfigError(f"runner={run.runner!r} steps no simulator whose spaces size a policy")
+    obs, actions, continuous = _env_spaces(probe, str(run.task.env_id))
+    return mem.PolicyDims(obs, actions, continuous, run.model.hidden_size, run.model.num_layers)
+
+
+def _policy_terms(run: Any, name: str, world: int) -> dict[str, int]:
+    """One process's bytes for a runner whose policy is not a language model (the embodied
+    actor-critic MLP): the actor trains it with AdamW on the whole epoch's transitions, the
+    rollout holds a copy and infers one pipeline stage of observations at a time (no KV cache);
+    the simulators hold no device memory. A stage serves ``env.num_envs /
+    env.pipeline_stage_num`` observations at most (fewer with several env processes)."""
+    if name not in ("actor", "rollout"):
+        return {}
+    d = policy_dims(run)
+    params = mem.policy_param_count(d)
+    dt = mem.POLICY_DTYPE
+    t = {"weights": mem.weight_bytes(params, dt)}
+    if name == "rollout":
+        rows = -(-run.env.num_envs // max(run.env.pipeline_stage_num, 1))
+        t["activations"] = mem.policy_infer_activation_bytes(rows, d)
+        return t
+    transitions = run.env.num_envs * run.env.rollout_steps
+    minibatches = max(int(run.algorithm.num_minibatches), 1)
+    rows = -(-transitions // (minibatches * max(world, 1)))
+    t["grads"] = mem.grad_bytes(params, dt)
+    t["optimizer"] = mem.optimizer_bytes(params, dt)
+    t["activations"] = mem.policy_train_activation_bytes(transitions, rows, d)
+    return t
 
 
 def _trainer_terms(
@@ -843,21 +905,18 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
     need = stage.required_bytes - capacity
     out = _offload_fixes(stage, run)
     shorten = False
+    language = run is None or registry.runner(run).language_model
     for t in stage.terms if run is not None else ():
         if t.status == "offloaded":
+            continue
+        if not language:  # sized by the env and network keys, not by sequences
+            out += _policy_fixes(t, run)
             continue
         fix, shorter = _term_fix(t, run)
         out += [fix] if fix is not None else []
         shorten = shorten or shorter
     if shorten and run is not None:
-        out.append(
-            (
-                0,
-                f"shorten the sequences: task.max_prompt_length (now "
-                f"{run.task.max_prompt_length}) or rollout.max_new_tokens (now "
-                f"{run.rollout.max_new_tokens})",
-            )
-        )
+        out.append((0, _shorten_fix(run)))
     half = _half_precision_fix(stage, run)
     if half is not None:
         out.append(half)
@@ -871,6 +930,53 @@ def _fixes(stage: StageMemory, capacity: int, run: Any) -> list[str]:
     else:
         fixes.append(bigger)
     return fixes
+
+
+def _shorten_fix(run: Any) -> str:
+    """The fix that shortens sequences, saying so where the model's positions cap them: then
+    lowering the prompt or response length changes nothing until their sum is below the cap."""
+    prompt = run.task.max_prompt_length
+    new, keys = mem.response_budget(run)
+    cap = mem.model_dims(run.model).max_position_embeddings
+    if prompt + new > cap:
+        return (
+            f"shorten the sequences: task.max_prompt_length={prompt} + {keys} exceed the "
+            f"model's {cap} positions (model.max_position_embeddings), which bound them: bring "
+            f"the sum below {cap}"
+        )
+    return (
+        f"shorten the sequences: task.max_prompt_length (now {prompt}) or rollout.max_new_tokens "
+        f"(now {run.rollout.max_new_tokens})"
+    )
+
+
+def _policy_fixes(t: MemoryTerm, run: Any) -> list[tuple[int, str]]:
+    """(bytes freed, fix) for one term of a runner whose policy is not a language model (the
+    embodied MLP): its sizes come from the env and network keys, not from sequences."""
+    env, alg, model = run.env, run.algorithm, run.model
+    if t.status != "active" or t.kind == "context":
+        return []
+    if t.kind == "activations" and t.component == "actor":
+        text = (
+            f"lower env.num_envs (now {env.num_envs}) or env.rollout_steps (now "
+            f"{env.rollout_steps}), or raise algorithm.num_minibatches (now "
+            f"{alg.num_minibatches}) (activations {_gib(t.bytes)})"
+        )
+    elif t.kind == "activations":
+        text = (
+            f"raise env.pipeline_stage_num (now {env.pipeline_stage_num}) or lower "
+            f"env.num_envs (now {env.num_envs}) ({t.component} activations {_gib(t.bytes)})"
+        )
+    elif t.kind == "weights" and t.component == "actor":
+        # weights, gradients and Adam's two moments all scale with the parameter count
+        text = (
+            f"a smaller network: lower model.hidden_size (now {model.hidden_size}) or "
+            f"model.num_layers (now {model.num_layers})"
+        )
+        return [(t.bytes * 2, text)]
+    else:
+        return []
+    return [(t.bytes // 2, text)]
 
 
 def _offload_fixes(stage: StageMemory, run: Any) -> list[tuple[int, str]]:

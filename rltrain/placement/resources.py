@@ -78,9 +78,11 @@ def resource_space(
         The space.
 
     Raises:
-        PlacementError: for an unknown label.
+        PlacementError: for an unknown label, or listed groups that share a node (its devices
+            would be numbered twice).
     """
     labels = labels or ("cluster",)
+    _check_disjoint(cluster, labels)
     nodes = _nodes(cluster)
     node: list[int] = []
     local: list[int] = []
@@ -88,14 +90,7 @@ def resource_space(
     hw: list[str | None] = []
     lab: list[str] = []
     for label in labels:
-        if label == NODE:
-            ranks, hw_type, hw_count = tuple(sorted(nodes)), None, 0
-        else:
-            try:
-                g = cluster.group(label)
-            except ConfigError as exc:
-                raise PlacementError(str(exc)) from None
-            ranks, hw_type, hw_count = g.node_ranks, g.hardware_type, g.hardware_count
+        ranks, hw_type, hw_count = _group_of(cluster, label, nodes)
         as_nodes = nodes_only or label == NODE
         if not as_nodes and hw_type is None and not any(nodes[r].num_devices for r in ranks):
             as_nodes = True  # RLinf: without accelerators, resource ranks are node ranks
@@ -113,6 +108,53 @@ def resource_space(
                 hw.append(t)
                 lab.append(label)
     return ResourceSpace(labels, tuple(node), tuple(local), tuple(kind), tuple(hw), tuple(lab))
+
+
+def _group_of(
+    cluster: ClusterSpec, label: str, nodes: dict[int, NodeSpec]
+) -> tuple[tuple[int, ...], str | None, int]:
+    """``(node ranks, hardware type, hardware count)`` of a node group (``node``: every node)."""
+    if label == NODE:
+        return tuple(sorted(nodes)), None, 0
+    try:
+        g = cluster.group(label)
+    except ConfigError as exc:
+        raise PlacementError(str(exc)) from None
+    return g.node_ranks, g.hardware_type, g.hardware_count
+
+
+def _check_disjoint(cluster: ClusterSpec, labels: tuple[str, ...]) -> None:
+    """Refuse node groups listed together that share a node: the shared node's resources would
+    get two resource ranks each, so two processes could share a device unseen."""
+    if len(labels) < 2:
+        return
+    owner: dict[int, str] = {}
+    for label in labels:
+        if label == NODE:
+            ranks = tuple(n.rank for n in cluster.nodes)
+        else:
+            try:
+                ranks = cluster.group(label).node_ranks
+            except ConfigError:
+                continue  # resource_space reports the unknown label
+        for r in ranks:
+            first = owner.setdefault(r, label)
+            if first != label:
+                raise PlacementError(
+                    f"node_group {','.join(labels)!r} lists node groups "
+                    f"{_where_defined(cluster, first)} and {_where_defined(cluster, label)}, "
+                    f"which both hold node {r}: groups listed together must not share nodes "
+                    f"(the node's devices would get two resource ranks each); list one of them, "
+                    f"or define one group holding each node once"
+                )
+
+
+def _where_defined(cluster: ClusterSpec, label: str) -> str:
+    """``'a' (cluster.node_groups[0].node_ranks=[0, 1])``, or ``'node' (every node)``."""
+    for i, g in enumerate(cluster.node_groups):
+        if g.label == label:
+            return f"{label!r} (cluster.node_groups[{i}].node_ranks={list(g.node_ranks)})"
+    return f"{label!r} (every node)"
 
 
 def make_placements(

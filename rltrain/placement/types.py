@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rltrain.config.ranks import parse_ranks
 from rltrain.errors import ConfigError
 
 GIB = 1024**3
@@ -43,47 +45,6 @@ def _count(value: Any, key: str, minimum: int) -> int:
     if whole is None or whole != number or whole < minimum:
         raise ConfigError(f"{key}={value!r} is not a whole number >= {minimum}: fix it")
     return whole
-
-
-def parse_ranks(value: Any, key: str) -> tuple[int, ...]:
-    """Parse node ranks given as ``"0-3"``, ``"2,3"``, ``"0-1,4"``, an int or a list of ints.
-
-    Args:
-        value: the ranks as written in config.
-        key: the config key, for error messages.
-
-    Returns:
-        The ranks in the order written.
-
-    Raises:
-        ConfigError: when the value is not one of the shapes above.
-    """
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}={value!r} is not a rank list: write '0-3', '2,3' or [2, 3]")
-    if isinstance(value, int):
-        return (value,)
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        out: list[int] = []
-        for v in value:
-            out.extend(parse_ranks(v, key))
-        return tuple(out)
-    text = str(value).replace(" ", "")
-    out = []
-    try:
-        for part in text.split(","):
-            if "-" in part:
-                a, b = part.split("-")
-                lo, hi = int(a), int(b)
-                if hi < lo:
-                    raise ValueError
-                out.extend(range(lo, hi + 1))
-            else:
-                out.append(int(part))
-    except ValueError:
-        raise ConfigError(
-            f"{key}={value!r} is not a rank list: write '0-3', '2,3' or [2, 3]"
-        ) from None
-    return tuple(out)
 
 
 def _getter(obj: Any):
@@ -182,7 +143,8 @@ class ClusterSpec:
             ``simulate_devices`` is false (then ``cuda``).
 
         Raises:
-            ConfigError: for inconsistent sizes or node groups naming nodes that do not exist.
+            ConfigError: for inconsistent sizes, node groups naming nodes that do not exist or
+                one node twice, or a hardware count below 1.
         """
         get = _getter(cluster)
         num_nodes = _count(get("num_nodes", 1), "cluster.num_nodes", minimum=1)
@@ -244,6 +206,14 @@ class ClusterSpec:
                     f"{key}.node_ranks names nodes {bad}, but the cluster has nodes "
                     f"0-{num_nodes - 1}: fix the ranks or cluster.num_nodes"
                 )
+            twice = sorted(r for r, n in Counter(ranks).items() if n > 1)
+            if twice:
+                # one node listed twice would number its devices under two resource ranks,
+                # letting two processes share a device the placement says is not shared
+                raise ConfigError(
+                    f"{key}.node_ranks={gget('node_ranks')!r} lists nodes {twice} more than "
+                    f"once: list each node once"
+                )
             hw = gget("hardware")
             hw_get = _getter(hw)
             groups.append(
@@ -251,7 +221,9 @@ class ClusterSpec:
                     label=label,
                     node_ranks=ranks,
                     hardware_type=str(hw_get("type")) if hw else None,
-                    hardware_count=int(hw_get("count", 1)) if hw else 0,
+                    hardware_count=_count(hw_get("count", 1), f"{key}.hardware.count", 1)
+                    if hw
+                    else 0,
                 )
             )
         return cls(nodes=nodes, node_groups=tuple(groups))

@@ -24,7 +24,7 @@ from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
 from rltrain.kinds import registry
 from rltrain.placement.micro_batches import adopt_micro_batches
-from rltrain.runners import loop, staleness
+from rltrain.runners import loop
 from rltrain.runners.builders import component_builders
 from rltrain.runners.checkpoint import (
     CheckpointManager,
@@ -37,7 +37,7 @@ from rltrain.runners.job import Job, start_job
 from rltrain.runners.layout import RunLayout, preflight
 from rltrain.runners.schedules import schedule_for
 from rltrain.runners.stages import ReasoningStages
-from rltrain.telemetry.summary import generated_tokens
+from rltrain.telemetry.summary import generated_tokens, run_totals
 from rltrain.workers.actor import ActorWorker
 from rltrain.workers.critic import CriticWorker
 from rltrain.workers.fused import FusedWorker
@@ -163,9 +163,9 @@ def rollout_totals(
     records: list[dict[str, Any]], max_staleness: int, left: dict[str, int] | None = None
 ) -> dict[str, Any]:
     """``summary.json``'s ``rollout`` entry: staleness and discarded work over the run
-    (:func:`rltrain.runners.staleness.run_totals`; ``left``: ``carry``'s groups buffered when
+    (:func:`rltrain.telemetry.summary.run_totals`; ``left``: ``carry``'s groups buffered when
     an early stop ended the run); absent for a synchronous run."""
-    totals = staleness.run_totals(records, max_staleness, left)
+    totals = run_totals(records, max_staleness, left)
     return {"rollout": totals} if totals else {}
 
 

@@ -24,8 +24,8 @@ from rltrain.errors import WorkerError
 from rltrain.runners.loop import StepTimer
 from rltrain.runners.pipeline import GenerationPipeline, Generator
 from rltrain.runners.pool import PooledPipeline
-from rltrain.runners.staleness import UNFINISHED
 from rltrain.telemetry import trace
+from rltrain.telemetry.summary import UNFINISHED
 from rltrain.workers.fused import FusedWorker
 
 

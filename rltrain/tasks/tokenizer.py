@@ -11,10 +11,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from rltrain.config.schema import SPECIAL_TOKENS
 from rltrain.errors import ConfigError
-
-#: Special tokens of the built-in tokenizer, in id order: padding, end of sequence, unknown.
-SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 
 #: Characters of the built-in tokenizer when ``model.vocab_chars`` is null: enough for arithmetic.
 #: A small alphabet matters for RL from a random initialisation: a random policy must sometimes

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from composed import composed_run
 
+from rltrain.config.numerics import device_placement_keys
 from rltrain.config.offload import held_states
 from rltrain.errors import ConfigError
 
@@ -74,3 +75,36 @@ def test_kv_cache_is_movable_state_only_for_a_reserved_engine():
     both = frozenset({"weights", "kv_cache"})
     assert held_states(torch_run, "rollout") == (both, frozenset({"weights"}))
     assert held_states(vllm_run, "rollout") == (both, both)
+
+
+GROUPS = (
+    "cluster.num_nodes=2",
+    "cluster.devices_per_node=[2, 0]",
+    '+cluster.node_groups=[{label: g, node_ranks: "0"}, {label: cpu, node_ranks: "1"}, '
+    '{label: arm, node_ranks: "0", hardware: {type: robot, count: 2}}]',
+)
+
+
+def test_a_policy_for_a_component_on_an_accelerator_node_group_is_accepted():
+    # node group g holds node 0's two devices: the shipped policies move real device memory
+    run = composed_run(
+        *GROUPS,
+        'placement.component_placement.actor={node_group: g, placement: "0-1"}',
+        'placement.component_placement.rollout={node_group: g, placement: "0-1"}',
+    )
+    assert run.placement.offload["actor"].when == "on_demand"
+    assert device_placement_keys(run) == ["actor", "rollout"]
+
+
+@pytest.mark.parametrize("group", ["node", "cpu", "arm"])
+def test_a_policy_for_a_component_on_nodes_or_hardware_only_is_refused(group):
+    # the reserved node group, a group of device-less nodes and a hardware group count nodes or
+    # robots, not devices
+    (msg,) = problems(
+        *GROUPS,
+        f'+placement.component_placement.reference={{node_group: {group}, placement: "0"}}',
+        "+placement.offload.reference={when: after_stage}",
+        "algorithm.kl_coef=0.05",
+    )
+    assert msg.startswith("placement.offload.reference={when: after_stage")
+    assert "reference is placed on nodes only and holds no device memory" in msg

@@ -226,6 +226,14 @@ def test_rollout_engines_never_straddle_nodes(two_nodes):
         ({"actor": "0-3", "rollout": "4,6"}, {"rollout_tp": 2}, "contiguous range"),
         ({"actor": "0-3", "rollout": "4-7:0-1"}, {"rollout_tp": 1}, "give each rollout process 1"),
         ({"actor": "0-7:0-3", "rollout": "4-7"}, {}, "one process per device"),
+        # reference and critic workers compute on their first device only
+        (
+            {"actor,rollout": "all", "reference": "0-3:0"},
+            {},
+            "ranks [0] hold 4 devices each: give each process one device, e.g. "
+            "cluster.component_placement.reference=0-3 for one process per device",
+        ),
+        ({"actor,rollout": "all", "critic": "0-7:0-3"}, {}, "a critic process computes on one"),
         ({"actor": "0-3"}, {}, "must place 'rollout'"),
     ],
 )
@@ -254,6 +262,15 @@ def test_model_parallel_errors(node8, placement, kw, needle):
         # the critic counts: sharing the actor's devices is not disaggregated
         ({"actor": "0-3", "rollout": "4-7", "critic": "0-3"}, PlacementMode.HYBRID),
         ({"actor": "0-3", "rollout": "4-5", "inference": "4-7"}, PlacementMode.HYBRID),
+        # collocated means every mode component on the same devices: a critic or inference
+        # beside a shared actor and rollout makes some share and some not
+        ({"actor,rollout": "0-3", "critic": "4-7"}, PlacementMode.HYBRID),
+        ({"actor,rollout": "0-3", "inference": "4-7"}, PlacementMode.HYBRID),
+        ({"actor": "0-3", "rollout": "4-7", "critic": "0-7"}, PlacementMode.HYBRID),
+        (
+            {"actor": "0-1", "rollout": "2-3", "critic": "4-5", "inference": "6-7"},
+            PlacementMode.DISAGGREGATED,
+        ),
     ],
 )
 def test_model_parallel_mode_is_rlinfs(node8, placement, mode):
@@ -267,7 +284,14 @@ def test_other_layouts_name_their_mode_from_every_components_devices(node8):
 
 
 def test_inference_beside_a_collocated_actor_and_rollout_is_planned(node8):
-    # RLinf asserts inference away in a collocated layout; rltrain plans what it is given.
+    # RLinf asserts inference away in a collocated layout; rltrain plans what it is given, and
+    # calls it hybrid: actor and rollout share devices, the inference has its own.
     cp = mp({"actor,rollout": "0-3", "inference": "4-7"}, node8)
-    assert cp.placement_mode is PlacementMode.COLLOCATED
+    assert cp.placement_mode is PlacementMode.HYBRID
     assert cp.get_world_size("inference") == 4
+
+
+def test_reference_and_critic_with_one_device_per_process_or_shared_devices_are_accepted(node8):
+    cp = mp({"actor,rollout": "all", "reference": "0-3", "critic": "4-5:0-3"}, node8)
+    assert cp.devices_per_process("reference") == [1, 1, 1, 1]
+    assert cp.devices_per_process("critic") == [1, 1, 1, 1]

@@ -215,3 +215,17 @@ def test_components_listed_together_share_and_a_component_is_placed_once():
         grammar.parse_component_placement({"actor,rollout": "all", "actor": "0"})
     with pytest.raises(PlacementError, match="empty"):
         grammar.parse_component_placement({})
+
+
+@pytest.mark.parametrize("text", ["0:0-9999999", "0-1:0-100000", "0:0-49999,1:50000-100000"])
+def test_a_process_count_beyond_any_job_is_refused_at_once(text):
+    # 10^7 processes used to be spread one tuple each and die with MemoryError after a minute
+    with pytest.raises(PlacementError) as err:
+        resolve(text, 2, uneven_ok=True)
+    msg = str(err.value)
+    assert msg.startswith(f"component_placement['actor']={text!r}: process ranks up to ")
+    assert "at most 100,000 processes per component" in msg
+
+
+def test_the_largest_allowed_process_count_resolves():
+    assert len(resolve("0-1:0-99999", 2)) == grammar.MAX_PROCESSES

@@ -111,3 +111,27 @@ def test_sequence_length_is_prompt_plus_response_capped_by_the_model():
     # 2 (k, v) * 8 layers * 1024 (kv_dim) * 2 bytes
     assert mem.kv_bytes_per_token(d) == 32_768
     assert mem.kv_bytes_per_token(d, shards=2) == 16_384
+
+
+# 71 characters: letters, digits and "+-*/=(). " (9)
+ALPHABET71 = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-*/=(). "
+
+
+def test_the_vocabulary_follows_vocab_chars():
+    assert len(ALPHABET71) == 71
+    d = mem.model_dims(ModelConfig(vocab_chars=ALPHABET71))
+    # <pad> <eos> <unk> + 71 characters
+    assert d.vocab_size == 74
+    # 2*74*64 (embeddings, head) + 2*(64*192 + 64*64 + 3*64*128 + 128) + 64 = 91_712 params
+    assert mem.weight_bytes(mem.param_count(d), "float32") == 366_848
+    # an explicit vocab_size (padded rows) wins over the alphabet
+    assert mem.model_dims(ModelConfig(vocab_chars=ALPHABET71, vocab_size=128)).vocab_size == 128
+
+
+def test_the_vocabulary_is_the_built_models():
+    pytest.importorskip("transformers")
+    from rltrain.tasks.model import build_model
+
+    cfg = ModelConfig(vocab_chars=ALPHABET71)
+    model = build_model(cfg)
+    assert sum(p.numel() for p in model.parameters()) == mem.param_count(mem.model_dims(cfg))

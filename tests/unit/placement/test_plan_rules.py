@@ -286,3 +286,20 @@ def test_torch_kv_cache_is_not_held_while_the_rollout_is_idle():
     assert shared.required_bytes == alone.required_bytes
     kv = next(t for t in plan.memory[(0, 1)].stage("generate").terms if t.kind == "kv_cache")
     assert (kv.component, kv.bytes, kv.status) == ("rollout", 128 * 64 * 1024, "active")
+
+
+def test_the_shorten_fix_says_when_the_models_positions_cap_the_sequences():
+    # tiny llama: 64 positions; 512 + 4 tokens are capped to 64, so lowering the prompt length
+    # alone changes nothing until the sum is below 64
+    run = compose("collocated", **{"cluster.device_memory_gib": 0.001})
+    text = " ".join(plan_of(run, check_fit=False).fit_problems()[0].fixes)
+    assert (
+        "task.max_prompt_length=512 + rollout.max_new_tokens=4 exceed the model's 64 positions "
+        "(model.max_position_embeddings), which bound them: bring the sum below 64"
+    ) in text
+    assert "task.max_prompt_length (now" not in text
+    run = compose(
+        "collocated", **{"cluster.device_memory_gib": 0.001, "task.max_prompt_length": 20}
+    )
+    text = " ".join(plan_of(run, check_fit=False).fit_problems()[0].fixes)
+    assert "task.max_prompt_length (now 20) or rollout.max_new_tokens (now 4)" in text

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rltrain.runners.staleness import over_bound, run_totals, staleness
+from rltrain.runners.staleness import over_bound, staleness
+from rltrain.telemetry.summary import run_totals
 
 
 def test_staleness_counts_from_the_first_version_and_the_bound_is_inclusive():
