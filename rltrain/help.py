@@ -24,21 +24,6 @@ GROUPS = {
 }
 
 
-def _config_dir(config_path: str) -> str | None:
-    """The directory of a config path: ``pkg://a.b``, ``file://<dir>`` or a directory."""
-    if config_path.startswith("pkg://"):
-        import importlib.util
-
-        try:
-            spec = importlib.util.find_spec(config_path[len("pkg://") :])
-        except (ImportError, ValueError):
-            return None
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        return next(iter(spec.submodule_search_locations))
-    return config_path.removeprefix("file://")
-
-
 def group_options(config_path: str, extra_paths: Sequence[str] = ()) -> dict[str, list[str]]:
     """The public options of each config group.
 
@@ -49,7 +34,9 @@ def group_options(config_path: str, extra_paths: Sequence[str] = ()) -> dict[str
     Returns:
         group -> its options (file names without ``.yaml``), private ones left out.
     """
-    roots = [r for r in (_config_dir(p) for p in (config_path, *extra_paths)) if r is not None]
+    from hydra_plugins.rltrain_launcher.rltrain_search_path import local_dir
+
+    roots = [r for r in (local_dir(p) for p in (config_path, *extra_paths)) if r is not None]
     out = {}
     for group in GROUPS:
         names: set[str] = set()

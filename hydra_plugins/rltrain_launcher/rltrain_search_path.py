@@ -76,8 +76,9 @@ def contributed_config_paths() -> list[str]:
     return paths
 
 
-def _local_dir(path: str) -> str | None:
-    """The directory a search-path entry names (``pkg://``, ``file://`` or a plain path)."""
+def local_dir(path: str) -> str | None:
+    """The directory a search-path entry names (``pkg://``, ``file://`` or a plain path; None
+    for a package that cannot be found or another scheme)."""
     if path.startswith("pkg://"):
         return _package_dir(path[len("pkg://") :].replace("/", "."))
     if path.startswith("file://"):
@@ -95,13 +96,13 @@ def is_rltrain_app(search_path: ConfigSearchPath) -> bool:
         True for ``python -m rltrain`` and any app whose ``config_path`` is rltrain's configs.
     """
     own = rltrain_config_path()
-    own_dir = _local_dir(own) if own is not None else None
+    own_dir = local_dir(own) if own is not None else None
     for entry in search_path.get_path():
         if entry.provider != "main" or entry.path is None:
             continue
         if entry.path == own:
             return True
-        main_dir = _local_dir(entry.path)
+        main_dir = local_dir(entry.path)
         if own_dir is not None and main_dir is not None:
             return os.path.realpath(main_dir) == os.path.realpath(own_dir)
     return False
@@ -117,8 +118,8 @@ def shadowed_options(contributed: str) -> list[str]:
         ``group/name.yaml`` paths found in both, sorted.
     """
     own = rltrain_config_path()
-    own_dir = _local_dir(own) if own is not None else None
-    theirs = _local_dir(contributed)
+    own_dir = local_dir(own) if own is not None else None
+    theirs = local_dir(contributed)
     if own_dir is None or theirs is None:
         return []
     found = []

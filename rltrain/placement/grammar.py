@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rltrain.errors import PlacementError
+from rltrain.placement.types import MAX_DEVICES
 
 ALL = "all"
 
@@ -43,10 +44,9 @@ _DIGITS = frozenset("0123456789")
 #: The config key placements are read from, for messages (RLinf's: cluster.component_placement).
 SECTION = "component_placement"
 
-#: Processes one component may have: as many as the largest cluster has devices
-#: (:data:`rltrain.placement.types.MAX_DEVICES`). More is a typo, refused before any list of
-#: that length is built.
-MAX_PROCESSES = 100_000
+#: Processes one component may have: as many as the largest cluster has devices. More is a
+#: typo, refused before any list of that length is built.
+MAX_PROCESSES = MAX_DEVICES
 
 
 @dataclass(frozen=True)

@@ -630,14 +630,12 @@ def component_terms(
     Returns:
         ``{kind: bytes}``; kinds that do not apply are left out.
     """
-    if not registry.runner(run).language_model:
-        t = _policy_terms(run, name, world)
-        t["context"] = mem.context_bytes(node.accelerator_type) * ndev
-        return {k: v for k, v in t.items() if v}
     params = mem.value_param_count(dims) if name == "critic" else mem.param_count(dims)
     seq = mem.sequence_length(run, dims)
     t: dict[str, int] = {}
-    if name in ("actor", "critic"):
+    if not registry.runner(run).language_model:
+        t = _policy_terms(run, name, world)
+    elif name in ("actor", "critic"):
         t = _trainer_terms(run, name, world, dims, params, seq)
     elif name in ("reference", "inference"):
         sec = getattr(run, name)

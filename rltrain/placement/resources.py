@@ -129,14 +129,12 @@ def _check_disjoint(cluster: ClusterSpec, labels: tuple[str, ...]) -> None:
     if len(labels) < 2:
         return
     owner: dict[int, str] = {}
+    nodes = _nodes(cluster)
     for label in labels:
-        if label == NODE:
-            ranks = tuple(n.rank for n in cluster.nodes)
-        else:
-            try:
-                ranks = cluster.group(label).node_ranks
-            except ConfigError:
-                continue  # resource_space reports the unknown label
+        try:
+            ranks = _group_of(cluster, label, nodes)[0]
+        except PlacementError:
+            continue  # resource_space reports the unknown label
         for r in ranks:
             first = owner.setdefault(r, label)
             if first != label:

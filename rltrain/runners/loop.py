@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from rltrain.config.schema import RunConfig, TrainerConfig
 from rltrain.scheduler.interrupts import check_interrupt
-from rltrain.telemetry.metrics import MetricsLogger, drop_records_from, plot_curves, read_metrics
+from rltrain.telemetry.metrics import MetricsLogger, drop_records_from, plot_curves
 
 
 @dataclass
@@ -235,9 +235,9 @@ def fit(
     path = os.path.join(run_dir, "metrics.jsonl")
     earlier: list[dict[str, Any]] = []
     if start > 0:  # the steps from the checkpoint on are logged again (a run cut off after it)
-        drop_records_from(path, start)
+        kept = drop_records_from(path, start)
         # the run's reward curve is drawn over every step, those of earlier runs included
-        earlier = read_metrics(path) if run.logging.jsonl and os.path.exists(path) else []
+        earlier = kept if run.logging.jsonl else []
     metrics = MetricsLogger(run_dir, run.logging, config=dataclasses.asdict(run), resume=start > 0)
     if on_start is not None:
         on_start(start)

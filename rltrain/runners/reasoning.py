@@ -37,7 +37,7 @@ from rltrain.runners.job import Job, start_job
 from rltrain.runners.layout import RunLayout, preflight
 from rltrain.runners.schedules import schedule_for
 from rltrain.runners.stages import ReasoningStages
-from rltrain.telemetry.summary import generated_tokens, run_totals
+from rltrain.telemetry.summary import generated_tokens, per_second, run_totals
 from rltrain.workers.actor import ActorWorker
 from rltrain.workers.critic import CriticWorker
 from rltrain.workers.fused import FusedWorker
@@ -136,7 +136,7 @@ class ReasoningRunner:
         return {
             **loop.job_summary(self.job, records, steps, seconds, status),
             # over the same seconds as steps_per_s, not a mean of the steps' own rates
-            "tokens_per_s": _per_second(generated_tokens(records), seconds),
+            "tokens_per_s": per_second(generated_tokens(records), seconds),
             "final_reward": records[-1].get("reward/mean") if records else None,
             "final_accuracy": next(
                 (r["eval/accuracy"] for r in reversed(records) if "eval/accuracy" in r), None
@@ -179,11 +179,6 @@ def weight_sync_summary(runner: ReasoningRunner) -> dict[str, Any]:
             }
         }
     return {recv: choice.to_dict() for recv, choice in runner.hub.transports.items()}
-
-
-def _per_second(amount: float, seconds: float) -> float | None:
-    """``amount / seconds``, None when nothing was measured (no steps run)."""
-    return amount / seconds if amount and seconds else None
 
 
 def data_parallel(groups) -> None:

@@ -91,8 +91,7 @@ class ChannelStats:
 
 
 class _Queue:
-    def __init__(self, key: str) -> None:
-        self.key = key
+    def __init__(self) -> None:
         self.items: deque[tuple[list[Any], float]] = deque()
         self.weight = 0.0
         self.high_water = 0
@@ -122,7 +121,7 @@ class _ChannelActor:
 
     def _q(self, key: str) -> _Queue:
         if key not in self.queues:
-            self.queues[key] = _Queue(key)
+            self.queues[key] = _Queue()
         return self.queues[key]
 
     def _closed_error(self, op: str) -> str:
@@ -142,8 +141,11 @@ class _ChannelActor:
     def _my_turn(self, order: tuple[str, int] | None) -> bool:
         return order is None or self.turns.get(order[0], 0) >= order[1]
 
+    def _full_error(self, key: str) -> str:
+        return f"full: channel {self.name!r} key {key!r} holds {self.maxsize} items"
+
     async def _await_turn(
-        self, q: _Queue, order: tuple[str, int] | None, block: bool, timeout: float | None
+        self, key: str, order: tuple[str, int] | None, block: bool, timeout: float | None
     ) -> str | None:
         """Wait until the handle's earlier puts to this key are done; an error string or None.
 
@@ -152,6 +154,7 @@ class _ChannelActor:
         """
         if self._my_turn(order):
             return None
+        q = self._q(key)
         if block:
             return await self._wait(q, lambda: self._my_turn(order), timeout, "put")
         async with q.changed:
@@ -162,7 +165,7 @@ class _ChannelActor:
             return None
         if self.closed:
             return self._closed_error("put")
-        return f"full: channel {self.name!r} key {q.key!r} holds {self.maxsize} items"
+        return self._full_error(key)
 
     async def _finish(self, q: _Queue, order: tuple[str, int] | None) -> None:
         """Mark a put done (queued or given up), so the handle's next puts may go."""
@@ -191,7 +194,7 @@ class _ChannelActor:
         q = self._q(key)
         began = asyncio.get_running_loop().time()
         try:
-            err = await self._await_turn(q, order, block, timeout)
+            err = await self._await_turn(key, order, block, timeout)
             if err:
                 return err
             return await self._put(wrapped, key, weight, block, _left(timeout, began))
@@ -206,7 +209,7 @@ class _ChannelActor:
             return self._closed_error("put")
         if len(q.items) >= self.maxsize:
             if not block:
-                return f"full: channel {self.name!r} key {key!r} holds {self.maxsize} items"
+                return self._full_error(key)
             err = await self._wait(q, lambda: len(q.items) < self.maxsize, timeout, "put")
             if err:
                 return err
@@ -231,7 +234,7 @@ class _ChannelActor:
     ) -> str | None:
         q = self._q(key)
         try:
-            err = await self._await_turn(q, order, True, timeout)
+            err = await self._await_turn(key, order, True, timeout)
             if err:
                 return err
             for w in wrapped:

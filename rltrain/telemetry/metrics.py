@@ -273,7 +273,7 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def drop_records_from(path: str, step: int) -> int:
+def drop_records_from(path: str, step: int) -> list[dict[str, Any]]:
     """Remove the records of steps ``>= step`` from a ``metrics.jsonl`` (a restart redoes them).
 
     Args:
@@ -281,18 +281,19 @@ def drop_records_from(path: str, step: int) -> int:
         step: the first step the resumed run records again.
 
     Returns:
-        How many records were removed.
+        The records kept (the steps before ``step``); empty for a missing file.
     """
     if not os.path.exists(path):
-        return 0
+        return []
     with open(path) as f:
         lines = [line for line in f if line.strip()]
-    keep = [line for line in lines if json.loads(line).get("step", -1) < step]
+    kept = [(line, json.loads(line)) for line in lines]
+    kept = [(line, r) for line, r in kept if r.get("step", -1) < step]
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        f.writelines(keep)
+        f.writelines(line for line, _ in kept)
     os.replace(tmp, path)
-    return len(lines) - len(keep)
+    return [r for _, r in kept]
 
 
 def is_timing(key: str) -> bool:

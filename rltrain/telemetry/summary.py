@@ -110,6 +110,11 @@ def objective(summary: Mapping[str, Any], measure: str = "throughput") -> float 
     return None
 
 
+def per_second(amount: float, seconds: float) -> float | None:
+    """``amount / seconds``, None when nothing was measured (no steps run)."""
+    return amount / seconds if amount and seconds else None
+
+
 def generated_tokens(records: list[Mapping[str, Any]]) -> int:
     """Response tokens generated over step records (``metrics.jsonl``'s).
 
@@ -260,7 +265,7 @@ def across_attempts(
         }
     tokens = generated_tokens(records)
     if tokens:
-        out["tokens_per_s"] = tokens / seconds if seconds else None
+        out["tokens_per_s"] = per_second(tokens, seconds)
     since = attempts[-1].get("first_step") if attempts else None
     if since is not None:
         rollout = _rollout_over_attempts(last.get("rollout") or {}, records, since, max_staleness)

@@ -36,7 +36,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rltrain.bench.harness import Case, Suite, measure
@@ -386,13 +386,9 @@ def run_scenario(s: Scenario, work: str) -> Outcome:
         f"trainer.checkpoint_dir={out_dir}/ckpt",
         *s.overrides,
     )
-    import dataclasses
-
     if registry.runner(run).steps_env:  # no target to stop at: every scenario runs its steps
-        run = dataclasses.replace(
-            run, env=dataclasses.replace(run.env, target_return=None, eval_episodes=1)
-        )
-    run = dataclasses.replace(run, trainer=dataclasses.replace(run.trainer, eval_every=0))
+        run = replace(run, env=replace(run.env, target_return=None, eval_episodes=1))
+    run = replace(run, trainer=replace(run.trainer, eval_every=0))
     p, _ = predicted(run, s.steps)
     # the predicted timeline is read by the code that reads the run's (the same steps, the
     # same statistics): with heavy-tailed lengths the periods differ step to step, and both
@@ -525,8 +521,6 @@ def figures(outcomes: Sequence[Outcome]) -> dict[str, float]:
 def speed() -> dict[str, float]:
     """Simulating 100 steps of 1,024 H100s; a full ranking of 64 and of 1,024 devices'
     candidates (wall and CPU seconds: the machine may be shared)."""
-    import dataclasses
-
     from rltrain.bench.measures.trainer import compose
     from rltrain.placement.plan import build_plan
     from rltrain.placement.types import ClusterSpec
@@ -555,7 +549,7 @@ def speed() -> dict[str, float]:
     from rltrain.whatif.calibrate import DEFAULT
 
     for name, run in (
-        ("64dev", dataclasses.replace(big, cluster=dataclasses.replace(big.cluster, num_nodes=8))),
+        ("64dev", replace(big, cluster=replace(big.cluster, num_nodes=8))),
         ("1024dev", big),
     ):
         w0, c0 = time.perf_counter(), time.process_time()
