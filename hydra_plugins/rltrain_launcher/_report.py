@@ -1,7 +1,9 @@
 """The sweep report: one row per job, as CSV, a Markdown table and a throughput bar chart.
 
-Rows come from the launcher (overrides, status, timing, device slice) and from each job's
-``summary.json`` (:mod:`rltrain.telemetry.summary`); a field a job did not write is blank.
+Rows come from the launcher (overrides, status, the job's start and end, device slice) and from
+each job's ``summary.json`` (:mod:`rltrain.telemetry.summary`); a field a job did not write is
+blank. ``wall_s`` is the summary's, the seconds its rates are over; ``job_s`` is the launcher's
+end minus start, the workers' start-up included.
 
 With ``logging.trace=true`` (the default) a job's summary also carries ``"utilization"``, the
 per-device headline of its timeline (:func:`rltrain.telemetry.timeline.headline`): the report
@@ -62,6 +64,8 @@ def make_row(job: Mapping[str, Any], summary: Mapping[str, Any] | None) -> dict[
 
     Returns:
         A flat row; ``seconds_per_stage`` and ``peak_memory_bytes_per_device`` stay mappings.
+        ``wall_s`` is the summary's (the training loop's seconds, the rates' time base),
+        ``job_s`` the launcher's ``end - start`` (the workers' start-up included).
     """
     s = dict(summary or {})
     util = s.get("utilization")
@@ -86,7 +90,8 @@ def make_row(job: Mapping[str, Any], summary: Mapping[str, Any] | None) -> dict[
         "objective": job.get("objective"),
         "simulated": s.get("simulated_devices"),
         **{key: _number_or_none(util.get(src)) for key, src in UTILIZATION.items()},
-        "wall_s": job["end"] - job["start"] if job.get("start") and job.get("end") else None,
+        "wall_s": _number_or_none(s.get("wall_s")),  # the time base of the rates above
+        "job_s": job["end"] - job["start"] if job.get("start") and job.get("end") else None,
         "start": job.get("start"),
         "end": job.get("end"),
         "status": status,
@@ -180,7 +185,7 @@ def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     header = [
         "job", "overrides", "placement", "devices", "steps/s", "tokens/s", "env steps/s",
         "s per stage", "peak memory", "busy mean/min", "moving mem", "longest idle s",
-        "final reward", "final acc", "sim", "wall s", "status",
+        "final reward", "final acc", "sim", "wall s", "job s", "status",
     ]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     if common:
@@ -197,7 +202,7 @@ def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             _memory_text(r["peak_memory_bytes_per_device"]), *_utilization_cells(r),
             _num(r["final_reward"]),
             _num(r["final_accuracy"]), {True: "sim", False: "", None: ""}[r["simulated"]],
-            _num(r["wall_s"]), status,
+            _num(r["wall_s"]), _num(r["job_s"]), status,
         ]  # fmt: skip
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     if any(r["busy_mean"] is not None for r in rows):

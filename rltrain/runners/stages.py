@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,8 +209,35 @@ class ReasoningStages:
         critic_metrics: dict[str, Any] = {}
         if g.critic is not None:  # PPO: the actor's GAE reads the values the critic attaches
             shards, critic_metrics = self._critic(step, shards, scored.rewards, ref_logprobs, timer)
-        with self.job.stage("actor"):  # the export reads the actor's weights: still resident
+        results = self._train_and_sync(
+            step, shards, scored, selection, ref_logprobs, old_logprobs, timer
+        )
+        self.version = step + 1
+        self.refresh_ledger("actor", results)
+        with timer("reward"):
+            scores = scored.scores()  # answered before the update started
+        metrics = self.step_metrics(scores, results, timer.times)
+        lengths = self.observe_lengths(generated, scores)
+        return {**metrics, **critic_metrics, **selection.metrics, **lengths}
+
+    def _train_and_sync(
+        self,
+        step: int,
+        shards: list[Any],
+        scored: ScoredShards,
+        selection: Selection,
+        ref_logprobs: Any,
+        old_logprobs: Any,
+        timer: StepTimer,
+    ) -> list[Any]:
+        """The actor's update and the weight export after it, timed as two stages."""
+        g = self.g
+        # The export reads the actor's weights, so the sync runs in the actor's lease, but it is
+        # timed apart from train: the stage times add up to time/step_s. Train's time starts
+        # before the lease, whose entry waits for the offloads (the rollout's) it needs.
+        with ExitStack() as actor_lease:
             with timer("train"):
+                actor_lease.enter_context(self.job.stage("actor"))
                 trained = g.actor.call(
                     ActorWorker.train,
                     *shards,
@@ -221,16 +249,10 @@ class ReasoningStages:
                 )
                 exported = self.hub.submit_exports(step + 1)
                 results = trained.wait()
-            # timed apart from train: the stage times add up to time/step_s
             with timer("sync"):
                 self.hub.handed(step + 1, exported)
-        self.version = step + 1
-        self.refresh_ledger("actor", results)
-        with timer("reward"):
-            scores = scored.scores()  # answered before the update started
-        metrics = self.step_metrics(scores, results, timer.times)
-        lengths = self.observe_lengths(generated, scores)
-        return {**metrics, **critic_metrics, **selection.metrics, **lengths}
+                actor_lease.close()  # the lease's end is in a stage too
+        return results
 
     def score(self, shards: list[Any], timer: StepTimer) -> ScoredShards:
         """Submit the scoring of ``shards`` (a reward model on devices takes its turn now)."""

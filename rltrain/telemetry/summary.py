@@ -242,8 +242,8 @@ def across_attempts(
 
     Returns:
         ``last`` with the whole run's ``steps``, ``wall_s``, ``steps_per_s``,
-        ``seconds_per_stage``, ``tokens_per_s``, ``env_steps_per_s`` and ``rollout`` totals,
-        plus ``attempts``.
+        ``seconds_per_stage`` (the stages ``last`` lists, over every record), ``tokens_per_s``,
+        ``env_steps_per_s`` and ``rollout`` totals, plus ``attempts``.
     """
     out = dict(last)
     firsts = [a["first_step"] for a in attempts if a.get("first_step") is not None]
@@ -258,11 +258,9 @@ def across_attempts(
     out["steps_per_s"] = steps / seconds if steps and seconds else None
     if per_step_env is not None and out["steps_per_s"] is not None:
         out["env_steps_per_s"] = per_step_env * out["steps_per_s"]
-    stages = {k for r in records for k in r if k.startswith("time/") and k != "time/step_s"}
+    stages = _stage_means(last, records)
     if stages:
-        out["seconds_per_stage"] = {
-            k[5:-2]: sum(float(r.get(k) or 0.0) for r in records) / len(records) for k in stages
-        }
+        out["seconds_per_stage"] = stages
     tokens = generated_tokens(records)
     if tokens:
         out["tokens_per_s"] = per_second(tokens, seconds)
@@ -273,6 +271,19 @@ def across_attempts(
             out["rollout"] = rollout
     out["attempts"] = [dict(a) for a in attempts]
     return out
+
+
+def _stage_means(last: Mapping[str, Any], records: list[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean seconds per step of the stages ``last`` lists (else every ``time/*`` key) over
+    ``records``. The runner's own stages only: an embodied step also logs time/env_step_s and
+    time/infer_s, parts of generate that would count twice in a sum of the stages."""
+    stages = set(last.get("seconds_per_stage") or ()) or {
+        k[5:-2] for r in records for k in r if k.startswith("time/") and k != "time/step_s"
+    }
+    if not records:
+        return {}
+    n = len(records)
+    return {k: sum(float(r.get(f"time/{k}_s") or 0.0) for r in records) / n for k in stages}
 
 
 def _rollout_over_attempts(

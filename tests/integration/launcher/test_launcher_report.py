@@ -63,7 +63,7 @@ def _rows():
          "seconds_per_stage": {"generate": 0.25, "train": 0.125},
          "peak_memory_bytes_per_device": {"0:1": GIB, "0:0": 2 * GIB},
          "final_reward": 0.5, "final_accuracy": 0.75, "simulated_devices": True,
-         "status": "completed"},
+         "status": "completed", "wall_s": 2.0},
     )  # fmt: skip
     b = _report.make_row(
         {"num": 1, "overrides": ["placement=hybrid"], "status": "failed",
@@ -76,7 +76,9 @@ def _rows():
 
 def test_rows_merge_launcher_facts_with_the_summary():
     a, b = _rows()
-    assert a["wall_s"] == 2.5 and a["placement_mode"] == "collocated" and a["simulated"] is True
+    # wall_s is the summary's (the rates' time base), job_s the launcher's end - start
+    assert a["wall_s"] == 2.0 and a["job_s"] == 2.5
+    assert a["placement_mode"] == "collocated" and a["simulated"] is True
     assert b["placement_mode"] == "hybrid"  # from the plan when the job wrote no summary
     assert b["steps_per_s"] is None and b["status"] == "failed"
 
@@ -87,11 +89,11 @@ def test_markdown_table_has_one_row_per_job_and_blanks_for_missing(tmp_path):
     assert lines[0].startswith("| job | overrides | placement | devices | steps/s | tokens/s |")
     assert lines[2] == (
         "| 0 | `placement=collocated` | collocated | n0:d0,d1 | 2 | 640 |  | "
-        "generate=0.25 train=0.125 | 0:0=2.00G 0:1=1.00G | - | - | - | 0.5 | 0.75 | sim | 2.5 | "
-        "completed |"
+        "generate=0.25 train=0.125 | 0:0=2.00G 0:1=1.00G | - | - | - | 0.5 | 0.75 | sim | "
+        "2 | 2.5 | completed |"
     )
     assert lines[3] == (
-        "| 1 | `placement=hybrid` | hybrid |  |  |  |  |  |  | - | - | - |  |  |  |  | "
+        "| 1 | `placement=hybrid` | hybrid |  |  |  |  |  |  | - | - | - |  |  |  |  |  | "
         "failed: ResourceError: too big |"
     )
     assert "simulated devices" in table  # the note under the table
@@ -127,6 +129,7 @@ def test_csv_has_a_column_per_stage(tmp_path):
     assert [r["job"] for r in rows] == ["0", "1"]
     assert rows[0]["s_generate"] == "0.25" and rows[0]["s_train"] == "0.125"
     assert rows[1]["s_generate"] == "" and rows[1]["tokens_per_s"] == ""
+    assert (rows[0]["wall_s"], rows[0]["job_s"], rows[1]["job_s"]) == ("2.0", "2.5", "")
     assert rows[0]["peak_bytes_0:0"] == str(2 * GIB) and rows[0]["peak_bytes_0:1"] == str(GIB)
     assert rows[1]["peak_bytes_0:0"] == ""
     assert rows[1]["error"] == "ResourceError: too big"

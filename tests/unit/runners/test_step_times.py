@@ -4,7 +4,8 @@ step's real time. The stages run on stand-in groups whose waits move a fake cloc
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -50,15 +51,16 @@ class Group:
 
 
 class Hub:
-    """Handing the export over takes ``seconds``."""
+    """Handing the export over takes ``seconds``; it must run in the actor's ``lease``."""
 
-    def __init__(self, clock: Clock, seconds: float) -> None:
-        self.clock, self.seconds, self.version = clock, seconds, 0
+    def __init__(self, clock: Clock, seconds: float, lease: Lease) -> None:
+        self.clock, self.seconds, self.lease, self.version = clock, seconds, lease, 0
 
     def submit_exports(self, version: int) -> dict[str, Any]:
         return {}
 
     def handed(self, version: int, futures: dict[str, Any]) -> None:
+        assert self.lease.held, "the export reads the actor's weights: it needs the lease"
         self.clock.now += self.seconds
 
     def export(self, version: int, lease: bool = True) -> None:
@@ -66,9 +68,28 @@ class Hub:
         self.version = version
 
 
-def _job() -> SimpleNamespace:
+class Lease:
+    """The actor's lease: its entry waits ``entry_s`` (the rollout's offload) and its end
+    ``end_s``; ``held`` says whether it is held now."""
+
+    def __init__(self, clock: Clock, entry_s: float, end_s: float) -> None:
+        self.clock, self.entry_s, self.end_s, self.held = clock, entry_s, end_s, False
+
+    @contextmanager
+    def stage(self, component: str) -> Iterator[None]:
+        if component != "actor":
+            yield
+            return
+        self.clock.now += self.entry_s
+        self.held = True
+        yield
+        self.held = False
+        self.clock.now += self.end_s
+
+
+def _job(lease: Lease) -> SimpleNamespace:
     return SimpleNamespace(
-        stage=lambda c: nullcontext(), resident_components=(), refresh_ledger=lambda *a: None
+        stage=lease.stage, resident_components=(), refresh_ledger=lambda *a: None
     )
 
 
@@ -80,35 +101,43 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 def test_reasoning_stage_times_add_up_to_the_step(clock: Clock):
-    # generate 1.0 s, update 2.0 s, hand-over 0.5 s, the scores' fetch 0.25 s: step 3.75 s
+    # generate 1.0 s, the actor's lease entry 0.125 s (the rollout's offload) and update 2.0 s,
+    # hand-over 0.5 s, lease end 0.0625 s, the scores' fetch 0.25 s: step 3.9375 s
     scores = [Scores(torch.tensor([1.0, 0.0]), torch.tensor([3, 5]))]
     result = TrainResult({"actor/pg_loss": 0.1}, {})
+    lease = Lease(clock, 0.125, 0.0625)
     s = ReasoningStages.__new__(ReasoningStages)
-    s.job, s.dispatcher, s.scorer = _job(), None, SimpleNamespace(score="score")
+    s.job, s.dispatcher, s.scorer = _job(lease), None, SimpleNamespace(score="score")
     s.g = ReasoningGroups(
         actor=Group(Future(clock, 2.0, [result])), reward=Group(Future(clock, 0.25, [scores]))
     )
     s.batch_stage = SimpleNamespace(needs_scores=False)
-    s.hub = Hub(clock, 0.5)
+    s.hub = Hub(clock, 0.5, lease)
     s.sizes = SimpleNamespace(samples_per_step=2)
     timer = StepTimer()
     with timer("generate"):
         clock.now += 1.0
+    start = clock.now - 1.0
     out = s.learn(0, ["shard"], timer)
-    assert out["time/train_s"] == pytest.approx(2.0)  # the update only
-    assert out["time/sync_s"] == pytest.approx(0.5)
+    assert out["time/train_s"] == pytest.approx(2.125)  # the lease's entry and the update
+    assert out["time/sync_s"] == pytest.approx(0.5625)  # the hand-over and the lease's end
     assert out["time/reward_s"] == pytest.approx(0.25)
-    assert out["time/step_s"] == pytest.approx(3.75)
-    assert out["perf/samples_per_s"] == pytest.approx(2 / 3.75)
-    assert out["perf/tokens_per_s"] == pytest.approx(8 / 3.75)
+    assert out["time/step_s"] == pytest.approx(3.9375)
+    assert out["time/step_s"] == pytest.approx(clock.now - start)  # every wait in a stage
+    assert out["perf/samples_per_s"] == pytest.approx(2 / 3.9375)
+    assert out["perf/tokens_per_s"] == pytest.approx(8 / 3.9375)
 
 
 def test_embodied_train_and_sync_do_not_overlap(clock: Clock):
-    # the update 1.5 s, the export's hand-over 0.25 s
+    # the lease's entry 0.125 s (the rollout's and env's offloads), the update 1.5 s, the
+    # export's hand-over 0.25 s, the lease's end 0.0625 s
+    lease = Lease(clock, 0.125, 0.0625)
     r = EmbodiedRunner.__new__(EmbodiedRunner)
-    r.job, r.hub = _job(), Hub(clock, 0.25)
+    r.job, r.hub = _job(lease), Hub(clock, 0.25, lease)
     r.g = {"actor": Group(Future(clock, 1.5, [TrainResult({}, {})]))}
     timer = StepTimer()
+    start = clock.now
     r._train_and_export(3, ["transitions"], timer)
-    assert timer.times == {"train": pytest.approx(1.5), "sync": pytest.approx(0.25)}
+    assert timer.times == {"train": pytest.approx(1.625), "sync": pytest.approx(0.3125)}
+    assert sum(timer.times.values()) == pytest.approx(clock.now - start)
     assert r.hub.version == 4

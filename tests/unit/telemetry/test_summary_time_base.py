@@ -60,6 +60,25 @@ def test_across_attempts_tokens_per_s_is_over_every_attempts_seconds():
     assert out["tokens_per_s"] == 100.0  # 400 tokens over 4 s: 100 tokens per step
 
 
+def test_across_attempts_keeps_the_runners_stages():
+    # an embodied run restarted once: env_step and infer are parts of generate, not stages
+    step = {"time/generate_s": 1.0, "time/env_step_s": 0.6, "time/infer_s": 0.3}
+    step |= {"time/train_s": 0.5, "time/sync_s": 0.1, "time/step_s": 1.6}
+    records = [{"step": s, **step} for s in range(2)]
+    attempts = [
+        {"first_step": 0, "done_steps": 1, "training_s": 1.6},
+        {"first_step": 1, "done_steps": 2, "training_s": 1.6},
+    ]
+    last = {"seconds_per_stage": {"generate": 1.0, "train": 0.5, "sync": 0.1}}
+    out = across_attempts(last, records, attempts)
+    assert out["seconds_per_stage"] == {
+        "generate": pytest.approx(1.0),
+        "train": pytest.approx(0.5),
+        "sync": pytest.approx(0.1),
+    }
+    assert sum(out["seconds_per_stage"].values()) == pytest.approx(1.6)
+
+
 class _Clock:
     """Stands in for ``time`` in the loop: a step takes 1 s, drawing the curve 10 s."""
 
