@@ -628,7 +628,8 @@ def behaviour_logprobs(
     min_parts: int = 1,
 ) -> Tensor:
     """``[B, R]`` log-probs of the batch under ``model`` as it is now (the ``old_logprobs`` of a
-    synchronous step).
+    synchronous step), in eval mode: a policy's log-probs, not a draw of its (LoRA adapter)
+    dropout. The model's mode is restored after.
 
     Args:
         model: the policy.
@@ -643,12 +644,17 @@ def behaviour_logprobs(
     """
     parts = split_rows(batch, micro_batch, max_tokens, min_parts)
     out = torch.zeros(batch.response_mask.shape, device=batch.response_mask.device)
-    for p in parts:
-        b = trim_padding(batch if len(parts) == 1 else batch.select(p))
-        logp = compute_logprobs(
-            model, b.input_ids, b.attention_mask, b.response_mask, temperature=s.temperature
-        )
-        out[p.to(out.device), : logp.shape[1]] = logp
+    training = model.training
+    model.eval()
+    try:
+        for p in parts:
+            b = trim_padding(batch if len(parts) == 1 else batch.select(p))
+            logp = compute_logprobs(
+                model, b.input_ids, b.attention_mask, b.response_mask, temperature=s.temperature
+            )
+            out[p.to(out.device), : logp.shape[1]] = logp
+    finally:
+        model.train(training)
     return out
 
 

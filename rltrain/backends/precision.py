@@ -206,7 +206,9 @@ class MasterWeightOptimizer:
         """Step the masters one chunk at a time and round them into the model.
 
         The inner optimizer skips parameters without a gradient, so giving gradients to one
-        chunk's masters at a time steps exactly that chunk.
+        chunk's masters at a time steps exactly that chunk: each gradient is taken away again
+        after its chunk's step (a later chunk's step would step it twice), and the fp32
+        parameters get theirs back at the end, as fp32 training leaves them.
         """
         own = {}  # fp32 parameters' own gradients, held back until their chunk
         for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True)):
@@ -228,9 +230,11 @@ class MasterWeightOptimizer:
             self.optimizer.step()
             for i in stepped:
                 p, m = self.params[i], self.masters[i]
-                if m is not p:
-                    m.grad = None  # the model keeps its 16-bit gradient, as fp32 training does
+                m.grad = None
+                if m is not p:  # the model keeps its 16-bit gradient, as fp32 training does
                     p.copy_(m)
+        for i, grad in own.items():
+            self.params[i].grad = grad
 
     @torch.no_grad()
     def sync_params(self) -> None:

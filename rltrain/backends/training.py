@@ -56,7 +56,7 @@ from rltrain.algorithms.update import (
     with_old_logprobs,
 )
 from rltrain.backends.host_allreduce import data_parallel_ranks, wrap_data_parallel
-from rltrain.backends.lora import is_lora, merged_weights, wrap_lora
+from rltrain.backends.lora import eval_mode, is_lora, merged_weights, wrap_lora
 from rltrain.backends.offload import StateMover
 from rltrain.backends.precision import (
     LossScale,
@@ -68,6 +68,8 @@ from rltrain.backends.warmup import (  # noqa: F401  (re-exported: callers read 
     build_warmup,
     optimizer_steps,
     resume_warmup,
+    save_warmup,
+    saved_warmup_steps,
     warmup_factor,
 )
 from rltrain.config import resolve_offload
@@ -356,11 +358,12 @@ class TorchEngine:
     def save_optimizer(self, directory: str, rank: int) -> None:
         if rank == 0:  # replicated by DDP: one copy is the whole state
             torch.save(self.optimizer.state_dict(), os.path.join(directory, "optimizer.pt"))
+            save_warmup(self.scheduler, directory)
 
     def load_optimizer(self, directory: str, rank: int, world_size: int) -> None:
         state = torch.load(os.path.join(directory, "optimizer.pt"), map_location=self.device)
         self.optimizer.load_state_dict(state)
-        resume_warmup(self.scheduler, optimizer_steps(self.optimizer))
+        resume_warmup(self.scheduler, saved_warmup_steps(directory, self.optimizer))
 
     def checkpoint_weights(self) -> dict[str, torch.Tensor] | None:
         return None  # the parameters hold the whole model on every rank
@@ -573,12 +576,13 @@ class DeepSpeedEngine:
         return out
 
     def _logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[B, R]`` log-probs under the engine's weights now (pi_old's recompute)."""
+        """``[B, R]`` log-probs under the engine's weights now (pi_old's recompute), in eval
+        mode as :func:`behaviour_logprobs` (no adapter dropout); the mode is restored after."""
         s, engine = self.settings, self.actor.engine
         if self.max_tokens is not None:
             parts = self._agreed_parts(batch)
             return behaviour_logprobs(engine, batch, s, 0, self.max_tokens, parts)
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(engine):
             return compute_logprobs(
                 engine,
                 batch.input_ids,
@@ -688,6 +692,8 @@ class DeepSpeedEngine:
         self._check_resident("save")
         os.makedirs(os.path.join(directory, "optimizer"), exist_ok=True)
         torch.save(self.actor.engine.optimizer.state_dict(), self._shard_path(directory, rank))
+        if rank == 0:
+            save_warmup(self.actor.engine.lr_scheduler, directory)
 
     def load_optimizer(self, directory: str, rank: int, world_size: int) -> None:
         self._check_resident("load")
@@ -713,7 +719,7 @@ class DeepSpeedEngine:
             slots[rank] = state
             opt.load_state_dict(slots, load_optimizer_states=True, load_from_fp32_weights=True)
         inner = getattr(opt, "optimizer", opt)
-        resume_warmup(self.actor.engine.lr_scheduler, optimizer_steps(inner))
+        resume_warmup(self.actor.engine.lr_scheduler, saved_warmup_steps(directory, inner))
 
     def _check_resident(self, what: str) -> None:
         if self.actor.offloaded:

@@ -1,11 +1,16 @@
 """The learning-rate warmup both training engines use (linear, stepped per optimizer step) and
-the optimizer's step count it resumes from."""
+the step count it resumes from."""
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import torch
+
+#: The checkpoint file holding the warmup's own step count (:func:`save_warmup`).
+WARMUP_FILE = "warmup.json"
 
 
 def warmup_factor(step: int, warmup_steps: int) -> float:
@@ -38,6 +43,41 @@ def optimizer_steps(optimizer: Any) -> int:
     so a resumed warmup continues where the checkpoint left it."""
     steps = [int(st["step"]) for st in getattr(optimizer, "state", {}).values() if "step" in st]
     return max(steps, default=0)
+
+
+def save_warmup(scheduler: Any, directory: str) -> None:
+    """Write the warmup's own step count into ``directory`` (nothing without a warmup).
+
+    The count is the schedule's, not the optimizer's: under fp16 a step skipped for an overflow
+    advances the warmup but no parameter's step counter, so only this count resumes the learning
+    rate the uninterrupted run uses.
+
+    Args:
+        scheduler: the warmup (:func:`build_warmup`), or None.
+        directory: the checkpoint directory (local).
+    """
+    if scheduler is None:
+        return
+    with open(os.path.join(directory, WARMUP_FILE), "w") as f:
+        json.dump({"steps": int(scheduler.last_epoch)}, f)
+
+
+def saved_warmup_steps(directory: str, optimizer: Any) -> int:
+    """The step count a resumed warmup continues from.
+
+    Args:
+        directory: the checkpoint directory (local).
+        optimizer: the torch optimizer the checkpoint's state was loaded into.
+
+    Returns:
+        The count :func:`save_warmup` wrote; for a checkpoint of a run without a warmup, the
+        optimizer's steps (:func:`optimizer_steps`).
+    """
+    file = os.path.join(directory, WARMUP_FILE)
+    if not os.path.isfile(file):
+        return optimizer_steps(optimizer)
+    with open(file) as f:
+        return int(json.load(f)["steps"])
 
 
 def resume_warmup(scheduler: Any, steps: int) -> None:

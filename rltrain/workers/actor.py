@@ -35,8 +35,10 @@ from rltrain.workers.common import (
     compute_device,
     fetch,
     fetched_dir,
+    load_rng_state,
     local_dir,
     memory_peaks,
+    save_rng_state,
     seed_everything,
 )
 
@@ -267,18 +269,19 @@ class ActorWorker(Worker, ResidentState):
 
     # ------------------------------------------------------------------------- checkpoints
     def save(self, path: str) -> None:
-        """Write the model (HF safetensors), tokenizer and optimizer state into ``path``.
+        """Write the model (HF safetensors), tokenizer, optimizer and random states into
+        ``path``; call it on every actor rank.
 
         Rank 0 writes the model and tokenizer; the optimizer state is written by rank 0 when
         it is replicated (torch/DDP) and by every rank, one shard each, when the engine
-        partitions it (DeepSpeed ZeRO): then call ``save`` on every actor rank. Under LoRA
-        ``model/`` holds the base weights and ``adapter/`` the adapter in peft's format
+        partitions it (DeepSpeed ZeRO). Every rank writes its random states (``rng/``: the
+        dropout draws of a resumed run continue where they stopped). Under LoRA ``model/``
+        holds the base weights and ``adapter/`` the adapter in peft's format
         (:func:`~rltrain.backends.lora.save_checkpoint`).
         """
-        if self.rank != 0 and not self.engine.sharded_optimizer:
-            return
         gathered = self.engine.checkpoint_weights()  # ZeRO-3: a collective of every rank
         with local_dir(path) as local:
+            save_rng_state(local, f"actor_rank{self.rank}", self.device)
             if self.rank == 0:
                 if self.run.actor.lora.rank > 0:
                     from rltrain.backends.lora import save_checkpoint
@@ -292,33 +295,39 @@ class ActorWorker(Worker, ResidentState):
             self.engine.save_optimizer(local, self.rank)
 
     def load(self, path: str) -> None:
-        """Restore model and optimizer from a checkpoint written by :meth:`save`.
+        """Restore model, optimizer and this rank's random states from a checkpoint written
+        by :meth:`save`.
 
         Raises:
             ConfigError: the checkpoint does not match ``model.*`` or the actor's layout.
         """
+        with fetched_dir(path) as local:
+            self._load_state(local, path)
+            load_rng_state(local, f"actor_rank{self.rank}", self.device)
+
+    def _load_state(self, local: str, path: str) -> None:
+        """Model and optimizer from the local copy ``local`` of the checkpoint ``path``."""
         from safetensors.torch import load_file
 
-        with fetched_dir(path) as local:
-            if self.run.actor.lora.rank > 0:
-                from rltrain.backends.lora import load_checkpoint
+        if self.run.actor.lora.rank > 0:
+            from rltrain.backends.lora import load_checkpoint
 
-                load_checkpoint(self.model, local, path)
-                self.engine.load_optimizer(local, self.rank, self.world_size)
-                return
-            if os.path.isdir(os.path.join(local, "adapter")):
-                raise ConfigError(
-                    f"trainer.resume checkpoint {path!r} holds a LoRA adapter (adapter/) but "
-                    f"actor.lora.rank=0: its model/ is the base without the adapter; resume "
-                    f"with the actor.lora settings it was written with"
-                )
-            state = load_file(os.path.join(local, "model", "model.safetensors"))
-            with torch.no_grad():  # DeepSpeed's parameters are views of its flat buffers
-                missing, unexpected = self.model.load_state_dict(state, strict=False)
-            if unexpected or [m for m in missing if "lm_head" not in m]:
-                raise ConfigError(
-                    f"trainer.resume checkpoint {path!r} does not match model.* (missing "
-                    f"{missing[:3]}, unexpected {unexpected[:3]}): resume with the model config "
-                    f"it was written with, or start fresh (trainer.resume=null)"
-                )
+            load_checkpoint(self.model, local, path)
             self.engine.load_optimizer(local, self.rank, self.world_size)
+            return
+        if os.path.isdir(os.path.join(local, "adapter")):
+            raise ConfigError(
+                f"trainer.resume checkpoint {path!r} holds a LoRA adapter (adapter/) but "
+                f"actor.lora.rank=0: its model/ is the base without the adapter; resume "
+                f"with the actor.lora settings it was written with"
+            )
+        state = load_file(os.path.join(local, "model", "model.safetensors"))
+        with torch.no_grad():  # DeepSpeed's parameters are views of its flat buffers
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected or [m for m in missing if "lm_head" not in m]:
+            raise ConfigError(
+                f"trainer.resume checkpoint {path!r} does not match model.* (missing "
+                f"{missing[:3]}, unexpected {unexpected[:3]}): resume with the model config "
+                f"it was written with, or start fresh (trainer.resume=null)"
+            )
+        self.engine.load_optimizer(local, self.rank, self.world_size)

@@ -67,6 +67,65 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+#: A checkpoint's folder of per-process random-number-generator states (:func:`save_rng_state`).
+RNG_DIR = "rng"
+
+
+def save_rng_state(directory: str, name: str, device: torch.device) -> None:
+    """Write this process's global random states into ``directory/rng/<name>.pt``.
+
+    What draws from them in training (dropout: LoRA's adapter dropout, a model's own) must draw
+    the same after a resume as it would have without the interruption; the process's
+    :func:`seed_everything` at start cannot give that, so a checkpoint keeps the states.
+
+    Args:
+        directory: the checkpoint directory (local).
+        name: the process's file name, unique among the checkpoint's writers
+            (``actor_rank1``).
+        device: the process's compute device; a CUDA device's generator is saved too.
+    """
+    import random
+
+    import numpy as np
+
+    state = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    os.makedirs(os.path.join(directory, RNG_DIR), exist_ok=True)
+    torch.save(state, os.path.join(directory, RNG_DIR, f"{name}.pt"))
+
+
+def load_rng_state(directory: str, name: str, device: torch.device) -> bool:
+    """Restore the random states :func:`save_rng_state` wrote under ``name``.
+
+    Args:
+        directory: the checkpoint directory (local).
+        name: the file name the process saved under.
+        device: the process's compute device (its CUDA generator is restored when saved).
+
+    Returns:
+        Whether the checkpoint held them; without them (a checkpoint of another layout, with
+        more ranks than it saved) the states stay those :func:`seed_everything` set.
+    """
+    import random
+
+    import numpy as np
+
+    file = os.path.join(directory, RNG_DIR, f"{name}.pt")
+    if not os.path.isfile(file):
+        return False
+    state = torch.load(file, weights_only=False)  # Python's and NumPy's states are tuples
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    return True
+
+
 def as_rollout_logprobs(batch: Any) -> Any:
     """A generated batch with the engine's log-probs as ``rollout_logprobs``.
 
@@ -79,11 +138,23 @@ def as_rollout_logprobs(batch: Any) -> Any:
     return batch.replace(rollout_logprobs=batch.old_logprobs, old_logprobs=None)
 
 
+class HostBuffers(dict[Any, Any]):
+    """A worker's host-side data kept between calls, by key (the rollout's paused, ended and
+    carried rows: CPU batches on every device kind).
+
+    The ledger's walk (:func:`reachable_device_bytes`) treats it as host memory on simulated
+    devices, where host and device tensors are both CPU tensors and only the declaration tells
+    them apart; on a real device it still looks inside, so a CUDA tensor kept there is caught.
+    """
+
+
 def _walk(obj: Any, seen: set[int], out: dict[int, int], device: torch.device) -> None:
     """Add the device storages reachable from ``obj`` to ``out`` (storage ptr -> bytes)."""
     if id(obj) in seen:
         return
     seen.add(id(obj))
+    if isinstance(obj, HostBuffers) and device.type == "cpu":
+        return  # simulated devices: its CPU tensors are host memory, not the device's
     if isinstance(obj, torch.Tensor):
         if obj.device.type == device.type and obj.untyped_storage().nbytes():
             out[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
@@ -114,7 +185,7 @@ def reachable_device_bytes(obj: Any, device: torch.device) -> int:
     """Bytes of distinct device storages reachable from a worker object (the independent measure).
 
     On GPUs "device" means CUDA tensors; on simulated devices every CPU tensor the worker keeps
-    outside a state mover's host buffers counts as device-resident.
+    outside a state mover's host buffers and its :class:`HostBuffers` counts as device-resident.
     """
     out: dict[int, int] = {}
     _walk(obj, set(), out, device)

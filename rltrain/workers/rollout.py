@@ -36,6 +36,7 @@ from rltrain.whatif.lengths import simulated as simulated_lengths
 from rltrain.whatif.slots import DEFAULT_SEGMENT, CarryBuffer, Decoder
 from rltrain.workers.batching import concat_batches
 from rltrain.workers.common import (
+    HostBuffers,
     ResidentState,
     WeightReceiver,
     as_rollout_logprobs,
@@ -65,8 +66,8 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         # trainer.partial_rollout=continue: generations paused at a weight swap, by step, and
         # generations that ended before their pause arrived (a resume call hands them on)
         self._continues = run.trainer.partial_rollout == "continue"  # a call may say otherwise
-        self._parked: dict[int, Parked] = {}
-        self._ended: dict[int, RolloutBatch] = {}
+        self._parked: HostBuffers = HostBuffers()  # step -> Parked
+        self._ended: HostBuffers = HostBuffers()  # step -> RolloutBatch
         self._discarded: dict[int, int] = {}  # tokens thrown away per step (``restart``)
         # simulate.response_length_median: seconds of a paused call's modelled decoding done
         self._modelled: dict[int, float] = {}
@@ -436,9 +437,11 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
             self._parked[step] = before
 
     def _forget_before(self, step: int) -> None:
-        """Drop what was held for steps that can no longer be taken (the pipeline submits in
-        step order, at most ``max_staleness + 1`` ahead, so anything older is abandoned)."""
-        oldest = step - self.run.trainer.max_staleness - 1
+        """Drop what was held for steps no call can resume any more. The pipeline submits a
+        call for ``step`` at its fill of step ``step - max_staleness`` or later, when every
+        older step has been taken (trained), and it resumes only steps it has not taken; the
+        rollout runs its calls in the order they arrive, so anything older is abandoned."""
+        oldest = step - self.run.trainer.max_staleness
         for held in (self._parked, self._ended, self._discarded, self._modelled):
             for s in [s for s in held if s < oldest]:
                 del held[s]
@@ -497,8 +500,8 @@ class Carry:
 
     def __init__(self, buffer: CarryBuffer) -> None:
         self.buffer = buffer
-        self.rows: dict[int, RolloutBatch] = {}
-        self.live: dict[int, list[Parked]] = {}
+        self.rows: HostBuffers = HostBuffers()  # key -> RolloutBatch
+        self.live: HostBuffers = HostBuffers()  # key -> list[Parked]
         self.prompts: dict[int, str] = {}
         self.last_step = -(2**62)
         self._next = 0

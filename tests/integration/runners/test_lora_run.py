@@ -33,3 +33,4 @@ def test_lora_with_kl_and_no_reference_trains_syncs_and_checkpoints(ray_session,
     adapter = json.loads((ckpt / "adapter" / "adapter_config.json").read_text())
     assert adapter["r"] == 4 and (ckpt / "adapter" / "adapter_model.safetensors").is_file()
     assert (ckpt / "model" / "model.safetensors").is_file()
+    assert (ckpt / "rng" / "actor_rank0.pt").is_file()  # the adapter dropout's draws resume

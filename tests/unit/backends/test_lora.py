@@ -169,12 +169,15 @@ def test_the_actor_takes_the_kl_against_its_own_base_when_no_reference_is_placed
     assert ActorWorker(run, derive_sizes(run, 1, 1)).own_reference(batch).ref_logprobs is None
 
 
-def test_checkpoint_is_in_peft_format_and_resumes_exactly(tmp_path):
-    run = _run()
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_checkpoint_is_in_peft_format_and_resumes_exactly(tmp_path, dropout):
+    run = _run(dropout=dropout)  # dropout: the update draws from the global torch RNG
     sizes = derive_sizes(run, 1, 1)
     first = ActorWorker(run, sizes)
     first.train(_batch(), rewards=[REWARDS], step=0)
     first.save(str(tmp_path / "ckpt"))
+    # first and fresh stand for two processes: each update runs from its own process's RNG
+    uninterrupted = torch.get_rng_state()
     adapter = tmp_path / "ckpt" / "adapter"
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(adapter))
     config = json.loads((adapter / "adapter_config.json").read_text())
@@ -184,15 +187,17 @@ def test_checkpoint_is_in_peft_format_and_resumes_exactly(tmp_path):
 
     base = load_file(str(tmp_path / "ckpt" / "model" / "model.safetensors"))
     assert not any("lora" in k or "base_layer" in k for k in base)  # plain HF names
-    fresh = ActorWorker(run, sizes)
+    fresh = ActorWorker(run, sizes)  # seeds the RNG and draws the adapters' initial values
     fresh.load(str(tmp_path / "ckpt"))
     for (n, a), (_, b) in zip(
         first.model.named_parameters(), fresh.model.named_parameters(), strict=True
     ):
         assert torch.equal(a, b), n
-    # the next update is the uninterrupted run's, bit for bit (adapters and Adam state)
-    m1 = first.train(_batch(), rewards=[REWARDS], step=1).metrics
+    # the next update is the uninterrupted run's, bit for bit (adapters, Adam state, the
+    # dropout's draws)
     m2 = fresh.train(_batch(), rewards=[REWARDS], step=1).metrics
+    torch.set_rng_state(uninterrupted)
+    m1 = first.train(_batch(), rewards=[REWARDS], step=1).metrics
     assert m1 == m2
     for (n, a), (_, b) in zip(
         first.model.named_parameters(), fresh.model.named_parameters(), strict=True
