@@ -8,44 +8,10 @@ import sys
 import types
 from typing import Any
 
+from fit_stubs import StubRunner, StubSchedule
+
 from rltrain.config.schema import RunConfig
 from rltrain.runners import loop
-
-
-class _Schedule:
-    queues_ahead = False
-
-    def begin(self, start: int, horizon: int) -> None:
-        pass
-
-    def step(self, step: int, queue_next: bool) -> dict[str, Any]:
-        return {"reward/mean": 0.5 + step}
-
-    def has_queued(self) -> bool:
-        return False
-
-    def evaluate(self, step: int) -> dict[str, Any]:
-        return {"eval/accuracy": 0.25}
-
-    def end(self, done_steps: int, clean: bool) -> None:
-        pass
-
-
-class _Runner:
-    def resume(self) -> int:
-        return 0
-
-    def save(self, step: int) -> str:
-        return f"step-{step}"
-
-    def evaluation_due(self, step: int, record: dict[str, Any]) -> bool:
-        return False
-
-    def target_reached(self, evaluated: dict[str, Any] | None) -> bool:
-        return False
-
-    def summary(self, records: list[dict], steps: int, seconds: float, status: str) -> dict:
-        return {"steps": steps, "status": status}
 
 
 def test_fit_sends_the_run_config_to_wandb(tmp_path, monkeypatch):
@@ -68,9 +34,9 @@ def test_fit_sends_the_run_config_to_wandb(tmp_path, monkeypatch):
     run.logging.wandb, run.logging.progress, run.logging.project = True, False, "p"
     run.seed = 7
 
-    summary = loop.fit(_Runner(), _Schedule(), run, str(tmp_path))
+    summary = loop.fit(StubRunner(), StubSchedule(), run, str(tmp_path))
 
-    assert summary == {"steps": 2, "status": "completed"}
+    assert summary["steps"] == 2 and summary["status"] == "completed"
     config = seen["init"]["config"]
     assert seen["init"]["project"] == "p"
     assert config["seed"] == 7 and config["trainer"]["total_steps"] == 2
@@ -102,7 +68,7 @@ def test_fit_logs_the_run_config_as_mlflow_params_with_names_it_accepts(tmp_path
     run.logging.mlflow, run.logging.progress = True, False
     run.placement.component_placement = {"actor,rollout": "all", "reward": {"placement": "0"}}
 
-    loop.fit(_Runner(), _Schedule(), run, str(tmp_path))
+    loop.fit(StubRunner(), StubSchedule(), run, str(tmp_path))
 
     assert logged["placement.component_placement.actor_rollout"] == "all"
     assert logged["placement.component_placement.reward.placement"] == "0"
@@ -123,18 +89,15 @@ def test_a_resumed_run_logs_on_to_its_wandb_run(tmp_path, monkeypatch):
         inits.append(kwargs)
         return _Run()
 
-    class _Resumed(_Runner):
-        def resume(self) -> int:
-            return 2
-
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
     run = RunConfig()
     run.trainer.total_steps, run.trainer.eval_every = 2, 0
     run.logging.wandb, run.logging.progress = True, False
-    loop.fit(_Runner(), _Schedule(), run, str(tmp_path))  # a fresh run: a new id, kept
+    loop.fit(StubRunner(), StubSchedule(), run, str(tmp_path))  # a fresh run: a new id, kept
     run.trainer.total_steps = 4
-    loop.fit(_Resumed(), _Schedule(), run, str(tmp_path))  # resumed from step 2: the same run
-    loop.fit(_Runner(), _Schedule(), run, str(tmp_path))  # afresh again: a new W&B run
+    # resumed from step 2: the same run
+    loop.fit(StubRunner(start=2), StubSchedule(), run, str(tmp_path))
+    loop.fit(StubRunner(), StubSchedule(), run, str(tmp_path))  # afresh again: a new W&B run
     ids = [i["id"] for i in inits]
     assert ids[0] == ids[1] != ids[2]
     assert all(i["resume"] == "allow" for i in inits)
@@ -149,14 +112,10 @@ def test_a_run_resumed_after_a_cut_logs_each_step_once(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "reward/mean": -1.0}) + "\n" for s in range(4)))
 
-    class _Resumed(_Runner):
-        def resume(self) -> int:
-            return 2
-
     run = RunConfig()
     run.trainer.total_steps, run.trainer.eval_every = 5, 0
     run.logging.progress = False
-    loop.fit(_Resumed(), _Schedule(), run, str(tmp_path))
+    loop.fit(StubRunner(start=2), StubSchedule(), run, str(tmp_path))
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     assert [r["reward/mean"] for r in rows] == [-1.0, -1.0, 2.5, 3.5, 4.5]

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fit_stubs import StubRunner, StubSchedule
 
 from rltrain.config.schema import RunConfig
 from rltrain.runners import loop
@@ -89,46 +90,6 @@ class _Clock:
         return self.now
 
 
-class _Schedule:
-    queues_ahead = False
-
-    def __init__(self, clock: _Clock) -> None:
-        self.clock = clock
-
-    def begin(self, start: int, horizon: int) -> None:
-        pass
-
-    def step(self, step: int, queue_next: bool) -> dict[str, Any]:
-        self.clock.now += 1.0
-        return {"reward/mean": 0.5}
-
-    def has_queued(self) -> bool:
-        return False
-
-    def evaluate(self, step: int) -> dict[str, Any]:
-        return {"eval/accuracy": 0.25}
-
-    def end(self, done_steps: int, clean: bool) -> None:
-        pass
-
-
-class _Runner:
-    def resume(self) -> int:
-        return 0
-
-    def save(self, step: int) -> str:
-        return f"step-{step}"
-
-    def evaluation_due(self, step: int, record: dict[str, Any]) -> bool:
-        return False
-
-    def target_reached(self, evaluated: dict[str, Any] | None) -> bool:
-        return False
-
-    def summary(self, records: list[dict], steps: int, seconds: float, status: str) -> dict:
-        return {"steps": steps, "seconds": seconds}
-
-
 def test_fit_times_the_steps_without_the_reward_curve(tmp_path, monkeypatch):
     clock = _Clock()
     monkeypatch.setattr(loop, "time", clock)
@@ -141,7 +102,7 @@ def test_fit_times_the_steps_without_the_reward_curve(tmp_path, monkeypatch):
     run.trainer.total_steps, run.trainer.eval_every = 2, 0
     run.logging.progress = False
 
-    summary = loop.fit(_Runner(), _Schedule(clock), run, str(tmp_path))
+    summary = loop.fit(StubRunner(), StubSchedule(clock=clock), run, str(tmp_path))
 
-    assert summary == {"steps": 2, "seconds": 2.0}
+    assert summary["steps"] == 2 and summary["seconds"] == 2.0
     assert loop.last_fit() == loop.Progress(0, 2, 2.0)  # the restarts' time base too
