@@ -4,27 +4,13 @@ a directory the run refuses."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
+from rltrain_cli import rltrain_cli as cli
 
 from rltrain.app import RUN_OUTPUTS, _remove_if_untouched, note_before_run
-
-
-def cli(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    return subprocess.run(
-        [sys.executable, "-m", "rltrain", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env=env,
-    )
 
 
 def refused_cli(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:

@@ -4,12 +4,10 @@ config, and a refused run leaves no run directory behind."""
 
 from __future__ import annotations
 
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+from rltrain_cli import rltrain_cli as cli
 
 DEFAULTS = """\
 defaults:
@@ -22,19 +20,6 @@ defaults:
   - _self_
 mode: plan
 """
-
-
-def cli(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    return subprocess.run(
-        [sys.executable, "-m", "rltrain", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env=env,
-    )
 
 
 @pytest.fixture

@@ -179,22 +179,14 @@ def test_stage_zero_moves_the_plain_optimizer_and_module(deepspeed_world) -> Non
 
 
 def test_deepspeed_engine_warmup_and_gradient_checkpointing(deepspeed_world) -> None:
-    from rltrain.algorithms.batch import RolloutBatch
+    from toy_batches import toy_batch
+
     from rltrain.algorithms.update import UpdateSettings, add_advantages
     from rltrain.backends.training import DeepSpeedEngine
     from rltrain.config.schema import ModelConfig, RunConfig
     from rltrain.tasks.model import build_model
 
-    g = torch.Generator().manual_seed(0)
-    mask = (torch.arange(4)[None, :] < torch.tensor([1, 2, 3, 4] * 2)[:, None]).float()
-    batch = RolloutBatch(
-        prompt_ids=torch.randint(3, 20, (8, 3), generator=g),
-        prompt_mask=torch.ones(8, 3, dtype=torch.long),
-        response_ids=torch.randint(3, 20, (8, 4), generator=g) * mask.long(),
-        response_mask=mask,
-        group_size=4,
-        rewards=torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]),
-    )
+    batch = toy_batch([1, 2, 3, 4] * 2, [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
     norms, lrs = {}, {}
     for ckpt in (False, True):
         run = RunConfig()

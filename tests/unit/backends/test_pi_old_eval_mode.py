@@ -4,6 +4,7 @@ dropout draw), on the torch and the DeepSpeed engine, with the train mode restor
 from __future__ import annotations
 
 import torch
+from toy_batches import toy_batch
 
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.update import UpdateSettings, add_advantages, behaviour_logprobs
@@ -23,18 +24,7 @@ def _run(backend: str = "torch") -> RunConfig:
 
 
 def _batch(run: RunConfig) -> RolloutBatch:
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.tensor([1, 2, 4, 3, 4, 1, 2, 3])
-    mask = (torch.arange(4)[None, :] < lengths[:, None]).float()
-    batch = RolloutBatch(
-        prompt_ids=torch.randint(3, 20, (8, 3), generator=g),
-        prompt_mask=torch.ones(8, 3, dtype=torch.long),
-        response_ids=torch.randint(3, 20, (8, 4), generator=g) * mask.long(),
-        response_mask=mask,
-        group_size=4,
-        rewards=torch.tensor([1.0, 0, 0, 1, 0, 0, 1, 0]),
-    )
-    return add_advantages(batch, UpdateSettings.from_config(run))
+    return add_advantages(toy_batch(), UpdateSettings.from_config(run))
 
 
 def _modes_of_no_grad_passes(model: torch.nn.Module) -> list[bool]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from toy_batches import toy_batch
 
 from rltrain.algorithms.batch import RolloutBatch
 from rltrain.algorithms.update import UpdateSettings, add_advantages
@@ -31,17 +32,7 @@ def _engine(run: RunConfig):
 
 
 def _batch(run: RunConfig) -> RolloutBatch:
-    g = torch.Generator().manual_seed(0)
-    mask = (torch.arange(4)[None, :] < torch.tensor([1, 2, 4, 3, 4, 1, 2, 3])[:, None]).float()
-    batch = RolloutBatch(
-        prompt_ids=torch.randint(3, 20, (8, 3), generator=g),
-        prompt_mask=torch.ones(8, 3, dtype=torch.long),
-        response_ids=torch.randint(3, 20, (8, 4), generator=g) * mask.long(),
-        response_mask=mask,
-        group_size=4,
-        rewards=torch.tensor([1.0, 0, 0, 1, 0, 0, 1, 0]),
-    )
-    return add_advantages(batch, UpdateSettings.from_config(run))
+    return add_advantages(toy_batch(), UpdateSettings.from_config(run))
 
 
 def test_a_warmup_resumed_after_a_skipped_fp16_step_keeps_the_uninterrupted_lr(tmp_path):

@@ -2,24 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-
-
-def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    env.pop("HYDRA_FULL_ERROR")
-    return subprocess.run(
-        [sys.executable, "-m", "rltrain", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=env,
-    )
+from rltrain_cli import rltrain_cli as run_cli
 
 
 def test_cfg_job_shows_the_chosen_placement(tmp_path):
