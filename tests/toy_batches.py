@@ -24,5 +24,5 @@ def toy_batch(lengths: Sequence[int] = LENGTHS, rewards: Sequence[float] = REWAR
         response_ids=torch.randint(3, 20, (8, 4), generator=g) * mask.long(),
         response_mask=mask,
         group_size=4,
-        rewards=torch.tensor(list(rewards), dtype=torch.float32),
+        rewards=None if rewards is None else torch.tensor(list(rewards), dtype=torch.float32),
     )

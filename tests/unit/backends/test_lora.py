@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+from toy_batches import toy_batch
 
 from rltrain.algorithms import RolloutBatch
 from rltrain.algorithms.update import UpdateSettings, behaviour_logprobs
@@ -48,15 +49,7 @@ def _run(rank: int = 4, **lora) -> RunConfig:
 
 
 def _batch() -> RolloutBatch:
-    g = torch.Generator().manual_seed(0)
-    mask = (torch.arange(4)[None, :] < LENGTHS[:, None]).float()
-    return RolloutBatch(
-        prompt_ids=torch.randint(3, 20, (8, 3), generator=g),
-        prompt_mask=torch.ones(8, 3, dtype=torch.long),
-        response_ids=torch.randint(3, 20, (8, 4), generator=g) * mask.long(),
-        response_mask=mask,
-        group_size=4,
-    )
+    return toy_batch(LENGTHS.tolist(), rewards=None)
 
 
 def _randomise_adapters(model: torch.nn.Module, seed: int = 1) -> None:
