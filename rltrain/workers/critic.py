@@ -39,7 +39,9 @@ from rltrain.workers.common import (
     compute_device,
     fetch,
     fetched_dir,
+    load_rng_state,
     local_dir,
+    save_rng_state,
     seed_everything,
 )
 from rltrain.workers.reference import shards_of_rank
@@ -189,12 +191,14 @@ class CriticWorker(Worker, ResidentState):
     # ---------------------------------------------------------------------------- checkpoints
     def save(self, path: str) -> None:
         """Write the value model (safetensors) and its optimizer under ``path/critic`` (rank 0;
-        DDP replicates both)."""
-        if self.rank != 0:
-            return
+        DDP replicates both) and every rank's random states (``critic/rng/``: the dropout of a
+        value model loaded from ``model.path`` draws after a resume what it would have drawn)."""
         from safetensors.torch import save_file
 
         with local_dir(os.path.join(path, CHECKPOINT_SUBDIR)) as local:
+            save_rng_state(local, f"critic_rank{self.rank}", self.device)
+            if self.rank != 0:
+                return
             state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
             save_file(state, os.path.join(local, "model.safetensors"))
             self.engine.save_optimizer(local, 0)
@@ -228,3 +232,4 @@ class CriticWorker(Worker, ResidentState):
                     f"(trainer.resume=null)"
                 )
             self.engine.load_optimizer(local, self.rank, self.world_size)
+            load_rng_state(local, f"critic_rank{self.rank}", self.device)

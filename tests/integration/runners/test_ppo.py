@@ -42,6 +42,8 @@ def test_ppo_collocated_trains_the_critic_and_resumes_it(ray_session, tmp_path):
     assert first["time/critic_s"] > 0 and "actor/pg_loss" in first
     latest = (tmp_path / "checkpoints" / "latest").read_text().strip()
     assert (tmp_path / "checkpoints" / latest / "critic" / "model.safetensors").is_file()
+    # a value model with dropout (one loaded from model.path) draws on after a resume
+    assert (tmp_path / "checkpoints" / latest / "critic" / "rng" / "critic_rank0.pt").is_file()
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert {"values", "train"} <= {e.get("name") for e in trace["traceEvents"]}
 
