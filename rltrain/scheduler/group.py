@@ -52,7 +52,9 @@ class RemoteFailure:
             whose result was passed to the call raised).
         cause: the exception the worker code raised (None when a process died).
         task: for ``input``, the failed call as Ray names it (``RewardWorker.score``).
-        actor_id: for ``input``, the Ray actor id (hex) of the worker that raised.
+        actor_id: for ``input``, the Ray actor id (hex) of the worker that raised; for
+            ``died``, that of the worker whose process died (another worker's when the call's
+            input came from it).
         pid: for ``input``, that worker's process id.
         ip: for ``input``, that worker's node address.
     """
@@ -93,7 +95,9 @@ def read_failure(exc: BaseException) -> RemoteFailure:
         task_error = next((a for a in exc.args if isinstance(a, errors.RayTaskError)), None)
         return RemoteFailure("init", getattr(task_error, "cause", None))
     if isinstance(exc, errors.RayActorError):
-        return RemoteFailure("died")
+        # A call whose input came from a worker that died fails with that worker's death
+        # (its actor id), not with one of its own.
+        return RemoteFailure("died", actor_id=exc.actor_id or "")
     cause = getattr(exc, "cause", None)
     found = list(_FAILED_INPUT.finditer(_ANSI.sub("", str(exc))))
     if isinstance(exc, errors.RayTaskError) and found:
@@ -410,8 +414,8 @@ class WorkerGroup(Generic[W]):
         what, where, worker = self._blame(rank, method, failure, info)
         said = f": {one_line(failure.cause)}" if failure.cause is not None else ""
         message = f"{who}: {what}{said}:\n{exc}"
-        if failure.kind == "died" and info is not None:
-            message += "\n" + self._node_neighbours(info)
+        if failure.kind == "died" and worker is not None:
+            message += "\n" + self._node_neighbours(worker)
         self._state.failed = f"rank {rank} {method!r}"
         self._state.cluster.on_group_failure(self.name)
         err = WorkerError(
@@ -428,7 +432,16 @@ class WorkerGroup(Generic[W]):
         """What happened, where (``group 'g' rank r 'method'``) and the worker that failed."""
         where = f"group {self.name!r} rank {rank} {method!r}"
         if failure.kind == "died":
-            return f"the worker process died while running {method!r}", where, info
+            dead = self._find_worker(failure.actor_id)
+            if dead is None or dead == info:
+                return f"the worker process died while running {method!r}", where, info
+            # The worker that died is the one to blame, not the one its result was passed to.
+            return (
+                f"{method!r} could not run: the worker process of its input, {dead.describe()}, "
+                f"died",
+                f"group {dead.group!r} rank {dead.rank} (an input of {where})",
+                dead,
+            )
         if failure.kind == "init":
             never = f" (so {method!r} never ran)" if method != "__init__" else ""
             return (

@@ -53,6 +53,9 @@ class Scorer(Worker):
     def score(self) -> float:
         raise RuntimeError("reward outage")
 
+    def crash(self) -> float:
+        os._exit(1)
+
 
 def actor_states(group, settle_s: float = 30.0) -> list[str]:
     """The group's actors' states in the GCS actor table (no dashboard needed), read until
@@ -121,6 +124,27 @@ def test_a_failed_input_is_blamed_on_the_worker_that_raised(cluster):
     assert err.where == "group 'scorer' rank 0 'score' (an input of group 'learner2' rank 0 'take')"
     assert err.worker == scorer.workers[0]
     assert app._cause(err) == f"RuntimeError: reward outage in {err.where}"
+    scorer.shutdown()
+
+
+def test_an_input_whose_worker_died_is_blamed_on_that_worker(cluster):
+    scorer = Scorer.create_group().launch(
+        cluster, name="crasher", placement_strategy=PackedPlacementStrategy(0, 0)
+    )
+    learner = Flaky.create_group().launch(
+        cluster, name="learner3", placement_strategy=PackedPlacementStrategy(1, 1)
+    )
+    scores = scorer.call(Scorer.crash)
+    with pytest.raises(WorkerError) as info:  # the learner's wait sees the scorer's death
+        learner.call(Flaky.take, scores.refs[0]).wait(timeout=60)
+    err = info.value
+    first = str(err).splitlines()[0]
+    assert first.startswith("group 'learner3' rank 0")
+    assert "'take' could not run: the worker process of its input, group 'crasher' rank 0" in first
+    assert first.endswith("died:")
+    assert err.where == "group 'crasher' rank 0 (an input of group 'learner3' rank 0 'take')"
+    assert err.worker == scorer.workers[0] and err.cause is None
+    assert "crasher rank 0" in str(err).split("This job's processes on node")[1]
     scorer.shutdown()
 
 

@@ -44,7 +44,15 @@ def test_an_exception_in_init_is_read_as_such_with_its_cause_not_as_a_death():
 
 def test_a_process_death_has_no_cause():
     failure = read_failure(pickle.loads(pickle.dumps(ActorDiedError())))
-    assert failure.kind == "died" and failure.cause is None
+    assert failure.kind == "died" and failure.cause is None and failure.actor_id == ""
+
+
+def test_a_death_names_the_actor_that_died():
+    # What a call whose input came from a dead worker gets: that worker's death, its actor id.
+    died = ActorDiedError()
+    died.actor_id = "cd" * 16
+    failure = read_failure(pickle.loads(pickle.dumps(died)))
+    assert failure.kind == "died" and failure.actor_id == "cd" * 16
 
 
 def test_a_method_that_raised_gives_its_exception():
