@@ -18,6 +18,7 @@ import traceback
 
 from rltrain.bench.harness import (
     ADDRESS_ENV,
+    check_doc_blocks,
     cluster_address,
     connect,
     discover,
@@ -73,8 +74,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain.bench") -
 
     Returns:
         The exit code: 0; 1 when a measure failed; 2 for an unknown measure, a bad option
-        (an ``--update-docs`` path that cannot be written, checked before any measure runs) or
-        an unreachable cluster.
+        (an ``--update-docs`` path that cannot be written, a block there holding hand-written
+        text, ``--update-docs`` with ``--quick``: all checked before any measure runs) or an
+        unreachable cluster.
     """
     args = parser(prog).parse_args(argv)
     registry = discover()
@@ -83,15 +85,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain.bench") -
             print(f"{name}: {m.description}")
         return 0
     try:
-        # before any measure runs: a path the results cannot go to would lose them at the end
-        check_docs_path(args.update_docs)
-        names, address = cluster_address(args.names, args.address)
+        names, address = _checked(args, registry)
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    unknown = [n for n in names if n not in registry]
-    if unknown:
-        print(f"unknown measure(s) {unknown}; known: {sorted(registry)}", file=sys.stderr)
         return 2
     disconnect = None
     if not address:  # measures that read the variable must agree with the command line
@@ -102,7 +98,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain.bench") -
         except ResourceError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
-    names = names or list(registry)
     try:
         if address or len(names) == 1:
             results, failed = _run(registry, names, args.quick)
@@ -123,18 +118,46 @@ def main(argv: list[str] | None = None, prog: str = "python -m rltrain.bench") -
     return 0
 
 
-def check_docs_path(path: str | None) -> None:
-    """Refuse an ``--update-docs`` file the results could not be written to.
+def _checked(args: argparse.Namespace, registry: dict) -> tuple[list[str], str | None]:
+    """The measures to run (all when none is named) and the cluster's address, after every
+    check that can fail before a measure runs: results refused only at the end are lost.
+
+    Raises:
+        ConfigError: an unknown measure, a bad cluster argument, or an ``--update-docs`` the
+            results cannot go to (:func:`check_docs_path`, :func:`check_doc_blocks`).
+    """
+    check_docs_path(args.update_docs, args.quick)
+    names, address = cluster_address(args.names, args.address)
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise ConfigError(f"unknown measure(s) {unknown}; known: {sorted(registry)}")
+    names = names or list(registry)
+    if args.update_docs:
+        check_doc_blocks(args.update_docs, names)
+    return names, address
+
+
+def check_docs_path(path: str | None, quick: bool = False) -> None:
+    """Refuse an ``--update-docs`` file the results could not be written to, and ``--quick``
+    results going into it.
 
     Args:
         path: the option's value (None: not given).
+        quick: whether ``--quick`` was given.
 
     Raises:
-        ConfigError: the path is a directory, its directory does not exist, or it cannot be
-            written.
+        ConfigError: with ``--quick`` (one sample of small sizes: a check, not a figure; it would
+            replace the published figures); the path is a directory, its directory does not
+            exist, or it cannot be written.
     """
     if path is None:
         return
+    if quick:
+        raise ConfigError(
+            f"--update-docs {path} with --quick: quick results (small sizes, one sample) are a "
+            f"check that the measures run, not figures to publish. Leave out --quick to update "
+            f"the doc, or --update-docs to check the measures"
+        )
     folder = os.path.dirname(path) or "."
     if os.path.isdir(path):
         problem = "is a directory"

@@ -31,6 +31,7 @@ import math
 import os
 import pkgutil
 import platform
+import re
 import statistics
 import sys
 import time
@@ -518,10 +519,16 @@ def write(results: list[MeasureResult], out_dir: str) -> tuple[str, str]:
 
 def update_doc(results: list[MeasureResult], path: str) -> None:
     """Replace (or append) each measure's section in a Markdown file such as
-    ``docs/benchmarks.md``, between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``."""
+    ``docs/benchmarks.md``, between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``.
+
+    Raises:
+        ConfigError: a block to replace holds text the harness does not render (hand-written
+            analysis); nothing is written.
+    """
     text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    check_doc_blocks(path, [r.name for r in results])
     for r in results:
-        start, end = f"<!-- bench:{r.name} -->", f"<!-- /bench:{r.name} -->"
+        start, end = markers(r.name)
         block = f"{start}\n{markdown([r])}\n{end}"
         if start in text and end in text:
             head, rest = text.split(start, 1)
@@ -530,3 +537,53 @@ def update_doc(results: list[MeasureResult], path: str) -> None:
             text = text.rstrip("\n") + "\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(text)
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The comments that open and close measure ``name``'s generated block in a Markdown file."""
+    return f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+
+
+def doc_blocks(text: str) -> dict[str, str]:
+    """Each measure's generated block in a Markdown text: name -> the text between its markers."""
+    found = re.finditer(r"<!-- bench:(\S+) -->\n?(.*?)<!-- /bench:\1 -->", text, re.DOTALL)
+    return {m.group(1): m.group(2) for m in found}
+
+
+def is_generated(name: str, block: str) -> bool:
+    """Whether ``block`` has the shape :func:`markdown` renders for measure ``name``: its
+    heading, an optional one-line description, the case table, then at most three one-line
+    paragraphs (scaling fit, extras, note). Hand-written text (wrapped lines, a second table,
+    more paragraphs) does not, and :func:`update_doc` would delete it."""
+    paras = [p for p in re.split(r"\n\s*\n", block.strip()) if p]
+    if not paras:
+        return True  # an empty block: where the next run's table goes
+    heading = re.fullmatch(rf"### `{re.escape(name)}` \([^\n]+\)", paras.pop(0))
+    if paras and not paras[0].startswith("|") and "\n" not in paras[0]:
+        paras.pop(0)  # the description
+    if not heading or not paras or not paras[0].startswith("| case |"):
+        return False
+    table = paras.pop(0).split("\n")
+    rest_ok = len(paras) <= 3 and all("\n" not in p and p[0] not in "|#" for p in paras)
+    return all(line.startswith("|") for line in table) and rest_ok
+
+
+def check_doc_blocks(path: str, names: Sequence[str]) -> None:
+    """Refuse to replace a measure's block in ``path`` that holds text the harness did not
+    render: replacing it would lose that text.
+
+    Raises:
+        ConfigError: naming the file, the block and the fix.
+    """
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        blocks = doc_blocks(f.read())
+    foreign = [n for n in names if n in blocks and not is_generated(n, blocks[n])]
+    if foreign:
+        first = markers(foreign[0])[1]
+        raise ConfigError(
+            f"--update-docs {path}: the block of {', '.join(foreign)} holds text the bench "
+            f"does not write (hand-written figures or analysis), which the update would delete. "
+            f"Move that text below {first} (outside the markers), then run again"
+        )

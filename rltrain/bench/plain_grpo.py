@@ -205,8 +205,9 @@ def main(argv: list[str] | None = None) -> dict:
         weight_decay=d["weight_decay"],
     )
     gen = torch.Generator().manual_seed(args.seed)
-    start = time.perf_counter()
     curve = [[0, 0.0, accuracy(model, data)]]
+    # the clock starts at the first step, as rltrain's does (it evaluates no step 0)
+    start = time.perf_counter()
     reached_at, step, mean_reward = None, 0, 0.0
     for step in range(1, args.steps + 1):
         batch = batch_at(data, step - 1, d["train_batch_size"], d["task_seed"])
