@@ -2,8 +2,8 @@
 
 A checkpoint is a directory ``step-000120/`` under the checkpoint root, holding the model in
 Hugging Face format (safetensors), the optimizer, each actor rank's random states (``rng/``),
-the critic's model, optimizer and random states (``critic/``, PPO), the data cursor and the step. With
-LoRA (``actor.lora.rank > 0``) ``model/`` holds the base weights and ``adapter/`` the trained
+the critic's model, optimizer and random states (``critic/``, PPO), the data cursor and the step.
+With LoRA (``actor.lora.rank > 0``) ``model/`` holds the base weights and ``adapter/`` the trained
 adapter in peft's format (``adapter_config.json``, ``adapter_model.safetensors``); the optimizer
 holds the adapters' state only (:mod:`rltrain.backends.lora`). It is
 written into a temporary directory first and renamed into place; then the ``latest`` pointer is
