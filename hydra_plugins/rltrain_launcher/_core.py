@@ -43,14 +43,16 @@ from hydra_plugins.rltrain_launcher._plan import JobNeeds, job_needs
 from hydra_plugins.rltrain_launcher._slices import DeviceSlice, SliceAllocator
 from hydra_plugins.rltrain_launcher.rltrain_launcher import RltrainLauncher, RltrainLauncherConf
 from rltrain.errors import ConfigError, ResourceError, WorkerError
+from rltrain.scheduler.discovery import SLICE_ENV
 
 #: Marks a directory a sweep has written its report into (a later batch may replace it).
 SWEEP_STAMP = ".rltrain_sweep"
 
 log = logging.getLogger(__name__)
 
-#: Environment variables a job's driver receives (documented in docs/launcher.md).
-ENV_SLICE = "RLTRAIN_DEVICE_SLICE"
+#: Environment variables a job's driver receives (documented in docs/launcher.md); the job's
+#: cluster discovery reads the slice.
+ENV_SLICE = SLICE_ENV
 ENV_JOB = "RLTRAIN_SWEEP_JOB"
 ENV_SWEEP_DIR = "RLTRAIN_SWEEP_DIR"
 
@@ -192,14 +194,17 @@ class _Drivers:
     """Starts job drivers and reports their exits on one queue (no polling)."""
 
     def __init__(
-        self, launcher: RltrainLauncher, session: _ray.RaySession | None, tmp: str
+        self,
+        launcher: RltrainLauncher,
+        session: _ray.RaySession | None,
+        tmp: str,
+        runtime_env: Mapping[str, Any],
     ) -> None:
         self.launcher = launcher
         self.session = session
         self.tmp = tmp
         self.exits: queue.Queue[tuple[int, int, bool, float]] = queue.Queue()
-        env = OmegaConf.select(launcher.ray_cfg, "remote.runtime_env", default=None)
-        self.runtime_env = dict(OmegaConf.to_container(env, resolve=True)) if env else {}
+        self.runtime_env = dict(runtime_env)
 
     def _spec(self, job: Job) -> str:
         import cloudpickle
@@ -425,14 +430,22 @@ def _run_all(launcher: RltrainLauncher, jobs: Sequence[Job], drivers: _Drivers, 
 def _release(
     launcher: RltrainLauncher, session: _ray.RaySession | None, job: Job, others: Any
 ) -> None:
-    """Wait until Ray has freed what the ended job held (its actors and placement groups)."""
-    if not job.needs.uses_ray or session is None or session.gpus <= 0:
+    """Wait until Ray has freed what the ended job held (its actors and placement groups):
+    until the nodes of its slice have as many GPUs free as when the sweep started, less what
+    the running jobs hold there (GPUs of other Ray jobs, or of nodes the sweep does not use,
+    are not waited for)."""
+    if not job.needs.uses_ray or session is None or job.slice is None:
         return
-    held = sum(len(o.slice.devices) for o in others if o.slice is not None)
-    if not _ray.wait_devices_free(max(0.0, session.gpus - held), launcher.release_timeout_s):
+    running = [d for o in others if o.slice is not None for d in o.slice.devices]
+    expected = _ray.expected_free(session.free_gpus, job.slice.devices, running)
+    by_id = {session.node_ids[n]: v for n, v in expected.items() if n in session.node_ids}
+    if not by_id:
+        return
+    if not _ray.wait_devices_free(by_id, launcher.release_timeout_s):
         log.warning(
-            "rltrain launcher: Ray has not freed job #%s's devices after %ss; admitting the next "
-            "job anyway (its placement group will wait for them)",
+            "rltrain launcher: Ray has not freed job #%s's devices after %ss (or another Ray "
+            "job took them meanwhile); admitting the next job anyway (its placement group will "
+            "wait for them)",
             job.num,
             launcher.release_timeout_s,
         )
@@ -528,6 +541,15 @@ def _check_options(launcher: RltrainLauncher) -> None:
         raise ConfigError(problems)
 
 
+def _remote_runtime_env(launcher: RltrainLauncher) -> dict[str, Any]:
+    """``hydra.launcher.ray.remote.runtime_env``, plain (empty when unset)."""
+    remote = launcher.ray_cfg.get("remote") or {}
+    env = remote["runtime_env"] if "runtime_env" in remote else None
+    if isinstance(env, DictConfig):
+        return dict(OmegaConf.to_container(env, resolve=True))  # type: ignore[arg-type]
+    return dict(env or {})
+
+
 def launch(
     launcher: RltrainLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> list[JobReturn]:
@@ -557,6 +579,7 @@ def launch(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     launcher.job_dirs.update({j.output_dir: j.num for j in jobs})
     cluster = one_cluster(jobs)
+    runtime_env = _ray.job_runtime_env(_remote_runtime_env(launcher), cluster)
     capacity = {}
     if cluster is not None:
         from rltrain.placement.types import ClusterSpec
@@ -578,7 +601,7 @@ def launch(
     )
     tmp = tempfile.mkdtemp(prefix="rltrain-sweep-")
     try:
-        _run_all(launcher, jobs, _Drivers(launcher, session, tmp), allocator)
+        _run_all(launcher, jobs, _Drivers(launcher, session, tmp, runtime_env), allocator)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if launcher.report:

@@ -12,11 +12,14 @@ import atexit
 import logging
 import shutil
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from rltrain.errors import ConfigError
+
+Device = tuple[int, int]  # (cluster node rank, device), as in ._slices
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +30,14 @@ class RaySession:
 
     Attributes:
         address: the GCS address each job's driver connects to.
-        gpus: GPUs (real or simulated) the cluster reports.
+        node_ids: the jobs' cluster node rank -> Ray node id (empty for non-rltrain apps).
+        free_gpus: the jobs' cluster node rank -> GPUs free there when the sweep connected
+            (other Ray jobs' GPUs are not the sweep's to wait for).
     """
 
     address: str
-    gpus: float
+    node_ids: Mapping[int, str] = field(default_factory=dict)
+    free_gpus: Mapping[int, float] = field(default_factory=dict)
 
 
 _CLUSTER: Any = None  # the rltrain Cluster handle of a local Ray started for the sweep
@@ -105,21 +111,100 @@ def connect(init: Mapping[str, Any], cluster: Mapping[str, Any] | None) -> RaySe
     else:
         log.info("rltrain launcher: starting a private local Ray")
         _start_plain(options)
+    node_ids = _job_node_ids(cluster)
+    free = free_gpus_per_node()
     return RaySession(
         address=ray.get_runtime_context().gcs_address,
-        gpus=float(ray.cluster_resources().get("GPU", 0.0)),
+        node_ids=node_ids,
+        free_gpus={rank: free.get(node, 0.0) for rank, node in node_ids.items()},
     )
 
 
-def wait_devices_free(expected_free: float, timeout_s: float) -> bool:
-    """Wait until Ray reports at least ``expected_free`` GPUs available.
+def _job_node_ids(cluster: Mapping[str, Any] | None) -> dict[int, str]:
+    """The jobs' node ranks -> Ray node ids, as each job ranks them (empty when it cannot)."""
+    import ray
+
+    from rltrain.errors import RltrainError
+    from rltrain.scheduler.discovery import job_nodes
+
+    if cluster is None:
+        return {}
+    try:
+        return {rank: n.node_id for rank, n in enumerate(job_nodes(ray.nodes(), cluster))}
+    except RltrainError:  # too few nodes, bad labels: each job refuses it with the reason
+        return {}
+
+
+def free_gpus_per_node() -> dict[str, float]:
+    """GPUs Ray has free now on each node, by node id (the GCS's view; no dashboard needed)."""
+    import ray
+
+    per_node = ray._private.state.available_resources_per_node()
+    return {node: float(res.get("GPU", 0.0)) for node, res in per_node.items()}
+
+
+def job_runtime_env(remote: Mapping[str, Any] | None, cluster: Mapping[str, Any] | None) -> dict:
+    """The runtime_env each job's driver connects to Ray with, inherited by the job's workers.
+
+    Args:
+        remote: ``hydra.launcher.ray.remote.runtime_env``.
+        cluster: the jobs' common ``cluster`` section (its ``runtime_env``), or None.
+
+    Returns:
+        Both merged; ``env_vars`` merged variable by variable.
+
+    Raises:
+        ConfigError: when both set one key or one variable to different values.
+    """
+    own = dict((cluster or {}).get("runtime_env") or {})
+    out = dict(remote or {})
+    clashes = []
+    for key, value in own.items():
+        if key == "env_vars" and isinstance(out.get(key), Mapping):
+            for var, v in dict(value or {}).items():
+                if out[key].get(var, v) != v:
+                    clashes.append(f"env_vars.{var}: {out[key][var]!r} vs {v!r}")
+            out[key] = {**out[key], **dict(value or {})}
+        elif out.get(key, value) != value:
+            clashes.append(f"{key}: {out[key]!r} vs {value!r}")
+        else:
+            out[key] = value
+    if clashes:
+        raise ConfigError(
+            f"hydra.launcher.ray.remote.runtime_env and cluster.runtime_env both set "
+            f"{'; '.join(clashes)}: each job's driver connects with both merged; set each key "
+            f"in only one of them"
+        )
+    return out
+
+
+def expected_free(
+    free_at_start: Mapping[int, float], ended: Iterable[Device], running: Iterable[Device]
+) -> dict[int, float]:
+    """GPUs Ray should report free on the ended job's nodes once it has freed them.
+
+    Args:
+        free_at_start: node rank -> GPUs free when the sweep connected.
+        ended: the ended job's slice's cluster devices.
+        running: the cluster devices of the jobs still running.
+
+    Returns:
+        Node rank -> GPUs that should be free there (what was free at the start, less what the
+        running jobs hold), for each node of ``ended``.
+    """
+    held = Counter(node for node, _ in running)
+    return {node: max(0.0, free_at_start.get(node, 0.0) - held[node]) for node, _ in set(ended)}
+
+
+def wait_devices_free(expected: Mapping[str, float], timeout_s: float) -> bool:
+    """Wait until Ray reports, on each node, at least the GPUs ``expected`` free there.
 
     A finished job's driver has exited; Ray then removes its actors and placement groups (they
     are scoped to the driver's Ray job) within a moment. Waiting for that before admitting the
     next job keeps a sweep from seeing a stale, fuller cluster.
 
     Args:
-        expected_free: GPUs that should be free (those no running job may hold).
+        expected: Ray node id -> GPUs that should be free there (:func:`expected_free`).
         timeout_s: how long to wait.
 
     Returns:
@@ -127,12 +212,15 @@ def wait_devices_free(expected_free: float, timeout_s: float) -> bool:
     """
     import time
 
-    import ray
-
     deadline = time.monotonic() + timeout_s
-    while ray.available_resources().get("GPU", 0.0) + 1e-6 < expected_free:
+    while not _all_free(expected):
         if time.monotonic() > deadline:
             return False
         # Ray has no event for "resources returned"; its resource view updates every ~100 ms.
         time.sleep(0.05)
     return True
+
+
+def _all_free(expected: Mapping[str, float]) -> bool:
+    free = free_gpus_per_node()
+    return all(free.get(node, 0.0) + 1e-6 >= want for node, want in expected.items())

@@ -2,9 +2,13 @@
 
 Pure logic (no Ray, no Hydra). A job's plan names devices as ``(node_rank, local_device)`` in the
 cluster it was planned against. To run several jobs side by side, each job's devices are mapped
-onto a slice of free devices: every job node onto its own cluster node with enough free devices,
-the job's devices of that node onto free devices of that node in order. A job keeps its planned
-devices when they are free (so a one-at-a-time sweep runs each job exactly where it was planned).
+onto a slice of free devices: every job node onto its own cluster node with enough free devices
+(and at least as many devices as the job numbers there), the job's devices of that node onto free
+devices of that node in order. A job keeps its planned devices when they are free (so a
+one-at-a-time sweep runs each job exactly where it was planned). The job reads its slice
+(``RLTRAIN_DEVICE_SLICE``) when it discovers the cluster and reserves each of its nodes' devices
+on the cluster node the slice names (:func:`rltrain.scheduler.discovery.apply_node_map`); Ray
+picks which free devices of that node back them.
 """
 
 from __future__ import annotations
@@ -92,7 +96,8 @@ class SliceAllocator:
             A sentence naming what the job needs and what the cluster has, or None.
         """
         wanted = _by_node(needs)
-        if self._assign(wanted, {n: set(range(c)) for n, c in self.capacity.items()}) is not None:
+        empty = {n: set(range(c)) for n, c in self.capacity.items()}
+        if self._assign(wanted, empty, self.capacity) is not None:
             return None
         shape = ", ".join(f"{len(ds)} on job node {n}" for n, ds in wanted.items())
         have = ", ".join(f"node {n}: {c}" for n, c in sorted(self.capacity.items())) or "none"
@@ -111,7 +116,7 @@ class SliceAllocator:
             The slice (empty for an empty ``needs``), or None when it does not fit now.
         """
         wanted = _by_node(needs)
-        node_map = self._assign(wanted, self._free)
+        node_map = self._assign(wanted, self._free, self.capacity)
         if node_map is None:
             return None
         pairs = []
@@ -130,12 +135,16 @@ class SliceAllocator:
             self._free[node].add(dev)
 
     @staticmethod
-    def _assign(wanted: dict[int, list[int]], free: dict[int, set[int]]) -> dict[int, int] | None:
+    def _assign(
+        wanted: dict[int, list[int]], free: dict[int, set[int]], capacity: Mapping[int, int]
+    ) -> dict[int, int] | None:
         """Job node -> cluster node, each cluster node used once; None when impossible.
 
         Greedy: job nodes needing the most devices first; each takes its own rank when its
         planned devices are free there, else the node with the fewest free devices that still
-        fits (best fit keeps large holes for large jobs).
+        fits (best fit keeps large holes for large jobs). A job node only goes to a node with a
+        device for each of its planned device numbers: the job sees that node as its own and
+        places its processes on those numbers.
         """
         taken: set[int] = set()
         out: dict[int, int] = {}
@@ -146,7 +155,9 @@ class SliceAllocator:
                 taken.add(job_node)
                 continue
             options = [
-                (len(free[n]), n) for n in free if n not in taken and len(free[n]) >= len(devs)
+                (len(free[n]), n)
+                for n in free
+                if n not in taken and len(free[n]) >= len(devs) and capacity[n] > max(devs)
             ]
             if not options:
                 return None

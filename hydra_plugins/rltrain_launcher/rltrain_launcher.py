@@ -32,9 +32,10 @@ class RayConf:
     dir) for the whole sweep. The launcher never calls ``ray.init()`` without an address, so it
     never joins a stray Ray instance on the machine by accident.
 
-    ``remote``: options for each job's Ray driver. Only ``runtime_env`` applies (it becomes the
-    job's runtime environment, inherited by every actor the job starts); a job's driver reserves
-    no resources itself: its devices come from its placement plan.
+    ``remote``: options for each job's Ray driver. Only ``runtime_env`` applies: merged with the
+    jobs' ``cluster.runtime_env`` (``env_vars`` variable by variable; one key set to two values
+    is refused), it becomes the job's runtime environment, inherited by every actor the job
+    starts. A job's driver reserves no resources itself: its devices come from its plan.
     """
 
     init: Dict[str, Any] = field(default_factory=lambda: {"address": None})  # noqa: UP006

@@ -225,7 +225,8 @@ def make_placements(
             # As in RLinf, a process placed on a node or on other hardware (a robot) sees its
             # node's accelerators, isolated or not: a simulator renders on them. It reserves
             # none of them (device_ids stays empty), so the plan, the Ray reservation and the
-            # residency ledger count it on no device.
+            # residency ledger count it on no device. These are the node's device numbers; the
+            # reservation shows each as the id Ray gives that GPU (e.g. 2,3 under SLURM).
             visible = names
             accel_rank = 0 if names else -1
             if k == NODE:

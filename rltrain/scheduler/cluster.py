@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, Any
 from rltrain.config.engine_checks import simulated_device_gib
 from rltrain.errors import ConfigError, ResourceError
 from rltrain.placement.types import ClusterSpec, Placement
-from rltrain.scheduler.discovery import MEMORY_LABEL, build_spec
+from rltrain.scheduler.discovery import (
+    MEMORY_LABEL,
+    SLICE_ENV,
+    apply_node_map,
+    build_spec,
+    job_nodes,
+    slice_node_map,
+)
 from rltrain.scheduler.resources import ProcessAsk, tool_asks
 from rltrain.telemetry import startup
 
@@ -203,6 +210,7 @@ class Cluster:
         spec: the discovered cluster (nodes in rank order, devices, memory, node groups).
         startup_timeout_s: limit for reservations and worker start-up.
         collective_timeout_s: timeout of worker process groups.
+        runtime_env: ``cluster.runtime_env``, plain (empty when unset).
     """
 
     def __init__(self, config: Any, spec: ClusterSpec, owns_ray: bool, local: Any = None):
@@ -210,6 +218,7 @@ class Cluster:
         self.spec = spec
         self.startup_timeout_s = float(_get(config, "startup_timeout_s", 120.0))
         self.collective_timeout_s = float(_get(config, "collective_timeout_s", 300.0))
+        self.runtime_env = dict(_plain(_get(config, "runtime_env")) or {})
         self._owns_ray = owns_ray
         self._local_cluster = local  # ray.cluster_utils.Cluster for simulated multi-node
         self._temp_dir: str | None = None
@@ -220,6 +229,14 @@ class Cluster:
         self._closed = False
         # At interpreter exit (also after Ctrl-C) release what the job created.
         self._finalizer = weakref.finalize(self, Cluster._atexit_release, weakref.ref(self))
+
+    @property
+    def actor_runtime_env(self) -> dict | None:
+        """The ``cluster.runtime_env`` each worker is started with, when the job did not give
+        it to Ray itself: a job that joins a connection its driver already made (a user's
+        ``ray.init``) has Ray's job-level environment without it, and Ray merges a worker's own
+        ``env_vars`` into the job's. None when the job connected with it, or it is unset."""
+        return None if self._owns_ray or not self.runtime_env else self.runtime_env
 
     # ---------------------------------------------------------------- start/join
     @classmethod
@@ -310,10 +327,10 @@ class Cluster:
     def _start_local_ray(cls, config: Any, runtime_env: dict | None) -> Cluster:
         import ray
 
+        num_nodes = int(_get(config, "num_nodes", 1))
+        node_args = cls._local_node_args(config, num_nodes)  # refusals before anything starts
         _use_loopback()
         temp = _get(config, "temp_dir") or tempfile.mkdtemp(prefix="rltrain-ray-", dir="/tmp")
-        num_nodes = int(_get(config, "num_nodes", 1))
-        node_args = cls._local_node_args(config, num_nodes)
         local = None
         if num_nodes == 1:
             with _local_node_params():
@@ -371,6 +388,16 @@ class Cluster:
                 f"{num_nodes}: give one entry per node"
             )
         real = local_gpu_count()
+        if real and num_nodes > 1:
+            # Each simulated node's raylet would detect every GPU of the machine as its own
+            # 0..n-1: two "nodes" would hand out one physical GPU twice.
+            raise ConfigError(
+                f"cluster.num_nodes={num_nodes} with cluster.address=null simulates "
+                f"{num_nodes} nodes on this machine, but it has {real} real GPU(s) and every "
+                f"simulated node would use all of them: set cluster.num_nodes=1 "
+                f"(cluster.devices_per_node={real}), start a multi-node Ray cluster and set "
+                f"cluster.address, or hide the GPUs (CUDA_VISIBLE_DEVICES='') to simulate devices"
+            )
         simulate = bool(_get(config, "simulate_devices", True)) and real == 0
         cpus = _get(config, "cpus_per_node") or os.cpu_count() or 1
         memory = str(simulated_device_gib(_get(config, "device_memory_gib", None)))
@@ -385,10 +412,20 @@ class Cluster:
 
     @staticmethod
     def _discover(config: Any) -> ClusterSpec:
+        """The job's nodes, probed, in the job's ranks (a sweep job's slice renumbers them)."""
         import ray
 
-        entries = ray.nodes()
-        return build_spec(entries, config or {}, _measure_gpu_memory(entries))
+        return Cluster._spec_from(ray.nodes(), config)
+
+    @staticmethod
+    def _spec_from(entries: Sequence[Mapping[str, Any]], config: Any) -> ClusterSpec:
+        # Only the nodes the job uses are probed: a broken GPU node elsewhere in a shared
+        # cluster (another tenant's) is none of the job's business.
+        used = {n.node_id for n in job_nodes(entries, config or {})}
+        timeout_s = float(_get(config, "startup_timeout_s", 120.0))
+        memory = _measure_gpu_memory([e for e in entries if e["NodeID"] in used], timeout_s)
+        spec = build_spec(entries, config or {}, memory)
+        return apply_node_map(spec, slice_node_map(os.environ.get(SLICE_ENV)))
 
     # ------------------------------------------------------------- reservations
     def reserve(
@@ -430,9 +467,20 @@ class Cluster:
             name,
             overlap,
             asks,
+            self.node_devices(),
         )
         self._reservations.append(res)
         return res
+
+    def node_devices(self) -> dict[int, tuple[int, ...]]:
+        """Node rank -> the ids Ray gives its GPUs, for the nodes with real GPUs (a node whose
+        raylet was started with ``CUDA_VISIBLE_DEVICES=2,3`` hands out GPUs 2 and 3)."""
+        out = {}
+        for node in self.spec.nodes:
+            ids = gpu_ids(node.ray_node_id)
+            if ids is not None:
+                out[node.rank] = ids
+        return out
 
     # --------------------------------------------------------------- registry
     # Worker groups and channels register here when launched, so the job can tear everything
@@ -612,44 +660,136 @@ def _then(work: Callable[[], object], release: Callable[[], None]) -> object:
 #: not change while it lives, and a driver discovers its cluster more than once (the attempt's
 #: Ray, then the job joining it), each probe a worker process importing torch on that node.
 _GPU_MEMORY: dict[str, int] = {}
+#: The GPU ids Ray hands out on each probed node (see :func:`node_gpu_ids`), by Ray node id.
+_GPU_IDS: dict[str, tuple[int, ...]] = {}
 
 
-def _measure_gpu_memory(entries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """Memory per device of nodes with real GPUs, by node id (one probe task per such node not
-    probed before)."""
+def gpu_ids(node_id: str | None) -> tuple[int, ...] | None:
+    """The GPU ids Ray hands out on a probed node with real GPUs; None for any other node."""
+    return _GPU_IDS.get(node_id or "")
+
+
+def node_gpu_ids(visible: Sequence[str] | None, num_gpus: int) -> tuple[int, ...]:
+    """The ids of a node's GPUs as Ray hands them out, in Ray's order.
+
+    Ray numbers a node's GPUs by its raylet's ``CUDA_VISIBLE_DEVICES`` (a SLURM allocation or a
+    shared host gives it e.g. ``2,3``): slot ``i`` is id ``visible[i]``; without it, ``i``.
+
+    Args:
+        visible: the raylet's ``CUDA_VISIBLE_DEVICES`` entries, or None when it was unset.
+        num_gpus: the GPUs Ray schedules on the node.
+
+    Returns:
+        ``num_gpus`` device ids.
+
+    Raises:
+        ValueError: for an entry that is not a number (a GPU UUID).
+    """
+    if visible is None:
+        return tuple(range(num_gpus))
+    return tuple(int(v) for v in list(visible)[:num_gpus])
+
+
+def _probe_node() -> tuple[int, list[str] | None] | str:
+    """Run on a GPU node: its smallest device's memory and the raylet's visible GPU ids, or
+    why torch cannot use the GPUs there."""
+    import ray._private.worker as ray_worker
+
+    try:
+        memory = cuda_device_memory()
+    except ResourceError as exc:  # reported by the driver, naming the node
+        return str(exc)
+    visible = ray_worker.global_worker.original_visible_accelerator_ids.get("GPU")
+    return memory, None if visible is None else [str(v) for v in visible]
+
+
+def _measure_gpu_memory(
+    entries: Sequence[Mapping[str, Any]], timeout_s: float = 120.0
+) -> dict[str, int]:
+    """Memory per device of the given nodes with real GPUs, by node id (one probe task per such
+    node not probed before); also records each one's GPU ids (:func:`gpu_ids`).
+
+    Args:
+        entries: ``ray.nodes()`` entries of the nodes the job uses.
+        timeout_s: how long the probes may take (``cluster.startup_timeout_s``).
+
+    Returns:
+        Node id -> memory of its smallest device, in bytes.
+
+    Raises:
+        ResourceError: a probed node cannot use its GPUs, or its probe did not answer in time,
+            naming the node.
+    """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    gpu_nodes = [
-        e["NodeID"]
+    gpu = {
+        e["NodeID"]: e
         for e in entries
         if e.get("Alive") and any(k.startswith("accelerator_type:") for k in e["Resources"])
-    ]
-    nodes = [n for n in gpu_nodes if n not in _GPU_MEMORY]
-    if not nodes:
-        return {n: _GPU_MEMORY[n] for n in gpu_nodes}
+    }
+    nodes = [n for n in gpu if n not in _GPU_MEMORY]
+    if nodes:
+        probe = ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(_probe_node)
+        refs = [
+            probe.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)
+            ).remote()
+            for n in nodes
+        ]
+        problems = _record(gpu, nodes, _answers(refs, timeout_s))
+        if problems:
+            raise ResourceError(
+                "; ".join(problems) + ": the job uses this node (one of the first "
+                "cluster.num_nodes in cluster.node_order); fix it, or take it out of the Ray "
+                "cluster"
+            )
+    return {n: _GPU_MEMORY[n] for n in gpu}
 
-    @ray.remote(num_cpus=0, num_gpus=0)
-    def probe() -> int | str:
-        from rltrain.scheduler.cluster import cuda_device_memory
 
+def _record(
+    gpu: Mapping[str, Mapping[str, Any]], nodes: Sequence[str], answers: Sequence[Any]
+) -> list[str]:
+    """Keep what each node's probe measured; return what is wrong with the others."""
+    problems = []
+    for n, answer in zip(nodes, answers, strict=True):
+        where = f"node {n[:12]} ({gpu[n].get('NodeManagerAddress', '?')})"
+        if isinstance(answer, str):
+            problems.append(f"{where} reports GPUs to Ray, but {answer}")
+            continue
         try:
-            return cuda_device_memory()
-        except ResourceError as exc:  # reported by the driver, naming the node
-            return str(exc)
+            _GPU_IDS[n] = node_gpu_ids(answer[1], int(gpu[n]["Resources"].get("GPU", 0)))
+        except ValueError:
+            problems.append(
+                f"{where}: its raylet's CUDA_VISIBLE_DEVICES={','.join(answer[1] or [])} "
+                f"names GPUs by UUID; start Ray there with numeric GPU ids"
+            )
+            continue
+        _GPU_MEMORY[n] = answer[0]
+    return problems
 
-    refs = [
-        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
-        for n in nodes
-    ]
-    out = dict(zip(nodes, ray.get(refs, timeout=120), strict=True))
-    broken = {n: v for n, v in out.items() if isinstance(v, str)}
-    if broken:
-        raise ResourceError(
-            "; ".join(f"node {n[:12]} reports GPUs to Ray, but {why}" for n, why in broken.items())
-        )
-    _GPU_MEMORY.update(out)
-    return {n: _GPU_MEMORY[n] for n in gpu_nodes}
+
+def _answers(refs: Sequence[Any], timeout_s: float) -> list[Any]:
+    """Each probe's answer, or a sentence saying why there is none."""
+    import ray
+
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    done = set(ready)
+    out: list[Any] = []
+    for ref in refs:
+        if ref not in done:
+            ray.cancel(ref, force=True)
+            out.append(
+                f"its probe did not answer within {timeout_s:g} s (cluster.startup_timeout_s): "
+                f"the node may be out of CPUs or memory, or slow to start a worker"
+            )
+            continue
+        try:
+            out.append(ray.get(ref))
+        except ray.exceptions.RayError as exc:
+            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            out.append(f"its probe failed ({type(exc).__name__}: {first})")
+    return out
 
 
 def cuda_device_memory() -> int:

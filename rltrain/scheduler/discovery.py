@@ -14,11 +14,18 @@ Node ranks (``cluster.node_order``):
 Node groups come from ``cluster.node_groups`` (by rank) and from the Ray node label
 ``rltrain.io/node-group`` (a comma-separated list of group labels). When both name a group they
 must agree, otherwise the run stops with an error naming both.
+
+A job the sweep launcher runs beside others gets a device slice (:data:`SLICE_ENV`): its plan's
+node ``r`` runs on the cluster node the launcher admitted it on. :func:`apply_node_map` gives the
+job a spec whose node ``r`` is that cluster node (its Ray node id, devices and groups), so the
+job reserves its devices there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +39,10 @@ GROUP_LABEL = "rltrain.io/node-group"
 #: Set by rltrain on nodes whose devices it declared (simulated); value in GiB.
 MEMORY_LABEL = "rltrain.io/device-memory-gib"
 NODE_ORDERS = ("head_first", "ip", "label")
+#: Set by the rltrain sweep launcher in each job's driver: a JSON list of
+#: ``{"job": [node, device], "cluster": [node, device]}`` pairs placing the job's planned devices
+#: on the cluster (``hydra_plugins/rltrain_launcher/_slices.py`` writes it).
+SLICE_ENV = "RLTRAIN_DEVICE_SLICE"
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,30 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return getattr(cfg, key, default)
 
 
+def job_nodes(entries: Sequence[Mapping[str, Any]], cluster_cfg: Any) -> list[DiscoveredNode]:
+    """The nodes a job uses: the first ``cluster.num_nodes`` alive nodes in rank order.
+
+    Args:
+        entries: ``ray.nodes()`` (dead nodes are skipped).
+        cluster_cfg: the ``cluster`` section (``num_nodes``, ``node_order``).
+
+    Returns:
+        The job's nodes; index = node rank.
+
+    Raises:
+        ResourceError: when Ray has fewer alive nodes than ``cluster.num_nodes``.
+        ConfigError: for bad node order labels.
+    """
+    alive = [DiscoveredNode.from_ray(e) for e in entries if e.get("Alive", e.get("alive"))]
+    want = int(_get(cluster_cfg, "num_nodes", 1))
+    if len(alive) < want:
+        raise ResourceError(
+            f"cluster.num_nodes={want} but the Ray cluster has {len(alive)} alive node(s): "
+            f"start more nodes (ray start --address=...) or lower cluster.num_nodes"
+        )
+    return order_nodes(alive, str(_get(cluster_cfg, "node_order", "head_first")))[:want]
+
+
 def build_spec(
     entries: Sequence[Mapping[str, Any]],
     cluster_cfg: Any,
@@ -200,14 +235,7 @@ def build_spec(
         ResourceError: when Ray has fewer alive nodes than ``cluster.num_nodes``.
         ConfigError: for bad node order labels or node groups that disagree with labels.
     """
-    alive = [DiscoveredNode.from_ray(e) for e in entries if e.get("Alive", e.get("alive"))]
-    want = int(_get(cluster_cfg, "num_nodes", 1))
-    if len(alive) < want:
-        raise ResourceError(
-            f"cluster.num_nodes={want} but the Ray cluster has {len(alive)} alive node(s): "
-            f"start more nodes (ray start --address=...) or lower cluster.num_nodes"
-        )
-    ranked = order_nodes(alive, str(_get(cluster_cfg, "node_order", "head_first")))[:want]
+    ranked = job_nodes(entries, cluster_cfg)
     measured = device_memory_bytes or {}
     configured = _get(cluster_cfg, "device_memory_gib", None)
     default_mem = int(simulated_device_gib(configured) * GIB)
@@ -252,3 +280,96 @@ def _host_bytes(configured_gib: Any, reported: int) -> int | None:
     if reported and cap is not None:
         return min(reported, cap)
     return reported or cap
+
+
+def slice_node_map(text: str | None) -> dict[int, int]:
+    """Job node rank -> cluster node rank, from the launcher's :data:`SLICE_ENV` value.
+
+    Args:
+        text: the variable's value (None or empty: the job runs where it was planned).
+
+    Returns:
+        The map (empty when ``text`` is empty or the slice holds no device).
+
+    Raises:
+        ConfigError: when ``text`` is not a slice, or maps one job node onto two cluster nodes.
+    """
+    if not text:
+        return {}
+    out: dict[int, int] = {}
+    try:
+        for item in json.loads(text):
+            job, node = int(item["job"][0]), int(item["cluster"][0])
+            if out.setdefault(job, node) != node:
+                raise ValueError(f"job node {job} is on cluster nodes {out[job]} and {node}")
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ConfigError(
+            f"{SLICE_ENV}={text!r} is not a device slice ({exc}): only the rltrain sweep "
+            f"launcher sets it; unset it to run the job where its plan puts it"
+        ) from None
+    return out
+
+
+def node_permutation(node_map: Mapping[int, int], num_nodes: int) -> list[int]:
+    """Where each of a job's nodes runs: ``out[job_rank]`` is a cluster node rank.
+
+    Job nodes the map names go where it says; the others (nodes holding no device of the job)
+    keep their own rank when no mapped node took it, else take the lowest rank left, so every
+    job node has a cluster node of its own.
+
+    Args:
+        node_map: job node rank -> cluster node rank (:func:`slice_node_map`).
+        num_nodes: ``cluster.num_nodes``.
+
+    Returns:
+        A permutation of ``range(num_nodes)``.
+
+    Raises:
+        ConfigError: when the map names a node outside ``0..num_nodes-1`` or one cluster node
+            twice.
+    """
+    ranks = range(num_nodes)
+    bad = {j: c for j, c in node_map.items() if j not in ranks or c not in ranks}
+    if bad or len(set(node_map.values())) != len(node_map):
+        raise ConfigError(
+            f"{SLICE_ENV} maps job nodes onto cluster nodes {dict(node_map)}, which is not a "
+            f"one-to-one map within cluster.num_nodes={num_nodes}: every job of a sweep must "
+            f"share one cluster config; unset {SLICE_ENV} outside the sweep launcher"
+        )
+    taken = set(node_map.values())
+    spare = iter(sorted(set(ranks) - taken - {j for j in ranks if j not in node_map}))
+    out = []
+    for job in ranks:
+        if job in node_map:
+            out.append(node_map[job])
+        elif job not in taken:
+            out.append(job)
+        else:
+            out.append(next(spare))
+    return out
+
+
+def apply_node_map(spec: ClusterSpec, node_map: Mapping[int, int]) -> ClusterSpec:
+    """The spec a job placed by its launcher slice sees: its node ``r`` is cluster node
+    ``permutation[r]`` (that node's Ray id, address, devices), and node groups name job ranks.
+
+    Args:
+        spec: the discovered cluster, in cluster ranks.
+        node_map: job node rank -> cluster node rank (:func:`slice_node_map`).
+
+    Returns:
+        ``spec`` itself when every job node stays on its own rank, else the renumbered spec.
+
+    Raises:
+        ConfigError: for a map that is not one-to-one within the cluster's nodes.
+    """
+    perm = node_permutation(node_map, spec.num_nodes)
+    if perm == list(range(spec.num_nodes)):
+        return spec
+    job_rank = {c: j for j, c in enumerate(perm)}
+    nodes = tuple(dataclasses.replace(spec.nodes[c], rank=j) for j, c in enumerate(perm))
+    groups = tuple(
+        dataclasses.replace(g, node_ranks=tuple(job_rank[c] for c in g.node_ranks))
+        for g in spec.node_groups
+    )
+    return ClusterSpec(nodes=nodes, node_groups=groups)

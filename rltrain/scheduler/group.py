@@ -638,6 +638,7 @@ class WorkerGroupBuilder(Generic[W]):
                 scheduling_strategy=state.reservation.strategy(state.name, p.rank),
                 max_concurrency=max_concurrency,
                 max_restarts=0,
+                runtime_env=state.cluster.actor_runtime_env,
             ).remote(ctx, self.args, self.kwargs)
             state.actors.append(actor)
             node = state.cluster.spec.nodes[p.cluster_node_rank]

@@ -72,6 +72,9 @@ class Reservation:
         spec: the cluster the placements were resolved against.
         pg: the Ray placement group.
         physical: ``(node_rank, plan device) -> device id on that node`` as Ray assigned it.
+        node_devices: ``node_rank -> the ids of the node's GPUs as Ray hands them out`` (its
+            raylet's ``CUDA_VISIBLE_DEVICES``, e.g. ``(2, 3)``); a node missing here numbers
+            them ``0..n-1`` (simulated devices, or Ray's own numbering).
     """
 
     def __init__(
@@ -81,12 +84,14 @@ class Reservation:
         spec: ClusterSpec,
         pg: PlacementGroup,
         physical: Mapping[tuple[int, int], int],
+        node_devices: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         self.name = name
         self.layout = layout
         self.spec = spec
         self.pg = pg
         self.physical = dict(physical)
+        self.node_devices = {n: tuple(ids) for n, ids in (node_devices or {}).items()}
         self.removed = False
 
     @classmethod
@@ -98,6 +103,7 @@ class Reservation:
         name: str | None = None,
         overlap: Sequence[frozenset[str]] = (),
         asks: Mapping[str, ProcessAsk] | None = None,
+        node_devices: Mapping[int, Sequence[int]] | None = None,
     ) -> Reservation:
         """Reserve what ``placements`` use and learn which devices Ray gave.
 
@@ -108,6 +114,7 @@ class Reservation:
             name: the placement group's name (default: a unique ``rltrain-<hex>``).
             overlap: components working at the same time (see :func:`plan_reservation`).
             asks: components whose processes ask fixed CPUs / memory (the tool pool).
+            node_devices: node rank -> its GPUs' ids as Ray hands them out (see the class).
 
         Returns:
             The ready reservation.
@@ -140,7 +147,7 @@ class Reservation:
         except BaseException:
             remove_placement_group(pg)
             raise
-        return cls(name, layout, spec, pg, physical)
+        return cls(name, layout, spec, pg, physical, node_devices)
 
     @staticmethod
     def _probe(
@@ -191,10 +198,12 @@ class Reservation:
         job reserved on their node, in plan order. A process placed on a node or on other
         hardware (``node_group: node``, ``NodePlacementStrategy``, a robot group) sees every
         device of its node, as in RLinf, and reserves none of them: its ``visible_accelerators``
-        are the node's device numbers as Ray numbers a node's GPUs (``0..n-1``).
+        are the node's device numbers ``0..n-1``, each shown as the id Ray gives that GPU
+        (:attr:`node_devices`), so it sees the GPUs Ray owns there and no others.
         """
         if not p.device_ids:
-            return tuple(int(v) for v in p.visible_accelerators)
+            ids = self.node_devices.get(p.cluster_node_rank)
+            return tuple(int(v) if ids is None else ids[int(v)] for v in p.visible_accelerators)
         if p.isolate_accelerator:
             return tuple(self.physical[(p.cluster_node_rank, d)] for d in p.device_ids)
         return tuple(

@@ -197,3 +197,27 @@ def test_two_jobs_get_disjoint_devices_and_a_third_times_out(ray_session):
             # Nothing stays reserved after the failure.
             pending = [pg for pg in placement_group_table().values() if pg["state"] == "PENDING"]
             assert pending == []
+
+
+class EnvReader(Worker):
+    def read(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+
+def test_a_job_joining_a_connected_ray_gives_its_workers_its_runtime_env(ray_session):
+    # The driver connected Ray itself (as a user's ray.init, or the session's): the job's
+    # cluster.runtime_env never went to Ray's job config, so each worker is started with it.
+    from session_ray import SESSION_CLUSTER
+
+    ray_session.ensure()
+    env = {"env_vars": {"RLTRAIN_TEST_RUNTIME_ENV": "from-cluster-config"}}
+    job = Cluster.start({**SESSION_CLUSTER, "runtime_env": env})
+    try:
+        group = EnvReader.create_group().launch(
+            job, name="envreader", placement_strategy=PackedPlacementStrategy(0, 0)
+        )
+        assert group.call(EnvReader.read, "RLTRAIN_TEST_RUNTIME_ENV").wait(timeout=60) == [
+            "from-cluster-config"
+        ]
+    finally:
+        job.shutdown()

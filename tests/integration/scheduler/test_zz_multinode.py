@@ -124,6 +124,35 @@ def test_actors_land_on_planned_nodes(two_nodes):
     assert (node, visible, rank) == (spec.nodes[1].ray_node_id, "0,1", 1)
 
 
+def test_a_sweep_job_reserves_on_the_node_its_slice_names(two_nodes, monkeypatch):
+    """Job A holds node 0; job B, planned on node 0 too, was admitted by the sweep launcher on
+    node 1 (``RLTRAIN_DEVICE_SLICE``): it reserves and runs there instead of waiting for node 0.
+    """
+    two_nodes.release()  # node 1 has a single CPU
+    spec = two_nodes.spec
+    Where.create_group().launch(
+        two_nodes, name="a", placement_strategy=PackedPlacementStrategy(0, 1)
+    )
+    monkeypatch.setenv(
+        "RLTRAIN_DEVICE_SLICE",
+        '[{"job":[0,0],"cluster":[1,0]},{"job":[0,1],"cluster":[1,1]}]',
+    )
+    job_b = Cluster.start(TWO_NODES)  # Ray is running: joined, the slice read
+    try:
+        assert [n.ray_node_id for n in job_b.spec.nodes] == [
+            spec.nodes[1].ray_node_id,
+            spec.nodes[0].ray_node_id,
+        ]
+        group = Where.create_group().launch(
+            job_b, name="b", placement_strategy=PackedPlacementStrategy(0, 1), timeout_s=20.0
+        )
+        got = group.call(Where.where).wait(timeout=60)
+        assert [(node, rank) for node, _, rank in got] == [(spec.nodes[1].ray_node_id, 0)] * 2
+    finally:
+        job_b.shutdown()  # Ray stays: it is the module's
+        two_nodes.release()
+
+
 JOIN_SCRIPT = r"""
 import json, os, sys
 from rltrain.scheduler import Cluster, Worker
