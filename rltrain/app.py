@@ -375,19 +375,20 @@ def _run(cfg: DictConfig) -> float | None:
         prepare_task(run_cfg)  # before the plan reads model.path's config.json
     from rltrain.runners.layout import decide_for_user, run_notes
 
-    run_cfg, chosen = decide_for_user(run_cfg)  # micro-batches left null: the largest that fits
-    for line in chosen:
-        print(line)
     if run_cfg.placement.mode == "auto":  # rltrain chooses: profile, predict, rank
         from rltrain.autoplace import choose
 
         _stamp_run_dir(out_dir)
 
-        choice = choose(run_cfg, out_dir)
+        choice = choose(run_cfg, out_dir)  # each candidate sizes its null micro-batches itself
         print(choice.text)
         if run_cfg.mode == "plan":
             return None
         run_cfg = choice.run  # the winner, a concrete layout; checked and run as any other
+    # micro-batches left null: the largest that fits the layout (the auto winner's, not its base)
+    run_cfg, chosen = decide_for_user(run_cfg)
+    for line in chosen:
+        print(line)
     if run_cfg.mode == "plan":
         from rltrain.runners.plan_command import plan_command
 

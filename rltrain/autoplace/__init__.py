@@ -7,8 +7,8 @@
    disaggregated splits and hybrid layouts, with and without ``trainer.max_staleness=1`` where
    allowed, and pipeline stage counts for embodied runs; linear in the devices.
 3. **Predict and rank** (:mod:`~rltrain.autoplace.cost`, :mod:`~rltrain.autoplace.search`): the
-   documented cost model; candidates the plan's memory model or preflight refuse are excluded
-   with the reason.
+   documented cost model; candidates the config's checks, the plan's memory model or
+   preflight refuse (as they would the same layout set by hand) are excluded with the reason.
 4. **Choose** (:func:`choose`): the winner's run config, the ranking and its table.
 
 The pure parts (settings, candidates, cost, fit, readings, search's ranking) import neither Ray

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -65,12 +66,37 @@ def devices(run: Any) -> int:
 
 
 def enumerate_for(run: Any, settings: AutoSettings, total: int) -> list[Candidate]:
-    """The candidates of a run on ``total`` devices (pure)."""
+    """The candidates of a run on ``total`` devices (pure). ``placement.fuse=false`` leaves the
+    fused layout out (``auto``, the preset's, tries it beside the one taking turns)."""
     if registry.runner(run).steps_env:
         stages = stage_counts(run.env.num_envs, settings.pipeline_stages, DEFAULT_STAGES)
         return embodied_candidates(total, stages, settings.candidates)
-    return reasoning_candidates(
+    found = reasoning_candidates(
         total, settings.candidates, settings.staleness, settings.partial_rollout
+    )
+    if str(run.placement.fuse).lower() == "false":
+        found = [c for c in found if not c.fused]
+    return found
+
+
+def no_candidates(settings: AutoSettings, total: int) -> ConfigError:
+    """The error when the settings leave no candidate on the cluster (refused before any
+    profiling run).
+
+    Args:
+        settings: ``placement.auto.*``.
+        total: the cluster's devices.
+
+    Returns:
+        The error to raise.
+    """
+    families = list(settings.candidates)
+    fixes = ["add collocated to placement.auto.candidates"] if "collocated" not in families else []
+    fixes.append("give the cluster more devices (cluster.devices_per_node, cluster.num_nodes)")
+    return ConfigError(
+        f"placement.auto.candidates={families} gives no candidate layout on {total} device(s) "
+        f"(disaggregated and hybrid layouts need at least 2: the actor and the rollout on "
+        f"devices of their own); {' or '.join(fixes)}"
     )
 
 
@@ -106,8 +132,9 @@ def carry_busy(run: Any) -> Callable[[int, int], float]:
 
 def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> AutoChoice:
     """Choose the placement of a run: profile it (or read its cached profile), enumerate the
-    candidate layouts, predict and rank them, check them in that order with the plan's memory
-    model and preflight, and return the fastest valid one.
+    candidate layouts, predict and rank them, check them in that order with what training
+    checks of the same layout set by hand (:func:`~rltrain.autoplace.search.check_candidate`),
+    and return the fastest valid one.
 
     Writes ``auto_placement.json`` (ranking, profile, cost terms) and ``auto_placement.txt``
     (the table) into ``run_dir``; profiling runs write under ``run_dir/auto_profile``.
@@ -119,29 +146,31 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
         settings: ``placement.auto.*``; None reads them from ``run``.
 
     Returns:
-        The choice; ``choice.run`` is what to train (``mode`` unchanged).
+        The choice; ``choice.run`` is what to train (``mode`` unchanged; micro-batch sizes the
+        config leaves null stay null, for the winner's layout to size as a run set by hand
+        does).
 
     Raises:
-        ConfigError: bad ``placement.auto.*`` values, or no candidate passes its checks (every
-            candidate's reason listed).
+        ConfigError: bad ``placement.auto.*`` values, no candidate on the cluster (before
+            profiling), or no candidate passes its checks (every candidate's reason listed).
         ResourceError: no profiling run gave a reading (the time limit, or every run failed).
     """
     settings = settings or AutoSettings.from_run(run)
+    t0 = time.perf_counter()
+    found = enumerate_for(run, settings, devices(run))
+    if not found:  # before profiling: its runs would serve no candidate
+        raise no_candidates(settings, devices(run))
+    enumerate_s = time.perf_counter() - t0
     profile = get_profile(run, settings, os.path.join(run_dir, PROFILE_DIR))
     t0 = time.perf_counter()
-    rows = search(run, profile, settings)
-    t1 = time.perf_counter()
+    rows = rank(found, profile.costs, carry_busy(run))
+    t1 = time.perf_counter() + enumerate_s
     rows = verify(run, rows, settings.max_checked)
-    t2 = time.perf_counter()
+    t2 = time.perf_counter() + enumerate_s
     winner = pick(rows)
     if winner is None:
         raise refusal(rows, settings.max_checked)
-    header = f"placement=auto: {len(rows)} candidates; {origin(profile)}"
-    text = render(rows, winner, header="\n".join([header, *profile.gaps()]))
-    shown = ordered(rows, winner)
-    sim = simulated(run, shown, profile)
-    text += simulated_text(shown, sim)
-    ranking = [{**r.to_dict(), "simulated_s_per_step": sim.get(r.candidate.name)} for r in shown]
+    shown, ranking, text = report(run, rows, winner, profile, settings)
     _write(run_dir, ranking, profile, text, t1 - t0, t2 - t1)
     return AutoChoice(
         run=apply(run, winner.candidate),
@@ -153,6 +182,20 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
         search_s=t1 - t0,
         verify_s=t2 - t1,
     )
+
+
+def report(
+    run: Any, rows: Sequence[Row], winner: Row, profile: Profile, settings: AutoSettings
+) -> tuple[list[Row], list[dict[str, Any]], str]:
+    """The ranking as printed and written: the rows (the winner first), one dict per row with
+    the simulator's second opinion, and the table with its header and simulator column."""
+    header = f"placement=auto: {len(rows)} candidates; {origin(profile, settings)}"
+    text = render(rows, winner, header="\n".join([header, *profile.gaps()]))
+    shown = ordered(rows, winner)
+    sim = simulated(run, shown, profile)
+    text += simulated_text(run, shown, sim)
+    ranking = [{**r.to_dict(), "simulated_s_per_step": sim.get(r.candidate.name)} for r in shown]
+    return shown, ranking, text
 
 
 def refusal(rows: Sequence[Row], max_checked: int) -> ConfigError:
@@ -187,19 +230,40 @@ def refusal(rows: Sequence[Row], max_checked: int) -> ConfigError:
     return ConfigError([head, *reasons])
 
 
-def origin(profile: Profile) -> str:
-    """Where the profile came from, in words (the ranking's first line)."""
-    if profile.source == "cache":
-        return f"profile {profile.key}: cached {profile.created} ({profile.path})"
-    where = (
-        f"cached at {profile.path}"
-        if profile.path
-        else "not cached (the cache keeps its complete profile)"
-    )
-    return (
-        f"profile {profile.key}: measured in {profile.seconds:.1f} s "
-        f"({len(profile.runs)} layouts profiled), {where}"
-    )
+def origin(profile: Profile, settings: AutoSettings | None = None) -> str:
+    """Where the profile came from and how it was measured, in words (the ranking's first
+    line). A cached profile is reused whatever ``placement.auto.profile_steps`` and
+    ``profile_passes`` are now (they are not in its key): the line says so where they differ.
+
+    Args:
+        profile: the profile.
+        settings: this run's ``placement.auto.*`` (None: not compared).
+
+    Returns:
+        The text.
+    """
+    how = profile.how()
+    if profile.source != "cache":
+        where = (
+            f"cached at {profile.path}"
+            if profile.path
+            else "not cached (the cache keeps its complete profile)"
+        )
+        made = f"{len(profile.runs)} layouts profiled" + (f", {how}" if how else "")
+        return f"profile {profile.key}: measured in {profile.seconds:.1f} s ({made}), {where}"
+    text = f"profile {profile.key}: cached {profile.created} ({profile.path})"
+    if how:
+        text += f", measured with {how}"
+    if settings is not None:
+        now = dataclasses.replace(
+            profile, steps=settings.profile_steps, passes=settings.profile_passes
+        ).how()
+        if now != how:
+            text += (
+                f"; not measured again with this run's {now} "
+                f"(placement.auto.reprofile=true does that)"
+            )
+    return text
 
 
 #: Valid candidates the what-if simulator also predicts (fastest by the cost model first).
@@ -207,31 +271,65 @@ SIMULATED = 8
 
 
 def simulated(run: Any, rows: list[Row], profile: Profile) -> dict[str, float]:
-    """The what-if simulator's seconds per step of the valid candidates, calibrated from the
-    same profile (a second opinion beside the cost model: :mod:`rltrain.whatif`)."""
+    """The what-if simulator's seconds per step of the valid candidates: a second opinion beside
+    the cost model (:mod:`rltrain.whatif`), with the ``whatif.*`` keys as ``mode=plan``'s
+    ranking reads them (:func:`simulator_title`). None with ``whatif.rank_candidates=false``,
+    nor on real GPUs without ``whatif.hardware`` (the simulator has no model of them)."""
+    from rltrain.autoplace.search import candidate_run
     from rltrain.placement.plan import build_plan
     from rltrain.placement.types import ClusterSpec
-    from rltrain.whatif.calibrate import from_profile
-    from rltrain.whatif.predict import predict
+    from rltrain.whatif.predict import hardware_needed, predict
+    from rltrain.whatif.report import RANK_STEPS
 
-    calib = from_profile(costs_to_dict(profile.costs), run, profile.path or profile.key)
     cluster = ClusterSpec.from_config(run.cluster)
+    if not run.whatif.rank_candidates or hardware_needed(run, cluster):
+        return {}
+    calib = simulator_calibration(run, profile)
     out: dict[str, float] = {}
     for r in [r for r in rows if r.status == "ok"][:SIMULATED]:
-        cand_run = apply(run, r.candidate)
+        cand_run = candidate_run(run, r.candidate)
         plan = build_plan(cand_run, cluster, check_fit=False)
         p = predict(
-            cand_run, plan, fused=r.candidate.fused, calibration=calib, steps=6, with_trace=False
+            cand_run,
+            plan,
+            fused=r.candidate.fused,
+            calibration=calib,
+            steps=RANK_STEPS,
+            with_trace=False,
         )
         out[r.candidate.name] = p.step_s
     return out
 
 
-def simulated_text(rows: list[Row], sim: dict[str, float]) -> str:
+def simulator_calibration(run: Any, profile: Profile) -> Any:
+    """The simulator's calibration: fitted from the profile the ranking used, else the defaults
+    (``whatif.calibrate=false``; ``whatif.hardware``, whose devices the profile did not
+    measure), as ``mode=plan`` calibrates (:func:`rltrain.whatif.report.calibration`)."""
+    from rltrain.whatif.calibrate import DEFAULT, from_profile
+
+    if not run.whatif.calibrate or run.whatif.hardware is not None:
+        return DEFAULT
+    return from_profile(costs_to_dict(profile.costs), run, profile.path or profile.key)
+
+
+def simulator_title(run: Any) -> str:
+    """What the simulator column predicts, in words (the line above it)."""
+    w = run.whatif
+    if w.hardware is not None:
+        return (
+            f"what-if simulator on whatif.hardware={w.hardware} (not this cluster, which the "
+            f"cost model's ranking measured), default calibration (s/step):"
+        )
+    if not w.calibrate:
+        return "what-if simulator, default calibration (whatif.calibrate=false) (s/step):"
+    return "what-if simulator, calibrated from the same profile (s/step):"
+
+
+def simulated_text(run: Any, rows: list[Row], sim: dict[str, float]) -> str:
     """One line per simulated candidate: the cost model's and the simulator's s/step."""
     if not sim:
         return ""
-    lines = ["", "what-if simulator, calibrated from the same profile (s/step):"]
+    lines = ["", simulator_title(run)]
     for r in rows:
         if r.candidate.name in sim:
             lines.append(

@@ -60,6 +60,8 @@ class Profile:
         skipped: profiling layouts the time limit left out: not run, or stopped before a timed
             step.
         failed: ``"<layout>: <error>"`` of each profiling run that failed.
+        steps: ``placement.auto.profile_steps`` it was measured with (0: not recorded).
+        passes: ``placement.auto.profile_passes`` it was measured with (0: not recorded).
     """
 
     key: str
@@ -72,11 +74,22 @@ class Profile:
     path: str = ""
     skipped: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
+    steps: int = 0
+    passes: int = 0
 
     @property
     def complete(self) -> bool:
         """Whether the time limit left no profiling layout out."""
         return not self.skipped
+
+    def how(self) -> str:
+        """The profiling settings it was measured with, in words ("" when not recorded)."""
+        if not self.steps:
+            return ""
+        return (
+            f"placement.auto.profile_steps={self.steps}, "
+            f"placement.auto.profile_passes={self.passes}"
+        )
 
     def gaps(self) -> list[str]:
         """Lines saying which profiling layouts were left out and why (none when none)."""
@@ -100,6 +113,8 @@ class Profile:
             "created": self.created,
             "skipped": list(self.skipped),
             "failed": list(self.failed),
+            "profile_steps": self.steps,
+            "profile_passes": self.passes,
         }
 
     @classmethod
@@ -115,6 +130,8 @@ class Profile:
             path=path,
             skipped=tuple(d.get("skipped", ())),
             failed=tuple(d.get("failed", ())),
+            steps=int(d.get("profile_steps", 0)),
+            passes=int(d.get("profile_passes", 0)),
         )
 
 
@@ -271,6 +288,8 @@ def measure(
         created=datetime.datetime.now().isoformat(timespec="seconds"),
         skipped=made.skipped,
         failed=made.failed,
+        steps=settings.profile_steps,
+        passes=settings.profile_passes,
     )
 
 

@@ -3,10 +3,11 @@
 :func:`rank` and :func:`pick` are pure (no Ray, no torch, no plan): on 1,024 nodes x 8 devices
 they order ~24,600 reasoning candidates in well under a second. :func:`verify` then checks
 candidates fastest-predicted first with what training itself checks before Ray starts (the
-plan's memory model and :func:`rltrain.runners.layout.preflight`), and stops once the winner is
-settled: every candidate predicted within :data:`TIE` of the fastest valid one has been checked.
-Small searches (at most ``placement.auto.max_checked`` candidates) are checked whole, so the
-printed ranking shows why each layout was excluded.
+config's checks, the plan's memory model and :func:`rltrain.runners.layout.preflight`, as for
+the same layout set by hand), and stops once the winner is settled: every candidate predicted
+within :data:`TIE` of the fastest valid one has been checked. Small searches (at most
+``placement.auto.max_checked`` candidates) are checked whole, so the printed ranking shows why
+each layout was excluded.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def verify(
         rows: the ranked rows (:func:`rank`).
         max_checked: ``placement.auto.max_checked``.
         check: ``(run, candidate) -> (reason or "", peak bytes, plan mode)``; default
-            :func:`check_candidate` (the plan and preflight).
+            :func:`check_candidate` (the config's checks, the plan and preflight).
         precheck: ``(run, candidate) -> reason or ""``; default :func:`size_problem`.
 
     Returns:
@@ -206,11 +207,14 @@ def size_problem(run: Any, cand: Candidate) -> str:
 
 
 def check_candidate(run: Any, cand: Candidate) -> tuple[str, int | None, str | None]:
-    """What training would refuse of a candidate before Ray starts.
+    """What training would refuse of a candidate before Ray starts, as it would refuse the same
+    layout set by hand.
 
-    The reasoning batch sizes are checked first (:func:`size_problem`), then the plan on the
-    configured cluster with its memory model, then :func:`rltrain.runners.layout.preflight` on
-    that plan.
+    The reasoning batch sizes are checked first (:func:`size_problem`), then the candidate's
+    config with the config's own checks (:func:`rltrain.config.validate.check_config`), then
+    the plan on the configured cluster with its memory model (micro-batches left null sized for
+    this layout: :func:`candidate_run`), then :func:`rltrain.runners.layout.preflight` on that
+    plan.
 
     Args:
         run: the base run config.
@@ -219,6 +223,7 @@ def check_candidate(run: Any, cand: Candidate) -> tuple[str, int | None, str | N
     Returns:
         ``(reason, peak bytes, plan mode)``; ``reason`` is empty when it passes.
     """
+    from rltrain.config.validate import check_config
     from rltrain.placement.plan import build_plan
     from rltrain.placement.types import ClusterSpec
     from rltrain.runners.layout import preflight
@@ -226,7 +231,10 @@ def check_candidate(run: Any, cand: Candidate) -> tuple[str, int | None, str | N
     reason = size_problem(run, cand)
     if reason:
         return reason, None, None
-    cand_run = apply(run, cand)
+    problems = check_config(as_set_by_hand(apply(run, cand)))[1]
+    if problems:
+        return "; ".join(problems), None, None
+    cand_run = candidate_run(run, cand)
     try:
         plan = build_plan(cand_run, ClusterSpec.from_config(run.cluster), check_fit=False)
     except RltrainError as exc:
@@ -240,6 +248,33 @@ def check_candidate(run: Any, cand: Candidate) -> tuple[str, int | None, str | N
     except RltrainError as exc:
         return str(exc), peak, mode
     return "", peak, mode
+
+
+def as_set_by_hand(cand_run: Any) -> Any:
+    """A candidate's config as a user would write that layout: without ``placement.auto``, the
+    search's own settings, which the config refuses outside ``placement=auto``."""
+    from rltrain.config.schema import AutoPlacementConfig
+
+    placement = replace(cand_run.placement, auto=AutoPlacementConfig())
+    return replace(cand_run, placement=placement)
+
+
+def candidate_run(run: Any, cand: Candidate) -> Any:
+    """The config a candidate trains with: :func:`~rltrain.autoplace.candidates.apply`, with
+    every micro-batch size the config leaves null chosen for the candidate's own layout (the
+    largest that fits, as a run of that layout set by hand gets:
+    :func:`rltrain.placement.micro_batches.choose_micro_batches`).
+
+    Args:
+        run: the base run config (its null micro-batch sizes still null).
+        cand: the candidate.
+
+    Returns:
+        A new run config.
+    """
+    from rltrain.placement.micro_batches import choose_micro_batches
+
+    return choose_micro_batches(apply(run, cand))[0]
 
 
 def _one_device_per_process(run: Any) -> bool:

@@ -37,7 +37,13 @@ from rltrain.config.files import (
     inputs_in_checkpoint_dir,
 )
 from rltrain.config.offload import policy_config, resolve_offload
-from rltrain.config.schema import DISPATCHES, MODEL_SIZE_FIELDS, SAMPLERS, RunConfig
+from rltrain.config.schema import (
+    DISPATCHES,
+    MODEL_SIZE_FIELDS,
+    SAMPLERS,
+    RunConfig,
+    WhatifConfig,
+)
 from rltrain.errors import ConfigError
 from rltrain.kinds import registry
 from rltrain.kinds.records import RunnerKind
@@ -370,6 +376,39 @@ def auto_problems(a: Any, writes: bool = False) -> Iterator[str]:
         )
     yield from _positive("placement.auto.max_checked", a.max_checked)
     yield from _positive("placement.auto.profile_passes", a.profile_passes)
+
+
+@check
+def auto_choice_problems(cfg: RunConfig) -> Iterator[str]:
+    """Keys placement=auto would otherwise accept and not use: what each candidate sets itself
+    (``trainer.max_staleness``, ``placement.fuse=true``) or what its ranking does not read
+    (``whatif.steps``). Each names the key, the value and the fix."""
+    if cfg.placement.mode != "auto":
+        return
+    if cfg.trainer.max_staleness != 0:
+        yield (
+            f"trainer.max_staleness={cfg.trainer.max_staleness} with placement=auto: each "
+            f"candidate sets its own from placement.auto.staleness (carry candidates run at "
+            f"2); drop trainer.max_staleness, set placement.auto.staleness=[1] "
+            f"placement.auto.candidates=[disaggregated] to try only asynchronous layouts, or "
+            f"choose the layout yourself (placement=disaggregated "
+            f"trainer.max_staleness={cfg.trainer.max_staleness})"
+        )
+    if str(cfg.placement.fuse).lower() == "true":
+        yield (
+            "placement.fuse=true with placement=auto: only one candidate could fuse (actor and "
+            "rollout collocated on every device), so there is nothing to choose; set "
+            "placement.fuse=auto (fused and taking-turns candidates), placement.fuse=false (no "
+            "fused candidate), or placement=collocated placement.fuse=true to run fused"
+        )
+    steps = cfg.whatif.steps
+    if steps != WhatifConfig.steps:
+        yield (
+            f"whatif.steps={steps} with placement=auto: whatif.steps sets the steps of a "
+            f"configured layout's prediction, and placement=auto predicts none (its simulator "
+            f"column simulates each candidate for as many steps as mode=plan's ranking does); "
+            f"drop whatif.steps"
+        )
 
 
 @check
@@ -871,8 +910,8 @@ def carry_problems(cfg: RunConfig) -> Iterator[str]:
     t, fix = cfg.trainer, "or choose trainer.partial_rollout=continue"
     if t.carry_segment is not None and t.carry_segment < 1:
         yield f"trainer.carry_segment={t.carry_segment}: give at least 1 decoding step"
-    surplus = t.carry_surplus
-    if surplus is not None and not 1 <= surplus <= max(t.max_staleness - 1, 1):
+    surplus, auto = t.carry_surplus, cfg.placement.mode == "auto"
+    if surplus is not None and not auto and not 1 <= surplus <= max(t.max_staleness - 1, 1):
         yield (
             f"trainer.carry_surplus={surplus} with trainer.max_staleness={t.max_staleness}: a "
             f"group waits about carry_surplus calls before it trains and must train within "
@@ -881,7 +920,9 @@ def carry_problems(cfg: RunConfig) -> Iterator[str]:
             f"(or raise trainer.max_staleness)"
         )
     yield from auto_carry_surplus_problems(cfg)
-    if t.max_staleness < 2:
+    if auto:
+        yield from auto_carry_problems(cfg)
+    elif t.max_staleness < 2:
         yield (
             f"trainer.partial_rollout=carry with trainer.max_staleness={t.max_staleness}: a row "
             f"carried into the next call trains at least 2 versions after the one that started "
@@ -909,6 +950,19 @@ def carry_problems(cfg: RunConfig) -> Iterator[str]:
             yield (
                 f"trainer.partial_rollout=carry with {key}={value!r}: {why}; set {key}={ok} {fix}"
             )
+
+
+def auto_carry_problems(cfg: RunConfig) -> Iterator[str]:
+    """``trainer.partial_rollout=carry`` under placement=auto: its asynchronous candidates run it
+    at ``max_staleness=2`` (the synchronous ones finish), so one of them must be tried."""
+    a = cfg.placement.auto
+    if 1 not in list(a.staleness):
+        yield (
+            f"trainer.partial_rollout=carry with placement.auto.staleness={list(a.staleness)}: "
+            f"no candidate runs asynchronously, so none would carry rows; add 1 to "
+            f"placement.auto.staleness (its carry candidates run at max_staleness=2) or drop "
+            f"trainer.partial_rollout"
+        )
 
 
 def partial_rollout_problems(cfg: RunConfig) -> Iterator[str]:

@@ -299,7 +299,8 @@ def _policy(when: str, states: Sequence[str]) -> OffloadPolicyConfig:
 def apply(run: Any, cand: Candidate) -> Any:
     """The run config of a candidate: the base run with its placement (and staleness, partial
     rollout policy, stage count, fusion) replaced; ``placement.mode`` is null so the plan
-    classifies the layout.
+    classifies the layout. A candidate whose policy is not ``carry`` drops
+    ``trainer.carry_segment`` and ``trainer.carry_surplus``, which only ``carry`` reads.
 
     Args:
         run: the base :class:`~rltrain.config.schema.RunConfig`.
@@ -319,6 +320,8 @@ def apply(run: Any, cand: Candidate) -> Any:
     trainer = dataclasses.replace(
         run.trainer, max_staleness=cand.staleness, partial_rollout=cand.partial_rollout
     )
+    if cand.partial_rollout != "carry":  # carry's keys shape its buffer: no other policy has one
+        trainer = dataclasses.replace(trainer, carry_segment=None, carry_surplus=None)
     changes: dict[str, Any] = {"placement": placement, "trainer": trainer}
     if cand.stages is not None:
         changes["env"] = dataclasses.replace(run.env, pipeline_stage_num=cand.stages)

@@ -32,6 +32,8 @@ TIMING_SECTIONS = (
     "algorithm",
     "env",
     "weight_sync",
+    "optimizer",
+    "tools",
 )
 #: Where profiles are cached when ``placement.auto.cache_dir`` is null.
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "rltrain", "profiles")
@@ -86,9 +88,39 @@ def cache_dir(run: Any) -> str:
 
 def cached_costs(run: Any) -> tuple[dict[str, Any], str] | None:
     """The cached profile's ``costs`` for this run and its path, or None (none, unreadable,
-    another version)."""
-    key = profile_key(run)
-    path = os.path.join(cache_dir(run), f"{key}.json")
+    another version).
+
+    ``placement=auto`` keys its profile with the micro-batch sizes the config leaves null still
+    null (each layout sizes its own), while a planned run has them chosen for its layout: when
+    the run's own key finds nothing, the key with those sizes null is tried.
+
+    Args:
+        run: the run config (its micro-batch sizes chosen or not).
+
+    Returns:
+        ``(costs, path)``, or None.
+    """
+    for key in dict.fromkeys([profile_key(run), profile_key(_unsized(run))]):
+        found = _read_costs(os.path.join(cache_dir(run), f"{key}.json"), key)
+        if found is not None:
+            return found
+    return None
+
+
+def _unsized(run: Any) -> Any:
+    """``run`` with every micro-batch size the plan may choose null."""
+    from rltrain.placement.micro_batches import SECTIONS
+
+    changes = {
+        s: dataclasses.replace(getattr(run, s), micro_batch_size=None)
+        for s in SECTIONS
+        if dataclasses.is_dataclass(getattr(run, s, None))
+        and hasattr(getattr(run, s), "micro_batch_size")
+    }
+    return dataclasses.replace(run, **changes) if changes else run
+
+
+def _read_costs(path: str, key: str) -> tuple[dict[str, Any], str] | None:
     try:
         with open(path) as f:
             data = json.load(f)

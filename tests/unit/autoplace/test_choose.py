@@ -76,7 +76,8 @@ def test_choose_excludes_what_does_not_fit(tmp_path):
 
 
 def test_choose_refuses_when_nothing_fits(tmp_path):
-    run = compose("placement=auto", "cluster.device_memory_gib=0.01")
+    # below what even one row per micro-batch needs (each layout sizes its micro-batches)
+    run = compose("placement=auto", "cluster.device_memory_gib=0.002")
     with pytest.raises(ConfigError) as err:
         choose(run, str(tmp_path), _cache(run, tmp_path, GEN_HEAVY))
     assert len(err.value.problems) == 1 + 6

@@ -95,3 +95,16 @@ def test_profile_run_config_bounds_the_run(tmp_path):
     assert cfg.logging.trace and cfg.logging.jsonl and not cfg.logging.progress
     assert cfg.placement.fuse == "auto"  # a run that cannot fuse takes turns instead
     assert cfg.placement.component_placement["actor"] == "0-1"
+
+
+def test_key_changes_with_the_optimizer_and_the_tool_pool():
+    run = _run()
+    key = profile_key(run)
+    ds = dataclasses.replace(
+        run, optimizer=dataclasses.replace(run.optimizer, name="deepspeed_adamw")
+    )
+    changed = [ds] + [
+        dataclasses.replace(run, tools=dataclasses.replace(run.tools, **{name: value}))
+        for name, value in (("slots", 2), ("concurrency", 1), ("pool_size", 1))
+    ]
+    assert len({key, *(profile_key(r) for r in changed)}) == 5

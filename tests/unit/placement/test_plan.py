@@ -85,15 +85,10 @@ def test_a_sweeps_auto_job_reserves_every_device_and_is_labelled_auto():
         assert needs.placement_mode == "auto"
         assert needs.devices == (frozenset({(0, 0), (0, 1)}) if mode == "train" else frozenset())
     # The config's layout is only the first one profiled: a narrower one still reserves every
-    # device auto chooses over, and a key only some layouts read (max_staleness, which the
-    # split candidates run with) is not checked against it.
+    # device auto chooses over.
     run = compose(
         "auto",
-        **{
-            "cluster.devices_per_node": 4,
-            "placement.component_placement.actor": "0-1",
-            "trainer.max_staleness": 1,
-        },
+        **{"cluster.devices_per_node": 4, "placement.component_placement.actor": "0-1"},
     )
     needs = job_needs(OmegaConf.structured(run))
     assert needs.error is None, needs.error

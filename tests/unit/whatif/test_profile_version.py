@@ -38,3 +38,14 @@ def test_a_profile_of_the_current_version_is_reused(tmp_path):
     key = profile_key(run)
     _write(tmp_path, key, profiles.PROFILE_VERSION)
     assert cached_costs(run) == ({"runner": "reasoning"}, str(tmp_path / f"{key}.json"))
+
+
+def test_a_planned_run_finds_the_profile_auto_keyed_with_null_micro_batches(tmp_path):
+    run = _run(str(tmp_path))
+    assert run.actor.micro_batch_size is None  # placement=auto keys its profile so
+    key = profile_key(run)
+    _write(tmp_path, key, profiles.PROFILE_VERSION)
+    # mode=plan has chosen the sizes for its layout before it looks the profile up
+    sized = dataclasses.replace(run, actor=dataclasses.replace(run.actor, micro_batch_size=64))
+    assert profile_key(sized) != key
+    assert cached_costs(sized) == ({"runner": "reasoning"}, str(tmp_path / f"{key}.json"))
