@@ -47,6 +47,7 @@ DYNAMIC_READERS: dict[str, tuple[str, ...]] = {
             "system_prompt",
             "prompt_key",
             "answer_key",
+            "seed",
         )
     },
     # the plan sizes every model-parallel section by name (placement/plan.py), and the engine
@@ -263,13 +264,17 @@ def _top_level_readers() -> dict[str, set[str]]:
             rel = path.relative_to(ROOT).as_posix()
             if rel.startswith(NOT_READERS):
                 continue
+            # the task modules' ``cfg`` is the task section (its ``seed`` is ``task.seed``)
+            holders: tuple[str, ...] = ("run", "run_cfg", "config")
+            if not rel.startswith("rltrain/tasks/"):
+                holders += ("cfg",)
             for node in ast.walk(ast.parse(path.read_text())):
                 if (
                     isinstance(node, ast.Attribute)
                     and node.attr in names
                     and isinstance(node.value, (ast.Name, ast.Attribute))
                     and (getattr(node.value, "id", None) or getattr(node.value, "attr", None))
-                    in ("run", "cfg", "run_cfg", "config")
+                    in holders
                 ):
                     found[node.attr].add(rel[: -len(".py")])
     return found

@@ -254,7 +254,8 @@ class TaskConfig:
     """What the policy learns. Built-in tasks generate their data from ``seed``."""
 
     name: str = "arithmetic"  # arithmetic | jsonl | gym
-    seed: int = 0  # seeds the built-in data and the train/eval split
+    # seeds the built-in and generated data, the train/eval split and the order prompts are drawn
+    seed: int = 0
     num_train: int = 0  # prompts generated for training; 0: every prompt the task defines
     num_eval: int = 0  # prompts held out for greedy evaluation; 0: evaluate on the training set
     max_operand: int = 4  # arithmetic: operands are 0..max_operand
@@ -508,7 +509,9 @@ class RunConfig:
 
     mode: str = "train"  # train | plan
     runner: str = "reasoning"  # the runner kind (rltrain.kinds: one of its names)
-    seed: int = 1  # seeds sampling, data order and the built model's initialisation
+    # seeds sampling, minibatch shuffling and environments; not the data order (task.seed) nor a
+    # built model's weights (model.init_seed)
+    seed: int = 1
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -32,12 +32,13 @@ from fractions import Fraction
 #: What ``*_with_format`` pays for a well-formed but wrong final answer.
 FORMAT_SCORE = 0.1
 
-# "####" then, optionally, a number as written in a solution, on the marker's line: sign and
-# dollar (spaces between), digits with thousands commas (a comma only between digits: "42,
-# since" is 42), decimals, an optional "/d" denominator. Linear-time: each repetition starts
-# with a comma, so no two ways to match overlap.
+# "####" then, optionally, a number as written in a solution, on the marker's line: sign (the
+# Unicode minus too, as normalize_answer reads it) and dollar (spaces between), digits with
+# thousands commas (a comma only between digits: "42, since" is 42), decimals, an optional "/d"
+# denominator. Linear-time: each repetition starts with a comma, so no two ways to match overlap.
 _HASH_NUMBER = re.compile(
-    r"####[ \t]*([-+]?[ \t]*\$?[ \t]*[-+]?(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)(?:[ \t]*/[ \t]*\d+)?)?"
+    r"####[ \t]*([-+\u2212]?[ \t]*\$?[ \t]*[-+\u2212]?"
+    r"(?:\d+(?:,\d+)*(?:\.\d+)?|\.\d+)(?:[ \t]*/[ \t]*\d+)?)?"
 )
 _BOX = re.compile(r"\\(?:boxed|fbox)")
 _BOX_ARG = re.compile(r"\s*(\{)|\s+(\S+)")  # a brace group, or one word after a space
@@ -51,8 +52,9 @@ def extract_hash_answer(text: str) -> str | None:
     """The final answer of a GSM8K-style solution: the number right after the last ``####``
     that has one.
 
-    Spaces, a sign and a ``$`` may come between the marker and the digits (``#### -$5``); any
-    other text may not (``#### the answer is 5`` holds no answer), as in GSM8K's own solutions.
+    Spaces, a sign (the Unicode minus too) and a ``$`` may come between the marker and the
+    digits (``#### -$5``); any other text may not (``#### the answer is 5`` holds no answer),
+    as in GSM8K's own solutions.
 
     Args:
         text: a response or a reference solution.

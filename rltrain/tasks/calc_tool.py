@@ -15,13 +15,15 @@ The generator writes the train/eval rows (JSONL: ``prompt``, ``answer``) and a b
 loss (``task.params.sft_steps``), as ``gsm8k_tiny`` writes its base chat checkpoint. RL then
 raises greedy accuracy (docs/agents.md). Everything is written once and kept (a stamp records
 what was generated and where; other settings regenerate it). Like every generator it writes
-only where its stamp proves it wrote before: a user's checkpoint or data file at one of its
-paths is refused, naming ``task.generate=null``.
+only where it wrote before: a checkpoint holding its stamp, a data file whose mark beside it
+(``<file>.generated_by_rltrain_calc_tool.json``, the file's SHA-256) matches its content. A
+user's checkpoint or data file at one of its paths is refused, naming ``task.generate=null``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -43,6 +45,10 @@ STAMP = "generated_by_rltrain_calc_tool.json"
 #: The characters the checkpoint's tokenizer spells (one token each).
 ALPHABET = "0123456789+=[];calutor"
 SFT_LABEL = "calc_tool: supervising the base checkpoint"
+#: Suffix of the mark written beside each data file: JSON lines hold no metadata, and the mark
+#: must outlive the checkpoint (deleted, or never saved when the supervised steps are cut short)
+#: for the generator to know the file as its own.
+FILE_MARK_SUFFIX = ".generated_by_rltrain_calc_tool.json"
 
 
 class CalculatorEnv(ToolEnv):
@@ -212,14 +218,42 @@ def _held_stamp(model_dir: str) -> dict[str, Any] | None:
 
 
 def _current(stamp: dict[str, Any], model_dir: str) -> bool:
-    return _held_stamp(model_dir) == stamp and all(os.path.isfile(p) for p in stamp["data"])
+    return _held_stamp(model_dir) == stamp and all(_marked(p) for p in stamp["data"])
+
+
+def _file_mark(text: bytes) -> dict[str, str]:
+    return {"generator": "calc_tool", "sha256": hashlib.sha256(text).hexdigest()}
+
+
+def _marked(path: str) -> bool:
+    """Whether the data file at ``path`` is, byte for byte, the one the generator wrote there.
+
+    The mark beside it holds the written file's digest, so a file the user replaced or edited
+    since is not taken for the generator's.
+    """
+    try:
+        with open(path + FILE_MARK_SUFFIX) as f:
+            mark = json.load(f)
+        with open(path, "rb") as f:
+            return bool(mark == _file_mark(f.read()))
+    except (OSError, ValueError):
+        return False
 
 
 def foreign_outputs(paths: tuple[str, str], model_dir: str) -> list[str]:
     """What the generator would overwrite without having written it: one message per path.
 
-    A checkpoint directory is the generator's when it holds its stamp; a data file when that
-    stamp names it. Anything else already there is the user's and is never replaced.
+    A checkpoint directory is the generator's when it holds its stamp; a data file when its
+    mark matches it, or the stamp names it (written before files were marked). Anything else
+    already there is the user's and is never replaced.
+
+    Args:
+        paths: ``task.path`` and ``task.eval_path``.
+        model_dir: ``model.path``.
+
+    Returns:
+        Problem messages naming the key, the path and the fix; empty when every path is free or
+        the generator's own.
     """
     fix = (
         "set task.generate=null to use it as it is, or point {key} at a path that does not "
@@ -235,7 +269,7 @@ def foreign_outputs(paths: tuple[str, str], model_dir: str) -> list[str]:
         )
     ours = set(held["data"]) if held and isinstance(held.get("data"), list) else set()
     for key, path in zip(("task.path", "task.eval_path"), paths, strict=True):
-        if os.path.lexists(path) and os.path.abspath(path) not in ours:
+        if os.path.lexists(path) and not (_marked(path) or os.path.abspath(path) in ours):
             problems.append(
                 f"{key}={path!r} exists and task.generate='calc_tool' did not write it, so the "
                 f"generator will not overwrite it: " + fix.format(key=key)
@@ -291,11 +325,23 @@ def _write_all(
     """Write the rows and the checkpoint (the caller holds the lock; the paths are ours)."""
     train, evals = sums(spec)
     for rows, path in ((train, paths[0]), (evals, paths[1])):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.replace(path + ".tmp", path)
+        _write_marked(rows, path)
     _write_checkpoint(model_dir, train, spec, model_cfg, stamp, progress)
+
+
+def _write_marked(rows: list[dict[str, str]], path: str) -> None:
+    """Write ``rows`` as JSON lines at ``path``, its mark first: stopped between the two, the
+    mark does not match whatever is at ``path`` and proves nothing."""
+    text = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    _replace(path + FILE_MARK_SUFFIX, json.dumps(_file_mark(text)).encode())
+    _replace(path, text)
+
+
+def _replace(path: str, data: bytes) -> None:
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)  # readers never see a half-written file
 
 
 def _write_checkpoint(

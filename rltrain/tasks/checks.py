@@ -124,6 +124,28 @@ def _generator_problems(run: Any) -> list[str]:
     return problems
 
 
+def _params_without_a_generator(t: Any) -> list[str]:
+    """``task.params`` keys no generator has, when ``task.generate`` is null.
+
+    With ``task.generate=null`` ``task.params`` is not read; a generator's settings there are
+    let through (``experiment=gsm8k_tiny task.generate=null`` keeps its preset's), but a key
+    no generator has is a misspelling that would otherwise go unnoticed.
+    """
+    if t.generate is not None or not t.params:
+        return []
+    known = {"data_dir"} | {
+        f.name for spec in (Gsm8kTinySpec, CalcToolSpec) for f in dataclasses.fields(spec)
+    }
+    known.discard("seed")
+    return [
+        f"task.params.{key}={t.params[key]!r} is not a setting of any task.generate (settings: "
+        f"{sorted(known)}); with task.generate=null task.params is not read: fix the key or "
+        f"drop it"
+        for key in t.params
+        if key not in known
+    ]
+
+
 def _overlapping(generate: str, paths: dict[str, str]) -> list[str]:
     """Output paths that are the same, or one inside the checkpoint directory (the generator
     would write one over the other)."""
@@ -193,8 +215,8 @@ def check_task(run: Any) -> list[str]:
     """
     if run.runner != "reasoning" or run.task.name == "gym":
         return []
-    env = env_problems(run)  # task.env and the multi-turn keys: before writing any data
-    if env:
+    env = env_problems(run) + _params_without_a_generator(run.task)
+    if env:  # task.env, the multi-turn keys and task.params: before writing any data
         return env
     try:
         missing = prepare_task(run)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -29,6 +30,10 @@ SUPPORTED = ".jsonl, .json, .parquet, or a directory saved with datasets' save_t
 
 #: How many bad rows a message lists before it only counts the rest.
 MAX_LISTED = 5
+
+#: The most digits an integral JSON answer written with a fraction or exponent (``1e3``) is
+#: spelled out with; a longer one keeps the file's spelling.
+MAX_INTEGER_DIGITS = 1000
 
 #: Message roles a prompt may hold: the ones chat templates render (a template given another
 #: role drops it, or renders text the model never saw in training).
@@ -186,6 +191,14 @@ def _pick_split(loaded: Any, path: str, key: str) -> Any:
     if splits is None:
         return loaded  # a single Dataset
     names = list(loaded.keys())
+    if names == ["train"] and key == "task.eval_path":
+        # taken as it is, it would score the training rows as held-out ones
+        raise ConfigError(
+            f"{key}={path!r} is a DatasetDict whose only split is 'train', not held-out rows: "
+            f"point {key} at a dataset of evaluation rows (a DatasetDict split named test, "
+            f"validation or eval, or a split saved on its own), or set {key}=null and "
+            f"task.num_eval to hold prompts out of task.path"
+        )
     if len(names) == 1:
         return loaded[names[0]]
     for name in SPLITS.get(key, ()):
@@ -242,21 +255,31 @@ def _diagnose_json(path: str, key: str) -> str | None:
     if not text.strip():
         return f"{key}={path!r} holds only whitespace: it has no rows"
     if text.lstrip().startswith("["):  # one JSON array
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return (
-                f"{key}={path!r} line {exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno})"
-            )
-        if isinstance(data, list) and not data:
-            return f"{key}={path!r} is an empty JSON array: it holds no rows"
-        bad = next((i for i, r in enumerate(data) if not isinstance(r, dict)), None)
-        if bad is not None:
-            return (
-                f"{key}={path!r} row {bad}: expected a JSON object with the prompt and answer "
-                f"fields, got {type(data[bad]).__name__}"
-            )
-        return None
+        return _diagnose_json_array(path, key, text)
+    return _diagnose_json_lines(path, key, text)
+
+
+def _diagnose_json_array(path: str, key: str, text: str) -> str | None:
+    """The first fault of a file holding one JSON array, or None."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"{key}={path!r} line {exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno})"
+    if isinstance(data, list) and not data:
+        return f"{key}={path!r} is an empty JSON array: it holds no rows"
+    bad = next((i for i, r in enumerate(data) if not isinstance(r, dict)), None)
+    if bad is not None:
+        return (
+            f"{key}={path!r} row {bad}: expected a JSON object with the prompt and answer "
+            f"fields, got {type(data[bad]).__name__}"
+        )
+    # the array loader also refuses integers beyond 64 bits
+    huge = ((i, _huge_number(r, 2**64)) for i, r in enumerate(data))
+    return next((_huge_message(path, key, f"row {i}", h) for i, h in huge if h), None)
+
+
+def _diagnose_json_lines(path: str, key: str, text: str) -> str | None:
+    """The first fault of a JSON-lines file, or None."""
     first_type: dict[str, tuple[str, int]] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -273,6 +296,8 @@ def _diagnose_json(path: str, key: str) -> str | None:
                 f"{key}={path!r} line {lineno}: expected a JSON object with the prompt and "
                 f"answer fields, got {type(record).__name__}"
             )
+        if huge := _huge_number(record):
+            return _huge_message(path, key, f"line {lineno}", huge)
         for name, value in record.items():
             if value is None:
                 continue
@@ -284,6 +309,26 @@ def _diagnose_json(path: str, key: str) -> str | None:
                     f"{seen[0]} on line {seen[1]}: give it one type in every row"
                 )
     return None
+
+
+def _huge_number(record: dict, int_limit: float = math.inf) -> tuple[str, str] | None:
+    """The first top-level field of ``record`` holding a number the loader cannot read, with the
+    number: beyond a float64 (Python reads ``1e400`` as infinity), or an integer of at least
+    ``int_limit`` in magnitude."""
+    for name, value in record.items():
+        if isinstance(value, float) and math.isinf(value):
+            return name, "a number beyond a float64's range"
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= int_limit:
+            return name, f"a {abs(value).bit_length()}-bit integer"
+    return None
+
+
+def _huge_message(path: str, key: str, where: str, huge: tuple[str, str]) -> str:
+    name, what = huge
+    return (
+        f"{key}={path!r} {where}: field {name!r} holds {what}, which the loader cannot read: "
+        f'quote it ("{name}": "...") to keep it as text'
+    )
 
 
 _JSON_TYPES = {str: "a string", int: "a number", float: "a number", bool: "a boolean"}
@@ -349,6 +394,11 @@ def read_rows(
             )
         fields[name] = values
     prompts, raw_answers = fields[prompt_key], fields[answer_key]
+    if file_kind(path, key) == "json" and any(a is None or _is_number(a) for a in raw_answers):
+        # Arrow reads a JSON number as int64 or float64: a 20-digit answer, or an int beside a
+        # float, comes back rounded, and one beyond a float64 (1e400) as null. The file's own
+        # digits are the reference answer.
+        raw_answers = _exact_json_answers(path, answer_key, len(raw_answers)) or raw_answers
     rows = Rows(path, key, prompts, [], jsonl=_is_json_lines(path))
     problems = []
     for name, values, cfg_key in (
@@ -373,6 +423,14 @@ def read_rows(
             f"these rows): a prompt must be a string or a list of {{role, content}} messages; "
             f"quote it",
         )
+    not_messages = [i for i, p in enumerate(prompts) if _not_messages(p)]
+    problems += _listed(
+        not_messages,
+        rows,
+        f"the prompt field {prompt_key!r} is a list but not of {{role, content}} messages with "
+        f'string values: give a string, or messages such as [{{"role": "user", "content": '
+        f'"..."}}]',
+    )
     odd = [i for i, a in enumerate(raw_answers) if isinstance(a, (list, dict))]
     problems += _listed(
         odd, rows, f"the answer field {answer_key!r} holds a list or object: give a string"
@@ -401,10 +459,6 @@ def read_rows(
     )
     if problems:
         raise ConfigError(problems)
-    if file_kind(path, key) == "json" and any(_is_number(a) for a in raw_answers):
-        # Arrow reads a JSON number as int64 or float64: a 20-digit answer, or an int beside a
-        # float, comes back rounded. The file's own digits are the reference answer.
-        raw_answers = _exact_json_answers(path, answer_key, len(raw_answers)) or raw_answers
     rows.answers.extend(_answer_text(a) for a in raw_answers)
     return rows
 
@@ -415,14 +469,15 @@ def _is_number(value: Any) -> bool:
 
 def _exact_json_answers(path: str, answer_key: str, n: int) -> list[Any] | None:
     """Each row's answer field as a JSON or JSON-lines file spells it: a number comes back as
-    its exact digits (``Decimal``, an integral float as its integer), anything else as parsed.
+    an ``int`` or, with a fraction or exponent, as its text (:class:`_JsonNumber`), anything
+    else as parsed.
 
     Returns:
         ``n`` answers in row order, or None when the file's rows do not line up with ``n``.
     """
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    parse = {"parse_int": int, "parse_float": Decimal}
+    parse = {"parse_int": int, "parse_float": _JsonNumber}
     if text.lstrip().startswith("["):
         records = json.loads(text, **parse)
     else:
@@ -446,11 +501,22 @@ def _unknown_roles(prompt: Any) -> list[str]:
     return [r for r in roles if isinstance(r, str) and r not in ROLES]
 
 
+def _not_messages(prompt: Any) -> bool:
+    """A list prompt holding something other than ``{role, content}`` messages with string
+    values (``["1+1=", "x"]``)."""
+    if not isinstance(prompt, (list, tuple)):
+        return False
+    return not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in prompt
+    )
+
+
 def _blank_prompt(prompt: Any) -> bool:
     """A prompt with no text: an empty string, or messages whose contents are all empty."""
     if isinstance(prompt, str):
         return not prompt.strip()
-    if isinstance(prompt, (list, tuple)):
+    if isinstance(prompt, (list, tuple)) and not _not_messages(prompt):
         contents = [m.get("content") for m in prompt if isinstance(m, dict)]
         return all(isinstance(c, str) and not c.strip() for c in contents)
     return False
@@ -469,9 +535,17 @@ def _is_json_lines(path: str) -> bool:
     return not head.startswith(b"[")
 
 
+class _JsonNumber(str):
+    """A JSON number with a fraction or an exponent, as the file spells it (``1e-7``)."""
+
+
 def _answer_text(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))  # a numeric column read as float64: 72.0 is the answer 72
-    if isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value():
-        return str(int(value))  # a JSON 72.0 or 1e3 is the answer 72 or 1000, as above
+    if isinstance(value, _JsonNumber):
+        exact = Decimal(value).to_integral_value()
+        # a JSON 72.0 or 1e3 is the answer 72 or 1000, as above; 1e999999999 stays as written
+        # rather than become a billion digits
+        if exact == Decimal(value) and exact.adjusted() < MAX_INTEGER_DIGITS:
+            return format(exact.copy_abs() if exact.is_zero() else exact, "f")
     return str(value)

@@ -2,11 +2,11 @@
 
 The second built-in tool environment (``calc_tool``'s calculator is the first): the model may
 write ``python[<expression>]`` to have an arithmetic Python expression evaluated (``=<value>;``
-comes back), and its final turn is scored as GSM8K answers are, by the number after ``####``.
-With ``experiment=gsm8k_tiny``::
+comes back), and its final turn is scored as GSM8K answers are, by the number after ``####``
+(so ``task.reward_fn`` is null beside it). ``experiment=gsm8k_tool`` trains a word-problem agent
+with it, from a checkpoint supervised on solutions that call the tool (docs/agents.md)::
 
-    python -m rltrain experiment=gsm8k_tiny task.env=rltrain.tasks.python_tool:PythonEnv \\
-        rollout.max_turns=3 rollout.max_total_tokens=128
+    python -m rltrain experiment=gsm8k_tool
 
 The expression is parsed, never executed: numbers, ``+ - * / // % **`` and parentheses only,
 with bounded powers, so a model cannot reach the interpreter through the tool.

@@ -46,7 +46,9 @@ def build_char_tokenizer(chars: str = DEFAULT_CHARS) -> Any:
     for c in chars:
         vocab[c] = len(vocab)
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # "[\s\S]", not ".": a line break is a character like any other ("." skips it, and a run of
+    # them then reaches the word-level model as one unknown word)
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()  # characters join back without separators
     return PreTrainedTokenizerFast(
         tokenizer_object=core,

@@ -118,6 +118,14 @@ def test_a_comma_after_the_final_answer_is_not_part_of_it():
     assert math_reward("#### 1,200, done", "1201", "gsm8k", 0.1) == 0.1
 
 
+def test_a_final_answer_with_the_unicode_minus_is_read():
+    assert extract_hash_answer("so \u2212$5 each\n#### \u2212$5") == "\u2212$5"
+    assert gsm8k("", "#### \u22125", "-5") == 1.0
+    assert gsm8k("", "#### \u22125", "5") == 0.0  # the sign is read, not dropped
+    assert gsm8k("", "#### -5", "#### \u22125") == 1.0  # the reference solution's too
+    assert gsm8k_with_format("", "#### \u22124", "-5") == FORMAT_SCORE
+
+
 def test_format_reward_is_paid_only_for_a_wrong_but_well_formed_answer():
     assert gsm8k_with_format("", "#### 8", "7") == FORMAT_SCORE
     assert gsm8k_with_format("", "#### 7", "7") == 1.0

@@ -76,3 +76,29 @@ def test_the_warm_start_learns_the_call_and_the_answer_not_the_tools_result() ->
     assert text == "calculator[12+3]=15;15"
     shown = "".join(c for c, learned in zip(text, trained, strict=False) if not learned)
     assert shown == "=15;"  # the tool's reply: read, never learned
+
+
+def test_its_data_files_are_rewritten_once_the_checkpoint_is_gone(tmp_path) -> None:
+    import shutil
+
+    train, evals, model = _paths(tmp_path)
+    assert ensure_calc_tool(train, evals, model, SPEC, MODEL)
+    # deleted, or never saved (a Ctrl-C during the supervised steps): the files stay its own
+    shutil.rmtree(model)
+    assert ensure_calc_tool(train, evals, model, SPEC, MODEL)
+    assert (tmp_path / "base_model" / STAMP).is_file()
+    assert not ensure_calc_tool(train, evals, model, SPEC, MODEL)
+
+
+def test_a_data_file_edited_since_it_was_written_is_the_users(tmp_path) -> None:
+    import shutil
+
+    train, evals, model = _paths(tmp_path)
+    assert ensure_calc_tool(train, evals, model, SPEC, MODEL)
+    shutil.rmtree(model)
+    with open(train, "a") as f:
+        f.write('{"prompt": "1+1=", "answer": "2"}\n')
+    before = _digest(tmp_path / "train.jsonl")
+    with pytest.raises(ConfigError, match=r"task.path=.*did not write it.*task.generate=null"):
+        ensure_calc_tool(train, evals, model, SPEC, MODEL)
+    assert _digest(tmp_path / "train.jsonl") == before

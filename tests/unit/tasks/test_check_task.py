@@ -88,3 +88,17 @@ def test_generation_settings_are_checked_before_anything_is_written(tmp_path: pa
         "or null to read existing files"
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_task_params_without_a_generator_refuse_only_keys_no_generator_has(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n' * 3)
+    path = str(tmp_path / "t.jsonl")
+    # a preset's generator settings kept with task.generate=null are not read, and let through
+    assert check_task(_run(name="jsonl", path=path, params={"sft_steps": 5, "num_terms": 2})) == []
+    problems = check_task(_run(name="jsonl", path=path, params={"sft_stepz": 5}))
+    assert problems == [
+        "task.params.sft_stepz=5 is not a setting of any task.generate (settings: ['data_dir', "
+        "'digits', 'max_number', 'num_eval', 'num_terms', 'num_train', 'sft_batch_size', "
+        "'sft_lr', 'sft_steps', 'tool', 'vocab_size']); with task.generate=null task.params is "
+        "not read: fix the key or drop it"
+    ]

@@ -64,6 +64,20 @@ def test_dataset_dict_directories_pick_the_split_by_key(tmp_path: pathlib.Path):
         read_rows(str(tmp_path / "odd"))
 
 
+def test_a_dataset_dict_of_only_train_is_no_eval_set(tmp_path: pathlib.Path):
+    only = {"train": datasets.Dataset.from_list([{"prompt": "1+1=", "answer": "2"}])}
+    datasets.DatasetDict(only).save_to_disk(str(tmp_path / "dd"))
+    assert read_rows(str(tmp_path / "dd")).prompts == ["1+1="]
+    with pytest.raises(
+        ConfigError,
+        match=r"task.eval_path=.* only split is 'train', not held-out rows: .* task.num_eval",
+    ):
+        read_rows(str(tmp_path / "dd"), key="task.eval_path")
+    odd = {"heldout": datasets.Dataset.from_list([{"prompt": "2+2=", "answer": "4"}])}
+    datasets.DatasetDict(odd).save_to_disk(str(tmp_path / "odd"))
+    assert read_rows(str(tmp_path / "odd"), key="task.eval_path").prompts == ["2+2="]
+
+
 @pytest.mark.parametrize(
     "name, content, want",
     [

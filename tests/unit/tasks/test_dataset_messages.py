@@ -36,3 +36,15 @@ def test_a_number_as_prompt_is_named(tmp_path):
         "be a string or a list of {role, content} messages; quote it"
     )
     assert "line 2:" in second
+
+
+def test_a_list_of_strings_as_prompt_is_not_called_empty(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": ["1+1=", "x"], "answer": "2"}\n')
+    with pytest.raises(ConfigError) as info:
+        read_rows(str(path))
+    [problem] = info.value.problems
+    assert problem.endswith(
+        "line 1: the prompt field 'prompt' is a list but not of {role, content} messages with "
+        'string values: give a string, or messages such as [{"role": "user", "content": "..."}]'
+    )

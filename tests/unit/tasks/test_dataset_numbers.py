@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+from rltrain.errors import ConfigError
 from rltrain.tasks.dataset import read_rows
 
 
@@ -25,6 +26,8 @@ def _write(tmp_path: pathlib.Path, name: str, text: str) -> str:
         (["9007199254740993", "0.5"], ["9007199254740993", "0.5"]),
         # an integral float is its integer, as a float64 column's 72.0 always was
         (["72.0", "1e3", "1.50"], ["72", "1000", "1.50"]),
+        # a fraction or exponent as written, never re-spelt as Decimal's "1E-7"
+        (["1e-7", "0.0000001", "2.5E-3", "-0.0"], ["1e-7", "0.0000001", "2.5E-3", "0"]),
     ],
 )
 def test_json_lines_numbers_are_exact(tmp_path, answers, want):
@@ -35,3 +38,21 @@ def test_json_lines_numbers_are_exact(tmp_path, answers, want):
 def test_a_json_array_and_a_nested_field_are_exact_too(tmp_path):
     path = _write(tmp_path, "d.json", '[{"prompt": "q", "out": {"n": 12345678901234567890}}]')
     assert read_rows(path, answer_key="out.n").answers == ["12345678901234567890"]
+
+
+def test_a_number_beyond_a_float64_is_read_or_refused_as_such(tmp_path):
+    # a JSON array's loader gives null for it: the file's digits are the answer
+    path = _write(tmp_path, "d.json", '[{"prompt": "q", "answer": 1e400}]')
+    assert read_rows(path).answers == ["1" + "0" * 400]
+    # the JSON-lines loader cannot read the file at all: the message names the line and field
+    lines = '{"prompt": "q", "answer": 1}\n{"prompt": "r", "answer": 1e400}\n'
+    path = _write(tmp_path, "d.jsonl", lines)
+    with pytest.raises(
+        ConfigError,
+        match=r"line 2: field 'answer' holds a number beyond a float64's range, which the loader "
+        r"cannot read: quote it",
+    ):
+        read_rows(path)
+    path = _write(tmp_path, "big.json", f'[{{"prompt": "q", "answer": {2**70}}}]')
+    with pytest.raises(ConfigError, match=r"row 0: field 'answer' holds a 71-bit integer"):
+        read_rows(path)

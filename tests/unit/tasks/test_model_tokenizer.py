@@ -28,6 +28,14 @@ def test_char_tokenizer_ids_padding_and_decode():
         build_char_tokenizer("aa")
 
 
+def test_every_line_break_is_one_token():
+    tok = build_char_tokenizer("3\n")  # '3' is id 3, '\n' id 4
+    assert tok("\n", add_special_tokens=False)["input_ids"] == [4]
+    assert tok("3\n\n3", add_special_tokens=False)["input_ids"] == [3, 4, 4, 3]
+    assert tok.decode([3, 4, 4, 3]) == "3\n\n3"
+    assert tok("\r\n", add_special_tokens=False)["input_ids"] == [2, 4]  # '\r' unknown alone
+
+
 def test_tokenizer_saves_and_loads_in_hf_format(tmp_path: pathlib.Path):
     tok = build_tokenizer(ModelConfig())
     tok.save_pretrained(tmp_path)

@@ -43,3 +43,16 @@ def test_the_final_answer_or_its_marker_unspellable_is_refused(tmp_path):
     # exact match compares the whole answer: every character of it must be spellable
     with pytest.raises(ConfigError, match=r"line 1: answer 'Tom has .* has characters"):
         build_task(_task(tmp_path, SOLUTION, None), tok)
+
+
+def test_an_answer_with_blank_lines_is_spellable_when_its_characters_are(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "3+0=", "answer": "3\n\n3"}) + "\n")
+    cfg = TaskConfig(name="jsonl", path=str(path))
+    assert build_task(cfg, build_tokenizer(ModelConfig(vocab_chars="0123456789+=\n")))
+    with pytest.raises(
+        ConfigError,
+        match=r"line 1: answer '3\\n\\n3' has characters the "
+        r"tokenizer does not know \('\\n'\)",
+    ):
+        build_task(cfg, build_tokenizer(ModelConfig(vocab_chars="0123456789+=")))
