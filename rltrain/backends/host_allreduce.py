@@ -290,6 +290,12 @@ def wrap_data_parallel(
     slowest rank, to every forward. On CPU ranks of one host, gradients are averaged through
     :class:`HostAllReduce` when ``host_allreduce`` (``cluster.host_allreduce``).
 
+    DDP keeps flat gradient buckets the size of every trained parameter for the wrapper's life.
+    The gradients are made views of them (``gradient_as_bucket_view``), from the wrap on (each
+    trained parameter is given a zero gradient first, which DDP adopts into its bucket): the
+    buckets are then the ``grads`` state a state mover moves and the ledger counts, not a
+    second copy that stays on the device after an offload.
+
     Args:
         model: the model, on ``device``.
         device: this rank's compute device.
@@ -305,10 +311,18 @@ def wrap_data_parallel(
     # Newer torch renames the per-forward switch (the init-time sync stays on either way).
     known = inspect.signature(DistributedDataParallel.__init__).parameters
     sync = "forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"
-    ddp = DistributedDataParallel(model, device_ids=ids, **{sync: _has_running_stats(model)})
+    # Only trained parameters have gradients to average (LoRA: the adapters).
+    trained = [p for p in model.parameters() if p.requires_grad]
+    for p in trained:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=ids,
+        gradient_as_bucket_view=True,
+        **{sync: _has_running_stats(model)},
+    )
     if device.type == "cpu" and host_allreduce:
-        # Only trained parameters have gradients to average (LoRA: the adapters).
-        trained = [p for p in model.parameters() if p.requires_grad]
         grad_bytes = sum(p.numel() * p.element_size() for p in trained)
         shared = HostAllReduce.connect(grad_bytes, timeout_s)
         if shared is not None:

@@ -5,6 +5,8 @@ selected state kinds (``weights``, ``grads``, ``optimizer``) of one model + opti
 buffers, releases the device storage, and later restores it. The same tensor objects
 (``nn.Parameter``, ``p.grad``, the optimizer's state tensors) are kept throughout: only their
 ``.data`` is swapped, so the optimizer, hooks and anything else holding references keep working.
+Gradients keep their storage too, emptied in place (:data:`IN_PLACE_KINDS`), since DDP's
+reducer holds the buckets they are views of.
 
 Work is done per *storage*, not per tensor: tensors that share a storage (tied embeddings,
 views) are moved once and rebuilt as views of one new storage, so sharing survives a round trip.
@@ -173,11 +175,23 @@ class _View:
 
 @dataclass(frozen=True)
 class _Moved:
-    """One storage living in a host buffer: where its bytes are and who viewed it."""
+    """One storage living in a host buffer: where its bytes are and who viewed it.
+
+    ``storage`` is set for a storage emptied in place (kept, resized to 0 bytes, and refilled
+    on reload) rather than replaced under its tensors.
+    """
 
     host_offset: int
     nbytes: int
     views: tuple[_View, ...]
+    storage: torch.UntypedStorage | None = None
+
+
+#: Kinds whose storages are emptied in place: a gradient may be a view of a buffer another
+#: object keeps (DistributedDataParallel's bucket, :func:`~rltrain.backends.host_allreduce.
+#: wrap_data_parallel`); giving the gradient a new storage would neither free the bucket nor
+#: keep DDP writing into the gradient.
+IN_PLACE_KINDS = frozenset({"grads"})
 
 
 class StateMover:
@@ -273,6 +287,9 @@ class StateMover:
         placeholder: dict[torch.dtype, torch.Tensor] = {}
         for kind in todo:
             for moved in self._moved[kind]:
+                if moved.storage is not None:
+                    moved.storage.resize_(0)
+                    continue
                 for v in moved.views:
                     empty = placeholder.setdefault(
                         v.tensor.dtype, torch.empty(0, dtype=v.tensor.dtype, device=self.device)
@@ -299,8 +316,14 @@ class StateMover:
         for kind in todo:
             host = self._host[kind]
             for moved in self._moved[kind]:
-                storage = torch.empty(moved.nbytes, dtype=torch.uint8, device=self.device)
                 src = host[moved.host_offset : moved.host_offset + moved.nbytes]
+                if moved.storage is not None:
+                    moved.storage.resize_(moved.nbytes)
+                    flat = torch.empty(0, dtype=torch.uint8, device=self.device)
+                    flat.set_(moved.storage).copy_(src, non_blocking=self._pin)
+                    total += moved.nbytes
+                    continue
+                storage = torch.empty(moved.nbytes, dtype=torch.uint8, device=self.device)
                 storage.copy_(src, non_blocking=self._pin)
                 untyped = storage.untyped_storage()
                 for v in moved.views:
@@ -361,7 +384,8 @@ class StateMover:
             views = tuple(
                 _View(t, t.storage_offset(), tuple(t.shape), tuple(t.stride())) for t in tensors
             )
-            out.append(_Moved(host_offset=offset, nbytes=nbytes, views=views))
+            keep = tensors[0].untyped_storage() if kind in IN_PLACE_KINDS else None
+            out.append(_Moved(host_offset=offset, nbytes=nbytes, views=views, storage=keep))
             offset += _align(nbytes)
         return tuple(out)
 

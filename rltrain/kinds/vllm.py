@@ -36,6 +36,22 @@ def _vllm_settings(cfg: Any) -> Iterator[str]:
             )
 
 
+def _own_devices(cfg: Any) -> Iterator[str]:
+    """vLLM builds on the first devices its process sees, not on the ones the plan gave it.
+
+    vLLM 0.26 puts a TP=1 engine on ``cuda:0`` (``UniProcExecutor``) and its TP workers on
+    ``cuda:0..TP-1`` (``gpu_worker``): only a process that sees nothing but its own devices
+    builds its engine where the plan placed it.
+    """
+    if not cfg.placement.isolate_accelerator:
+        yield (
+            "placement.isolate_accelerator=false with rollout.backend='vllm': vLLM builds its "
+            "engine on the first GPUs its process sees, so every rollout process of a node "
+            "would share GPU 0 instead of using its own; set placement.isolate_accelerator=true "
+            "(each process then sees only its own GPUs), or use rollout.backend=torch"
+        )
+
+
 VLLM = EngineKind(
     name="vllm",
     role="generation",
@@ -48,7 +64,7 @@ VLLM = EngineKind(
     kv_reserved=True,
     max_model_len=True,
     own_kernels=True,
-    config_checks=(_vllm_settings,),
+    config_checks=(_vllm_settings, _own_devices),
     pre_ray_checks=("rltrain.backends.vllm_rollout:check_plan_memory",),
     plan_problems=("rltrain.placement.vllm_plan:kv_problems",),
 )

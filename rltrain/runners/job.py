@@ -193,25 +193,90 @@ def start_job(
                     isolate_accelerator=run.placement.isolate_accelerator,
                 )
 
-        # Groups start at once: a worker's start-up (imports, model build) is seconds of one
-        # core, and one group waiting for the previous made start-up the sum instead of the max.
         names = [c for c in plan.components if c in workers]
-        pool = ThreadPoolExecutor(max_workers=max(len(names), 1))
-        try:
-            futures = {c: pool.submit(launch, c) for c in names}
-            groups: dict[str, WorkerGroup[Any]] = {c: f.result() for c, f in futures.items()}
-        finally:
-            # Ctrl-C or a failed launch: leave now, the cluster's teardown ends the others
-            pool.shutdown(wait=False, cancel_futures=True)
+        waves = launch_waves(run, plan, names)
+        groups = _launch_wave(waves[0], launch)
+        asleep = _sleep_before_sharers(run, groups) if len(waves) > 1 else {}
+        for wave in waves[1:]:
+            groups.update(_launch_wave(wave, launch))
+        groups = {c: groups[c] for c in names}
         startup.mark("workers_ready")
         if on_launch is not None:
             on_launch(groups)
-        residency, resident = _residency(run, plan, groups)
+        residency, resident = _residency(run, plan, groups, asleep)
         job = Job(run, launched, cluster, groups, residency, run_dir, resident)
         check_interrupt()  # a Ctrl-C dropped while the workers started
         startup.mark("job_ready")
         yield job
         startup.mark("run_done")
+
+
+def _launch_wave(
+    names: Sequence[str], launch: Callable[[str], WorkerGroup[Any]]
+) -> dict[str, WorkerGroup[Any]]:
+    """Launch groups at once: a worker's start-up (imports, model build) is seconds of one core,
+    and one group waiting for the previous made start-up the sum instead of the max."""
+    pool = ThreadPoolExecutor(max_workers=max(len(names), 1))
+    try:
+        futures = {c: pool.submit(launch, c) for c in names}
+        return {c: f.result() for c, f in futures.items()}
+    finally:
+        # Ctrl-C or a failed launch: leave now, the cluster's teardown ends the others
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _plan_devices(plan: Plan, component: str) -> set[tuple[int, int]]:
+    return {(p.node_rank, d) for p in plan.by_component.get(component, ()) for d in p.devices}
+
+
+def launch_waves(run: RunConfig, plan: Plan, names: Sequence[str]) -> list[list[str]]:
+    """The groups to launch together, wave after wave.
+
+    A generation engine that reserves a share of its devices' memory (vLLM:
+    ``rollout.gpu_memory_utilization``) checks at start-up that the share is free, and sizes its
+    KV cache from the memory it sees change while it profiles, counting other processes'
+    allocations as its own. So the groups sharing a device with the rollout start only once its
+    engine is built; every other run starts all groups at once.
+
+    Args:
+        run: the run config.
+        plan: the launched plan (which devices each component's processes use).
+        names: the components to launch, in plan order.
+
+    Returns:
+        One wave (``names``), or the rollout with every group not sharing its devices, then
+        the groups that share them.
+    """
+    generation = run.rollout.backend
+    reserves = (
+        generation in registry.engine_names("generation")
+        and registry.generation_engine(run).kv_reserved
+    )
+    if "rollout" not in names or not reserves:
+        return [list(names)]
+    own = _plan_devices(plan, "rollout")
+    later = [c for c in names if c != "rollout" and _plan_devices(plan, c) & own]
+    first = [c for c in names if c not in later]
+    return [first, later] if later else [first]
+
+
+def _sleep_before_sharers(
+    run: RunConfig, groups: Mapping[str, WorkerGroup[Any]]
+) -> dict[str, list[dict[str, int]]]:
+    """Offload the rollout's state now, before the groups sharing its devices build theirs,
+    when its policy lets it leave: the plan gives them that room only while it is away.
+
+    Returns:
+        ``{"rollout": each rank's full state sizes}``, read before the offload (an engine
+        asleep reports no KV cache), or empty when the rollout stays resident.
+    """
+    group = groups["rollout"]
+    policy = resolve_offload(run.placement.offload.get("rollout"), "placement.offload.rollout")
+    if not policy.enabled or not issubclass(group.worker_class, ResidentState):
+        return {}
+    sizes = group.call(ResidentState.state_bytes).wait()
+    group.call(ResidentState.offload, sorted(policy.states)).wait()
+    return {"rollout": [dict(s) for s in sizes]}
 
 
 def refuse_simulated_latency(run: RunConfig, plan: Plan) -> None:
@@ -234,8 +299,18 @@ def overlap(run: RunConfig) -> tuple[frozenset[str], ...]:
 
 
 def _residency(
-    run: RunConfig, plan: Plan, groups: Mapping[str, WorkerGroup[Any]]
+    run: RunConfig,
+    plan: Plan,
+    groups: Mapping[str, WorkerGroup[Any]],
+    asleep: Mapping[str, list[dict[str, int]]] | None = None,
 ) -> tuple[ResidencyCoordinator, tuple[str, ...]]:
+    """The residency coordinator, fed with every model-holding rank's state sizes.
+
+    ``asleep`` holds the sizes of components offloaded before the others launched
+    (:func:`_sleep_before_sharers`); they are registered with the kinds their policy moved
+    already off the device.
+    """
+    asleep = asleep or {}
     capacity = {
         (node.rank, d): node.device_memory_bytes
         for node in plan.cluster.nodes
@@ -247,10 +322,11 @@ def _residency(
         procs = plan.by_component[comp]
         if not any(p.devices for p in procs) or not issubclass(group.worker_class, ResidentState):
             continue
-        sizes = group.call(ResidentState.state_bytes).wait()
+        sizes = asleep.get(comp) or group.call(ResidentState.state_bytes).wait()
         policy = resolve_offload(run.placement.offload.get(comp), f"placement.offload.{comp}")
         for p, total in zip(procs, sizes, strict=True):
             devices = tuple((p.node_rank, d) for d in p.devices)
+            away = {k for k, b in total.items() if b and policy.may_offload(k)}
             coordinator.register(
                 Resident(
                     comp,
@@ -258,6 +334,7 @@ def _residency(
                     devices,
                     policy,
                     dict(total),
+                    offloaded=away if comp in asleep else set(),
                     stage_extra=max(_stage_extra(plan, comp, d) for d in devices),
                 ),
                 GroupHandle(group, p.rank),

@@ -30,8 +30,32 @@ LEDGER_TOLERANCE_BYTES = 256 * 1024
 ACCELERATOR_ENV = "RLTRAIN_ACCELERATOR"
 
 
+def cuda_device_to_select(devices: tuple[int, ...]) -> int | None:
+    """The CUDA device a process must make current to compute on its own first device.
+
+    A process that does not isolate its accelerators sees every GPU the job reserved on its
+    node, and unindexed CUDA calls (``torch.cuda.current_device()``, NCCL groups, a bare
+    ``synchronize()``) go to the current device, which starts as 0 in every process.
+
+    Args:
+        devices: the worker's devices, as positions in its ``CUDA_VISIBLE_DEVICES``.
+
+    Returns:
+        The position to pass to ``torch.cuda.set_device``, or None when there is nothing to
+        change: no devices, or the first is 0 already (left unset so that CUDA is not
+        initialized before first use: a vLLM engine built next decides from that whether it may
+        fork its workers).
+    """
+    if not devices or devices[0] == 0:
+        return None
+    return devices[0]
+
+
 def compute_device(worker: Worker) -> torch.device:
     """The torch device a worker computes on: its first GPU, or the CPU on simulated devices.
+
+    On a GPU that device is also made the process's current CUDA device
+    (:func:`cuda_device_to_select`).
 
     Raises:
         ResourceError: the worker was placed on real CUDA devices but torch cannot use CUDA in
@@ -41,6 +65,9 @@ def compute_device(worker: Worker) -> torch.device:
     if not worker.devices:
         return torch.device("cpu")
     if torch.cuda.is_available():
+        index = cuda_device_to_select(worker.devices)
+        if index is not None:
+            torch.cuda.set_device(index)
         return torch.device("cuda", worker.devices[0])
     if os.environ.get(ACCELERATOR_ENV) == "cuda":
         try:

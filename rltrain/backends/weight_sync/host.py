@@ -79,6 +79,7 @@ def load_from_host(
         load_bucket(b, f, params, strict=strict)
         for b, f in zip(packed.layout, packed.flats, strict=True)
     )
-    if any(t.is_cuda for t in params.values()):
-        torch.cuda.synchronize()
+    # The copies' own devices, not the current one: a process may compute on another GPU.
+    for device in {t.device for t in params.values() if t.is_cuda}:
+        torch.cuda.synchronize(device)
     return written
