@@ -154,9 +154,10 @@ def test_fit_embodied_items_from_the_epoch_totals():
 
 
 def test_fits_need_a_run():
-    with pytest.raises(ValueError):
+    # statistics' own error on an empty list is a ValueError too: the guard's message is checked
+    with pytest.raises(ValueError, match="needs at least one profiling run"):
         fit_reasoning([])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs at least one profiling run"):
         fit_embodied([], 16, 4)
 
 

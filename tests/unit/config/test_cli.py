@@ -21,13 +21,18 @@ def test_cfg_job_shows_the_chosen_placement(tmp_path):
         ("placement=hybird", "hybrid"),  # the message lists the valid options
         ("cluster.num_nodes=two", "cluster.num_nodes"),
         ("+placement.colour=red", "placement.colour"),
-        ("algorithm.kl_estimator=k9", "algorithm.kl_estimator"),
+        # read only with a KL term: the estimator's own check, not the unread-key refusal
+        (
+            "algorithm.kl_estimator=k9 algorithm.kl_coef=0.1 "
+            "+placement.component_placement.reference=all",
+            "algorithm.kl_estimator='k9' is not valid: choose one of ['k1', 'k2', 'k3']",
+        ),
     ],
 )
 def test_bad_input_names_the_key_and_fails(override: str, expected: str, tmp_path):
     # in a directory of its own: Hydra names run directories to the second, and a refused run
     # removes its own, so two refused runs in one directory and second would race
-    out = run_cli(override, cwd=tmp_path)
+    out = run_cli(*override.split(), cwd=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
     assert expected in out.stderr
     assert "Traceback" not in out.stderr
