@@ -195,7 +195,9 @@ class MasterWeightOptimizer:
             finite = math.isfinite(norm)
             self.loss_scale.update(finite)
             if not finite:  # overflowed: no step, the next one runs with a smaller scale
-                self.zero_grad()
+                # zeroed in place, not dropped: under data parallelism the gradients are views
+                # of DDP's buckets, which an offload can reach only through them
+                self.zero_grad(set_to_none=False)
                 return norm
         coef = min(grad_clip / (norm + 1e-6), 1.0) if grad_clip > 0 else 1.0
         self._step_chunks(inv * coef)

@@ -153,6 +153,10 @@ def test_fp16_scales_the_loss_and_skips_an_overflowed_step():
     result = actor.train(_batch(), rewards=[REWARDS], step=0)
     assert all(torch.equal(a, b) for a, b in zip(before, actor.model.parameters(), strict=True))
     assert opt.loss_scale.skipped == 1 and opt.loss_scale.scale == 5e37
+    # the skipped step's gradients are zeroed in place, not dropped: with several ranks they
+    # are DDP's buckets, which an offload reaches only through them
+    trained = [p for p in actor.model.parameters() if p.requires_grad]
+    assert all(p.grad is not None and not p.grad.any() for p in trained)
     assert result.metrics["actor/loss_scale"] == 5e37
     opt.loss_scale.scale = 1024.0
     result = actor.train(_batch(), rewards=[REWARDS], step=1)
