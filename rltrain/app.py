@@ -386,6 +386,7 @@ def _run(cfg: DictConfig) -> float | None:
             return None
         run_cfg = choice.run  # the winner, a concrete layout; checked and run as any other
     # micro-batches left null: the largest that fits the layout (the auto winner's, not its base)
+    unsized = run_cfg
     run_cfg, chosen = decide_for_user(run_cfg)
     for line in chosen:
         print(line)
@@ -393,7 +394,7 @@ def _run(cfg: DictConfig) -> float | None:
         from rltrain.runners.plan_command import plan_command
 
         _stamp_run_dir(out_dir)
-        plan = plan_command(run_cfg, out_dir)
+        plan = plan_command(run_cfg, out_dir, unsized=unsized)
         for note in run_notes(run_cfg, plan):
             print(note)
         return None

@@ -7,6 +7,7 @@ the over-full devices outlined in red), then refused with a :class:`ResourceErro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -29,13 +30,17 @@ def run_dir() -> str:
         return os.getcwd()
 
 
-def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Plan:
+def plan_command(
+    run: Any, out_dir: str | None = None, max_rows: int = 64, unsized: Any = None
+) -> Plan:
     """Plan a run, show it, and write ``plan.json`` and ``plan.svg``.
 
     Args:
         run: the checked :class:`~rltrain.config.schema.RunConfig`.
         out_dir: where to write; None for the Hydra run directory.
         max_rows: table rows before consecutive alike processes are merged into one row.
+        unsized: ``run`` before its null micro-batch sizes were chosen for its layout: the
+            candidates the what-if ranks get theirs for their own layouts (None: ``run``'s).
 
     Returns:
         The plan.
@@ -63,7 +68,10 @@ def plan_command(run: Any, out_dir: str | None = None, max_rows: int = 64) -> Pl
     print(fusion_line(run, plan))
     from rltrain.whatif.report import plan_prediction  # the step simulator (docs/whatif.md)
 
-    data = {**plan_to_dict(plan), **plan_prediction(planned, plan, out_dir, _fusable)}
+    if unsized is not None and planned is not run:  # sized from the same model as the plan
+        unsized = dataclasses.replace(unsized, model=planned.model)
+    predicted = plan_prediction(planned, plan, out_dir, _fusable, unsized)
+    data = {**plan_to_dict(plan), **predicted}
     with open(os.path.join(out_dir, "plan.json"), "w") as f:
         json.dump(data, f, indent=1)
     with open(os.path.join(out_dir, "plan.svg"), "w") as f:
@@ -92,8 +100,6 @@ def _planned_run(run: Any) -> tuple[Any, str]:
     A run that only plans writes nothing, so ``task.generate``'s checkpoint may not exist yet:
     the plan is then sized from the model the generator will build from the ``model`` fields.
     """
-    import dataclasses
-
     from rltrain.tasks import planning_model
 
     model = planning_model(run)

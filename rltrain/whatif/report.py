@@ -69,7 +69,9 @@ def calibration(run: Any) -> Calibration:
     return from_profile(costs, run, path)
 
 
-def rank(run: Any, cluster: Any, fusable: Fusable, calib: Calibration) -> list[Ranked]:
+def rank(
+    run: Any, cluster: Any, fusable: Fusable, calib: Calibration, unsized: Any = None
+) -> list[Ranked]:
     """Every ``placement=auto`` candidate of the run on ``cluster``, predicted by the simulator
     and checked with the plan (memory, batch sizes, fusion), fastest first.
 
@@ -78,10 +80,14 @@ def rank(run: Any, cluster: Any, fusable: Fusable, calib: Calibration) -> list[R
         cluster: the :class:`~rltrain.placement.types.ClusterSpec`.
         fusable: ``(run, plan) -> bool``: whether a fused candidate can run fused.
         calib: the calibration.
+        unsized: the run before its null micro-batch sizes were chosen for its own layout
+            (None: ``run``'s sizes are the user's); each candidate then gets the largest that
+            fits its layout, as that layout set by hand (or chosen by ``placement=auto``) does.
 
     Returns:
         The ranking (refused candidates last, each with its reason).
     """
+    from rltrain.placement.micro_batches import choose_micro_batches
     from rltrain.placement.plan import build_plan
     from rltrain.placement.sizes import derive_sizes
     from rltrain.whatif.predict import hardware_cluster, target_device
@@ -97,7 +103,9 @@ def rank(run: Any, cluster: Any, fusable: Fusable, calib: Calibration) -> list[R
         found = cands.reasoning_candidates(devices, auto.candidates, auto.staleness, policies)
     out = []
     for cand in found:
-        cand_run = cands.apply(run, cand)
+        cand_run = cands.apply(run if unsized is None else unsized, cand)
+        if unsized is not None:
+            cand_run = choose_micro_batches(cand_run, cluster)[0]
         try:
             if registry.runner(run).language_model:
                 derive_sizes(cand_run, cand.actor_devices, cand.rollout_devices)
@@ -166,7 +174,9 @@ def ranking_text(rows: list[Ranked], top: int = TOP) -> str:
     return "\n".join(lines)
 
 
-def plan_prediction(run: Any, plan: Any, out_dir: str, fusable: Fusable) -> dict[str, Any]:
+def plan_prediction(
+    run: Any, plan: Any, out_dir: str, fusable: Fusable, unsized: Any = None
+) -> dict[str, Any]:
     """Predict the planned run, print it, rank the candidates, write :data:`TRACE_FILE`.
 
     Args:
@@ -174,6 +184,7 @@ def plan_prediction(run: Any, plan: Any, out_dir: str, fusable: Fusable) -> dict
         plan: its plan on the configured cluster.
         out_dir: the plan's directory.
         fusable: ``(run, plan) -> bool``: whether the run's actor, rollout and reward run fused.
+        unsized: the run before its null micro-batch sizes were chosen (see :func:`rank`).
 
     Returns:
         What ``plan.json`` adds: ``predicted`` (and ``predicted_ranking``); nothing on real
@@ -194,7 +205,7 @@ def plan_prediction(run: Any, plan: Any, out_dir: str, fusable: Fusable) -> dict
         json.dump(p.trace, f)
     out: dict[str, Any] = {PREDICTED: {**p.to_dict(), "seconds": time.perf_counter() - t0}}
     if run.whatif.rank_candidates and plan.cluster.num_devices > 1:
-        rows = rank(run, plan.cluster, fusable, calib)
+        rows = rank(run, plan.cluster, fusable, calib, unsized)
         print(ranking_text(rows))
         out["predicted_ranking"] = [r.to_dict() for r in rows]
     print(
