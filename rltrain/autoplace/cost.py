@@ -62,10 +62,12 @@ from typing import Any
 from rltrain.autoplace.candidates import Candidate
 
 
-def _line(points: Sequence[tuple[float, float]], rising_only: bool) -> tuple[float | None, float]:
-    """Least-squares ``y = a + b x`` with ``a >= 0`` (pinned to 0 and ``b`` refitted through
-    the origin when it comes out negative); with ``rising_only`` also ``b >= 0`` (pinned to 0,
-    ``a`` the mean).
+def _line(
+    points: Sequence[tuple[float, float]], rising_only: bool, pin: bool = True
+) -> tuple[float | None, float]:
+    """Least-squares ``y = a + b x``; with ``pin``, ``a >= 0`` (pinned to 0 and ``b`` refitted
+    through the origin when it comes out negative); with ``rising_only`` also ``b >= 0``
+    (pinned to 0, ``a`` the mean).
 
     Returns:
         ``(a, b)``; ``(None, mean y)`` when the points have one distinct ``x`` (no slope).
@@ -82,7 +84,7 @@ def _line(points: Sequence[tuple[float, float]], rising_only: bool) -> tuple[flo
     a = my - b * mx
     if rising_only and b < 0:
         return max(my, 0.0), 0.0
-    if a < 0:
+    if a < 0 and pin:
         sx2 = sum(x * x for x, _ in points)
         return 0.0, max(sum(x * y for x, y in points) / sx2, 0.0)
     return a, b
@@ -94,19 +96,30 @@ class Scaling:
 
     ``parallel`` is negative for a stage measured slower on more devices (data-parallel
     communication outweighing the split work, as a tiny model's update on two CPU processes):
-    the time then rises towards ``fixed``.
+    the time then rises towards ``fixed``. ``fixed`` is negative for a stage measured to gain
+    more than linearly from more devices (between the measured counts the line holds, so each
+    measured count is predicted as measured); beyond the widest measurement such a line would
+    reach zero, so no more than linear gain is assumed there: ``widest / k``.
 
     Attributes:
-        fixed: seconds more devices do not shorten (>= 0).
+        fixed: seconds more devices do not shorten.
         parallel: seconds on one device that data parallelism divides.
+        widest: device-seconds of the widest measurement (its seconds times its devices) when
+            ``fixed`` is negative, else 0: the least ``k`` devices are assumed to take.
     """
 
     fixed: float
     parallel: float = 0.0
+    widest: float = 0.0
 
     def at(self, k: int) -> float:
         """The stage's seconds on ``k`` devices."""
-        return max(self.fixed + self.parallel / max(k, 1), 0.0)
+        k = max(k, 1)
+        return max(self.fixed + self.parallel / k, self.widest / k, 0.0)
+
+    def scaled(self, factor: float) -> Scaling:
+        """The same scaling of ``factor`` times the seconds."""
+        return Scaling(self.fixed * factor, self.parallel * factor, self.widest * factor)
 
     @classmethod
     def fit(cls, points: Sequence[tuple[int, float]]) -> Scaling:
@@ -122,10 +135,13 @@ class Scaling:
             The fit (``Scaling(0)`` without points).
         """
         pts = [(1.0 / max(k, 1), max(t, 0.0)) for k, t in points]
-        a, b = _line(pts, rising_only=False)
+        a, b = _line(pts, rising_only=False, pin=False)
         if a is None:  # one device count
             return cls(fixed=b, parallel=0.0)
-        return cls(fixed=a, parallel=b)
+        if a >= 0:
+            return cls(fixed=a, parallel=b)
+        x = min(x for x, _ in pts)  # 1 / the widest device count
+        return cls(fixed=a, parallel=b, widest=max(a + b * x, 0.0) / x)
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,13 @@ def test_scaling_fit_keeps_a_stage_that_is_slower_on_more_devices():
     s = Scaling.fit([(1, 1.0), (2, 1.2)])
     assert s.fixed == pytest.approx(1.4) and s.parallel == pytest.approx(-0.4)
     assert s.at(4) == pytest.approx(1.3)
-    # A fit through the origin when the intercept would be negative: t = 4/k exactly.
-    s = Scaling.fit([(1, 4.0), (2, 1.0)])  # free fit: -2 + 6/k; pinned: b = sum(xy)/sum(x^2)
-    assert s.fixed == 0.0 and s.parallel == pytest.approx((4.0 + 0.5) / (1 + 0.25))
+    # A stage measured to gain more than linearly: the line between the measured counts
+    # (-2 + 6/k: each measured count predicted as measured), no more than linear gain beyond
+    # the widest (1.0 s on 2 devices: 2 device-seconds, t(4) = 0.5, not -2 + 1.5 < 0).
+    s = Scaling.fit([(1, 4.0), (2, 1.0)])
+    assert (s.fixed, s.parallel, s.widest) == pytest.approx((-2.0, 6.0, 2.0))
+    assert [s.at(k) for k in (1, 2, 4, 8)] == pytest.approx([4.0, 1.0, 0.5, 0.25])
+    assert s.scaled(0.5).at(4) == pytest.approx(0.25)
 
 
 def test_linear_fit_never_gets_faster_with_more_environments():
