@@ -147,9 +147,7 @@ def fit_reasoning(
     trained = Scaling.fit(train)
     passes = [(c.actor_devices, r.old_logprobs_s) for c, r in runs if r.old_logprobs_s > 0]
     third = 3 * max(ppo_epochs, 1)
-    recompute = (
-        Scaling.fit(passes) if passes else trained.scaled(1 / third)
-    )
+    recompute = Scaling.fit(passes) if passes else trained.scaled(1 / third)
     return ReasoningCosts(
         generate=Scaling.fit(gen),
         train=trained,
