@@ -200,7 +200,8 @@ def gae_advantages(
 
 
 # Registered estimators: ``fn(token_rewards, mask, *, group_size, norm_by_std, values, gamma,
-# lam) -> (advantages, returns or None)``, each taking the keywords it needs.
+# lam) -> (advantages, returns or None)``, each taking the keywords it needs and ``**_``:
+# valid_group_advantages calls a group estimator with group_size and norm_by_std only.
 @register_advantage_estimator("grpo")
 def _grpo(rewards: Tensor, mask: Tensor, *, group_size: int, norm_by_std: bool, **_: Any):
     return grpo_advantages(rewards.sum(dim=1), group_size, norm_by_std)[:, None] * mask, None

@@ -45,8 +45,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: name -> ``fn(inputs: PolicyLossInputs, algorithm: AlgorithmConfig) -> PolicyLossOutput``.
 POLICY_LOSS_REGISTRY: dict[str, Callable[..., Any]] = {}
-#: name -> ``fn(token_rewards [B, R], mask [B, R], algorithm, *, group_size, values)
-#: -> (advantages [B, R], returns [B, R] or None)``.
+#: name -> ``fn(token_rewards [B, R], mask [B, R], *, group_size, norm_by_std, values, gamma,
+#: lam) -> (advantages [B, R], returns [B, R] or None)``. A group estimator is also called
+#: with ``group_size`` and ``norm_by_std`` only (each group's valid rows when episodes fail),
+#: so each takes the keywords it reads and ``**_`` for the rest.
 ADVANTAGE_REGISTRY: dict[str, Callable[..., Any]] = {}
 
 

@@ -37,13 +37,18 @@ class EngineKind:
         own_kernels: it computes log-probs with its own kernels (not the trainer's).
         segments: it decodes carried rows in segments across calls
             (``trainer.partial_rollout=carry``).
-        multi_turn: it runs ``task.env``'s multi-turn episodes (tool calls between turns).
+        multi_turn: it runs ``task.env``'s multi-turn episodes (tool calls between turns):
+            the episodes decode with the engine's own torch module, so the engine then also
+            has ``model`` (the ``torch.nn.Module`` it samples with) and ``eos_ids`` (its stop
+            token ids), besides the ``GenerationEngine`` members
+            (:func:`rltrain.agents.interaction.engine_interaction` reads them).
         fp32_masters: a training engine that takes the model built in float32 and casts it to
             ``model.dtype`` itself, keeping the unrounded values as its fp32 masters (others
             get the model built in ``model.dtype``).
         config_checks: more checks of the run config when this engine is chosen.
-        pre_ray_checks: ``module:function`` ``(run, plan, weight_bytes)`` raising
-            ``ConfigError``, run on the plan before Ray starts.
+        pre_ray_checks: ``module:function`` ``(run, plan) -> None`` raising ``ConfigError``,
+            run on the plan before Ray starts; a training engine's also runs once before the
+            plan, with ``plan=None``, when the placed components are checked.
         plan_problems: ``module:function`` ``(run, cluster, processes) -> list[str]`` the plan
             reports as engine problems (an engine that would refuse to start).
     """
@@ -88,8 +93,15 @@ class ComponentKind:
         workers: per runner kind, ``module:Class`` of its worker (a ``Worker`` with
             ``create_group(run, *layout_args)``), or a function of the run config returning one.
         layout_args: the ``RunLayout`` fields ``create_group(run, ...)`` takes after the run.
-        receives_weights: it takes the actor's weight versions (weight sync).
-        fused: it runs inside the fused worker when ``placement.fuse`` fuses.
+        receives_weights: it takes the actor's weight versions: weight sync chooses a
+            transport for it and hands it each version
+            (:func:`rltrain.kinds.registry.weight_receivers`); its worker has the rollout
+            worker's ``setup_weight_sync`` / ``join_weight_sync`` / ``catch_up``, and the
+            stage calling it passes what it was handed (``WeightHub.handed_to(name)``).
+        fused: the fused worker hosts it (its stages run in the fused rank's one call, its
+            own group is not started). The fused worker's components are a fixed list
+            (:data:`rltrain.runners.fusion.FUSED_WORKER_HOSTS`: actor, rollout, reward); a
+            placed component that says ``fused`` but is not in it stops ``placement.fuse``.
         built_when: whether a run builds its group (None: always).
         cpu_only: its processes use no accelerator: placed on nodes (``node_group: node``);
             a placement giving it devices is refused.

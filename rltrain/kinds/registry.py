@@ -114,6 +114,16 @@ def component(name: str) -> ComponentKind:
     return _COMPONENTS[name]
 
 
+def weight_receivers() -> tuple[str, ...]:
+    """The components that take the actor's weight versions: those whose entry says
+    ``receives_weights``, in registration order (a placement need not place them all).
+
+    Returns:
+        Their names (``rollout``, ``inference`` and any registered since).
+    """
+    return tuple(n for n, c in _COMPONENTS.items() if c.receives_weights)
+
+
 def runner_names() -> tuple[str, ...]:
     """The allowed values of ``runner``."""
     return tuple(_RUNNERS)

@@ -582,7 +582,8 @@ def ipc_export_here(run: Any, node: Any, load: tuple[tuple[str, int], ...]) -> b
     it might, so the plan never under-counts)."""
     if node.accelerator_type != "cuda" or run.weight_sync.transport not in ("auto", "ipc"):
         return False
-    return any(c in ("rollout", "inference") for c, _ in load)
+    receivers = registry.weight_receivers()
+    return any(c in receivers for c, _ in load)
 
 
 def micro_batch(run: Any, micro: int | None, dp: int) -> int:

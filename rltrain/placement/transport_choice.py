@@ -13,8 +13,9 @@ the plan cannot serve it:
 - ``ipc``: CUDA IPC handles of device buckets, read by the receiver on the same GPU; every GPU
   of a receiver process must host an actor rank (collocated layouts).
 
-Receivers are the rollout (``receiver="rollout"``) or the inference component
-(``receiver="inference"``), each fed through the transport chosen for it.
+Receivers are the components whose registry entry says ``receives_weights``
+(:func:`rltrain.kinds.registry.weight_receivers`: the rollout and the inference component as
+shipped), each fed through the transport chosen for it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class TransportChoice:
     Attributes:
         name: ``host``, ``collective``, ``ipc``, or ``none`` (no receiver to feed).
         reason: one sentence, for the plan command and ``summary.json``.
-        receiver: the receiving component (``rollout`` or ``inference``).
+        receiver: the receiving component (``rollout``, ``inference``: a weight receiver).
         backend: ``gloo`` or ``nccl`` for ``collective``; None otherwise.
         feeders: receiver rank -> the actor ranks it reads from: one per device of the
             receiver process for ``ipc`` (the actor rank on that device, in the process's device
@@ -146,7 +147,7 @@ def choose_transport(run: Any, plan: Any, receiver: str = "rollout") -> Transpor
     Args:
         run: the checked :class:`~rltrain.config.schema.RunConfig`.
         plan: the resolved :class:`~rltrain.placement.plan.Plan`.
-        receiver: ``rollout`` or ``inference``.
+        receiver: a weight receiver (``rollout``, ``inference``).
 
     Returns:
         The choice and its reason; ``name="none"`` when the plan has no actor or no receiver.

@@ -23,10 +23,20 @@ from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError
 from rltrain.kinds import registry
 
+#: The components :class:`~rltrain.workers.fused.FusedWorker` runs in one call per rank: a
+#: fixed list, since the fused step is written for these three; an entry saying ``fused``
+#: joins a fused rank only when it is one of them.
+FUSED_WORKER_HOSTS = ("actor", "rollout", "reward")
+
 
 def fused_components() -> tuple[str, ...]:
-    """The components a fused rank runs (their entries say ``fused``)."""
-    return tuple(n for n in registry.component_names() if registry.component(n).fused)
+    """The components a fused rank runs: those whose entries say ``fused`` and that the fused
+    worker hosts (:data:`FUSED_WORKER_HOSTS`)."""
+    return tuple(
+        n
+        for n in registry.component_names()
+        if registry.component(n).fused and n in FUSED_WORKER_HOSTS
+    )
 
 
 def _serves_rollout(name: str) -> bool:
@@ -61,10 +71,22 @@ def _layout_blockers(plan: Any) -> list[str]:
     if others:
         out.append(
             f"the placement also has {others}, which the fused worker does not host (a fused "
-            f"step runs only its components' stages in one process): remove them from "
-            f"placement.component_placement, or set placement.fuse=false"
+            f"step runs only its components' stages in one process){_claims_fused(others)}: "
+            f"remove them from placement.component_placement, or set placement.fuse=false"
         )
     return out
+
+
+def _claims_fused(names: list[str]) -> str:
+    """A note on the placed components whose entries say ``fused`` though the fused worker
+    does not host them (the flag alone does not make a component join)."""
+    claims = [n for n in names if n in registry.component_names() and registry.component(n).fused]
+    if not claims:
+        return ""
+    return (
+        f"; the entries of {claims} say fused, but the fused worker hosts only "
+        f"{list(FUSED_WORKER_HOSTS)} (rltrain/workers/fused.py)"
+    )
 
 
 def _setting_blockers(run: RunConfig) -> list[str]:

@@ -329,10 +329,6 @@ def check_staleness(run: RunConfig, plan: Any) -> None:
         )
 
 
-#: Components that take the actor's weight versions.
-RECEIVERS = ("rollout", "inference")
-
-
 def check_engines(run: RunConfig, plan: Any) -> None:
     """Refuse, before Ray starts, engine settings this plan cannot serve.
 
@@ -363,7 +359,7 @@ def check_engines(run: RunConfig, plan: Any) -> None:
     # Simulated devices in the config-made plan are what the run gets only on a local Ray of a
     # machine without GPUs; a joined cluster, or local GPUs, is discovered when Ray starts.
     if not simulated or (run.cluster.address is None and not local_gpus_visible()):
-        for recv in RECEIVERS:
+        for recv in registry.weight_receivers():
             choose_transport(run, plan, recv)
 
 

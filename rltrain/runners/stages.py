@@ -44,7 +44,11 @@ from rltrain.workers.rollout import RolloutWorker
 
 @dataclass(frozen=True)
 class ReasoningGroups:
-    """The worker groups of a reasoning job; absent components are None."""
+    """The worker groups of a reasoning job; absent components are None.
+
+    The built-in components have a field each; the group of any other registered component
+    is in ``others`` under its name, so a stage reaches every group through :meth:`need`.
+    """
 
     actor: WorkerGroup[Any]
     rollout: WorkerGroup[Any] | None = None
@@ -52,12 +56,17 @@ class ReasoningGroups:
     reference: WorkerGroup[Any] | None = None
     critic: WorkerGroup[Any] | None = None
     inference: WorkerGroup[Any] | None = None
+    others: Mapping[str, WorkerGroup[Any]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, groups: Mapping[str, WorkerGroup[Any]]) -> ReasoningGroups:
         """The record of a started job's groups (by component name)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in groups.items() if k in names})
+        named = {k: v for k, v in groups.items() if k in _FIELDS}
+        return cls(**named, others={k: v for k, v in groups.items() if k not in _FIELDS})
+
+    def group(self, name: str) -> WorkerGroup[Any] | None:
+        """The group of component ``name``; None when the job started none."""
+        return getattr(self, name) if name in _FIELDS else self.others.get(name)
 
     def need(self, name: str) -> WorkerGroup[Any]:
         """The group of component ``name``, which the stage calling it requires.
@@ -66,14 +75,19 @@ class ReasoningGroups:
             WorkerError: the job started no such group (a schedule called a stage its layout
                 does not have).
         """
-        group = getattr(self, name)
+        group = self.group(name)
         if group is None:
             raise WorkerError(f"this job has no {name} group: its stage cannot run")
         return group
 
     def receiver(self, name: str) -> WorkerGroup[Any] | None:
-        """The group that takes weight versions as ``name`` (``rollout`` or ``inference``)."""
-        return {"rollout": self.rollout, "inference": self.inference}[name]
+        """The group that takes weight versions as ``name`` (a component whose entry says
+        ``receives_weights``: ``rollout``, ``inference``, ...); None when not started."""
+        return self.group(name)
+
+
+#: The components with a field of their own in :class:`ReasoningGroups`.
+_FIELDS = frozenset(f.name for f in dataclasses.fields(ReasoningGroups)) - {"others"}
 
 
 class ReasoningStages:

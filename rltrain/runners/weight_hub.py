@@ -15,8 +15,8 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
+from rltrain.kinds import registry
 from rltrain.placement.transport_choice import TransportChoice, choose_transport
-from rltrain.runners.layout import RECEIVERS
 
 
 class WeightHub:
@@ -60,7 +60,7 @@ class WeightHub:
         broadcast groups of the collective transport."""
         choices = {
             r: choose_transport(self.run, self.job.plan, r)
-            for r in RECEIVERS
+            for r in registry.weight_receivers()
             if self.g.receiver(r) is not None
         }
         self.g.actor.call(self.actor_cls.setup_weight_sync, choices).wait()

@@ -4,6 +4,8 @@ its properties, never its name."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from composed import composed_run as compose_run
@@ -40,6 +42,34 @@ def test_infra_failed_rows_leave_any_group_estimators_statistics(best_gap):
     assert got.tolist() == [0.0, -1.0, 0.0, -3.0, 0.0, -2.0, 0.0, 0.0, 0.0]
     adv, _ = compute_advantages(best_gap, scores, torch.ones(9, 2), group_size=3, valid=valid)
     assert adv[:, 0].tolist() == got.tolist() and adv[:, 1].tolist() == got.tolist()
+
+
+def test_an_estimator_is_called_with_the_keywords_the_registry_documents(monkeypatch):
+    """Every keyword of ADVANTAGE_REGISTRY's comment on the whole-batch path, group_size and
+    norm_by_std alone on the failed-episode path (so an estimator takes ``**_``)."""
+    seen: list[set[str]] = []
+
+    def mean_baseline(rewards, mask, **keywords):
+        seen.append(set(keywords))
+        g = rewards.sum(dim=1).view(-1, keywords["group_size"])
+        return (g - g.mean(dim=1, keepdim=True)).reshape(-1)[:, None] * mask, None
+
+    monkeypatch.setitem(vocab.ADVANTAGE_ESTIMATORS, "mean_baseline", vocab.EstimatorSpec(True))
+    monkeypatch.setitem(algo_registry.ADVANTAGE_REGISTRY, "mean_baseline", mean_baseline)
+    scores, mask = torch.tensor([1.0, 0.0, 4.0, 2.0]), torch.ones(4, 1)
+    compute_advantages("mean_baseline", scores, mask, group_size=2)
+    valid = torch.tensor([True, True, False, True])
+    adv, _ = compute_advantages("mean_baseline", scores, mask, group_size=2, valid=valid)
+    assert adv[:, 0].tolist() == [0.5, -0.5, 0.0, 0.0]
+    assert seen == [{"group_size", "norm_by_std", "values", "gamma", "lam"}] + [
+        {"group_size", "norm_by_std"}
+    ]
+    source = inspect.getsource(algo_registry).split("ADVANTAGE_REGISTRY:")[0]
+    comment = " ".join(source.replace("#:", "").split())
+    signature = (
+        "fn(token_rewards [B, R], mask [B, R], *, group_size, norm_by_std, values, gamma, lam)"
+    )
+    assert signature in comment and "``**_``" in comment
 
 
 def test_the_built_in_group_estimators_give_their_hand_values_over_valid_rows():
@@ -93,5 +123,10 @@ def test_the_embodied_runner_refuses_a_policy_loss_it_would_not_read():
 
 
 def test_the_config_reference_lists_the_vocabularys_names(monkeypatch, best_gap):
+    """The reference lists what the vocabulary declares (the shipped names and any added),
+    not a fixed list: a loss added as ARCHITECTURE.md says keeps this test passing."""
     assert registry_names("algorithm.advantage_estimator")[-1] == "best_gap"
-    assert registry_names("algorithm.policy_loss") == ("ppo_clip", "gspo")
+    monkeypatch.setitem(vocab.POLICY_LOSSES, "toy_loss", vocab.PolicyLossSpec("a toy"))
+    losses = registry_names("algorithm.policy_loss")
+    assert losses == tuple(vocab.POLICY_LOSSES) and losses[-1] == "toy_loss"
+    assert {"ppo_clip", "gspo"} <= set(losses)

@@ -143,7 +143,9 @@ def test_carry_multi_turn_and_the_build_dtype_follow_the_engines_entries():
         "simulate.response_length_median": 8,
         "simulate.rollout_token_latency_ms": 5,
     }
-    with registry.registered(TOY_ENGINE, able):
+    # a second multi-turn engine (as a new one added by the guide): the message lists them all
+    echo = dataclasses.replace(able, name="toy_echo")
+    with registry.registered(TOY_ENGINE, able, echo):
         compose("disaggregated", **carry, **{"rollout.backend": "toy_able"})
         with pytest.raises(ConfigError, match=r"rollout.backend='toy'.*set rollout.backend=torch"):
             compose("disaggregated", **carry, **{"rollout.backend": "toy"})
@@ -152,7 +154,9 @@ def test_carry_multi_turn_and_the_build_dtype_follow_the_engines_entries():
         assert not [p for p in env_problems(env) if "multi-turn episodes" in p]
         env.rollout.backend = "toy"
         (problem,) = [p for p in env_problems(env) if "multi-turn episodes" in p]
-        assert "['torch', 'toy_able']" in problem and "got rollout.backend='toy'" in problem
+        able_names = list(registry.engine_names("generation", having="multi_turn"))
+        assert {"torch", "toy_able", "toy_echo"} <= set(able_names) and "toy" not in able_names
+        assert str(able_names) in problem and "got rollout.backend='toy'" in problem
     run = compose("collocated", **{"model.dtype": "bfloat16"})
     assert build_dtype(run) == "float32"  # the torch engine keeps fp32 masters
     masters = registry.training_engine(run)
@@ -171,6 +175,48 @@ def test_a_component_the_fused_worker_does_not_host_stops_fusion_saying_so():
         "['judge'], which the fused worker does not host" in b and "placement.fuse=false" in b
         for b in blockers
     )
+
+
+def test_a_component_saying_fused_that_the_fused_worker_does_not_host_stops_fusion():
+    """``fused`` alone does not make a component join a fused rank (the fused worker hosts a
+    fixed list): a placed one is refused, not dropped."""
+    from rltrain.runners.fusion import FUSED_WORKER_HOSTS, fused_components
+
+    claims = dataclasses.replace(JUDGE, fused=True)
+    with registry.registered(claims):
+        assert "judge" not in fused_components()
+        assert set(fused_components()) == set(FUSED_WORKER_HOSTS)
+        run = compose("collocated", **{"placement.component_placement.judge": "all"})
+        plan = build_plan(run, ClusterSpec.from_config(run.cluster), check_fit=False)
+        blockers = fusion_blockers(run, plan)
+    (blocker,) = [b for b in blockers if "which the fused worker does not host" in b]
+    assert "the entries of ['judge'] say fused, but the fused worker hosts only" in blocker
+
+
+PRE_RAY_CALLS: list[tuple[Any, ...]] = []
+
+
+def toy_pre_ray(*args: Any) -> None:
+    """A pre-Ray check written to ``EngineKind.pre_ray_checks``' documented signature."""
+    PRE_RAY_CALLS.append(args)
+
+
+def test_the_pre_ray_checks_get_the_arguments_their_entry_documents():
+    from rltrain.runners import layout
+
+    assert "``(run, plan) -> None``" in (EngineKind.__doc__ or "")
+    training = dataclasses.replace(
+        registry.engine("training", "torch"),
+        name="toy_train",
+        pre_ray_checks=(f"{HERE}:toy_pre_ray",),
+    )
+    PRE_RAY_CALLS.clear()
+    with registry.registered(training):
+        run = compose("collocated", **{"actor.backend": "toy_train"})
+        plan = build_plan(run, ClusterSpec.from_config(run.cluster), check_fit=False)
+        layout.check_components(run, set(plan.components))
+        layout.check_engines(run, plan)
+    assert PRE_RAY_CALLS == [(run, None), (run, plan)]
 
 
 def test_an_offload_policy_is_checked_against_the_components_declared_state_kinds():
