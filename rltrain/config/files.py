@@ -1,8 +1,9 @@
 """Checks of the files and directories a config names, made before anything starts.
 
 Hugging Face checkpoints (``model.path``, ``reward.model_path``): ``config.json`` parses, the
-architecture fits the role, the weights are there, and the dtype a checkpoint was saved in
-(``model.dtype: null`` follows it). Output directories (``trainer.checkpoint_dir``,
+architecture fits the role, the weights are there, the dtype a checkpoint was saved in
+(``model.dtype: null`` follows it), and the model-building fields set beside ``model.path``
+describe it (:func:`built_field_problems`). Output directories (``trainer.checkpoint_dir``,
 ``placement.auto.cache_dir``): writable, or their fsspec filesystem installed. No Ray, no torch.
 """
 
@@ -95,6 +96,68 @@ def checkpoint_problems(key: str, path: str, heads: tuple[str, ...]) -> Iterator
     names = [str(a) for a in config.get("architectures") or []]
     if names and not any(a.endswith(heads) for a in names):
         yield _wrong_head(key, path, names, heads)
+
+
+#: The ``model`` fields that build a model from the config, by the ``config.json`` key holding the
+#: same value in a Hugging Face checkpoint (``family`` is its ``model_type``). A checkpoint is
+#: loaded as saved, so with ``model.path`` these fields can only describe it.
+BUILD_FIELDS = {
+    "family": "model_type",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "max_position_embeddings": "max_position_embeddings",
+    "vocab_size": "vocab_size",
+    "tie_word_embeddings": "tie_word_embeddings",
+}
+
+
+def built_field_problems(path: str, fields: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    """Model-building fields set beside a checkpoint that disagree with its ``config.json``.
+
+    A field at its schema default counts as unset (the default ``model`` option sets every
+    field); one equal to the checkpoint's value describes it (``model=qwen2_0_5b`` beside a
+    Qwen2-0.5B checkpoint). ``max_position_embeddings`` may also be below the checkpoint's: a
+    preset that sizes the model it generates (``experiment=gsm8k_tiny``: 256) names a context
+    any larger checkpoint given in its place covers. ``dtype`` is not here: it is the compute
+    dtype, read with a checkpoint too.
+
+    Args:
+        path: ``model.path``, a directory holding ``config.json``.
+        fields: the ``model`` section's values by field name (extra names are ignored).
+        defaults: the schema's default of each field (``vars(ModelConfig())``).
+
+    Returns:
+        One message per disagreeing field, naming the key, both values and the fix; empty when
+        none disagrees or ``config.json`` cannot be read (:func:`checkpoint_problems` says why).
+    """
+    config = checkpoint_config(path)
+    if config is None:
+        return []
+    problems = []
+    for name, json_key in BUILD_FIELDS.items():
+        value, stored = fields.get(name), _stored(config, json_key)
+        if value == defaults.get(name) or stored is None or value == stored:
+            continue
+        if name == "max_position_embeddings" and isinstance(stored, int) and value < stored:
+            continue
+        problems.append(
+            f"model.{name}={value!r} disagrees with model.path={path!r}, whose config.json has "
+            f"{json_key}={stored!r}: a checkpoint is loaded as saved, so the field would be "
+            f"ignored. Drop model.{name} (its default is {defaults.get(name)!r}), or point "
+            f"model.path at the checkpoint it describes"
+        )
+    return problems
+
+
+def _stored(config: dict[str, Any], key: str) -> Any:
+    """A checkpoint's value of ``key`` (None when it has none; Hugging Face reads a missing
+    ``num_key_value_heads`` as ``num_attention_heads``)."""
+    if key == "num_key_value_heads" and config.get(key) is None:
+        key = "num_attention_heads"
+    return config.get(key)
 
 
 def weights_problems(key: str, path: str) -> list[str]:

@@ -5,7 +5,10 @@ its body wins over any group option: ``experiment=reasoning_ppo_hybrid placement
 would compose a hybrid placement under the name collocated, and
 ``experiment=gsm8k_tiny model=qwen2_0_5b`` a model mixed from both. Such a command is refused
 before anything starts, naming the preset, the group choice and the fix. A group the preset does
-not write (``experiment=gsm8k_tiny cluster=ray``) is accepted.
+not write (``experiment=gsm8k_tiny cluster=ray``) is accepted. A group the preset chooses in its
+defaults list (``override /algorithm: ppo`` in ``reasoning_ppo``) counts as written: another
+option on the command line would replace that choice while the rest of the preset (its critic
+placement) stays written for it; the preset's own option is accepted.
 
 The preset is read through Hydra's config loader (its defaults list and its config repository),
 so presets and groups contributed by ``rltrain.conf`` entry-point packages are covered, and so is
@@ -15,6 +18,7 @@ presets).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -97,13 +101,39 @@ def preset_conflicts(
         if in_preset(d.config_path)
         for key in _body_keys(repo, d.config_path, d.package)
     ]
+    chosen = _preset_choices(repo, defaults.defaults, in_preset)
+    name = preset.split("/", 1)[1]
     problems = []
     for choice in choices:
+        group, option = _group_key(choice), choice.value()
+        if group in chosen and chosen[group] == option:
+            continue  # the preset's own choice: the job composes as without it
         written = _written_over(choice, defaults.defaults, in_preset, keys, repo)
         if written:
-            key = f"{_group_key(choice)}={choice.value()}"
-            problems.append(_message(preset.split("/", 1)[1], key, written))
+            problems.append(_message(name, f"{group}={option}", written))
+        elif group in chosen:
+            problems.append(_choice_message(name, f"{group}={option}", chosen[group]))
     return problems
+
+
+def _preset_choices(repo: Any, defaults: Sequence[Any], in_preset: Any) -> dict[str, str | None]:
+    """The group options the preset's defaults lists choose (``override /algorithm: ppo``), by
+    override key. A command-line choice of the same group replaces them, leaving the rest of
+    the preset (``reasoning_ppo``'s critic placement) written for an option the job lacks."""
+    from hydra.core.default_element import GroupDefault
+
+    chosen: dict[str, str | None] = {}
+    for d in defaults:
+        if d.config_path is None or not in_preset(d.config_path):
+            continue
+        loaded = repo.load_config(d.config_path)
+        entries = (loaded.defaults_list or []) if loaded is not None else []
+        for entry in entries:
+            if isinstance(entry, GroupDefault) and entry.is_override() and entry.is_name():
+                entry = copy.copy(entry)  # the repository may cache what it loaded
+                entry.update_parent(d.config_path.rpartition("/")[0], d.package or "")
+                chosen[entry.get_override_key()] = entry.get_name()
+    return chosen
 
 
 def _written_over(
@@ -166,6 +196,16 @@ def _message(preset: str, choice: str, written: Sequence[str]) -> str:
         f"{PRESET_GROUP}={preset} sets {shown} itself, after the config groups, so {choice} on "
         f"the command line would be silently overridden by the preset: drop {choice}, or "
         f"override single keys instead (e.g. {written[0]}=...)"
+    )
+
+
+def _choice_message(preset: str, choice: str, option: str | None) -> str:
+    group = choice.split("=", 1)[0]
+    return (
+        f"{PRESET_GROUP}={preset} chooses {group}: {option} in its defaults list and writes the "
+        f"rest for it, so {choice} on the command line would replace that choice under the "
+        f"preset: drop {choice}, or override single keys instead (e.g. {group.split('@')[0]}."
+        f"<key>=...), or leave the preset out"
     )
 
 

@@ -349,7 +349,9 @@ def resolve(
         if res.stop > num_resources:
             raise PlacementError(
                 f"{where}: part {part.text!r} asks for resource {res.stop - 1}, but there are "
-                f"{space}, ranks 0-{num_resources - 1}: lower the range or use 'all'"
+                f"{space}, ranks 0-{num_resources - 1}: lower the range or use 'all', or give "
+                f"the cluster more (cluster.devices_per_node, cluster.num_nodes, a node group's "
+                f"node_ranks)"
             )
         procs = (
             part.processes.ranks(0) if part.processes else range(next_rank, next_rank + len(res))

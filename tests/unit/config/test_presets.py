@@ -71,7 +71,8 @@ def test_a_group_the_preset_writes_is_refused(loader, overrides, choice, written
     "overrides",
     [
         ["experiment=gsm8k_tiny", "cluster=ray", "mode=plan"],  # the preset writes no cluster.*
-        ["experiment=reasoning_ppo", "algorithm=grpo"],  # it chooses algorithm, writes none
+        ["experiment=reasoning_ppo", "algorithm=ppo"],  # the option the preset chooses itself
+        ["experiment=gsm8k_tiny", "model=tiny_qwen2"],
         ["experiment=cartpole_hybrid", "placement.component_placement.actor=0"],  # a single key
         ["placement=hybrid", "model=tiny_qwen2"],  # no preset
         ["experiment=cartpole_hybrid"],
@@ -79,3 +80,24 @@ def test_a_group_the_preset_writes_is_refused(loader, overrides, choice, written
 )
 def test_other_combinations_are_accepted(loader, overrides):
     check_group_choices(loader, "config", overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "choice", "chosen"),
+    [
+        (["experiment=reasoning_ppo", "algorithm=grpo"], "algorithm=grpo", "algorithm: ppo"),
+        (["algorithm=rloo", "experiment=reasoning_ppo_hybrid", "mode=plan"], "algorithm=rloo",
+         "algorithm: ppo"),
+    ],
+)  # fmt: skip
+def test_a_group_the_preset_chooses_in_its_defaults_list_is_refused(
+    loader, overrides, choice, chosen
+):
+    # reasoning_ppo writes no algorithm.* key: it chooses algorithm=ppo in its defaults list,
+    # and its critic placement is written for that choice
+    with pytest.raises(ConfigError) as err:
+        check_group_choices(loader, "config", overrides)
+    text = str(err.value)
+    preset = next(o for o in overrides if o.startswith("experiment="))
+    assert f"{preset} chooses {chosen}" in text and f"drop {choice}" in text
+    assert "critic" not in text  # not the misleading message of the composed config
