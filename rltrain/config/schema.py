@@ -371,8 +371,12 @@ class EnvConfig:
     pipeline_stage_num: int = 2  # groups of sub-environments per env process
     rollout_steps: int = 128  # env steps per environment per iteration
     eval_episodes: int = 100  # greedy evaluation episodes (each on its own environment)
-    target_return: Optional[float] = None  # stop once the greedy mean return reaches this
-    lr_final_fraction: float = 1.0  # optimizer.lr decays linearly to this share by total_steps
+    # stop once the greedy mean return reaches this; a positive one also holds evaluations back
+    # until the training return first reaches half of it
+    target_return: Optional[float] = None
+    # linear decay: update i (0-based) trains at optimizer.lr x (1 - (1 - this) x i /
+    # trainer.total_steps), so the last one at optimizer.lr x (this + (1 - this) / total_steps)
+    lr_final_fraction: float = 1.0
 
 
 @dataclass
@@ -384,7 +388,7 @@ class SimulateConfig:
     actor_latency_ms: float = 0.0  # per actor update (reasoning and embodied actors)
     rollout_latency_ms: float = 0.0  # per generate call of the reasoning rollout
     # embodied: a pipeline stage of m environments waits m * (latency + U(0, jitter)) ms per
-    # env step, and as long again for the policy's inference of its observations
+    # env step (the policy's inference waits env_policy_latency_ms, not this)
     env_step_latency_ms: float = 0.0
     env_step_jitter_ms: float = 0.0  # U(0, jitter) added to each env step's latency
     env_policy_latency_ms: float = 0.0  # per observation the embodied policy infers
@@ -463,7 +467,9 @@ DISPATCHES = ("in_order", "length_aware")
 class TrainerConfig:
     total_steps: int = 500  # policy updates (the default run reaches 0.9 accuracy in ~250)
     train_batch_size: int = 8  # prompts per step (each sampled n_samples_per_prompt times)
-    eval_every: int = 25  # steps between greedy evaluations; 0: only at the end
+    # steps between greedy evaluations; 0: none but the one after the last step (or after the
+    # step trainer.time_budget_s stops the run at)
+    eval_every: int = 25
     target_accuracy: Optional[float] = None  # stop once greedy eval accuracy reaches this
     save_every: int = 0  # steps between checkpoints; 0: only at the end
     checkpoint_dir: Optional[str] = None  # local path or fsspec URI; null: <run dir>/checkpoints
@@ -488,7 +494,9 @@ class TrainerConfig:
     sampler: str = "in_order"
     # windowed: shards sampled by the last W weight versions train (staleness <= W - 1), 1..k
     sampler_window: Optional[int] = None
-    time_budget_s: Optional[float] = None  # stop (with a checkpoint) after this many seconds
+    # stop after the step in which this many seconds pass, evaluated as the last step is and
+    # with a checkpoint
+    time_budget_s: Optional[float] = None
 
 
 @dataclass

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rltrain.config.algorithms import (
+    ADVANTAGE_ESTIMATORS,
     estimator_reads,
     is_group_based,
     needs_critic,
@@ -38,6 +39,7 @@ from rltrain.config.schema import (
     RolloutConfig,
     RunConfig,
     SimulateConfig,
+    ToolsConfig,
     TrainerConfig,
 )
 from rltrain.kinds import registry
@@ -218,13 +220,19 @@ def _estimator_options(cfg: RunConfig) -> list[Rule]:
             f"token: drop it"
         )
         rules.append(("algorithm", _changed(a, a0, ("gamma",)), why))
-    why = (
-        f"only GAE with a critic (algorithm=ppo) reads it, and "
-        f"algorithm.advantage_estimator={estimator!r}: drop it"
-    )
     if not estimator_reads(estimator, "lam"):
+        readers = " and ".join(option_readers("lam"))
+        why = (
+            f"algorithm.advantage_estimator={estimator!r} has no lambda to mix returns by; it "
+            f"is read only by {readers}: drop it"
+        )
         rules.append(("algorithm", _changed(a, a0, ("lam",)), why))
     if not needs_critic(estimator):
+        critics = " and ".join(n for n in ADVANTAGE_ESTIMATORS if needs_critic(n))
+        why = (
+            f"algorithm.advantage_estimator={estimator!r} trains no critic; it is read only by "
+            f"{critics} (estimators with a critic): drop it"
+        )
         rules.append(("algorithm", _changed(a, a0, ("value_clip", "value_coef")), why))
     return rules
 
@@ -302,6 +310,14 @@ _ENV_RUNNER_UNREAD = (
     ("trainer", TrainerConfig(), ("train_batch_size",)),
 )  # fmt: skip
 
+#: The multi-turn episodes' and tool calls' keys (``task.env``'s, a language runner's): a
+#: runner that steps simulators runs no text episodes and calls no tools.
+_ENV_RUNNER_NO_TOOLS = (
+    ("rollout", RolloutConfig(), ("max_turns", "max_total_tokens")),
+    ("simulate", SimulateConfig(), ("tool_latency_ms", "tool_failure_rate")),
+    ("tools", ToolsConfig(), tuple(f.name for f in dataclasses.fields(ToolsConfig))),
+)  # fmt: skip
+
 
 def _env_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
     if kind is None or not kind.steps_env:
@@ -315,6 +331,14 @@ def _env_runner(cfg: RunConfig, kind: RunnerKind | None) -> list[Rule]:
     rules = [
         (name, _changed(getattr(cfg, name), default, fields), why)
         for name, default, fields in _ENV_RUNNER_UNREAD
+    ]
+    why = (
+        f"runner={cfg.runner!r} runs no multi-turn text episodes and calls no tools (those "
+        f"are task.env's, which only a language-model runner reads): drop it"
+    )
+    rules += [
+        (name, _changed(getattr(cfg, name), default, fields), why)
+        for name, default, fields in _ENV_RUNNER_NO_TOOLS
     ]
     why = (
         f"runner={cfg.runner!r} makes no generate calls: it infers an action per env step "

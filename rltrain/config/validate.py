@@ -31,6 +31,7 @@ from rltrain.config.algorithms import (
 from rltrain.config.checks import CHECKS, check
 from rltrain.config.files import (
     POLICY_HEADS,
+    built_field_problems,
     checkpoint_dir_owner_problems,
     checkpoint_dir_problems,
     checkpoint_problems,
@@ -41,6 +42,7 @@ from rltrain.config.schema import (
     DISPATCHES,
     MODEL_SIZE_FIELDS,
     SAMPLERS,
+    ModelConfig,
     RunConfig,
     WhatifConfig,
 )
@@ -430,6 +432,8 @@ def _model(cfg: RunConfig) -> Iterator[str]:
             )
         else:
             yield from checkpoint_problems("model.path", m.path, POLICY_HEADS)
+            # a building field beside a checkpoint would be ignored unless it describes it
+            yield from built_field_problems(m.path, vars(m), vars(ModelConfig()))
     if m.vocab_size is not None:
         yield from _positive("model.vocab_size", m.vocab_size)
     if m.tokenizer_path is not None and not os.path.isdir(m.tokenizer_path):
@@ -807,7 +811,8 @@ def _unread_task_keys(t: Any) -> Iterator[str]:
 
 def _unread_by_gym(t: Any, defaults: Any) -> Iterator[str]:
     """Prompt-task keys set on ``task.name=gym``: a simulator policy reads no prompts, so their
-    sizes, a reward function, a system prompt or a chat template would be ignored.
+    sizes, a reward function, a system prompt, a chat template, their seed, a data generator or
+    a text environment would be ignored.
     (``task.params`` is refused for every task that is not ``jsonl``; ``task.max_prompt_length``
     stays: the memory plan sizes sequences from it for every runner.)"""
     if t.name != "gym":
@@ -822,6 +827,14 @@ def _unread_by_gym(t: Any, defaults: Any) -> Iterator[str]:
     )
     why = dict.fromkeys(("num_train", "num_eval", "max_operand"), sized)
     why |= dict.fromkeys(("reward_fn", "system_prompt", "chat_template"), language)
+    why |= {
+        "seed": "seeds a prompt task's data; task.name='gym' seeds its environments, sampling "
+        "and shuffling from the run's seed (set seed=... to change them)",
+        "generate": "writes a language task's data files (task.name=jsonl); task.name='gym' "
+        "runs an environment and reads no data",
+        "env": "is a text environment for a language model's multi-turn episodes; "
+        "task.name='gym' steps the Gymnasium environment task.env_id names",
+    }
     for key, reason in why.items():
         value = getattr(t, key)
         if value != getattr(defaults, key):

@@ -191,6 +191,9 @@ class EmbodiedRunner:
         groups = SimpleNamespace(actor=self.g["actor"], receiver=lambda r: self.g.get(r))
         self.hub = WeightHub.host_only(job, groups, EmbodiedActorWorker, EmbodiedRolloutWorker)
         self.schedule = EnvPipelineSchedule(self)
+        # the evaluation gate (:func:`evaluation_gate`) of this invocation: a resumed run opens
+        # it again from its own training returns
+        self.gate_open = False
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.total_steps``, the target return, the time budget or SIGTERM."""
@@ -207,14 +210,15 @@ class EmbodiedRunner:
         )
 
     def _eval_due(self, step: int, record: dict[str, Any]) -> bool:
-        """Every ``trainer.eval_every`` updates; with a positive target return, only once the
-        training episodes reach half of it (an evaluation that cannot stop the run is skipped)."""
-        every, target = self.run.trainer.eval_every, self.run.env.target_return
-        if not every or (step + 1) % every:
-            return False
-        if target is None or target <= 0:
-            return True
-        return (record.get("env/return_mean") or 0.0) >= target / 2
+        """Every ``trainer.eval_every`` updates once the gate is open (:func:`evaluation_gate`)."""
+        due, self.gate_open = evaluation_gate(
+            step,
+            self.run.trainer.eval_every,
+            self.run.env.target_return,
+            record.get("env/return_mean"),
+            self.gate_open,
+        )
+        return due
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One rollout epoch and one PPO update; returns the step's metrics."""
@@ -316,8 +320,6 @@ class EmbodiedRunner:
         returns = [x for r in results for x in r.episode_returns]
         lengths = [x for r in results for x in r.episode_lengths]
         out: dict[str, Any] = {
-            "env/return_mean": sum(returns) / len(returns) if returns else None,
-            "env/length_mean": sum(lengths) / len(lengths) if lengths else None,
             "env/episodes": len(returns),
             "time/env_step_s": max(r.step_s for r in results),
             "time/infer_s": max(x["infer_s"] for x in served),
@@ -331,8 +333,11 @@ class EmbodiedRunner:
         steps = self.sizes.env_steps_per_epoch
         out["perf/env_steps_per_s"] = steps / total if total else None
         out["perf/rollout_env_steps_per_s"] = steps / times["generate"]
-        # Mean returns are what a reward curve plots for an embodied run.
-        out["reward/mean"] = out["env/return_mean"]
+        if returns:  # an epoch in which no episode ended has no mean: the keys are absent
+            out["env/return_mean"] = sum(returns) / len(returns)
+            out["env/length_mean"] = sum(lengths) / len(lengths)
+            # Mean returns are what a reward curve plots for an embodied run.
+            out["reward/mean"] = out["env/return_mean"]
         return out
 
     def summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
@@ -349,6 +354,32 @@ class EmbodiedRunner:
             "final_accuracy": None,
             "env_id": self.spec.env_id,
         }
+
+
+def evaluation_gate(
+    step: int, every: int, target: float | None, train_return: float | None, opened: bool
+) -> tuple[bool, bool]:
+    """Whether to evaluate after update ``step``, and whether the gate is open from now on.
+
+    Evaluations fall every ``trainer.eval_every`` updates once the training return has reached
+    half of a positive ``env.target_return``: before, an evaluation could not stop the run, so
+    it is skipped. Once reached, the gate stays open, also through epochs with a lower return
+    or with no episode ended. With no target, or one <= 0 (half of a negative target lies above
+    it), the gate is open from the start. (The loop also evaluates the update a run stops at.)
+
+    Args:
+        step: the update just taken (0-based).
+        every: ``trainer.eval_every`` (0: never).
+        target: ``env.target_return``.
+        train_return: the update's ``env/return_mean``; None when no training episode ended.
+        opened: whether the gate was open before this update.
+
+    Returns:
+        ``(due, opened)``: whether an evaluation falls after ``step``, and the gate after it.
+    """
+    if target is None or target <= 0 or (train_return is not None and train_return >= target / 2):
+        opened = True
+    return bool(every) and (step + 1) % every == 0 and opened, opened
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ layout. The loop itself has no per-mode branch:
     start = resume()
     for step in start .. total_steps:
         record = schedule.step(step, queue_next=<nothing happens before the next step>)
-        evaluate when due; log
+        evaluate when due, after the last step and at a time-budget stop; log
         stop on the target, the time budget or SIGTERM (after recording a step queued behind)
         save every trainer.save_every steps, at the end and when stopping
 """
@@ -82,7 +82,8 @@ class Runner(Protocol):
         """Write a checkpoint of the state after ``step`` steps; returns its path."""
 
     def evaluation_due(self, step: int, record: dict[str, Any]) -> bool:
-        """Whether to evaluate after ``step`` (the loop also evaluates after the last step)."""
+        """Whether to evaluate after ``step`` (the loop also evaluates after the last step and
+        the step a time budget stops the run at)."""
 
     def target_reached(self, evaluated: dict[str, Any] | None) -> bool:
         """Whether the evaluation just made reached the run's target."""
@@ -207,6 +208,46 @@ class StopSignal:
         self.requested = True
 
 
+def _evaluate(
+    runner: Runner,
+    schedule: Schedule,
+    cadence: Cadence,
+    step: int,
+    record: dict[str, Any],
+    t0: float,
+    stop: StopSignal,
+) -> bool:
+    """Evaluate after ``step`` when it is due, the last step, or the step the time budget stops
+    the run at; the evaluation's metrics go into ``record``.
+
+    A SIGTERM stop evaluates only when due: it finishes the step in flight and checkpoints,
+    promptly (the summary's ``final_*`` is then the latest evaluation's).
+
+    Args:
+        runner: the runner's hooks (when an evaluation is due, whether it reached the target).
+        schedule: evaluates with the current weights.
+        cadence: the run's ``trainer.*`` cadence.
+        step: the step just taken.
+        record: its record, updated in place.
+        t0: the loop's start (``time.monotonic``), the time budget's origin.
+        stop: whether SIGTERM asked the loop to stop (read after the evaluation due).
+
+    Returns:
+        Whether the run stops after ``step`` (or after the step queued behind it).
+    """
+    evaluated = None
+    if runner.evaluation_due(step, record) or cadence.last(step):
+        evaluated = schedule.evaluate(step)
+    ending = runner.target_reached(evaluated) or cadence.over_budget(t0) or stop.requested
+    # the budget stops the run here (a step queued behind is recorded first and evaluated
+    # then): its summary's final_* must not be an older evaluation's, or none
+    if ending and evaluated is None and not stop.requested and not schedule.has_queued():
+        evaluated = schedule.evaluate(step)
+    if evaluated is not None:
+        record.update(evaluated)
+    return ending
+
+
 def fit(
     runner: Runner,
     schedule: Schedule,
@@ -223,7 +264,8 @@ def fit(
             section the metrics logger's outputs, and the whole of it is the trackers' run
             parameters (W&B's config, MLflow's params).
         run_dir: where ``metrics.jsonl`` and ``reward_curve.png`` (over the steps of every run
-            into it, when ``metrics.jsonl`` is written) go.
+            into it, when ``metrics.jsonl`` is written; none when no step logged a curve's
+            metric) go.
         on_start: called with the start step before the schedule begins.
 
     Returns:
@@ -251,15 +293,9 @@ def fit(
                     schedule.queues_ahead and not stop.requested and cadence.quiet_after(step, t0)
                 )
                 record = schedule.step(step, queue_next=queue)
-                evaluated = None
-                if runner.evaluation_due(step, record) or cadence.last(step):
-                    evaluated = schedule.evaluate(step)
-                    record.update(evaluated)
+                ending = _evaluate(runner, schedule, cadence, step, record, t0, stop)
                 metrics.progress(step + 1, cadence.total_steps, metrics.log(step, record))
                 done_steps = step + 1
-                ending = (
-                    runner.target_reached(evaluated) or cadence.over_budget(t0) or stop.requested
-                )
                 if ending and schedule.has_queued():
                     continue  # the next step already runs: record it, then stop
                 if cadence.saves(step) or ending:

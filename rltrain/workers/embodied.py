@@ -356,9 +356,19 @@ class EmbodiedActorWorker(Worker, ResidentState):
         return TrainResult(metrics, self.state_bytes())
 
     def lr_at(self, iteration: int, optim_step: int) -> float:
-        """The learning rate of an optimizer step: ``optimizer.lr`` decayed linearly to
-        ``env.lr_final_fraction`` of it over the run's iterations, times the linear warmup over
-        the first ``optimizer.warmup_steps`` optimizer steps."""
+        """The learning rate of an optimizer step: ``optimizer.lr x (1 - (1 - f) x iteration /
+        trainer.total_steps)`` with ``f = env.lr_final_fraction`` (so the last update, iteration
+        ``total_steps - 1``, trains at ``optimizer.lr x (f + (1 - f) / total_steps)``; ``f`` is
+        where the line would be one update later), times the linear warmup over the first
+        ``optimizer.warmup_steps`` optimizer steps.
+
+        Args:
+            iteration: the policy-update index (0-based).
+            optim_step: optimizer steps taken before this one (the warmup's clock).
+
+        Returns:
+            The learning rate.
+        """
         from rltrain.backends.training import warmup_factor
 
         frac = self.run.env.lr_final_fraction

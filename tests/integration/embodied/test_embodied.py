@@ -45,6 +45,9 @@ def check_run(summary, tmp_path, mode: str) -> dict:
     records = read_metrics(str(tmp_path / "metrics.jsonl"))
     assert [r["step"] for r in records] == [0, 1]
     assert all(r["env/episodes"] >= 0 and r["loss/value"] > 0 for r in records)
+    # an update in which no episode ended has no mean return: absent, not null
+    assert all(("env/return_mean" in r) == (r["env/episodes"] > 0) for r in records)
+    assert all(v is not None for r in records for v in r.values())
     assert records[-1]["eval/return_mean"] == summary["final_return"]
     logged = {k for r in records for k in r} - {"step"}
     assert not logged - DOCUMENTED, f"not in docs/embodied.md: {sorted(logged - DOCUMENTED)}"
@@ -114,3 +117,20 @@ def test_disaggregated_runs_and_resumes_from_its_checkpoint(ray_session, tmp_pat
     summary = run_embodied(resumed, str(out))
     assert summary["steps"] == 1  # steps 0 and 1 came from the checkpoint
     assert [r["step"] for r in read_metrics(str(out / "metrics.jsonl"))] == [2]
+
+
+@pytest.mark.timeout(300)
+def test_a_time_budget_stop_evaluates_the_update_it_stops_at(ray_session, tmp_path):
+    """The budget is spent in the first update, which no evaluation is due after: it is
+    evaluated as the last update would be, so ``final_return`` is that evaluation's."""
+    ray_session.ensure()
+    run = compose_run(
+        "experiment=cartpole_hybrid", *SHORT, "trainer.total_steps=4", "trainer.time_budget_s=0.1"
+    )
+    summary = run_embodied(run, str(tmp_path))
+    assert (summary["status"], summary["steps"]) == ("completed", 1)
+    records = read_metrics(str(tmp_path / "metrics.jsonl"))
+    assert [r["step"] for r in records] == [0]
+    assert summary["final_return"] == records[0]["eval/return_mean"] >= 8  # CartPole: >= 8 steps
+    latest = (tmp_path / "checkpoints" / "latest").read_text().strip()
+    assert (tmp_path / "checkpoints" / latest / "policy.pt").is_file()

@@ -207,7 +207,7 @@ def test_task_keys_the_task_would_not_read_are_refused(overrides, expected):
             "trains its value head in the actor, at optimizer.lr: drop it",
         ),
         (["algorithm.gamma=0.9"], "'grpo' scores whole responses"),
-        (["algorithm=reinforce_pp", "algorithm.lam=0.9"], "only GAE with a critic"),
+        (["algorithm=reinforce_pp", "algorithm.lam=0.9"], "it is read only by gae"),
         (["env.num_envs=8"], "env.num_envs=8 is set but nothing reads it"),
     ],
 )

@@ -1,8 +1,8 @@
 """An embodied run reads its policy network's width, depth and seed of the model section and
 none of the language model's sampling, batching, KL or pi_old keys, nor the reasoning rollout's
-modelled latencies; its weights go through the host and it never fuses: each set away from its
-default is refused before Ray, naming it (a run with them set trained bit for bit as one
-without)."""
+modelled latencies, nor a prompt task's seed, data generator, text environment or tool keys; its
+weights go through the host and it never fuses: each set away from its default is refused before
+Ray, naming it (a run with them set trained bit for bit as one without)."""
 
 from __future__ import annotations
 
@@ -60,3 +60,30 @@ def test_fusing_is_refused_on_a_runner_that_never_fuses():
     assert load("experiment=cartpole_collocated", "placement.fuse=auto").placement.fuse == "auto"
     fused = load("placement=collocated", "placement.fuse=true")  # the reasoning runner fuses
     assert str(fused.placement.fuse).lower() == "true"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("task.seed=5", r"task.seed=5 seeds a prompt task's data; .* from the run's seed"),
+        ("task.generate=gsm8k_tiny", r"task.generate='gsm8k_tiny' writes a language task's data"),
+        (
+            "task.env=rltrain.tasks.calc_tool:CalculatorEnv",
+            r"task.env='rltrain.tasks.calc_tool:CalculatorEnv' is a text environment",
+        ),
+        ("rollout.max_turns=3", r"rollout.max_turns=3 is set but nothing reads it: runner="),
+        ("rollout.max_total_tokens=50", r"rollout.max_total_tokens=50 is set but nothing reads"),
+        ("simulate.tool_latency_ms=5", r"simulate.tool_latency_ms=5.0 is set but nothing reads"),
+        ("simulate.tool_failure_rate=0.1", r"simulate.tool_failure_rate=0.1 is set but nothing"),
+        ("tools.pool_size=3", r"tools.pool_size=3 is set but nothing reads it: runner="),
+    ],
+)
+def test_a_prompt_task_or_tool_key_on_the_embodied_runner_is_refused(override, message):
+    # the environments and the policy's sampling are seeded from `seed`, and the runner runs
+    # no text episodes: a run with these set trained exactly as one without
+    with pytest.raises(ConfigError, match=message):
+        load("experiment=cartpole_hybrid", override)
+
+
+def test_the_run_seed_is_accepted_on_the_embodied_runner():
+    assert load("experiment=cartpole_hybrid", "seed=5").seed == 5
