@@ -146,9 +146,8 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
         settings: ``placement.auto.*``; None reads them from ``run``.
 
     Returns:
-        The choice; ``choice.run`` is what to train (``mode`` unchanged; micro-batch sizes the
-        config leaves null stay null, for the winner's layout to size as a run set by hand
-        does).
+        The choice; ``choice.run`` is what to train (``mode`` unchanged; null micro-batch sizes
+        stay null, sized for the winner's layout as a run set by hand is).
 
     Raises:
         ConfigError: bad ``placement.auto.*`` values, no candidate on the cluster (before
@@ -167,8 +166,7 @@ def choose(run: Any, run_dir: str, settings: AutoSettings | None = None) -> Auto
     t1 = time.perf_counter() + enumerate_s
     rows = verify(run, rows, settings.max_checked)
     t2 = time.perf_counter() + enumerate_s
-    winner = pick(rows)
-    if winner is None:
+    if (winner := pick(rows)) is None:
         raise refusal(rows, settings.max_checked)
     shown, ranking, text = report(run, rows, winner, profile, settings)
     _write(run_dir, ranking, profile, text, t1 - t0, t2 - t1)

@@ -290,11 +290,10 @@ def wrap_data_parallel(
     slowest rank, to every forward. On CPU ranks of one host, gradients are averaged through
     :class:`HostAllReduce` when ``host_allreduce`` (``cluster.host_allreduce``).
 
-    DDP keeps flat gradient buckets the size of every trained parameter for the wrapper's life.
-    The gradients are made views of them (``gradient_as_bucket_view``), from the wrap on (each
-    trained parameter is given a zero gradient first, which DDP adopts into its bucket): the
-    buckets are then the ``grads`` state a state mover moves and the ledger counts, not a
-    second copy that stays on the device after an offload.
+    DDP keeps flat gradient buckets the size of every trained parameter for the wrapper's life;
+    the gradients are views of them from the wrap on (``gradient_as_bucket_view``; each trained
+    parameter gets a zero gradient first, which DDP adopts), so the buckets are the ``grads``
+    a state mover moves and the ledger counts, not a copy left on the device by an offload.
 
     Args:
         model: the model, on ``device``.
@@ -316,12 +315,8 @@ def wrap_data_parallel(
     for p in trained:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    ddp = DistributedDataParallel(
-        model,
-        device_ids=ids,
-        gradient_as_bucket_view=True,
-        **{sync: _has_running_stats(model)},
-    )
+    options = {sync: _has_running_stats(model), "gradient_as_bucket_view": True}
+    ddp = DistributedDataParallel(model, device_ids=ids, **options)
     if device.type == "cpu" and host_allreduce:
         grad_bytes = sum(p.numel() * p.element_size() for p in trained)
         shared = HostAllReduce.connect(grad_bytes, timeout_s)

@@ -105,15 +105,32 @@ def preset_conflicts(
     name = preset.split("/", 1)[1]
     problems = []
     for choice in choices:
-        group, option = _group_key(choice), choice.value()
-        if group in chosen and chosen[group] == option:
-            continue  # the preset's own choice: the job composes as without it
-        written = _written_over(choice, defaults.defaults, in_preset, keys, repo)
-        if written:
-            problems.append(_message(name, f"{group}={option}", written))
-        elif group in chosen:
-            problems.append(_choice_message(name, f"{group}={option}", chosen[group]))
+        problem = _conflict(name, choice, chosen, defaults.defaults, in_preset, keys, repo)
+        if problem:
+            problems.append(problem)
     return problems
+
+
+def _conflict(
+    name: str,
+    choice: Any,
+    chosen: dict[str, str | None],
+    defaults: Sequence[Any],
+    in_preset: Any,
+    keys: list[str],
+    repo: Any,
+) -> str | None:
+    """Why the command line's group ``choice`` conflicts with preset ``name``, or None: the
+    preset writes keys of the group, or chooses another of its options itself."""
+    group, option = _group_key(choice), choice.value()
+    if group in chosen and chosen[group] == option:
+        return None  # the preset's own choice: the job composes as without it
+    written = _written_over(choice, defaults, in_preset, keys, repo)
+    if written:
+        return _message(name, f"{group}={option}", written)
+    if group in chosen:
+        return _choice_message(name, f"{group}={option}", chosen[group])
+    return None
 
 
 def _preset_choices(repo: Any, defaults: Sequence[Any], in_preset: Any) -> dict[str, str | None]:

@@ -66,23 +66,32 @@ def plan_command(
     if note:
         print(note)
     print(fusion_line(run, plan))
-    from rltrain.whatif.report import plan_prediction  # the step simulator (docs/whatif.md)
-
-    if unsized is not None and planned is not run:  # sized from the same model as the plan
-        unsized = dataclasses.replace(unsized, model=planned.model)
-    predicted = plan_prediction(planned, plan, out_dir, _fusable, unsized)
-    data = {**plan_to_dict(plan), **predicted}
-    with open(os.path.join(out_dir, "plan.json"), "w") as f:
-        json.dump(data, f, indent=1)
-    with open(os.path.join(out_dir, "plan.svg"), "w") as f:
-        f.write(svg(plan))
-    print(f"wrote {os.path.join(out_dir, 'plan.json')} and plan.svg")
+    _write(plan, out_dir, _predicted(run, planned, plan, out_dir, unsized))
     from rltrain.runners.layout import preflight
 
     layout = preflight(run, out_dir, plan)  # what training refuses before Ray, refused here
     if layout.resume_note:
         print(layout.resume_note)
     return plan
+
+
+def _predicted(run: Any, planned: Any, plan: Plan, out_dir: str, unsized: Any) -> dict:
+    """What the step simulator adds to ``plan.json`` (docs/whatif.md): the planned run's
+    prediction and the candidates' ranking, each candidate sized from ``unsized``."""
+    from rltrain.whatif.report import plan_prediction
+
+    if unsized is not None and planned is not run:  # sized from the same model as the plan
+        unsized = dataclasses.replace(unsized, model=planned.model)
+    return plan_prediction(planned, plan, out_dir, _fusable, unsized)
+
+
+def _write(plan: Plan, out_dir: str, predicted: dict) -> None:
+    """``plan.json`` (the plan and what the simulator predicted) and ``plan.svg``."""
+    with open(os.path.join(out_dir, "plan.json"), "w") as f:
+        json.dump({**plan_to_dict(plan), **predicted}, f, indent=1)
+    with open(os.path.join(out_dir, "plan.svg"), "w") as f:
+        f.write(svg(plan))
+    print(f"wrote {os.path.join(out_dir, 'plan.json')} and plan.svg")
 
 
 def _fusable(run: Any, plan: Plan) -> bool:
