@@ -12,25 +12,11 @@ import logging
 import pathlib
 
 import pytest
+from model_configs import QWEN25_05B
 from test_front_door import compose_config, no_ray  # noqa: F401 - the fixture
 
 from rltrain.config import load_config
 from rltrain.errors import ConfigError, RltrainError
-
-#: Qwen2.5-0.5B's config.json (sizes only: the plan needs no weights).
-QWEN25_05B = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-}
 
 
 def refused(*overrides: str) -> str:

@@ -13,6 +13,7 @@ import pathlib
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from model_configs import QWEN25_05B
 from omegaconf import OmegaConf
 
 from rltrain.config.files import built_field_problems
@@ -21,18 +22,6 @@ from rltrain.config.store import register_configs
 
 CONF = pathlib.Path(__file__).resolve().parents[3] / "conf"
 DEFAULTS = vars(ModelConfig())
-#: config.json of Qwen2.5-0.5B-Instruct (the keys the fields describe).
-QWEN25 = {
-    "model_type": "qwen2",
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32768,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-}
 TINY_LLAMA = {
     "model_type": "llama",
     "hidden_size": 32,
@@ -82,14 +71,16 @@ def test_a_model_option_describing_another_checkpoint_is_refused_field_by_field(
 
 def test_an_option_describing_its_checkpoint_passes(tmp_path):
     assert (
-        built_field_problems(_checkpoint(tmp_path, QWEN25), _model("model=qwen2_0_5b"), DEFAULTS)
+        built_field_problems(
+            _checkpoint(tmp_path, QWEN25_05B), _model("model=qwen2_0_5b"), DEFAULTS
+        )
         == []
     )
 
 
 def test_the_defaults_pass_beside_any_checkpoint(tmp_path):
     assert built_field_problems(_checkpoint(tmp_path, TINY_LLAMA), _model(), DEFAULTS) == []
-    assert built_field_problems(_checkpoint(tmp_path, QWEN25), _model(), DEFAULTS) == []
+    assert built_field_problems(_checkpoint(tmp_path, QWEN25_05B), _model(), DEFAULTS) == []
 
 
 def test_gsm8k_tiny_with_your_own_checkpoint_passes(tmp_path):
@@ -97,12 +88,12 @@ def test_gsm8k_tiny_with_your_own_checkpoint_passes(tmp_path):
     # 256, family qwen2); a Qwen2.5 checkpoint in its place covers that context
     fields = _model("experiment=gsm8k_tiny", "task.generate=null")
     assert fields["max_position_embeddings"] == 256
-    assert built_field_problems(_checkpoint(tmp_path, QWEN25), fields, DEFAULTS) == []
+    assert built_field_problems(_checkpoint(tmp_path, QWEN25_05B), fields, DEFAULTS) == []
 
 
 def test_more_positions_than_the_checkpoint_has_are_refused(tmp_path):
     fields = _model("model.max_position_embeddings=100000")
-    (problem,) = built_field_problems(_checkpoint(tmp_path, QWEN25), fields, DEFAULTS)
+    (problem,) = built_field_problems(_checkpoint(tmp_path, QWEN25_05B), fields, DEFAULTS)
     assert "model.max_position_embeddings=100000" in problem and "=32768" in problem
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from model_configs import QWEN25_05B
 from placement_helpers import CONF, compose
 
 from rltrain.config.schema import ModelConfig, OffloadPolicyConfig, RunConfig
@@ -26,20 +27,6 @@ MID = ModelConfig(
     dtype="bfloat16",
 )
 W = 268_601_344  # MID's weights in bf16 (test_memory.MID_PARAMS * 2)
-
-QWEN25_05B = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-}
 
 
 def plan_of(run: RunConfig, check_fit: bool = True):
