@@ -580,12 +580,14 @@ def launch(
     launcher.job_dirs.update({j.output_dir: j.num for j in jobs})
     cluster = one_cluster(jobs)
     runtime_env = _ray.job_runtime_env(_remote_runtime_env(launcher), cluster)
-    capacity = {}
+    capacity, movable = {}, True
     if cluster is not None:
         from rltrain.placement.types import ClusterSpec
 
-        capacity = {n.rank: n.num_devices for n in ClusterSpec.from_config(cluster).nodes}
-    allocator = SliceAllocator(capacity)
+        spec = ClusterSpec.from_config(cluster)
+        capacity = {n.rank: n.num_devices for n in spec.nodes}
+        movable = not spec.node_groups  # configured groups name the jobs' own node ranks
+    allocator = SliceAllocator(capacity, movable)
     _refuse_impossible(jobs, allocator)
     _refuse_shared_checkpoint_dirs(jobs)
     session = None

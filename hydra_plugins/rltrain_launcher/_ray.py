@@ -17,9 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hydra_plugins.rltrain_launcher._slices import Device
 from rltrain.errors import ConfigError
-
-Device = tuple[int, int]  # (cluster node rank, device), as in ._slices
 
 log = logging.getLogger(__name__)
 

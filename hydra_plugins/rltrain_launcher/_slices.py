@@ -75,10 +75,14 @@ class SliceAllocator:
 
     Args:
         capacity: devices per cluster node, ``{node_rank: num_devices}``.
+        movable: whether a job node may run on another cluster node than its own. Not with
+            ``cluster.node_groups``: a configured group names the job's node ranks, which a
+            move would hand to nodes of other groups.
     """
 
-    def __init__(self, capacity: Mapping[int, int]) -> None:
+    def __init__(self, capacity: Mapping[int, int], movable: bool = True) -> None:
         self.capacity = dict(capacity)
+        self.movable = movable
         self._free: dict[int, set[int]] = {n: set(range(c)) for n, c in self.capacity.items()}
 
     @property
@@ -97,7 +101,7 @@ class SliceAllocator:
         """
         wanted = _by_node(needs)
         empty = {n: set(range(c)) for n, c in self.capacity.items()}
-        if self._assign(wanted, empty, self.capacity) is not None:
+        if self._assign(wanted, empty, self.capacity, self.movable) is not None:
             return None
         shape = ", ".join(f"{len(ds)} on job node {n}" for n, ds in wanted.items())
         have = ", ".join(f"node {n}: {c}" for n, c in sorted(self.capacity.items())) or "none"
@@ -116,7 +120,7 @@ class SliceAllocator:
             The slice (empty for an empty ``needs``), or None when it does not fit now.
         """
         wanted = _by_node(needs)
-        node_map = self._assign(wanted, self._free, self.capacity)
+        node_map = self._assign(wanted, self._free, self.capacity, self.movable)
         if node_map is None:
             return None
         pairs = []
@@ -136,7 +140,10 @@ class SliceAllocator:
 
     @staticmethod
     def _assign(
-        wanted: dict[int, list[int]], free: dict[int, set[int]], capacity: Mapping[int, int]
+        wanted: dict[int, list[int]],
+        free: dict[int, set[int]],
+        capacity: Mapping[int, int],
+        movable: bool = True,
     ) -> dict[int, int] | None:
         """Job node -> cluster node, each cluster node used once; None when impossible.
 
@@ -154,6 +161,8 @@ class SliceAllocator:
                 out[job_node] = job_node
                 taken.add(job_node)
                 continue
+            if not movable:  # its own node only: wait until its planned devices are free
+                return None
             options = [
                 (len(free[n]), n)
                 for n in free

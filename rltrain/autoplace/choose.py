@@ -100,11 +100,6 @@ def no_candidates(settings: AutoSettings, total: int) -> ConfigError:
     )
 
 
-def search(run: Any, profile: Profile, settings: AutoSettings) -> list[Row]:
-    """Enumerate and rank (pure; fast on any cluster size)."""
-    return rank(enumerate_for(run, settings, devices(run)), profile.costs, carry_busy(run))
-
-
 def carry_busy(run: Any) -> Callable[[int, int], float]:
     """``(k rollout devices, max_staleness)`` -> the share of a static batch's decoding a
     ``carry`` call takes under the run's response lengths: the carry buffer run by arithmetic

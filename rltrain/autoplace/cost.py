@@ -97,15 +97,15 @@ class Scaling:
     ``parallel`` is negative for a stage measured slower on more devices (data-parallel
     communication outweighing the split work, as a tiny model's update on two CPU processes):
     the time then rises towards ``fixed``. ``fixed`` is negative for a stage measured to gain
-    more than linearly from more devices (between the measured counts the line holds, so each
-    measured count is predicted as measured); beyond the widest measurement such a line would
-    reach zero, so no more than linear gain is assumed there: ``widest / k``.
+    more than linearly from more devices (between the measured counts the line holds: two
+    counts are predicted as measured); towards and beyond the widest measurement such a line
+    reaches zero, so no more than linear gain from that measurement is assumed: ``widest / k``.
 
     Attributes:
         fixed: seconds more devices do not shorten.
         parallel: seconds on one device that data parallelism divides.
-        widest: device-seconds of the widest measurement (its seconds times its devices) when
-            ``fixed`` is negative, else 0: the least ``k`` devices are assumed to take.
+        widest: device-seconds of the widest measurement (its mean seconds times its
+            devices) when ``fixed`` is negative, else 0: the least ``k`` devices take.
     """
 
     fixed: float
@@ -140,8 +140,9 @@ class Scaling:
             return cls(fixed=b, parallel=0.0)
         if a >= 0:
             return cls(fixed=a, parallel=b)
-        x = min(x for x, _ in pts)  # 1 / the widest device count
-        return cls(fixed=a, parallel=b, widest=max(a + b * x, 0.0) / x)
+        k = max(max(k, 1) for k, _ in points)  # the widest device count measured
+        at_k = [max(t, 0.0) for n, t in points if max(n, 1) == k]
+        return cls(fixed=a, parallel=b, widest=k * sum(at_k) / len(at_k))
 
 
 @dataclass(frozen=True)

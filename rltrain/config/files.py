@@ -146,7 +146,7 @@ def built_field_problems(path: str, fields: dict[str, Any], defaults: dict[str, 
         problems.append(
             f"model.{name}={value!r} disagrees with model.path={path!r}, whose config.json has "
             f"{json_key}={stored!r}: a checkpoint is loaded as saved, so the field would be "
-            f"ignored. Drop model.{name} (its default is {defaults.get(name)!r}), or point "
+            f"ignored. Set model.{name}={stored!r} (or drop it if you set it), or point "
             f"model.path at the checkpoint it describes"
         )
     return problems

@@ -17,6 +17,7 @@ transitions go from their object store to the actor, never through the driver.
 
 from __future__ import annotations
 
+import os
 import uuid
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from rltrain.runners.job import Job, start_job
 from rltrain.runners.loop import StepTimer
 from rltrain.runners.weight_hub import WeightHub
 from rltrain.telemetry import trace
+from rltrain.telemetry.metrics import read_metrics
 from rltrain.workers.embodied import EmbodiedActorWorker, EmbodiedRolloutWorker
 from rltrain.workers.env import EnvWorker, SpaceSpec, stage_to_rollout
 
@@ -191,8 +193,8 @@ class EmbodiedRunner:
         groups = SimpleNamespace(actor=self.g["actor"], receiver=lambda r: self.g.get(r))
         self.hub = WeightHub.host_only(job, groups, EmbodiedActorWorker, EmbodiedRolloutWorker)
         self.schedule = EnvPipelineSchedule(self)
-        # the evaluation gate (:func:`evaluation_gate`) of this invocation: a resumed run opens
-        # it again from its own training returns
+        # the evaluation gate (:func:`evaluation_gate`); a resumed run reopens it from the
+        # training returns its metrics.jsonl kept (:meth:`resume`)
         self.gate_open = False
 
     def fit(self) -> dict[str, Any]:
@@ -307,9 +309,18 @@ class EmbodiedRunner:
             self.g["actor"].execute_on(0).call(EmbodiedActorWorker.save, path).wait()
 
     def resume(self) -> int:
-        """Load ``trainer.resume``'s checkpoint; returns the update to start from."""
+        """Load ``trainer.resume``'s checkpoint; returns the update to start from.
+
+        The evaluation gate opens as it was: when an update before the checkpoint reached it
+        (read from ``metrics.jsonl``), so a resumed run evaluates where the uninterrupted one
+        would.
+        """
         fingerprint = _fingerprint(self.run, self.spec)
-        return resume_state(self.ckpt, self.run, fingerprint, "task.env_id and model", self._load)
+        start = resume_state(self.ckpt, self.run, fingerprint, "task.env_id and model", self._load)
+        self.gate_open = start > 0 and gate_reached(
+            os.path.join(self.job.run_dir, "metrics.jsonl"), start, self.run.env.target_return
+        )
+        return start
 
     def _load(self, path: str) -> None:
         with self.job.stage("actor"):
@@ -380,6 +391,24 @@ def evaluation_gate(
     if target is None or target <= 0 or (train_return is not None and train_return >= target / 2):
         opened = True
     return bool(every) and (step + 1) % every == 0 and opened, opened
+
+
+def gate_reached(path: str, start: int, target: float | None) -> bool:
+    """Whether an update before ``start`` opened the evaluation gate (:func:`evaluation_gate`):
+    its training return reached half of a positive ``target``.
+
+    Args:
+        path: the run's ``metrics.jsonl`` (missing: ``logging.jsonl=false``, not reached).
+        start: the update the resumed run starts from.
+        target: ``env.target_return``.
+
+    Returns:
+        Whether the gate was open at ``start``.
+    """
+    if target is None or target <= 0 or not os.path.exists(path):
+        return False  # no target: evaluation_gate opens it at once anyway
+    returns = (r.get("env/return_mean") for r in read_metrics(path) if r.get("step", -1) < start)
+    return any(x is not None and x >= target / 2 for x in returns)
 
 
 @dataclass(frozen=True)

@@ -155,8 +155,10 @@ def start_job(
             ``create_group(...)`` builder, for every component the runner uses.
         layout: the layout checked before Ray started (:func:`preflight`); None skips the
             comparison (benchmarks and tests that start jobs directly).
-        on_launch: called with the groups once all are up, before any state leaves its
-            device (process groups and data-parallel wrappers need the full state).
+        on_launch: called with the groups once all are up, before the residency coordinator
+            moves any state (process groups and data-parallel wrappers need the actor's full
+            state; only a vLLM rollout put to sleep before the groups sharing its GPUs started
+            is away already).
 
     Yields:
         The running job. On exit (normal, exception or Ctrl-C) every actor and placement group

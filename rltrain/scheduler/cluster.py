@@ -232,11 +232,27 @@ class Cluster:
 
     @property
     def actor_runtime_env(self) -> dict | None:
-        """The ``cluster.runtime_env`` each worker is started with, when the job did not give
-        it to Ray itself: a job that joins a connection its driver already made (a user's
-        ``ray.init``) has Ray's job-level environment without it, and Ray merges a worker's own
-        ``env_vars`` into the job's. None when the job connected with it, or it is unset."""
-        return None if self._owns_ray or not self.runtime_env else self.runtime_env
+        """What of ``cluster.runtime_env`` each worker is started with: the parts Ray's
+        job-level environment lacks when the job joined a connection its driver made (a user's
+        ``ray.init``; Ray merges a worker's own ``env_vars`` into the job's). Parts the job's
+        connection already holds (the sweep launcher connects with them) are not passed again:
+        a ``working_dir`` would be packaged anew per worker, from the job's working directory.
+        None when the job connected with it, it is unset, or the job's holds all of it."""
+        if self._owns_ray or not self.runtime_env:
+            return None
+        import ray
+
+        job = dict(ray.get_runtime_context().runtime_env or {})
+        out = {k: v for k, v in self.runtime_env.items() if k != "env_vars" and k not in job}
+        have = job.get("env_vars") or {}
+        env_vars = {
+            k: v
+            for k, v in (self.runtime_env.get("env_vars") or {}).items()
+            if have.get(k) != str(v)
+        }
+        if env_vars:
+            out["env_vars"] = env_vars
+        return out or None
 
     # ---------------------------------------------------------------- start/join
     @classmethod

@@ -48,7 +48,6 @@ PLACED = ("actor", "rollout", "env")
 SHARED_OFFLOAD: Mapping[str, Mapping[str, Any]] = {
     "actor": {"when": "on_demand", "states": ["weights", "grads", "optimizer"]},
     "rollout": {"when": "on_demand", "states": ["weights", "kv_cache"]},
-    "env": {"when": "on_demand", "states": ["weights"]},
 }
 #: The simulators' place when they hold no device: node 0, as the shipped presets put them.
 ON_NODE: Mapping[str, str] = {"node_group": "node", "placement": "0"}
@@ -280,7 +279,7 @@ def offload_policies(base: Mapping[str, Any], cand: Candidate) -> dict[str, Any]
     if cand.env is not None:
         sharing |= {"env", "actor"}  # hybrid: simulators on devices the actor trains on
     out: dict[str, Any] = {name: policy for name, policy in base.items() if name not in PLACED}
-    for name in sorted(sharing):
+    for name in sorted(sharing & set(SHARED_OFFLOAD)):  # a simulator holds no device state
         policy = base.get(name)
         moves = policy is not None and resolve_offload(policy, f"placement.offload.{name}").enabled
         out[name] = policy if moves else _policy(**SHARED_OFFLOAD[name])

@@ -86,38 +86,28 @@ def cache_dir(run: Any) -> str:
     return os.path.expandvars(os.path.expanduser(folder))
 
 
-def cached_costs(run: Any) -> tuple[dict[str, Any], str] | None:
+def cached_costs(run: Any, unsized: Any = None) -> tuple[dict[str, Any], str] | None:
     """The cached profile's ``costs`` for this run and its path, or None (none, unreadable,
     another version).
 
     ``placement=auto`` keys its profile with the micro-batch sizes the config leaves null still
     null (each layout sizes its own), while a planned run has them chosen for its layout: when
-    the run's own key finds nothing, the key with those sizes null is tried.
+    the run's own key finds nothing, the key of ``unsized`` (the run before those sizes were
+    chosen; the sizes the user set stay in it) is tried.
 
     Args:
         run: the run config (its micro-batch sizes chosen or not).
+        unsized: ``run`` before its null micro-batch sizes were chosen, or None.
 
     Returns:
         ``(costs, path)``, or None.
     """
-    for key in dict.fromkeys([profile_key(run), profile_key(_unsized(run))]):
+    runs = [run] if unsized is None else [run, unsized]
+    for key in dict.fromkeys(profile_key(r) for r in runs):
         found = _read_costs(os.path.join(cache_dir(run), f"{key}.json"), key)
         if found is not None:
             return found
     return None
-
-
-def _unsized(run: Any) -> Any:
-    """``run`` with every micro-batch size the plan may choose null."""
-    from rltrain.placement.micro_batches import SECTIONS
-
-    changes = {
-        s: dataclasses.replace(getattr(run, s), micro_batch_size=None)
-        for s in SECTIONS
-        if dataclasses.is_dataclass(getattr(run, s, None))
-        and hasattr(getattr(run, s), "micro_batch_size")
-    }
-    return dataclasses.replace(run, **changes) if changes else run
 
 
 def _read_costs(path: str, key: str) -> tuple[dict[str, Any], str] | None:

@@ -55,14 +55,15 @@ class Ranked:
         }
 
 
-def calibration(run: Any) -> Calibration:
-    """Calibration from ``placement=auto``'s cached profile of this run, else the defaults
+def calibration(run: Any, unsized: Any = None) -> Calibration:
+    """Calibration from ``placement=auto``'s cached profile of this run (or of ``unsized``, the
+    run before its null micro-batch sizes were chosen: auto's key), else the defaults
     (``whatif.calibrate=false``: the defaults; catalogue hardware: defaults too, since a
     profile measures the configured cluster, not that hardware)."""
     w = run.whatif
     if not w.calibrate or w.hardware is not None:
         return DEFAULT
-    found = cached_costs(run)
+    found = cached_costs(run, unsized)
     if found is None:
         return DEFAULT
     costs, path = found
@@ -195,7 +196,7 @@ def plan_prediction(
     if needed:
         print(needed)
         return {}
-    calib = calibration(run)
+    calib = calibration(run, unsized)
     fused = registry.runner(run).fusable and fusable(run, plan)
     t0 = time.perf_counter()
     p = predict(run, plan, fused=fused, calibration=calib)

@@ -129,3 +129,16 @@ def test_no_candidate_on_the_cluster_is_refused_before_profiling(tmp_path):
     )
     assert "add collocated to placement.auto.candidates" in problem
     assert not (tmp_path / PROFILE_DIR).exists()
+
+
+def test_embodied_hybrid_candidates_pass_the_checks_of_the_layout_set_by_hand():
+    # a simulator holds no device state: sharing the actor's devices gives it no offload policy
+    from rltrain.autoplace.choose import devices, enumerate_for
+    from rltrain.autoplace.search import check_candidate
+
+    run = compose("experiment=cartpole_hybrid", "placement.mode=auto")
+    hybrid = [
+        c for c in enumerate_for(run, AutoSettings.from_run(run), devices(run)) if c.env is not None
+    ]
+    assert hybrid
+    assert {check_candidate(run, c)[0] for c in hybrid} == {""}

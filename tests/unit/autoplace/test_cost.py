@@ -45,6 +45,11 @@ def test_scaling_fit_keeps_a_stage_that_is_slower_on_more_devices():
     assert (s.fixed, s.parallel, s.widest) == pytest.approx((-2.0, 6.0, 2.0))
     assert [s.at(k) for k in (1, 2, 4, 8)] == pytest.approx([4.0, 1.0, 0.5, 0.25])
     assert s.scaled(0.5).at(4) == pytest.approx(0.25)
+    # three counts: the line misses the points; the widest measured one bounds it from below
+    # (least squares in 1/k: -0.4 + 2.6857/k, below 0 at 8; 0.05 s on 8 = 0.4 device-seconds)
+    s = Scaling.fit([(8, 0.05), (4, 0.1), (2, 1.0)])
+    assert s.widest == pytest.approx(0.4)
+    assert [s.at(k) for k in (8, 16)] == pytest.approx([0.05, 0.025])
 
 
 def test_linear_fit_never_gets_faster_with_more_environments():

@@ -53,7 +53,7 @@ def test_a_size_set_beside_a_checkpoint_that_differs_is_refused(tmp_path):
     (problem,) = built_field_problems(path, _model("model.hidden_size=128"), DEFAULTS)
     assert "model.hidden_size=128" in problem and "hidden_size=32" in problem
     assert f"model.path={path!r}" in problem
-    assert "Drop model.hidden_size (its default is 64)" in problem
+    assert "Set model.hidden_size=32 (or drop it if you set it)" in problem
 
 
 def test_a_model_option_describing_another_checkpoint_is_refused_field_by_field(tmp_path):

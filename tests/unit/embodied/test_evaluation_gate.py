@@ -7,9 +7,10 @@ epoch in which no episode ended, does not close it). A target <= 0 or none opens
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
-from rltrain.runners.embodied import EmbodiedRunner, evaluation_gate
+from rltrain.runners.embodied import EmbodiedRunner, evaluation_gate, gate_reached
 
 
 def _gate(every: int, target: float | None, returns: list[float | None]) -> list[int]:
@@ -65,3 +66,13 @@ def test_an_update_with_finished_episodes_logs_their_means():
     out = _metrics([10.0, 20.0], [10, 30])
     assert (out["env/return_mean"], out["env/length_mean"], out["reward/mean"]) == (15.0, 20, 15.0)
     assert out["env/episodes"] == 2
+
+
+def test_a_resumed_run_finds_the_gate_its_checkpointed_updates_reached(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": 0, "env/return_mean": 12.0}, {"step": 1}, {"step": 2, "env/return_mean": 25.0}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert gate_reached(str(path), 3, 40.0)  # update 2 reached 20 = half of 40
+    assert not gate_reached(str(path), 2, 40.0)  # update 2 is redone: only 12 before it
+    assert not gate_reached(str(path), 3, 60.0)  # 25 < 30
+    assert not gate_reached(str(tmp_path / "none.jsonl"), 3, 40.0)  # logging.jsonl=false

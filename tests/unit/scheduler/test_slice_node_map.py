@@ -90,3 +90,15 @@ def test_a_job_node_goes_only_to_a_node_with_its_planned_device_numbers():
     alloc.allocate({(0, d) for d in range(4)})
     piece = alloc.allocate({(0, 2), (0, 3)})
     assert piece is not None and piece.node_map() == {0: 2}
+
+
+def test_with_configured_node_groups_a_job_waits_for_its_own_node():
+    # a configured group names the job's node ranks: moving node 0 would hand them to node 1
+    alloc = SliceAllocator({0: 2, 1: 2}, movable=False)
+    first = alloc.allocate([(0, 0), (0, 1)])
+    assert first is not None
+    assert alloc.allocate([(0, 0), (0, 1)]) is None  # waits; not moved onto node 1
+    assert alloc.never_fits([(0, 0), (0, 1)]) is None
+    assert alloc.allocate([(1, 0)]) is not None  # its own node 1 is free
+    alloc.release(first)
+    assert alloc.allocate([(0, 0), (0, 1)]) is not None

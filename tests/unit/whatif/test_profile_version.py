@@ -48,4 +48,8 @@ def test_a_planned_run_finds_the_profile_auto_keyed_with_null_micro_batches(tmp_
     # mode=plan has chosen the sizes for its layout before it looks the profile up
     sized = dataclasses.replace(run, actor=dataclasses.replace(run.actor, micro_batch_size=64))
     assert profile_key(sized) != key
-    assert cached_costs(sized) == ({"runner": "reasoning"}, str(tmp_path / f"{key}.json"))
+    assert cached_costs(sized) is None  # its own key finds nothing
+    assert cached_costs(sized, run) == ({"runner": "reasoning"}, str(tmp_path / f"{key}.json"))
+    # a size the user set stays in the key: a profile measured with other sizes is not used
+    mine = dataclasses.replace(run, actor=dataclasses.replace(run.actor, micro_batch_size=1))
+    assert cached_costs(mine, mine) is None
