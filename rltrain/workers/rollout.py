@@ -347,11 +347,16 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
 
     def _resume_ended(self, step: int) -> RolloutBatch | None:
         """A resumed call whose rows had all ended: it finishes the modelled decoding its pause
-        cut short (``simulate.response_length_median``), then hands the batch on."""
-        if step in self._modelled:
+        cut short (``simulate.response_length_median``), pays a call's fixed cost
+        (``simulate.rollout_latency_ms``: the paused call never returned, so this is a call
+        again, as the what-if simulator's continued call is), then hands the batch on."""
+        latency_s = self.run.simulate.rollout_latency_ms / 1000
+        if step in self._modelled or latency_s:
             with trace.span("generate", "rollout", self.device_labels):
                 try:
                     self._modelled_decoding(step, self._ended[step])
+                    if latency_s:
+                        _sleep_unless_cancelled(latency_s)
                 except GenerationStopped:
                     return None  # paused again: the progress is kept
         return self._ended.pop(step)

@@ -92,3 +92,25 @@ def test_a_pause_in_the_modelled_decoding_keeps_its_progress_only_with_continue(
         out = worker.generate(["1+2="], step=0)
         assert out is not None and asked[1] == pytest.approx(total)
         assert out.discarded_tokens > 0  # the cancelled pass's tokens were thrown away
+
+
+def test_a_call_paused_in_its_fixed_cost_pays_it_again_when_resumed(monkeypatch):
+    # Its rows had all ended (the tiny model decodes in no time); the pause came inside the
+    # simulated device's fixed cost. The resumed call is a call again: it pays that cost, as
+    # the what-if simulator's continued call does, instead of handing the batch on at once.
+    worker = _worker("continue")
+    worker.run = dataclasses.replace(
+        worker.run, simulate=dataclasses.replace(SimulateConfig(), rollout_latency_ms=300.0)
+    )
+    asked: list[float] = []
+
+    def sleep_once_then_pause(seconds: float) -> None:
+        asked.append(seconds)
+        if len(asked) == 1:
+            raise GenerationStopped
+
+    monkeypatch.setattr(rollout_module, "_sleep_unless_cancelled", sleep_once_then_pause)
+    assert worker.generate(["1+2="], step=0) is None  # paused inside the fixed cost
+    out = worker.generate(["1+2="], step=0, resume=True)
+    assert out is not None and len(out.response_mask) == 2
+    assert asked == [pytest.approx(0.3), pytest.approx(0.3)]
