@@ -227,10 +227,6 @@ def _launch_wave(
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _plan_devices(plan: Plan, component: str) -> set[tuple[int, int]]:
-    return {(p.node_rank, d) for p in plan.by_component.get(component, ()) for d in p.devices}
-
-
 def launch_waves(run: RunConfig, plan: Plan, names: Sequence[str]) -> list[list[str]]:
     """The groups to launch together, wave after wave.
 
@@ -256,8 +252,8 @@ def launch_waves(run: RunConfig, plan: Plan, names: Sequence[str]) -> list[list[
     )
     if "rollout" not in names or not reserves:
         return [list(names)]
-    own = _plan_devices(plan, "rollout")
-    later = [c for c in names if c != "rollout" and _plan_devices(plan, c) & own]
+    sharers = {c for comps in plan.sharing.values() if "rollout" in comps for c in comps}
+    later = [c for c in names if c != "rollout" and c in sharers]
     first = [c for c in names if c not in later]
     return [first, later] if later else [first]
 

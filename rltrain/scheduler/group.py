@@ -629,6 +629,7 @@ class WorkerGroupBuilder(Generic[W]):
         state = group._state
         remote_cls: Any = ray.remote(host_class(self.cls))
         contexts = self._contexts(state, num_threads)
+        runtime_env = state.cluster.actor_runtime_env  # the job's, read once per group
         for p, ctx in zip(state.placements, contexts, strict=True):
             slot = state.reservation.layout.slot(state.name, p.rank)
             actor = remote_cls.options(
@@ -638,7 +639,7 @@ class WorkerGroupBuilder(Generic[W]):
                 scheduling_strategy=state.reservation.strategy(state.name, p.rank),
                 max_concurrency=max_concurrency,
                 max_restarts=0,
-                runtime_env=state.cluster.actor_runtime_env,
+                runtime_env=runtime_env,
             ).remote(ctx, self.args, self.kwargs)
             state.actors.append(actor)
             node = state.cluster.spec.nodes[p.cluster_node_rank]

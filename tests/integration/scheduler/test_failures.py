@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 import ray
@@ -106,17 +107,23 @@ def test_an_exception_in_init_is_reported_with_its_cause_not_as_a_death(cluster)
     assert err.where == "group 'badinit' rank 0 '__init__'"
 
 
-def test_a_failed_input_is_blamed_on_the_worker_that_raised(cluster):
+def _fed_from(cluster, producer: str, learner: str, method) -> tuple[Any, WorkerError]:
+    """A ``Scorer`` group named ``producer`` runs ``method``; a ``Flaky`` group named
+    ``learner`` is handed its result: the group and the error the learner's wait raises."""
     scorer = Scorer.create_group().launch(
-        cluster, name="scorer", placement_strategy=PackedPlacementStrategy(0, 0)
+        cluster, name=producer, placement_strategy=PackedPlacementStrategy(0, 0)
     )
-    learner = Flaky.create_group().launch(
-        cluster, name="learner2", placement_strategy=PackedPlacementStrategy(1, 1)
+    taker = Flaky.create_group().launch(
+        cluster, name=learner, placement_strategy=PackedPlacementStrategy(1, 1)
     )
-    scores = scorer.call(Scorer.score)
-    with pytest.raises(WorkerError) as info:  # the learner's wait sees the scorer's exception
-        learner.call(Flaky.take, scores.refs[0]).wait(timeout=60)
-    err = info.value
+    scores = scorer.call(method)
+    with pytest.raises(WorkerError) as info:
+        taker.call(Flaky.take, scores.refs[0]).wait(timeout=60)
+    return scorer, info.value
+
+
+def test_a_failed_input_is_blamed_on_the_worker_that_raised(cluster):
+    scorer, err = _fed_from(cluster, "scorer", "learner2", Scorer.score)
     first = str(err).splitlines()[0]
     assert first.startswith("group 'learner2' rank 0")
     assert "its input from group 'scorer' rank 0" in first and "'score' failed" in first
@@ -128,16 +135,7 @@ def test_a_failed_input_is_blamed_on_the_worker_that_raised(cluster):
 
 
 def test_an_input_whose_worker_died_is_blamed_on_that_worker(cluster):
-    scorer = Scorer.create_group().launch(
-        cluster, name="crasher", placement_strategy=PackedPlacementStrategy(0, 0)
-    )
-    learner = Flaky.create_group().launch(
-        cluster, name="learner3", placement_strategy=PackedPlacementStrategy(1, 1)
-    )
-    scores = scorer.call(Scorer.crash)
-    with pytest.raises(WorkerError) as info:  # the learner's wait sees the scorer's death
-        learner.call(Flaky.take, scores.refs[0]).wait(timeout=60)
-    err = info.value
+    scorer, err = _fed_from(cluster, "crasher", "learner3", Scorer.crash)
     first = str(err).splitlines()[0]
     assert first.startswith("group 'learner3' rank 0")
     assert "'take' could not run: the worker process of its input, group 'crasher' rank 0" in first
