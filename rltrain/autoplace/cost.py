@@ -25,11 +25,14 @@ An asynchronous candidate's ``trainer.partial_rollout`` matters only where a gen
 still running when the actor publishes new weights, i.e. ``G > A`` with ``A = R + T + S + O``
 (the actor's part). Then ``finish`` is the row above (``G``), ``restart`` is ``G + A`` (the
 generation is cancelled at the swap and run again from its start) and ``continue`` is
-``max(G, A) + F``: the stopped call resumes under the new weights, paying one more call's
-fixed cost ``F`` to prefill its prompt and the tokens kept (the profile has no prefill figure
-of its own, so ``F`` is the generation's ``fixed`` seconds). With ``G <= A`` all three are
-``A``. The model thus never ranks ``continue`` or ``restart`` faster than ``finish``: what they
-buy is fresher samples (docs/async.md), not step time. ``carry`` (``max_staleness=2``) is
+``max(G, A + F)``. A call decodes first and pays its fixed cost ``F`` (the generation's
+``fixed`` seconds: the profile has no prefill figure of its own) at its end; it is stopped
+``A`` into its run and the resumed call decodes what is left, ``max(G - F - A, 0)``, then pays
+``F`` again: ``A + max(G - F - A, 0) + F``. Where the actor's part is shorter than the
+decoding the step keeps ``G``; where the swap lands in the fixed cost, the first pass's ``F``
+is lost and the step is ``A + F``. (``F`` is taken at most ``G``.) With ``G <= A`` all three
+are ``A``. The model thus never ranks ``continue`` or ``restart`` faster than ``finish``: what
+they buy is fresher samples (docs/async.md), not step time. ``carry`` (``max_staleness=2``) is
 ``max(b G, A)``: its calls keep the decoding slots busy across calls instead of waiting for
 each batch's longest row, so a call takes a share ``b`` of a static batch's generation:
 ``b = steps / E[longest of the rows one rank decodes]``, where ``steps`` is a carry call's
@@ -315,18 +318,19 @@ def predict(
 
 
 def _asynchronous(
-    policy: str, g: float, a: float, prefill: float, parts: dict[str, float]
+    policy: str, g: float, a: float, fixed: float, parts: dict[str, float]
 ) -> Prediction:
     """An asynchronous step: generation ``g`` beside the actor's part ``a``, and what the
     ``trainer.partial_rollout`` policy adds where a generation runs past the swap (``g > a``;
-    module docstring)."""
+    module docstring). ``fixed`` is a generate call's fixed seconds ``F``."""
     if policy == "finish" or g <= a:
         return Prediction(max(g, a), parts, "max(G, R + T + S + O)")
     if policy == "restart":
         return Prediction(g + a, parts, "G + R + T + S + O (restart: G > A)")
-    return Prediction(
-        max(g, a) + prefill, {**parts, "prefill": prefill}, "max(G, R + T + S + O) + F"
-    )
+    # the rollout decodes first and pays F last, so a stop A into the call keeps the decoding
+    # done and the resumed call pays F again; F is a share of G, never more
+    f = min(max(fixed, 0.0), g)
+    return Prediction(max(g, a + f), {**parts, "fixed": f}, "max(G, R + T + S + O + F)")
 
 
 def items_per_round(env_world: int, stages: int, rollout_world: int) -> int:

@@ -60,8 +60,7 @@ def plan_command(
     out_dir = out_dir or run_dir()
     planned, note = _planned_run(run)
     os.makedirs(out_dir, exist_ok=True)
-    cluster = ClusterSpec.from_config(run.cluster)
-    plan = build_plan(planned, cluster, check_fit=False)
+    plan = build_plan(planned, planned_cluster(run), check_fit=False)
     _print(plan, max_rows)
     if note:
         print(note)
@@ -73,6 +72,22 @@ def plan_command(
     if layout.resume_note:
         print(layout.resume_note)
     return plan
+
+
+def planned_cluster(run: Any) -> ClusterSpec:
+    """The cluster ``mode=plan`` resolves the plan on: the configured one, its devices those of
+    ``whatif.hardware`` where that is set (their memory, CUDA), so the table, the fit check and
+    the prediction all describe the hardware asked about.
+
+    Args:
+        run: the checked run config.
+
+    Returns:
+        The cluster spec.
+    """
+    from rltrain.whatif.predict import hardware_cluster, target_device
+
+    return hardware_cluster(run, ClusterSpec.from_config(run.cluster), target_device(run))
 
 
 def _predicted(run: Any, planned: Any, plan: Plan, out_dir: str, unsized: Any) -> dict:

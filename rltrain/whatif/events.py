@@ -151,13 +151,15 @@ def _export(sink: Sink, m: StepModel, t: float) -> float:
 def _generate(
     m: StepModel, step: int, t: float, sink: Sink, load: bool, moves: bool = True
 ) -> tuple[float, list[float]]:
-    """The rollout's generate call from ``t`` on every rank: (end, per-rank ends)."""
+    """The rollout's generate call from ``t`` on every rank: (end, per-rank ends). The
+    rollout's reload, weight load and offload are drawn here and staged by the caller inside
+    ``generate`` (as a generate timer that includes the switch measures them), not as
+    ``moves``."""
     c = m.calib
     start = t + c.call_s
     rel = m.move("rollout") if moves else 0.0
     if rel:  # the rollout's turn: it comes back (the actor left after its update)
         start = _parallel(sink, m, "rollout", "reload", start, rel)
-        sink.stage("moves", rel)
     load_s = m.sync() / 2 if load else 0.0
     ranks = _all(m, "rollout")
     ends = []
@@ -170,7 +172,6 @@ def _generate(
     off = m.move("rollout") if moves else 0.0
     if off:  # and leaves once it has generated
         end = _parallel(sink, m, "rollout", "offload", end, off)
-        sink.stage("moves", off)
     return end, ends
 
 
@@ -508,9 +509,8 @@ def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
     e_item, i_item = m.env_item(per), m.infer_item(per)
     start = t + m.calib.call_s + m.calib.epoch_extra_s / 2
     rel = m.move("rollout")
-    if rel:  # the epoch's turn: the rollout comes back (the actor left after its update)
+    if rel:  # the epoch's turn: the rollout comes back (staged inside generate, below)
         start = _parallel(sink, m, "rollout", "reload", start, rel)
-        sink.stage("moves", rel)
     load = m.sync() / 2 if step > 0 else 0.0  # the rollout loads the newest weights first
     for p in ranks:
         sink.add("sync", p, start, load)
@@ -541,8 +541,7 @@ def embodied_step(m: StepModel, step: int, t: float, sink: Sink) -> float:
     d = m.train("actor")
     t = _parallel(sink, m, "actor", "train", end + m.calib.call_s, d)
     sink.stage("train", d + m.calib.call_s)
-    t = _export(sink, m, t)  # the load opens the next epoch
-    sink.stage("sync", load)
+    t = _export(sink, m, t)  # the rollout's load opened this epoch: inside generate
     off = m.move("actor")
     if off:  # the actor leaves once its weights are out
         t = _parallel(sink, m, "actor", "offload", t, off)

@@ -37,7 +37,12 @@ class Prediction:
 
     Attributes:
         step_s: seconds per step (mean step period after the first step).
-        stages_s: seconds per step of each stage (as ``time/<stage>_s`` records them).
+        stages_s: seconds per step of each stage, disjoint: ``generate`` includes the
+            rollout's weight load and, taking turns, its reload and offload (as a generate
+            timer that includes the switch measures it, verl's ``gen`` among them); ``moves``
+            only the reloads and offloads outside it (the actor's; an embodied step's rollout
+            offload too). The driver's time around the calls is in no stage, so their sum is
+            at most ``step_s``; a fused step's ``step`` (its one call) holds its other stages.
         tokens_per_s_per_device: device lane -> tokens/s it processes (generated on it plus
             trained on it).
         idle_share: device lane -> share of the window it does nothing.

@@ -163,9 +163,14 @@ class StepModel:
         return s, sum(lens), steps
 
     def continue_generate(self, full_s: float, done_s: float, world: int) -> float:
-        """A rank's generate call continuing a stopped one (``partial_rollout=continue``): a
-        new call's fixed cost, the prefill of the unfinished responses' prefixes (prompt plus
-        the tokens made so far), and the decoding the stopped call had left.
+        """A rank's generate call continuing a stopped one (``partial_rollout=continue``).
+
+        On a simulated device a call decodes first and pays its fixed cost (latency and host
+        work) last, as the rollout worker does: the new call decodes what the stopped one had
+        left of its ``full_s - fixed`` seconds of decoding (nothing where the stop came in the
+        fixed cost), then pays the fixed cost again. On a catalogue device: the prefill of the
+        unfinished responses' prefixes (prompt plus the tokens made so far) and the decoding
+        the stopped call had left.
 
         Args:
             full_s: the stopped call's seconds had it run to the end.
@@ -177,7 +182,7 @@ class StepModel:
         """
         if self.sim:  # a call's latency (and host work) is paid again; decoded steps are kept
             fixed = self.run.simulate.rollout_latency_ms / 1000 + self.calib.generate_extra(world)
-            return fixed + max(full_s - max(done_s, fixed), 0.0)
+            return fixed + max(full_s - fixed - done_s, 0.0)
         share = min(done_s / full_s, 1.0) if full_s > 0 else 1.0
         in_flight = min(self.rows_per("rollout"), self.concurrency())
         prefix = in_flight * (self.prompt + share * self.lengths.mean())

@@ -450,6 +450,7 @@ def quick_speed() -> dict[str, float]:
     from rltrain.whatif.report import rank
 
     run = compose(
+        "mode=plan",
         "cluster=ray",
         "cluster.num_nodes=8",
         "model=qwen2_0_5b",
@@ -528,6 +529,7 @@ def speed() -> dict[str, float]:
     from rltrain.whatif.report import rank
 
     big = compose(
+        "mode=plan",
         "cluster=ray",
         "cluster.num_nodes=128",
         "model=qwen2_0_5b",

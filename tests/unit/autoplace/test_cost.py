@@ -104,14 +104,27 @@ def test_partial_rollout_policies_where_generation_runs_past_the_swap():
     # G(1) = 1.5 > A = R + T(3) + S + O = 0.01 + 0.4667 + 0.04 + 0.05 = 0.5667
     a = 0.01 + (0.2 + 0.8 / 3) + 0.04 + 0.05
     finish = _policy((0, 3), (3, 4), "finish")
-    assert finish.seconds == pytest.approx(1.5) and "prefill" not in finish.parts
+    assert finish.seconds == pytest.approx(1.5) and "fixed" not in finish.parts
     # restart: the generation cancelled at the swap runs again from its start: G + A
     restart = _policy((0, 3), (3, 4), "restart")
     assert restart.seconds == pytest.approx(1.5 + a)
-    # continue: max(G, A) + one more call's fixed cost (generate's fixed, 0.5: no prefill figure)
+    # continue: the call decodes 1.0 s, then pays F = 0.5; stopped at A = 0.5667, mid-decoding,
+    # the resumed call decodes the 0.4333 left and pays F: 0.5667 + 0.4333 + 0.5 = 1.5 = G
     cont = _policy((0, 3), (3, 4), "continue")
-    assert cont.seconds == pytest.approx(1.5 + 0.5) and cont.parts["prefill"] == 0.5
-    assert cont.formula == "max(G, R + T + S + O) + F"
+    assert cont.seconds == pytest.approx(1.5) and cont.parts["fixed"] == 0.5
+    assert cont.formula == "max(G, R + T + S + O + F)"
+
+
+def test_continue_where_the_swap_lands_in_the_calls_fixed_cost():
+    """The generation-heavy benchmark's terms: G = 0.026 s of decoding then F = 1.192 s of a
+    call's fixed cost (1.218 s), A = 0.430 s. The swap at 0.430 s lands in the first call's
+    fixed cost: its decoding is kept, the resumed call pays F again: 0.430 + 0 + 1.192 =
+    1.622 s (measured 1.644 s), not max(G, A) + F = 2.410 s."""
+    costs = ReasoningCosts(generate=Scaling(fixed=1.192, parallel=0.026), train=Scaling(0.43))
+    cand = Candidate("disaggregated", (0, 1), (1, 2), staleness=1, partial_rollout="continue")
+    cont = predict(cand, costs)
+    assert cont.seconds == pytest.approx(1.622)
+    assert cont.parts["fixed"] == pytest.approx(1.192)
 
 
 def test_partial_rollout_policies_cost_nothing_where_generation_ends_first():
