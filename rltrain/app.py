@@ -97,6 +97,12 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
     configuration or programming error (:data:`DETERMINISTIC`), or the same error at the same
     step as the previous attempt, ends the run at once.
 
+    A run that ends with an exception (a failure, Ctrl-C) still writes its ``summary.json``,
+    with ``status`` ``failed`` (and the one-line ``cause``) or ``interrupted`` and the steps it
+    finished, and draws ``reward_curve.png`` again from ``metrics.jsonl``; an earlier
+    invocation's timeline files (``trace.json``, ``utilization.json``, ``trace.png``), which
+    only a completed run writes, are removed. None of this replaces the exception raised.
+
     Args:
         run_cfg: the checked run config.
         out_dir: the run directory.
@@ -121,39 +127,148 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
         # this run's own checkpoint directory (the run directory is this run's: claimed);
         # nothing published is touched. A shared trainer.checkpoint_dir is left alone.
         _discard_unpublished(run_cfg, out_dir)
+    started = time.time()  # outputs older than this are an earlier invocation's
     restarts: list[dict] = []
     attempts: list[dict] = []
     attempt = run_cfg
-    while True:
-        check_interrupt()  # never a restart after Ctrl-C, even one whose exception was dropped
-        began = time.monotonic()
-        loop.LAST_FIT.clear()  # a failure before the first step leaves it empty
-        try:
-            summary = _train_once(attempt, out_dir, layout)
-            attempts.append(_attempt(len(attempts) + 1, began, str(summary.get("status"))))
-            break
-        except BaseException as exc:
-            _discard_unpublished(run_cfg, out_dir)
-            if interrupted(exc) and not isinstance(exc, KeyboardInterrupt):
-                raise KeyboardInterrupt from exc  # the interrupt, not what failed meanwhile
-            if not isinstance(exc, WorkerError):
-                raise
-            failed = _attempt(len(attempts) + 1, began, "failed", cause=_cause(exc))
-            failed["failed_step"] = failed["done_steps"]  # the step running when it failed
-            attempts.append(failed)
-            _stop_if_deterministic(run_cfg, exc, attempts, restarts)
-            if len(restarts) >= run_cfg.trainer.max_restarts:
-                raise
-            restarts.append(_restart_point(run_cfg, out_dir, exc, len(restarts) + 1))
-            trainer = dataclasses.replace(run_cfg.trainer, resume=restarts[-1]["checkpoint"])
-            attempt = dataclasses.replace(run_cfg, trainer=trainer)
+    try:
+        while True:
+            check_interrupt()  # never a restart after Ctrl-C, even one whose exception was dropped
+            began = time.monotonic()
+            loop.LAST_FIT.clear()  # a failure before the first step leaves it empty
+            try:
+                summary = _train_once(attempt, out_dir, layout)
+                attempts.append(_attempt(len(attempts) + 1, began, str(summary.get("status"))))
+                break
+            except BaseException as exc:
+                _discard_unpublished(run_cfg, out_dir)
+                attempts.append(_ended_attempt(len(attempts) + 1, began, exc))
+                if interrupted(exc) and not isinstance(exc, KeyboardInterrupt):
+                    raise KeyboardInterrupt from exc  # the interrupt, not what failed meanwhile
+                if not isinstance(exc, WorkerError):
+                    raise
+                attempts[-1]["failed_step"] = attempts[-1]["done_steps"]  # running when it failed
+                _stop_if_deterministic(run_cfg, exc, attempts, restarts)
+                if len(restarts) >= run_cfg.trainer.max_restarts:
+                    raise
+                restarts.append(_restart_point(run_cfg, out_dir, exc, len(restarts) + 1))
+                trainer = dataclasses.replace(run_cfg.trainer, resume=restarts[-1]["checkpoint"])
+                attempt = dataclasses.replace(run_cfg, trainer=trainer)
+    except BaseException as exc:
+        _write_ended(run_cfg, out_dir, exc, attempts, restarts, started)
+        raise
     if restarts:
         staleness = run_cfg.trainer.max_staleness
         summary = across_attempts(summary, _records(out_dir), attempts, staleness)
         summary["restarts"] = restarts
+    _remove_stale_timeline(out_dir, started)
     write_job_summary(out_dir, summary)
     print_summary(summary, out_dir)
     return summary
+
+
+def ended_summary(
+    run_cfg: RunConfig,
+    exc: BaseException,
+    attempts: list[dict],
+    restarts: list[dict],
+    records: list[dict],
+) -> dict:
+    """The summary of a run that ended with an exception: what this invocation did.
+
+    Args:
+        run_cfg: the checked run config.
+        exc: what ended the run.
+        attempts: this invocation's attempts, oldest first (as :func:`train` keeps them).
+        restarts: its restarts (as :func:`train` keeps them).
+        records: the run directory's ``metrics.jsonl`` records (an earlier invocation's steps,
+            before a resume, are left out).
+
+    Returns:
+        ``status`` ``interrupted`` (Ctrl-C) or ``failed`` with ``cause`` (the exception in one
+        line); ``steps``, the rates and the stage means over the steps this invocation finished
+        (:func:`~rltrain.telemetry.summary.across_attempts`), ``final_reward`` and
+        ``final_accuracy`` of its last records, ``attempts`` and ``restarts``.
+    """
+    from rltrain.scheduler.interrupts import interrupted
+    from rltrain.telemetry.summary import across_attempts
+
+    status = "interrupted" if interrupted(exc) else "failed"
+    last = {"placement_mode": run_cfg.placement.mode, "steps": 0, "status": status}
+    summary = across_attempts(last, records, attempts, run_cfg.trainer.max_staleness)
+    firsts = [a["first_step"] for a in attempts if a.get("first_step") is not None]
+    mine = [r for r in records if firsts and r.get("step", -1) >= min(firsts)]
+    summary["final_reward"] = mine[-1].get("reward/mean") if mine else None
+    summary["final_accuracy"] = next(
+        (r["eval/accuracy"] for r in reversed(mine) if "eval/accuracy" in r), None
+    )
+    if status == "failed":
+        summary["cause"] = _reason(exc)
+    if restarts:
+        summary["restarts"] = restarts
+    return summary
+
+
+def _write_ended(
+    run_cfg: RunConfig,
+    out_dir: str,
+    exc: BaseException,
+    attempts: list[dict],
+    restarts: list[dict],
+    started: float,
+) -> None:
+    """Replace what an earlier invocation left in the run directory with what this one, ended
+    by ``exc``, did (:func:`ended_summary`); best effort: the exception is what is reported."""
+    from rltrain.telemetry.metrics import plot_curves
+    from rltrain.telemetry.summary import write_job_summary
+
+    _remove_stale_timeline(out_dir, started)
+    try:
+        records = _records(out_dir)
+        summary = ended_summary(run_cfg, exc, attempts, restarts, records)
+        path = write_job_summary(out_dir, summary)
+        log.info("%s: %s after %s step(s)", path, summary["status"], summary.get("steps"))
+        curve = os.path.join(out_dir, "reward_curve.png")
+        if plot_curves(records, curve) is None:
+            _remove_if_older(curve, started)
+    except Exception as err:  # noqa: BLE001 - must not replace the failure being raised
+        log.warning("could not write the summary of the ended run into %s: %s", out_dir, err)
+
+
+#: Outputs only a completed run writes (with ``logging.trace=true``; ``trace.png`` on request).
+TIMELINE_OUTPUTS = ("trace.json", "utilization.json", "trace.png")
+
+
+def _remove_stale_timeline(out_dir: str, started: float) -> None:
+    """Remove the timeline files an earlier invocation left (this one did not write them)."""
+    for name in TIMELINE_OUTPUTS:
+        _remove_if_older(os.path.join(out_dir, name), started)
+
+
+def _remove_if_older(path: str, started: float) -> None:
+    """Remove ``path`` when it was written before ``started`` (``time.time()``)."""
+    try:
+        if os.path.getmtime(path) < started:
+            os.remove(path)
+    except OSError:
+        return  # not there, or not ours to remove: what it holds is older, not wrong
+
+
+def _ended_attempt(n: int, began: float, exc: BaseException) -> dict:
+    """The record of an attempt ``exc`` ended: ``interrupted``, or ``failed`` with its cause."""
+    from rltrain.scheduler.interrupts import interrupted
+
+    if interrupted(exc):
+        return _attempt(n, began, "interrupted")
+    return _attempt(n, began, "failed", cause=_reason(exc))
+
+
+def _reason(exc: BaseException) -> str:
+    """What ended a run, in one line (a worker's failure as :func:`_cause` has it)."""
+    if isinstance(exc, WorkerError):
+        return _cause(exc)
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}".strip().rstrip(":")
 
 
 #: Exceptions a worker raises the same way on every replay of a step: resuming is exact (same

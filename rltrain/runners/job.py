@@ -187,13 +187,17 @@ def start_job(
 
         def launch(comp: str) -> WorkerGroup[Any]:
             with trace.span("launch", comp):
-                return workers[comp](launched).launch(
+                group = workers[comp](launched).launch(
                     cluster,
                     name=comp,
                     placement_strategy=plan.placements(comp),
                     reservation=reservation,
                     isolate_accelerator=run.placement.isolate_accelerator,
                 )
+                # each worker process records its own spans: logging.trace=false stops them
+                # there too, or they would fill its buffer and never be written
+                group.host_call("_rltrain_trace", run.logging.trace).wait()
+                return group
 
         names = [c for c in plan.components if c in workers]
         waves = launch_waves(run, plan, names)

@@ -17,6 +17,7 @@ Each offers the loop's :class:`~rltrain.runners.loop.Schedule` protocol (``begin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -61,6 +62,7 @@ class FusedSchedule:
     def __init__(self, stages: StepStages) -> None:
         self.stages = stages
         self._queued: tuple[int, Any] | None = None
+        self._done_at: float | None = None  # when the driver saw the last step's call finish
 
     def begin(self, start: int, horizon: int | None) -> None:
         self.stages.version = start  # the ranks sample with the parameters they train
@@ -73,14 +75,26 @@ class FusedSchedule:
             queue_next: also submit ``step + 1`` behind this one (a rank runs its calls in
                 order, so it still generates with the weights this step leaves). The caller
                 promises to take ``step + 1`` next, with no evaluation or checkpoint between.
+
+        Returns:
+            The step's record. Its ``time/step_s`` is the call's time, from its submission to
+            its end; for a step that was queued, from the end of the previous step's call
+            (when its ranks began it) to its own end.
         """
         r = self.stages
         timer = StepTimer()
+        queued = self._queued is not None
         with timer("step"), r.job.stage("actor"), trace.span("step", "driver"):
             future = self._take_queued(step)
             if queue_next:
                 self._queued = (step + 1, self._submit(step + 1))
             out = future.wait()
+        done_at = time.perf_counter()
+        if queued and self._done_at is not None:
+            # the ranks began a queued step when they finished the previous one, before this
+            # call's timer started: its time is the period between the two completions
+            timer.times["step"] = done_at - self._done_at
+        self._done_at = done_at
         results = [result for result, _ in out]
         r.version = step + 1
         r.refresh_ledger("actor", results)

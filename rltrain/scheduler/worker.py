@@ -226,6 +226,13 @@ class _Host:
 
         collective.join_collective(self, **kw)
 
+    def _rltrain_trace(self, enabled: bool) -> None:
+        from rltrain.telemetry import trace
+
+        trace.configure(enabled=enabled)
+        if not enabled:
+            trace.drain()  # what __init__ recorded would stay in the buffer, never written
+
     def _rltrain_drain_spans(self) -> list[Any]:
         from rltrain.telemetry import trace
 

@@ -16,7 +16,7 @@ as a blank cell in the report):
 ``final_reward``                mean reward of the last step
 ``final_accuracy``              last greedy evaluation accuracy (0..1)
 ``simulated_devices``           true when devices were simulated on CPU
-``status``                      ``completed`` | ``stopped`` | ``failed`` | free text
+``status``                      ``completed`` | ``stopped`` | ``failed`` | ``interrupted``
 ==============================  ==========================================================
 
 The three rates share one time base, the summary's ``wall_s`` (also written): the seconds from
@@ -31,9 +31,14 @@ After restarts (``trainer.max_restarts``) the summary describes the whole run
 (:func:`across_attempts`): ``steps`` from the first attempt's start to the last step, ``wall_s``
 the training seconds of every attempt (redone steps included), ``steps_per_s`` and
 ``tokens_per_s`` the steps and the generated tokens over it, the per-step measures and the
-``rollout`` totals over every recorded step (a redone step counted once), and ``attempts`` lists
-each attempt. The peak memory is the final attempt's (a failed attempt's job is gone before it
-can report one).
+``rollout`` totals over every step this invocation recorded (a redone step counted once; the
+records an earlier invocation left in a resumed run's ``metrics.jsonl`` are not counted), and
+``attempts`` lists each attempt. The peak memory is the final attempt's (a failed attempt's job
+is gone before it can report one).
+
+A run that ends with an exception writes its summary too (:func:`rltrain.app.ended_summary`):
+``status`` ``failed`` with ``cause`` (the exception in one line) or ``interrupted`` (Ctrl-C), and
+the steps and rates of what that invocation finished, measured as after restarts.
 
 No Ray, no torch: this module is imported by the launcher process and by jobs.
 """
@@ -234,7 +239,8 @@ def across_attempts(
     Args:
         last: the final attempt's summary (as its runner wrote it).
         records: the run's ``metrics.jsonl`` records (one per step: a restart replaces the
-            records of the steps it redoes).
+            records of the steps it redoes); those before the first attempt's ``first_step``
+            (an earlier invocation's, before a resume) are left out.
         attempts: one record per attempt, oldest first, each with ``first_step``,
             ``done_steps`` and ``training_s`` (as :func:`rltrain.app.train` keeps them).
         max_staleness: ``trainer.max_staleness`` (the bound of the ``rollout`` totals'
@@ -242,11 +248,15 @@ def across_attempts(
 
     Returns:
         ``last`` with the whole run's ``steps``, ``wall_s``, ``steps_per_s``,
-        ``seconds_per_stage`` (the stages ``last`` lists, over every record), ``tokens_per_s``,
+        ``seconds_per_stage`` (the stages ``last`` lists, over the records kept), ``tokens_per_s``,
         ``env_steps_per_s`` and ``rollout`` totals, plus ``attempts``.
     """
     out = dict(last)
     firsts = [a["first_step"] for a in attempts if a.get("first_step") is not None]
+    # metrics.jsonl also holds the steps of earlier invocations into the run directory (a
+    # resumed run); the rates divide by this invocation's seconds, so only its steps count
+    start = min(firsts) if firsts else None
+    records = [r for r in records if start is not None and r.get("step", start) >= start]
     done = [a["done_steps"] for a in attempts if a.get("done_steps") is not None]
     steps = max(done) - min(firsts) if firsts and done else last.get("steps")
     seconds = sum(float(a.get("training_s") or 0.0) for a in attempts)
