@@ -179,12 +179,13 @@ def _main(argv: list[str]) -> None:
     except Exception as exc:  # noqa: BLE001 - classified below, re-raised when not ours
         if interrupted(exc) or interrupt_received():  # a failure while Ctrl-C was handled
             exit_interrupted()
+        sweep = "-m" in argv or "--multirun" in argv
         message = explain(exc)
         if message is None and not _STATE["entered"]:
-            message = explain_command_line(exc)
+            message = explain_command_line(exc, sweep=sweep)
         if message is None or user_full_error:
             raise
-        if not _STATE["entered"] and "-m" not in argv and "--multirun" not in argv:
+        if not _STATE["entered"] and not sweep:
             message = _with_the_rest(message, argv, exc)
         print(f"rltrain: error: {message}", file=sys.stderr)
         sys.exit(2)
@@ -226,21 +227,24 @@ def version_text() -> str:
     return f"rltrain {__version__} ({', '.join(parts)})"
 
 
-def explain_command_line(exc: BaseException) -> str:
+def explain_command_line(exc: BaseException, sweep: bool = False) -> str:
     """A mistake found before the job started: the override grammar, or Hydra's own setup.
 
     Args:
         exc: what Hydra raised while parsing the command line, composing the config or preparing
-            the run directory.
+            the run directory (a sweep's: the sweep directory).
+        sweep: whether the command is a sweep (``-m``): its directories come from
+            ``hydra.sweep.dir``, not ``hydra.run.dir``.
 
     Returns:
         One message with the cause and the fix.
     """
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     if isinstance(exc, OSError) and exc.filename:
+        what, key = ("sweep", "hydra.sweep.dir") if sweep else ("run", "hydra.run.dir")
         return (
-            f"cannot create the run directory {exc.filename!r} ({exc.strerror}): set "
-            f"hydra.run.dir to a writable directory (or run from one)"
+            f"cannot create the {what} directory {exc.filename!r} ({exc.strerror}): set "
+            f"{key} to a writable directory (or run from one)"
         )
     if isinstance(exc, ValueError) and "integer string conversion" in first:
         return f"a number on the command line is too long ({first.split(':')[0]}): fix it"

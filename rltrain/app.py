@@ -533,7 +533,7 @@ def _run(cfg: DictConfig) -> float | None:
     return objective(train(run_cfg, out_dir, layout))
 
 
-def claim_run_dir(out_dir: str, run_cfg: RunConfig) -> None:
+def claim_run_dir(out_dir: str, run_cfg: RunConfig, key: str | None = None) -> None:
     """Refuse a run directory whose outputs the run would replace without a run having written
     them.
 
@@ -542,17 +542,20 @@ def claim_run_dir(out_dir: str, run_cfg: RunConfig) -> None:
     the run's outputs there would replace theirs. An earlier run's directory may be run into
     again, but a fresh training run (``trainer.resume=null``) would replace and prune the
     checkpoints it holds. A single Hydra run makes these checks before Hydra writes anything
-    (:class:`RunDirCallback`); they are made again here for runs outside Hydra.
+    (:class:`RunDirCallback`), the rltrain launcher before a sweep's job starts; they are made
+    again here for runs outside Hydra and jobs of other launchers.
 
     Args:
         out_dir: the run directory.
         run_cfg: the checked run config.
+        key: the config key that chose ``out_dir``, for the message; None: the running Hydra
+            job's (``hydra.run.dir``, or ``hydra.sweep.dir`` in a sweep).
 
     Raises:
         ConfigError: naming the directory's key, the files and the fix.
     """
     t = run_cfg.trainer
-    _claim(out_dir, _run_dir_key(), run_cfg.mode, t.checkpoint_dir, t.resume)
+    _claim(out_dir, key or _run_dir_key(), run_cfg.mode, t.checkpoint_dir, t.resume)
 
 
 def _claim(out_dir: str, key: str, mode: object, checkpoint_dir: object, resume: object) -> None:
@@ -564,9 +567,15 @@ def _claim(out_dir: str, key: str, mode: object, checkpoint_dir: object, resume:
         raise ConfigError(
             f"{key}={out_dir!r} holds {', '.join(held)}, which no rltrain run wrote "
             f"there (no {RUN_STAMP} in it): the run would replace what is there. Point "
-            f"{key} at a new directory (or leave it at its default, "
-            f"outputs/<date>/<time>)"
+            f"{key} at a new directory (or leave it at its default, {_default_dir(key)})"
         )
+
+
+def _default_dir(key: str) -> str:
+    """Hydra's default for the run directory ``key`` names (a sweep's job: its number)."""
+    if key.startswith("hydra.sweep.dir"):
+        return "multirun/<date>/<time>, one <job number> directory per job"
+    return "outputs/<date>/<time>"
 
 
 def _refuse_fresh_over_checkpoints(
@@ -690,7 +699,8 @@ def _checked(cfg: DictConfig, out_dir: str | None) -> RunConfig:
 
 
 def _layout_problems(run_cfg: RunConfig, out_dir: str | None, known: list[str]) -> list[str]:
-    """Preflight's problems of a config that already failed its checks, new ones only.
+    """Preflight's problems of a config that already failed its checks, new ones only (a
+    problem the checks stated already, worded with another fix, is left out).
 
     Nothing is written: a task that generates its data is left out (its checks would write
     it first), and the checks run as a plan's. A ``placement=auto`` run is left out too: its
@@ -709,7 +719,18 @@ def _layout_problems(run_cfg: RunConfig, out_dir: str | None, known: list[str]) 
         found = [str(exc)]
     except Exception:  # noqa: BLE001 - a config with problems may not lay out at all
         return []
-    return [p for p in found if p not in known]
+    # The config checks and preflight's loaders word a fix differently (task.path's
+    # "does not exist: give ..."): one problem, reported once, by what precedes the fix.
+    stated = {_statement(p) for p in known}
+    return [p for p in found if _statement(p) not in stated]
+
+
+def _statement(problem: str) -> str:
+    """What a problem message says is wrong: the text before its first ``": "`` (the fix)
+    when that says more than ``key=value`` (else two problems of one key would merge); else
+    the whole message."""
+    statement, _, fix = problem.partition(": ")
+    return statement if fix and " " in statement.split("=", 1)[-1] else problem
 
 
 def _apply_command_line(cfg: DictConfig) -> None:

@@ -17,6 +17,7 @@ Order of events in :func:`launch`:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -28,21 +29,28 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.core.utils import (
+    JobReturn,
+    JobStatus,
+    configure_log,
+    env_override,
+    filter_overrides,
+    setup_globals,
+)
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from hydra_plugins.rltrain_launcher import _ray, _report
 from hydra_plugins.rltrain_launcher._plan import JobNeeds, job_needs
 from hydra_plugins.rltrain_launcher._slices import DeviceSlice, SliceAllocator
 from hydra_plugins.rltrain_launcher.rltrain_launcher import RltrainLauncher, RltrainLauncherConf
-from rltrain.errors import ConfigError, ResourceError, WorkerError
+from rltrain.errors import ConfigError, ResourceError, RltrainError, WorkerError
 from rltrain.scheduler.discovery import SLICE_ENV
 
 #: Marks a directory a sweep has written its report into (a later batch may replace it).
@@ -81,7 +89,10 @@ def _compose(launcher: RltrainLauncher, overrides: Sequence[str], num: int) -> J
     """Compose one job's config, resolved, with its output directory fixed, and plan it.
 
     Everything is resolved here because a job's driver cannot evaluate resolvers registered
-    only in this process (``${hydra:...}``, a user's custom resolvers).
+    only in this process (``${hydra:...}``, a user's custom resolvers). It is resolved, and
+    planned, as the job's driver will see it: with ``hydra.job.env_set`` in the environment
+    (``${oc.env:...}``), and with ``hydra.job.chdir=true`` in the job's directory (relative
+    paths), :func:`_as_the_job`.
     """
     assert launcher.hydra_context is not None and launcher.config is not None  # set by setup()
     cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
@@ -97,8 +108,9 @@ def _compose(launcher: RltrainLauncher, overrides: Sequence[str], num: int) -> J
             cfg.hydra.runtime.output_dir = output_dir
         HydraConfig.instance().set_config(cfg)
         try:
+            env = _env_set(cfg)
             # HydraConfig.set_config marks the hydra node read-only.
-            with read_write(cfg), read_write(cfg.hydra):
+            with read_write(cfg), read_write(cfg.hydra), env_override(env):
                 OmegaConf.resolve(cfg)
         except Exception as exc:  # noqa: BLE001 - an unresolvable config fails its job alone
             return Job(num, list(overrides), cfg, JobNeeds(error=exc), output_dir)
@@ -107,14 +119,68 @@ def _compose(launcher: RltrainLauncher, overrides: Sequence[str], num: int) -> J
     task_cfg = copy.deepcopy(cfg)
     with read_write(task_cfg), open_dict(task_cfg):
         del task_cfg["hydra"]
-    needs = job_needs(
-        task_cfg,
-        output_dir,
-        config_loader=launcher.hydra_context.config_loader,
-        config_name=launcher.config.hydra.job.config_name,
-        overrides=overrides,
-    )
+    chdir = bool(OmegaConf.select(cfg, "hydra.job.chdir", default=False))
+    with _as_the_job(env, output_dir if chdir else None) as refused:
+        needs = job_needs(
+            task_cfg,
+            output_dir,
+            config_loader=launcher.hydra_context.config_loader,
+            config_name=launcher.config.hydra.job.config_name,
+            overrides=overrides,
+        )
+        refused.append(needs.error is not None)
     return Job(num, list(overrides), cfg, needs, output_dir)
+
+
+def _env_set(cfg: DictConfig) -> dict[str, str]:
+    """``hydra.job.env_set``, resolved: what Hydra's ``run_job`` puts in the job's environment."""
+    env = OmegaConf.select(cfg, "hydra.job.env_set", default=None)
+    if not env:
+        return {}
+    return {str(k): str(v) for k, v in OmegaConf.to_container(env, resolve=True).items()}
+
+
+@contextlib.contextmanager
+def _as_the_job(env: Mapping[str, str], job_dir: str | None) -> Iterator[list[bool]]:
+    """Check a job where its driver will run it: with ``env`` in the environment and, given
+    ``job_dir`` (``hydra.job.chdir=true``), in that directory, which Hydra's ``run_job``
+    creates and enters before the task starts. The launcher's environment and working directory
+    are restored after.
+
+    Yields:
+        A list the caller appends True to when the job is refused: then the directories made
+        here are removed again when still empty, as a refused single run leaves none behind.
+    """
+    refused: list[bool] = []
+    cwd = os.getcwd()
+    first_new = None
+    if job_dir is not None:
+        first_new = job_dir
+        while not os.path.lexists(os.path.dirname(first_new)):
+            first_new = os.path.dirname(first_new)
+        if os.path.lexists(first_new):
+            first_new = None  # nothing made here
+        os.makedirs(job_dir, exist_ok=True)
+        os.chdir(job_dir)
+    try:
+        with env_override(dict(env)):
+            yield refused
+    finally:
+        os.chdir(cwd)
+        if job_dir is not None and first_new is not None and any(refused):
+            _remove_empty(job_dir, first_new)
+
+
+def _remove_empty(path: str, top: str) -> None:
+    """Remove ``path`` and its parents up to ``top`` while they are empty."""
+    while True:
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+        if path == top:
+            return
+        path = os.path.dirname(path)
 
 
 def _flatten(node: Any, prefix: str) -> dict[str, Any]:
@@ -177,15 +243,36 @@ def _failed(job: Job, exc: Exception) -> JobReturn:
     return ret
 
 
-def _first_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text.splitlines()[0] if text else type(exc).__name__
+def error_cell(exc: BaseException) -> str:
+    """The report's one-line error of a failed job: every problem of a refusal, joined with
+    ``"; "``; the first line of anything else (a crash's traceback stays in the job's log).
+
+    Args:
+        exc: why the job failed.
+
+    Returns:
+        ``"<type>: <text>"`` on one line.
+    """
+    problems = getattr(exc, "problems", None)
+    if isinstance(exc, ConfigError) and isinstance(problems, list) and problems:
+        text = "; ".join(" ".join(str(p).split()) for p in problems)
+    else:
+        text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _failure_lines(job: Job) -> str:
+    """A failed job's entry in the log's list of failures: the whole message of a refusal
+    (every problem), the report's line of a crash (its traceback is in the job's log above)."""
+    assert job.ret is not None  # an ended job
+    exc = job.ret._return_value
+    refusal = isinstance(exc, RltrainError) and not isinstance(exc, WorkerError)
+    text = _message(exc).replace("\n", "\n    ") if refusal else job.error
+    return f"  #{job.num} {' '.join(job.overrides)}: {text}"
 
 
 def _message(exc: BaseException) -> str:
     """The whole message of a refusal (every problem), the type name of anything else."""
-    from rltrain.errors import RltrainError
-
     return str(exc) if isinstance(exc, RltrainError) else f"{type(exc).__name__}: {exc}"
 
 
@@ -294,7 +381,7 @@ def _refuse_impossible(jobs: Sequence[Job], allocator: SliceAllocator) -> None:
             exc = ResourceError(f"job #{job.num}: {reason}") if reason else None
         if exc is not None:
             job.ret = _failed(job, exc)
-            job.error = _first_line(exc)
+            job.error = error_cell(exc)
             log.error("rltrain launcher: job #%s cannot run: %s", job.num, _message(exc))
 
 
@@ -320,7 +407,7 @@ def _refuse_shared_checkpoint_dirs(jobs: Sequence[Job]) -> None:
                 f"'trainer.checkpoint_dir=${{hydra:runtime.output_dir}}/checkpoints'"
             )
             job.ret = _failed(job, exc)
-            job.error = _first_line(exc)
+            job.error = error_cell(exc)
             log.error("rltrain launcher: job #%s cannot run: %s", job.num, _message(exc))
 
 
@@ -419,7 +506,7 @@ def _run_all(launcher: RltrainLauncher, jobs: Sequence[Job], drivers: _Drivers, 
             job.end = end
             job.ret = drivers.collect(job, rc, timed_out)
             if job.ret.status == JobStatus.FAILED:
-                job.error = _first_line(job.ret._return_value)
+                job.error = error_cell(job.ret._return_value)
             _release(launcher, drivers.session, job, running.values())
             allocator.release(job.slice or DeviceSlice())
     except BaseException:
@@ -464,8 +551,9 @@ def _summary_stamp(output_dir: str) -> tuple[int, int] | None:
 
 
 def job_summary(job: Job) -> dict[str, Any] | None:
-    """The summary the job wrote; None when it wrote none (a plan, a failure, a refusal), even
-    where its directory keeps an earlier run's ``summary.json``.
+    """The summary the job wrote; None when it wrote none (a plan, a refusal, a driver killed
+    before it wrote one), even where its directory keeps an earlier run's ``summary.json``. A
+    run that failed or was interrupted writes one (``status`` failed or interrupted).
 
     Args:
         job: an ended job.
@@ -483,15 +571,42 @@ def job_summary(job: Job) -> dict[str, Any] | None:
     return read_job_summary(job.output_dir)
 
 
+def in_cluster_numbering(
+    summary: Mapping[str, Any] | None, piece: DeviceSlice | None
+) -> Mapping[str, Any] | None:
+    """A job's summary with its per-device peak memory keyed as the report's devices column
+    is: ``"<node>:<device>"`` of the sweep's cluster, not of the job's own plan (a job moved to
+    other devices numbers them from 0 itself).
+
+    Args:
+        summary: the job's summary, or None.
+        piece: the devices the job ran on; None or empty: the job's numbering is kept.
+
+    Returns:
+        The summary, with ``peak_memory_bytes_per_device`` renamed where the slice maps it.
+    """
+    if not summary or piece is None or not piece.mapping:
+        return summary
+    to_cluster = {f"{n}:{d}": f"{cn}:{cd}" for (n, d), (cn, cd) in piece.mapping}
+    memory = summary.get("peak_memory_bytes_per_device")
+    if not isinstance(memory, Mapping):
+        return summary
+    renamed = {to_cluster.get(str(dev), str(dev)): peak for dev, peak in memory.items()}
+    return {**summary, "peak_memory_bytes_per_device": renamed}
+
+
 def _report_jobs(launcher: RltrainLauncher, jobs: Sequence[Job], sweep_dir: Path) -> None:
     rows = {r["job"]: r for r in launcher.report_rows}
     for job in jobs:
-        assert job.ret is not None  # every job has ended
-        objective = job.ret._return_value if job.ret.status == JobStatus.COMPLETED else None
+        if job.ret is None:  # the sweep was interrupted before the job ended
+            status = "interrupted"
+        else:
+            status = "completed" if job.ret.status == JobStatus.COMPLETED else "failed"
+        objective = job.ret._return_value if job.ret and status == "completed" else None
         info = {
             "num": job.num,
             "overrides": job.overrides,
-            "status": "completed" if job.ret.status == JobStatus.COMPLETED else "failed",
+            "status": status,
             "error": job.error,
             "start": job.start,
             "end": job.end,
@@ -500,10 +615,19 @@ def _report_jobs(launcher: RltrainLauncher, jobs: Sequence[Job], sweep_dir: Path
             "objective": objective if isinstance(objective, int | float) else None,
             "placement_mode": job.needs.placement_mode,
         }
-        rows[job.num] = _report.make_row(info, job_summary(job))
+        rows[job.num] = _report.make_row(info, in_cluster_numbering(job_summary(job), job.slice))
     launcher.report_rows = [rows[k] for k in sorted(rows)]
     out = _report.write_report(launcher.report_rows, str(sweep_dir))
     print(f"\nSweep report ({out['md']}):\n\n{out['table']}", flush=True)
+
+
+def _report_interrupted(launcher: RltrainLauncher, jobs: Sequence[Job], sweep_dir: Path) -> None:
+    """The report of a sweep stopped by Ctrl-C or a launcher failure, never hiding why it
+    stopped: a report that cannot be written is only logged."""
+    try:
+        _report_jobs(launcher, jobs, sweep_dir)
+    except Exception as exc:  # noqa: BLE001 - the interrupt (exit code 130) must propagate
+        log.error("rltrain launcher: could not write the interrupted sweep's report: %s", exc)
 
 
 # -------------------------------------------------------------------------------------- launch
@@ -604,6 +728,10 @@ def launch(
     tmp = tempfile.mkdtemp(prefix="rltrain-sweep-")
     try:
         _run_all(launcher, jobs, _Drivers(launcher, session, tmp, runtime_env), allocator)
+    except BaseException:
+        if launcher.report:  # Ctrl-C: report what ended; the rest shows as interrupted
+            _report_interrupted(launcher, jobs, sweep_dir)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if launcher.report:
@@ -614,6 +742,6 @@ def launch(
             "rltrain launcher: %d of %d jobs failed:\n%s",
             len(failed),
             len(jobs),
-            "\n".join(f"  #{j.num} {' '.join(j.overrides)}: {j.error}" for j in failed),
+            "\n".join(_failure_lines(j) for j in failed),
         )
     return [j.ret for j in jobs]  # type: ignore[misc]

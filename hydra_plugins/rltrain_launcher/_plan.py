@@ -15,6 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.rltrain_launcher._slices import Device
 
+#: The keys that choose a sweep job's run directory, as refusals name them.
+JOB_DIR_KEY = "hydra.sweep.dir (with hydra.sweep.subdir)"
+
 
 @dataclass(frozen=True)
 class JobNeeds:
@@ -110,6 +113,10 @@ def job_needs(
 ) -> JobNeeds:
     """Check and plan one job, as a single run would before Ray starts.
 
+    Once its config checks, the job's run directory is claimed, as a single run's is before Hydra
+    writes into it (:func:`rltrain.app.claim_run_dir`): a user's directory, or an earlier run's
+    holding checkpoints a fresh run would delete, refuses the job before its driver writes
+    ``.hydra/`` there.
     A job whose overrides choose a config group its preset (``experiment=...``) also writes
     is refused first, as a single run is (:mod:`rltrain.config.presets`). A job that only
     plans (``mode=plan``) needs no devices and no Ray: it is checked when it runs, as its plan
@@ -129,6 +136,7 @@ def job_needs(
     """
     if not is_rltrain_config(task_cfg):
         return JobNeeds()
+    from rltrain.app import claim_run_dir
     from rltrain.config import load_config
     from rltrain.config.presets import check_group_choices
     from rltrain.errors import RltrainError
@@ -138,6 +146,8 @@ def job_needs(
         if config_loader is not None:
             check_group_choices(config_loader, config_name, overrides)
         run = load_config(task_cfg)
+        if output_dir is not None:  # before the job's driver writes .hydra/ there
+            claim_run_dir(output_dir, run, key=JOB_DIR_KEY)
         if run.mode == "plan":
             return _plan_only_needs(run, cluster)
         if run.placement.mode == "auto":

@@ -64,13 +64,38 @@ def _start_rltrain_cluster(cluster: Mapping[str, Any], options: Mapping[str, Any
 
 def _start_plain(options: Mapping[str, Any]) -> None:
     """A private local Ray for apps that are not rltrain (no devices declared)."""
-    import ray
 
     temp_dir = tempfile.mkdtemp(prefix="rltrain-ray-")
     # Registered before ray.init so that it runs after Ray's own exit hook (LIFO).
     atexit.register(shutil.rmtree, temp_dir, True)
     defaults = {"include_dashboard": False, "_temp_dir": temp_dir, "logging_level": logging.WARNING}
-    ray.init(address="local", **{**defaults, **options})
+    _ray_init(address="local", **{**defaults, **options})
+
+
+#: The start of ray.init's message for keyword arguments it does not know.
+_UNKNOWN = "Unknown keyword argument(s): "
+
+
+def _ray_init(**kwargs: Any) -> None:
+    """``ray.init``, an option it does not know named by its ``hydra.launcher.ray.init`` key.
+
+    Raises:
+        ConfigError: for an option ``ray.init`` does not take, naming the key and the fix.
+    """
+    import ray
+
+    try:
+        ray.init(**kwargs)
+    except RuntimeError as exc:
+        if not str(exc).startswith(_UNKNOWN):
+            raise
+        names = [n.strip() for n in str(exc)[len(_UNKNOWN) :].split(",") if n.strip()]
+        keys = ", ".join(f"hydra.launcher.ray.init.{n}" for n in names)
+        raise ConfigError(
+            f"{keys}: not an option of ray.init (Ray {ray.__version__}); remove "
+            f"{', '.join(f'+hydra.launcher.ray.init.{n}' for n in names)} from the command line "
+            f"(the options are ray.init's keyword arguments)"
+        ) from None
 
 
 def connect(init: Mapping[str, Any], cluster: Mapping[str, Any] | None) -> RaySession:
@@ -84,8 +109,9 @@ def connect(init: Mapping[str, Any], cluster: Mapping[str, Any] | None) -> RaySe
         The session.
 
     Raises:
-        ConfigError: when ``init.address`` and ``cluster.address`` disagree, or ``init`` options
-            are given for a local Ray that the jobs' cluster config describes.
+        ConfigError: when ``init.address`` and ``cluster.address`` disagree, ``init`` options
+            are given for a local Ray that the jobs' cluster config describes, or an ``init``
+            option is not one of ``ray.init``.
         ResourceError: when the local Ray cannot start.
     """
     import ray
@@ -103,7 +129,7 @@ def connect(init: Mapping[str, Any], cluster: Mapping[str, Any] | None) -> RaySe
         log.debug("rltrain launcher: using the Ray instance this process is connected to")
     elif address:
         log.info("rltrain launcher: joining the Ray cluster at %s", address)
-        ray.init(address=address, **{"logging_level": logging.WARNING, **options})
+        _ray_init(address=address, **{"logging_level": logging.WARNING, **options})
     elif cluster is not None:
         log.info("rltrain launcher: starting a private local Ray for the jobs' cluster config")
         _start_rltrain_cluster(cluster, options)

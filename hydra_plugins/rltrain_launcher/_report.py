@@ -248,7 +248,9 @@ def to_png(rows: Sequence[Mapping[str, Any]], path: str) -> bool:
 
 
 def write_report(rows: Sequence[Mapping[str, Any]], sweep_dir: str) -> dict[str, str]:
-    """Write the CSV, the Markdown table and (when any job measured throughput) the chart.
+    """Write the CSV, the Markdown table and (when any job measured throughput) the chart; a
+    chart already there (an earlier sweep's in this directory) is removed when no job measured
+    any, so every file beside the report is this sweep's.
 
     Args:
         rows: from :func:`make_row`, one per job, in job order.
@@ -266,5 +268,7 @@ def write_report(rows: Sequence[Mapping[str, Any]], sweep_dir: str) -> dict[str,
     png = os.path.join(sweep_dir, PNG_FILE)
     if to_png(rows, png):
         out["png"] = png
+    elif os.path.lexists(png):
+        os.remove(png)
     out["table"] = table
     return out
