@@ -407,7 +407,8 @@ def preflight(run: RunConfig, run_dir: str | None = None, plan: Any = None) -> R
 
 def decide_for_user(run: RunConfig) -> tuple[RunConfig, list[str]]:
     """Fill in what the config leaves to rltrain: micro-batch sizes left null, the largest
-    whose plan fits (:mod:`rltrain.placement.micro_batches`).
+    whose plan fits (:mod:`rltrain.placement.micro_batches`) on the cluster the run plans on
+    (``mode=plan`` with ``whatif.hardware``: that accelerator's devices, as the plan itself).
 
     Returns:
         ``(run, notes)``: the run with every such value set (the same object when none was
@@ -415,7 +416,12 @@ def decide_for_user(run: RunConfig) -> tuple[RunConfig, list[str]]:
     """
     from rltrain.placement.micro_batches import choose_micro_batches
 
-    run, choice = choose_micro_batches(run)
+    cluster = None
+    if run.mode == "plan" and run.whatif.hardware is not None:
+        from rltrain.runners.plan_command import planned_cluster
+
+        cluster = planned_cluster(run)
+    run, choice = choose_micro_batches(run, cluster)
     line = choice.describe()
     return run, [line] if line else []
 

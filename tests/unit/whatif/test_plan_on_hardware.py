@@ -36,5 +36,8 @@ def test_a_model_too_big_for_the_simulated_devices_plans_on_the_named_hardware(t
     assert out.returncode == 0, out.stderr
     assert "does not fit" not in out.stderr
     assert "of 80.00 GiB" in out.stdout and "of 4.00 GiB" not in out.stdout
+    # null micro-batch sizes are chosen on the same hardware as the plan
+    assert "none fits" not in out.stdout + out.stderr
+    assert "micro_batch_size=" in out.stdout
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["predicted"]["hardware"] == "h100"
