@@ -23,7 +23,10 @@ so a run is reproducible whatever the tools' timing. A tool that raises (other t
 episode infra-failed: loss mask 0 throughout, left out of the group statistics, counted in
 ``rollout/infra_failed``. The timeout is measured where the call runs, from when a pool thread
 takes it (:func:`timed_step`), so a call queued behind others is not charged their time.
-``rollout.max_turns`` and ``rollout.max_total_tokens`` end episodes cleanly (``truncated``).
+``rollout.max_turns``, ``rollout.max_total_tokens`` and the model's context
+(``max_position_embeddings``: prompt, turns and tool results together) end episodes cleanly
+(``truncated``); a turn that calls a tool with no turn left after it ends the episode there, the
+call not run. An environment whose ``reset`` outlives ``tools.timeout_s`` fails its episode too.
 """
 
 from __future__ import annotations
@@ -66,9 +69,10 @@ class Interaction(Protocol):
     ) -> RolloutBatch:
         """``n`` samples (episodes) per prompt as one batch, on CPU."""
 
-    def evaluate(self, task: Any, seed: int = 0) -> float:
+    def evaluate(self, task: Any, seed: int = 0) -> float | None:
         """Greedy accuracy on the task's evaluation rows (``seed``: the evaluation's own, for
-        what it draws besides its greedy tokens)."""
+        what it draws besides its greedy tokens); None when no evaluation episode was scored
+        (every one infra-failed)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ class SingleTurn:
     ) -> RolloutBatch:
         return self.sample(prompts, seed, with_logprobs, should_stop)
 
-    def evaluate(self, task: Any, seed: int = 0) -> float:
+    def evaluate(self, task: Any, seed: int = 0) -> float | None:
         return self.greedy(task)
 
 
@@ -243,29 +247,54 @@ def timed_step(env: Any, action: str, failure_seed: int | None, s: EpisodeSettin
         InjectedToolFailure: the call drew ``simulate.tool_failure_rate``'s failure.
         Exception: whatever the environment raised (the episode's infra failure).
     """
+    return _within(lambda: run_step(env, action, failure_seed, s), s.timeout_s, "tool call")
+
+
+def timed_reset(env: Any, example: Any, s: EpisodeSettings) -> str:
+    """``env.reset(example)``, given at most ``tools.timeout_s`` from now (as :func:`timed_step`:
+    a reset past its timeout runs on, its result dropped).
+
+    Args:
+        env: a new environment instance.
+        example: the task row it starts on.
+        s: the episode settings (``tools.timeout_s``).
+
+    Returns:
+        The first observation, as text.
+
+    Raises:
+        ToolTimeout: the reset ran longer than ``tools.timeout_s`` (the episode's infra failure).
+        Exception: whatever the environment's ``reset`` raised.
+    """
+    return _within(lambda: str(env.reset(example)), s.timeout_s, "environment reset")
+
+
+def _within(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``fn()`` on a thread of its own, waited for at most ``timeout_s``."""
     out: Future = Future()
 
     def call() -> None:
         try:
-            out.set_result(run_step(env, action, failure_seed, s))
-        except BaseException as exc:  # handed to the waiting pool thread
+            out.set_result(fn())
+        except BaseException as exc:  # handed to the waiting thread
             out.set_exception(exc)
 
     threading.Thread(target=call, daemon=True, name="tool-call").start()
     try:
-        return out.result(timeout=s.timeout_s)
+        return out.result(timeout=timeout_s)
     except FutureTimeout:
         raise ToolTimeout(
-            f"the tool call ran longer than tools.timeout_s={s.timeout_s}: raise tools.timeout_s "
-            f"if the tool is that slow"
+            f"the {what} ran longer than tools.timeout_s={timeout_s}: raise tools.timeout_s "
+            f"if the environment is that slow"
         ) from None
 
 
 class ToolPool(Protocol):
     """Where episodes' environments live and their steps run."""
 
-    def open(self, examples: Sequence[Any]) -> list[tuple[Any, str]]:
-        """Start one environment per example: ``(handle, first observation)`` each."""
+    def open(self, examples: Sequence[Any]) -> list[tuple[Any, str | None]]:
+        """Start one environment per example: ``(handle, first observation)`` each; a reset
+        that ran longer than ``tools.timeout_s`` gives ``(None, None)`` (the episode fails)."""
 
     def step(self, handle: Any, action: str, failure_seed: int | None) -> Future:
         """Run one action on the episode's environment: a future of its :class:`ToolReply`."""
@@ -290,11 +319,14 @@ class LocalToolPool:
         self.settings = EpisodeSettings.from_run(run)
         self.threads = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="tool")
 
-    def open(self, examples: Sequence[Any]) -> list[tuple[Any, str]]:
-        out = []
+    def open(self, examples: Sequence[Any]) -> list[tuple[Any, str | None]]:
+        out: list[tuple[Any, str | None]] = []
         for example in examples:
             env = self.env_class()
-            out.append((env, env.reset(example)))
+            try:
+                out.append((env, timed_reset(env, example, self.settings)))
+            except ToolTimeout:
+                out.append((None, None))
         return out
 
     def step(self, handle: Any, action: str, failure_seed: int | None) -> Future:
@@ -371,7 +403,8 @@ class ToolEpisodes:
 
     Raises:
         ConfigError: ``task.env`` does not load (see :func:`load_env_class`).
-        WorkerError: the tokenizer cannot spell the tool call's closing character.
+        WorkerError: the tokenizer cannot spell the tool call's closing character, or two task
+            rows share a prompt but not their answer (see :func:`rows_by_prompt`).
     """
 
     def __init__(
@@ -390,7 +423,8 @@ class ToolEpisodes:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         self.call_ends = call_end_ids(tokenizer)
-        self.rows = {ex.prompt: ex for ex in (*task.train, *task.eval)}
+        self.rows = rows_by_prompt(task)
+        self.context: int | None = None  # the model's max_position_embeddings, read per call
         self._observation_cache: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------------------ public
@@ -407,18 +441,25 @@ class ToolEpisodes:
         self._run(episodes, dataclasses.replace(self.params, n=1), seed, with_logprobs, should_stop)
         return self._batch(episodes, n, with_logprobs)
 
-    def evaluate(self, task: Any, seed: int = 0) -> float:
+    def evaluate(self, task: Any, seed: int = 0) -> float | None:
         """Share of the evaluation rows whose greedy episode earns the full reward (episodes
         that failed for infrastructure reasons are left out); ``seed`` draws the evaluation's
-        ``simulate.tool_failure_rate`` failures (the caller's per evaluation)."""
+        ``simulate.tool_failure_rate`` failures (the caller's per evaluation).
+
+        Returns:
+            The accuracy; None when no episode was scored (every one infra-failed, or no
+            evaluation rows): no accuracy was measured, which 0.0 would misreport.
+        """
         rows = list(task.eval)
         if not rows:
-            return 0.0
+            return None
         episodes = self._start([ex.prompt for ex in rows])
         greedy = dataclasses.replace(self.params, n=1, greedy=True)
         self._run(episodes, greedy, seed, False, None)
         scored = [e for e in episodes if not e.failed]
-        return sum(e.reward >= 1.0 for e in scored) / max(len(scored), 1)
+        if not scored:
+            return None
+        return sum(e.reward >= 1.0 for e in scored) / len(scored)
 
     # --------------------------------------------------------------------------- episodes
     def _start(self, prompts: Sequence[str]) -> list[Episode]:
@@ -429,9 +470,16 @@ class ToolEpisodes:
                 raise WorkerError(f"prompt {prompt!r} is not a row of the task: no env to reset")
             examples.append(example)
         opened = self.pool.open(examples)
-        firsts = prompt_token_ids(self.tokenizer, [first for _, first in opened])  # one call
-        pairs = zip(opened, firsts, strict=True)
-        return [Episode(row, handle, ids) for row, ((handle, _), ids) in enumerate(pairs)]
+        # an episode whose reset timed out shows its row's prompt (trained on by nothing)
+        pairs = zip(examples, opened, strict=True)
+        texts = [ex.prompt if first is None else first for ex, (_, first) in pairs]
+        firsts = prompt_token_ids(self.tokenizer, texts)  # one call
+        episodes = []
+        for row, ((handle, first), ids) in enumerate(zip(opened, firsts, strict=True)):
+            e = Episode(row, handle, ids)
+            e.done = e.failed = first is None
+            episodes.append(e)
+        return episodes
 
     def _run(
         self,
@@ -454,9 +502,13 @@ class ToolEpisodes:
         model = self.model()
         was_training = model.training
         model.eval()
+        self.context = model_context(model)
+        for e in episodes:
+            if not e.done and self._remaining(e) <= 0:  # its prompt fills the context
+                e.done = e.truncated = True
         decoder = self._decoder(model, params, len(episodes), with_logprobs)
         by_row = {e.row: e for e in episodes}
-        ready = list(episodes)
+        ready = [e for e in episodes if not e.done]
         waiting: list[Episode] = []
         since_join = 0
         try:
@@ -478,7 +530,7 @@ class ToolEpisodes:
                         waiting.append(e)
         finally:
             model.train(was_training)
-            self.pool.close([e.handle for e in episodes])
+            self.pool.close([e.handle for e in episodes if e.handle is not None])
         self.pool.check()  # a tool worker died: its episodes failed above, and the run stops
 
     def _decoder(
@@ -527,7 +579,13 @@ class ToolEpisodes:
         return still
 
     def _remaining(self, e: Episode) -> int:
-        return self.settings.max_total_tokens - len(e.ids)
+        """Tokens the episode may still add: ``rollout.max_total_tokens`` (null: unbounded but
+        for the context), and the model's context, which prompt, turns and tool results share
+        (a position past it is one the model never learned: it would train on garbage)."""
+        room = self.settings.max_total_tokens - len(e.ids)
+        if self.context is not None:
+            room = min(room, self.context - len(e.prompt) - len(e.ids))
+        return room
 
     def _end_turn(self, e: Episode, tokens: list[int], logp: list[float], seed: int) -> None:
         """Append a finished turn to its episode and hand its action to its environment."""
@@ -536,10 +594,12 @@ class ToolEpisodes:
         last = tokens[-1] if tokens else None
         if last in self.eos_ids:
             self._submit(e, self.tokenizer.decode(tokens[:-1]), False, seed)
-        elif last in self.call_ends and self._remaining(e) > 0:
+        elif (
+            last in self.call_ends and self._remaining(e) > 0 and e.turns < self.settings.max_turns
+        ):
             text = self.tokenizer.decode(tokens)  # a merged "])" keeps its tail in the ids
             self._submit(e, text[: text.rindex(CALL_END) + 1], True, seed)
-        else:  # the token budget cut the turn
+        else:  # the token budget cut the turn, or a call with no turn left to read its result
             e.done = e.truncated = True
 
     def _submit(self, e: Episode, action: str, calling: bool, seed: int) -> None:
@@ -618,10 +678,46 @@ class ToolEpisodes:
 
 
 def _sampled_tokens(episodes: Sequence[Episode], decoder: TurnDecoder) -> int:
-    """Tokens sampled so far: the episodes' ended turns (loss mask 1; observations have 0) and
-    the turns still decoding."""
-    ended = sum(int(sum(e.loss)) for e in episodes)
+    """Tokens sampled so far that the batch would have trained on: the ended turns of episodes
+    not infra-failed (loss mask 1; observations have 0) and the turns still decoding."""
+    ended = sum(int(sum(e.loss)) for e in episodes if not e.failed)
     return ended + sum(len(row.ids) for row in decoder.rows)
+
+
+def rows_by_prompt(task: Any) -> dict[str, Any]:
+    """Each prompt's task row, the row an episode of that prompt resets its environment with.
+
+    Episodes reach the rollout as prompt texts (the driver hands every worker prompts), so a
+    prompt must name one row; the task builder refuses a prompt given with two answers, and
+    this refuses a task built by hand that has one rather than reset some episodes on a row
+    that is not theirs.
+
+    Args:
+        task: a built task (``train`` and ``eval`` rows with ``prompt`` and ``answer``).
+
+    Returns:
+        ``prompt -> row`` (the first row of a prompt given on several rows with one answer).
+
+    Raises:
+        WorkerError: two rows share a prompt but not their answer.
+    """
+    rows: dict[str, Any] = {}
+    for ex in (*task.train, *task.eval):
+        first = rows.setdefault(ex.prompt, ex)
+        if first.answer != ex.answer:
+            raise WorkerError(
+                f"task rows share the prompt {ex.prompt!r:.60} with different answers "
+                f"({first.answer!r:.40} and {ex.answer!r:.40}): an episode finds its row by its "
+                f"prompt, so give each row its own prompt text (e.g. name the problem id in the "
+                f"prompt and show the environment's own first observation to the model)"
+            )
+    return rows
+
+
+def model_context(model: Any) -> int | None:
+    """The model's context (``config.max_position_embeddings``), or None if it has none."""
+    value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(value) if value else None
 
 
 def engine_interaction(run: Any, engine: Any) -> Interaction:

@@ -415,7 +415,8 @@ class ToolsConfig:
     pool_size: int = 2
     cpus_per_worker: float = 0.5  # CPUs each tool worker reserves in Ray (threads: int, min 1)
     memory_gib_per_worker: float = 0.5  # GiB of Ray memory each tool worker reserves
-    timeout_s: float = 10.0  # per tool call, timed from its start: longer fails its episode
+    # per tool call and per environment reset, timed from its start: longer fails its episode
+    timeout_s: float = 10.0
     concurrency: int = 8  # tool calls one tool worker runs at once (its actor's threads)
     # the most episodes one generating process decodes at once (continuous batching: an
     # episode leaves the decoding batch while its tool runs and joins it again when the reply

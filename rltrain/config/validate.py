@@ -958,10 +958,13 @@ def carry_problems(cfg: RunConfig) -> Iterator[str]:
         ("task.env", cfg.task.env, cfg.task.env is not None,
          "multi-turn episodes are not carried", "null"),
     )  # fmt: skip
+    # episodes are not continued across weight swaps either: task.env leaves restart or finish
+    env_fix = "or choose trainer.partial_rollout=restart or finish"
     for key, value, hit, why, ok in unsupported:
         if hit:
+            alt = env_fix if key == "task.env" else fix
             yield (
-                f"trainer.partial_rollout=carry with {key}={value!r}: {why}; set {key}={ok} {fix}"
+                f"trainer.partial_rollout=carry with {key}={value!r}: {why}; set {key}={ok} {alt}"
             )
 
 

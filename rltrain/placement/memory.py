@@ -459,7 +459,9 @@ def response_budget(run: Any) -> tuple[int, str]:
 
     Single-turn: ``rollout.max_new_tokens``. Multi-turn (``task.env``): ``rollout.max_total_tokens``
     (every turn and tool result), or where it is null ``rollout.max_turns x
-    rollout.max_new_tokens`` (tool results uncounted).
+    rollout.max_new_tokens`` (tool results uncounted here: the rollout ends an episode, as
+    truncated, where its prompt, turns and tool results reach the model's
+    ``max_position_embeddings``).
 
     Args:
         run: a :class:`rltrain.config.schema.RunConfig` (or a section-alike).

@@ -130,7 +130,8 @@ class ReasoningRunner:
 
     def target_reached(self, evaluated: dict[str, Any] | None) -> bool:
         target = self.run.trainer.target_accuracy
-        return target is not None and evaluated is not None and evaluated["eval/accuracy"] >= target
+        accuracy = (evaluated or {}).get("eval/accuracy")
+        return target is not None and accuracy is not None and accuracy >= target
 
     def summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
         return {

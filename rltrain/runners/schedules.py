@@ -47,7 +47,7 @@ class StepStages(Generator, Protocol):
     def step_metrics(self, scores: Any, results: list[Any], times: Any) -> dict[str, Any]: ...
     def export_weights(self, version: int) -> None: ...
     def finish_weight_sync(self) -> None: ...
-    def evaluate_rollout(self) -> float: ...
+    def evaluate_rollout(self) -> float | None: ...
 
 
 class FusedSchedule:
@@ -110,7 +110,7 @@ class FusedSchedule:
         r = self.stages
         with r.job.stage("actor"):
             accuracy = r.g.actor.execute_on(0).call(FusedWorker.evaluate).wait()[0]
-        return {"eval/accuracy": accuracy}
+        return _accuracy(accuracy)
 
     def end(self, done_steps: int, clean: bool) -> None:
         self._queued = None  # a failed run's queued step dies with its job
@@ -174,7 +174,7 @@ class TurnSchedule:
         return False
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        return {"eval/accuracy": self.stages.evaluate_rollout()}
+        return _accuracy(self.stages.evaluate_rollout())
 
     def end(self, done_steps: int, clean: bool) -> None:
         if clean:
@@ -308,3 +308,9 @@ def schedule_for(
 def _fused_keys(step: int, ranks: int) -> list[tuple[int, int]]:
     """The dispatcher's keys of a fused step's shards (one per rank)."""
     return [(step, rank) for rank in range(ranks)]
+
+
+def _accuracy(accuracy: float | None) -> dict[str, Any]:
+    """An evaluation's metrics: none when it scored no episode (every tool episode
+    infra-failed), as a step's ``reward/*`` are then absent, not 0."""
+    return {} if accuracy is None else {"eval/accuracy": accuracy}

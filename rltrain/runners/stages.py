@@ -347,8 +347,9 @@ class ReasoningStages:
         for rank, r in enumerate(results):
             self.job.refresh_ledger(component, r.state_bytes, rank)
 
-    def evaluate_rollout(self) -> float:
-        """Greedy accuracy on rollout rank 0 with the newest handed weights."""
+    def evaluate_rollout(self) -> float | None:
+        """Greedy accuracy on rollout rank 0 with the newest handed weights (None: no episode
+        was scored)."""
         self.hub.catch_up("rollout")
         with self.job.stage("rollout"):
             return (

@@ -7,7 +7,9 @@ task (tokens, chat template applied) plus the response budget is held against th
 
 The response budget is ``rollout.max_new_tokens`` for single-turn runs; for multi-turn runs
 (``task.env``) ``rollout.max_total_tokens`` (every turn and tool result), or, where that is
-null, ``rollout.max_turns x rollout.max_new_tokens`` (the tool results are then uncounted).
+null, ``rollout.max_turns x rollout.max_new_tokens``. Tool results are then uncounted here, so
+the rollout bounds them itself: an episode whose prompt, turns and tool results reach the
+model's context ends there, truncated (:class:`rltrain.agents.interaction.ToolEpisodes`).
 """
 
 from __future__ import annotations

@@ -93,8 +93,9 @@ class FusedWorker(ActorWorker):
         result.metrics.update({f"time/{k}_s": v for k, v in times.items()})
         return result, scores
 
-    def evaluate(self, weights: HostBuckets | None = None) -> float:
-        """Greedy accuracy on the task's evaluation prompts with the current weights.
+    def evaluate(self, weights: HostBuckets | None = None) -> float | None:
+        """Greedy accuracy on the task's evaluation prompts with the current weights (None: no
+        episode was scored, every one infra-failed).
 
         Args:
             weights: ignored: a fused rank evaluates the parameters it trains.

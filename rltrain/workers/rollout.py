@@ -393,9 +393,10 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
         return batch
 
     def _count_discarded(self, step: int, batch: Any, tokens: int = 0) -> None:
-        """Add ``batch``'s sampled tokens (if any) and ``tokens`` to the step's discarded."""
+        """Add ``batch``'s sampled tokens (if any, :func:`policy_tokens`) and ``tokens`` to the
+        step's discarded."""
         if batch is not None:
-            tokens += continuation.sampled_tokens(batch)
+            tokens += policy_tokens(batch)
         if tokens:
             self._discarded[step] = self._discarded.get(step, 0) + tokens
 
@@ -468,10 +469,11 @@ class RolloutWorker(Worker, WeightReceiver, ResidentState):
                 return True
         return _cancelled()
 
-    def evaluate(self, weights: Any = None) -> float:
+    def evaluate(self, weights: Any = None) -> float | None:
         """Greedy accuracy on the task's evaluation prompts, with the given weights (the
         evaluation's seed follows their version, so each evaluation of a run draws its own
-        ``simulate.tool_failure_rate`` failures, and a resumed run the same)."""
+        ``simulate.tool_failure_rate`` failures, and a resumed run the same); None when no
+        multi-turn evaluation episode was scored (every one infra-failed)."""
         self._sync(weights, None)
         if self._task is None:
             self._task = build_task(self.run.task, self.tokenizer)
@@ -698,6 +700,24 @@ def _cancelled() -> bool:
         return ray.get_runtime_context().is_canceled()
     except RuntimeError:  # not inside a task (a worker built directly, in a unit test)
         return False
+
+
+def policy_tokens(batch: Any) -> int:
+    """The tokens a batch would have trained on, the ones the policy sampled: a multi-turn
+    batch's ``loss_mask`` (tool results are 0 there, and so is an infra-failed episode
+    throughout, as :class:`~rltrain.agents.interaction.EpisodesStopped` counts), else every
+    response token.
+
+    Args:
+        batch: a :class:`~rltrain.algorithms.batch.RolloutBatch`, or a parked generation.
+
+    Returns:
+        The token count.
+    """
+    loss_mask = getattr(batch, "loss_mask", None)
+    if loss_mask is None:
+        return continuation.sampled_tokens(batch)
+    return int(loss_mask.sum())
 
 
 def _sleep_unless_cancelled(seconds: float, poll_s: float = 0.01) -> None:

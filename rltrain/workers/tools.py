@@ -9,10 +9,11 @@ worker (round robin) and all its steps go there, so a tool keeps its state betwe
 
 Faults: a tool that raises or runs longer than ``tools.timeout_s`` (timed from when one of the
 worker's threads takes the call, :func:`~rltrain.agents.interaction.timed_step`) fails its episode
-(infra failure, :mod:`rltrain.agents.interaction`). A tool worker that dies (its process killed, out
-of memory) fails every episode waiting on it, and the batch's ``generate`` then raises a
-``WorkerError`` naming the worker: the run stops (the pool does not replace workers; their
-environments' state is gone with them).
+(infra failure, :mod:`rltrain.agents.interaction`), as does an environment ``reset`` that runs
+longer than ``tools.timeout_s`` (a ``reset`` that raises stops the run). A tool worker that dies
+(its process killed, out of memory) fails every episode waiting on it, and the batch's
+``generate`` then raises a ``WorkerError`` naming the worker: the run stops (the pool does not
+replace workers; their environments' state is gone with them).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from rltrain.agents.interaction import (
     ToolReply,
     ToolReset,
     ToolStep,
+    ToolTimeout,
+    timed_reset,
     timed_step,
 )
 from rltrain.config.schema import RunConfig
@@ -103,12 +106,18 @@ class ToolWorker(Worker):
         self.steps = 0
 
     def reset(self, msg: ToolReset) -> str:
-        """Open an episode's environment here; returns its first observation."""
+        """Open an episode's environment here; returns its first observation.
+
+        Raises:
+            ToolTimeout: the reset ran longer than ``tools.timeout_s`` (timed from now; the
+                client fails the episode).
+            Exception: what the environment's ``reset`` raised.
+        """
         env = self.env_class()
-        first = env.reset(msg.example)
+        first = timed_reset(env, msg.example, self.settings)
         with self.lock:
             self.envs[msg.key] = env
-        return str(first)
+        return first
 
     def step(self, msg: ToolStep) -> ToolReply:
         """Run one action on an episode's environment (latency and failures of
@@ -170,8 +179,10 @@ class RayToolPool:
         self.dead: dict[int, str] = {}
         self.issued: list[tuple[int, Future]] = []  # steps whose worker check() looks at
 
-    def open(self, examples: Sequence[Any]) -> list[tuple[Any, str]]:
-        """Open one environment per example; ``((rank, key), first observation)`` each.
+    def open(self, examples: Sequence[Any]) -> list[tuple[Any, str | None]]:
+        """Open one environment per example; ``((rank, key), first observation)`` each, and
+        ``(None, None)`` for a reset that ran longer than ``tools.timeout_s`` (its episode
+        fails; the worker's thread bounds the wait, so no reset holds the batch longer).
 
         Raises:
             WorkerError: a worker could not reset (its environment raised, or it died).
@@ -184,11 +195,15 @@ class RayToolPool:
             handles.append((rank, f"{self.client}:{self.opened}", example))
             self.opened += 1
         refs = [self.actors[r].reset.remote(ToolReset(k, ex)) for r, k, ex in handles]
-        try:
-            firsts = ray.get(refs)
-        except ray.exceptions.RayError as exc:
-            raise WorkerError(f"the tool pool could not open an episode: {exc}") from exc
-        return [((r, k), first) for (r, k, _), first in zip(handles, firsts, strict=True)]
+        out: list[tuple[Any, str | None]] = []
+        for (r, k, _), ref in zip(handles, refs, strict=True):
+            try:
+                out.append(((r, k), ray.get(ref)))
+            except ToolTimeout:  # Ray raises the task's error as an instance of its cause
+                out.append((None, None))
+            except ray.exceptions.RayError as exc:
+                raise WorkerError(f"the tool pool could not open an episode: {exc}") from exc
+        return out
 
     def step(self, handle: Any, action: str, failure_seed: int | None) -> Future:
         """Send one action to the episode's worker; a future of its :class:`ToolReply`."""
