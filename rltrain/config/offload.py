@@ -82,7 +82,8 @@ def resolve_offload(policy: OffloadPolicyConfig | Mapping | None, key: str) -> O
     If any of ``offload_weight`` / ``offload_grad`` / ``offload_optimizer`` is given, the state
     kinds are exactly those set true (plus ``kv_cache`` if ``states`` lists it), as in RLinf where
     an unset flag means "keep on device". Any alias set true turns ``when: never`` into
-    ``after_stage``.
+    ``after_stage``; ``enable_offload=true`` turns ``on_demand`` into ``after_stage`` too (RLinf's
+    meaning: the state leaves after every stage).
 
     Args:
         policy: the policy as configured (a record or a mapping), or None for "never offload".
@@ -115,7 +116,9 @@ def resolve_offload(policy: OffloadPolicyConfig | Mapping | None, key: str) -> O
             f"{key}.enable_offload=false contradicts {key}.when={when!r}: "
             f"drop enable_offload or set when: never"
         )
-    elif (policy.enable_offload or any(given.values())) and when == "never":
+    elif policy.enable_offload or (any(given.values()) and when == "never"):
+        # RLinf's enable_offload=true moves the state out after every stage: on a shipped
+        # on_demand policy too, or the key would change nothing there
         when = "after_stage"
     if problems:
         raise ConfigError(problems)

@@ -74,10 +74,14 @@ def test_rlinf_aliases_select_exactly_the_flagged_states():
     assert p.may_offload("optimizer") and not p.may_offload("weights")
 
 
-def test_enable_offload_turns_never_into_after_stage_but_keeps_on_demand():
+def test_enable_offload_means_after_every_stage_whatever_when_was():
     assert resolve_offload(OffloadPolicyConfig(enable_offload=True), "k").when == "after_stage"
+    # the shipped policies are on_demand: enable_offload=true there must change something
     p = resolve_offload(OffloadPolicyConfig(enable_offload=True, when="on_demand"), "k")
-    assert p.when == "on_demand"
+    assert p.when == "after_stage"
+    # the state aliases alone keep on_demand: they choose what may leave, not when
+    p = resolve_offload(OffloadPolicyConfig(offload_weight=True, when="on_demand"), "k")
+    assert p.when == "on_demand" and p.states == frozenset({"weights", "kv_cache"})
 
 
 def test_contradicting_aliases_and_bad_values_name_the_key():
