@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rltrain.autoplace.candidates import PARTIAL_ROLLOUTS, Candidate, apply
+from rltrain.autoplace.candidates import PARTIAL_ROLLOUTS, Candidate, apply, as_set_by_hand
 from rltrain.autoplace.cost import EmbodiedCosts, Prediction, ReasoningCosts, predict
 from rltrain.errors import ConfigError, RltrainError
 from rltrain.kinds import registry
@@ -248,15 +248,6 @@ def check_candidate(run: Any, cand: Candidate) -> tuple[str, int | None, str | N
     except RltrainError as exc:
         return str(exc), peak, mode
     return "", peak, mode
-
-
-def as_set_by_hand(cand_run: Any) -> Any:
-    """A candidate's config as a user would write that layout: without ``placement.auto``, the
-    search's own settings, which the config refuses outside ``placement=auto``."""
-    from rltrain.config.schema import AutoPlacementConfig
-
-    placement = replace(cand_run.placement, auto=AutoPlacementConfig())
-    return replace(cand_run, placement=placement)
 
 
 def candidate_run(run: Any, cand: Candidate) -> Any:

@@ -418,7 +418,7 @@ def decide_for_user(run: RunConfig) -> tuple[RunConfig, list[str]]:
 
     cluster = None
     if run.mode == "plan" and run.whatif.hardware is not None:
-        from rltrain.runners.plan_command import planned_cluster
+        from rltrain.whatif.predict import planned_cluster
 
         cluster = planned_cluster(run)
     run, choice = choose_micro_batches(run, cluster)

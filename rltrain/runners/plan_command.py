@@ -53,6 +53,7 @@ def plan_command(
             to resume), after writing the plan.
     """
     from rltrain.whatif.events import unmodelled
+    from rltrain.whatif.predict import planned_cluster
 
     problems = unmodelled(run)  # before anything is written: the prediction would be another's
     if problems:
@@ -74,22 +75,6 @@ def plan_command(
     return plan
 
 
-def planned_cluster(run: Any) -> ClusterSpec:
-    """The cluster ``mode=plan`` resolves the plan on: the configured one, its devices those of
-    ``whatif.hardware`` where that is set (their memory, CUDA), so the table, the fit check and
-    the prediction all describe the hardware asked about.
-
-    Args:
-        run: the checked run config.
-
-    Returns:
-        The cluster spec.
-    """
-    from rltrain.whatif.predict import hardware_cluster, target_device
-
-    return hardware_cluster(run, ClusterSpec.from_config(run.cluster), target_device(run))
-
-
 def _predicted(run: Any, planned: Any, plan: Plan, out_dir: str, unsized: Any) -> dict:
     """What the step simulator adds to ``plan.json`` (docs/whatif.md): the planned run's
     prediction and the candidates' ranking, each candidate sized from ``unsized``."""
@@ -97,7 +82,23 @@ def _predicted(run: Any, planned: Any, plan: Plan, out_dir: str, unsized: Any) -
 
     if unsized is not None and planned is not run:  # sized from the same model as the plan
         unsized = dataclasses.replace(unsized, model=planned.model)
-    return plan_prediction(planned, plan, out_dir, _fusable, unsized)
+    return plan_prediction(planned, plan, out_dir, _fusable, unsized, _refused)
+
+
+def _refused(cand_run: Any) -> list[str]:
+    """What training refuses of a ranked candidate's config before Ray starts: the config's
+    checks on the layout as set by hand, then the task's (an environment's episodes are not
+    continued across weight swaps), as ``placement=auto`` excludes a candidate
+    (:func:`rltrain.autoplace.search.check_candidate`)."""
+    from rltrain.config.validate import check_config
+    from rltrain.tasks.text_env import env_problems
+    from rltrain.whatif.candidates import as_set_by_hand
+
+    by_hand = as_set_by_hand(cand_run)
+    problems = check_config(by_hand)[1]
+    if problems or not registry.runner(by_hand).language_model:
+        return problems
+    return env_problems(by_hand)
 
 
 def _write(plan: Plan, out_dir: str, predicted: dict) -> None:

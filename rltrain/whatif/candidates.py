@@ -334,3 +334,12 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def as_set_by_hand(cand_run: Any) -> Any:
+    """A candidate's config as a user would write that layout: without ``placement.auto``, the
+    search's own settings, which the config refuses outside ``placement=auto``."""
+    from rltrain.config.schema import AutoPlacementConfig
+
+    placement = dataclasses.replace(cand_run.placement, auto=AutoPlacementConfig())
+    return dataclasses.replace(cand_run, placement=placement)

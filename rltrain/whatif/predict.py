@@ -126,6 +126,22 @@ def hardware_cluster(run: Any, cluster: Any, device: hw.Device) -> Any:
     return ClusterSpec.from_config(section)
 
 
+def planned_cluster(run: Any) -> Any:
+    """The cluster ``mode=plan`` resolves the plan on: the configured one, its devices those of
+    ``whatif.hardware`` where that is set (their memory, CUDA), so the table, the fit check, the
+    micro-batch sizes chosen and the prediction all describe the hardware asked about.
+
+    Args:
+        run: the checked run config.
+
+    Returns:
+        The :class:`~rltrain.placement.types.ClusterSpec`.
+    """
+    from rltrain.placement.types import ClusterSpec
+
+    return hardware_cluster(run, ClusterSpec.from_config(run.cluster), target_device(run))
+
+
 def plan_on_hardware(run: Any, plan: Any, device: hw.Device) -> Any:
     """The plan resolved on the catalogue device's memory (CUDA devices), or ``plan``."""
     if device.simulated:

@@ -35,6 +35,8 @@ RANK_STEPS = 6
 EXACT_RANKS = 8
 
 Fusable = Callable[[Any, Any], bool]
+#: ``(candidate run) -> problems``: what training refuses of a candidate's config before Ray.
+Screen = Callable[[Any], list[str]]
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,12 @@ def calibration(run: Any, unsized: Any = None) -> Calibration:
 
 
 def rank(
-    run: Any, cluster: Any, fusable: Fusable, calib: Calibration, unsized: Any = None
+    run: Any,
+    cluster: Any,
+    fusable: Fusable,
+    calib: Calibration,
+    unsized: Any = None,
+    screen: Screen | None = None,
 ) -> list[Ranked]:
     """Every ``placement=auto`` candidate of the run on ``cluster``, predicted by the simulator
     and checked with the plan (memory, batch sizes, fusion), fastest first.
@@ -84,41 +91,27 @@ def rank(
         unsized: the run before its null micro-batch sizes were chosen for its own layout
             (None: ``run``'s sizes are the user's); each candidate then gets the largest that
             fits its layout, as that layout set by hand (or chosen by ``placement=auto``) does.
+        screen: ``(candidate run) -> problems``: what training refuses of a candidate's config
+            before Ray starts (applied before its sizes are chosen); a candidate with problems
+            is excluded with the first, as ``placement=auto`` excludes it. None: not screened.
 
     Returns:
         The ranking (refused candidates last, each with its reason).
     """
     from rltrain.placement.micro_batches import choose_micro_batches
-    from rltrain.placement.plan import build_plan
-    from rltrain.placement.sizes import derive_sizes
     from rltrain.whatif.predict import hardware_cluster, target_device
 
-    auto = run.placement.auto
     cluster = hardware_cluster(run, cluster, target_device(run))
-    devices = cluster.num_devices
-    if registry.runner(run).steps_env:
-        stages = cands.stage_counts(run.env.num_envs, list(auto.pipeline_stages), (1, 2, 4, 8))
-        found = cands.embodied_candidates(devices, stages, auto.candidates)
-    else:
-        policies = cands.partial_rollout_policies(auto.partial_rollout, run.trainer.partial_rollout)
-        found = cands.reasoning_candidates(devices, auto.candidates, auto.staleness, policies)
     out = []
-    for cand in found:
+    for cand in _candidates(run, cluster.num_devices):
         cand_run = cands.apply(run if unsized is None else unsized, cand)
-        if unsized is not None:
-            cand_run = choose_micro_batches(cand_run, cluster)[0]
         try:
-            if registry.runner(run).language_model:
-                derive_sizes(cand_run, cand.actor_devices, cand.rollout_devices)
-            plan = build_plan(cand_run, cluster, check_fit=False)
-            problems = plan.fit_problems()
-            if problems:
-                raise RltrainError(problems[0].message())
-            if cand.fused and not fusable(cand_run, plan):
-                raise RltrainError(
-                    "cannot run fused (placement.fuse): python -m rltrain "
-                    "mode=plan placement.fuse=true says why"
-                )
+            refused = screen(cand_run) if screen is not None else []
+            if refused:
+                raise RltrainError(refused[0])
+            if unsized is not None:
+                cand_run = choose_micro_batches(cand_run, cluster)[0]
+            plan = _checked_plan(cand_run, cand, cluster, fusable)
         except RltrainError as exc:
             out.append(Ranked(cand.name, None, "excluded", str(exc).splitlines()[0][:200]))
             continue
@@ -163,6 +156,40 @@ def text(p: Prediction, title: str) -> str:
     return "\n".join(lines)
 
 
+def _candidates(run: Any, devices: int) -> list[Any]:
+    """``placement=auto``'s candidates for the run on ``devices`` devices."""
+    auto = run.placement.auto
+    if registry.runner(run).steps_env:
+        stages = cands.stage_counts(run.env.num_envs, list(auto.pipeline_stages), (1, 2, 4, 8))
+        return list(cands.embodied_candidates(devices, stages, auto.candidates))
+    policies = cands.partial_rollout_policies(auto.partial_rollout, run.trainer.partial_rollout)
+    return list(cands.reasoning_candidates(devices, auto.candidates, auto.staleness, policies))
+
+
+def _checked_plan(cand_run: Any, cand: Any, cluster: Any, fusable: Fusable) -> Any:
+    """A candidate's plan on ``cluster``, checked as training checks it (batch sizes, memory,
+    fusion).
+
+    Raises:
+        RltrainError: the first problem training would refuse.
+    """
+    from rltrain.placement.plan import build_plan
+    from rltrain.placement.sizes import derive_sizes
+
+    if registry.runner(cand_run).language_model:
+        derive_sizes(cand_run, cand.actor_devices, cand.rollout_devices)
+    plan = build_plan(cand_run, cluster, check_fit=False)
+    problems = plan.fit_problems()
+    if problems:
+        raise RltrainError(problems[0].message())
+    if cand.fused and not fusable(cand_run, plan):
+        raise RltrainError(
+            "cannot run fused (placement.fuse): python -m rltrain mode=plan placement.fuse=true "
+            "says why"
+        )
+    return plan
+
+
 def ranking_text(rows: list[Ranked], top: int = TOP) -> str:
     """The ranking as a table."""
     lines = [f"{'#':>3}  {'candidate (whatif ranking)':<50} {'pred s/step':>11}  status"]
@@ -176,7 +203,12 @@ def ranking_text(rows: list[Ranked], top: int = TOP) -> str:
 
 
 def plan_prediction(
-    run: Any, plan: Any, out_dir: str, fusable: Fusable, unsized: Any = None
+    run: Any,
+    plan: Any,
+    out_dir: str,
+    fusable: Fusable,
+    unsized: Any = None,
+    screen: Screen | None = None,
 ) -> dict[str, Any]:
     """Predict the planned run, print it, rank the candidates, write :data:`TRACE_FILE`.
 
@@ -186,6 +218,7 @@ def plan_prediction(
         out_dir: the plan's directory.
         fusable: ``(run, plan) -> bool``: whether the run's actor, rollout and reward run fused.
         unsized: the run before its null micro-batch sizes were chosen (see :func:`rank`).
+        screen: what training refuses of a candidate's config (see :func:`rank`).
 
     Returns:
         What ``plan.json`` adds: ``predicted`` (and ``predicted_ranking``); nothing on real
@@ -206,7 +239,7 @@ def plan_prediction(
         json.dump(p.trace, f)
     out: dict[str, Any] = {PREDICTED: {**p.to_dict(), "seconds": time.perf_counter() - t0}}
     if run.whatif.rank_candidates and plan.cluster.num_devices > 1:
-        rows = rank(run, plan.cluster, fusable, calib, unsized)
+        rows = rank(run, plan.cluster, fusable, calib, unsized, screen)
         print(ranking_text(rows))
         out["predicted_ranking"] = [r.to_dict() for r in rows]
     print(
