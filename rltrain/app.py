@@ -118,8 +118,6 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
     """
     import time
 
-    from rltrain.runners import loop
-    from rltrain.scheduler.interrupts import check_interrupt, interrupted
     from rltrain.telemetry.summary import across_attempts, write_job_summary
 
     if not run_cfg.trainer.checkpoint_dir:
@@ -130,30 +128,8 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
     started = time.time()  # outputs older than this are an earlier invocation's
     restarts: list[dict] = []
     attempts: list[dict] = []
-    attempt = run_cfg
     try:
-        while True:
-            check_interrupt()  # never a restart after Ctrl-C, even one whose exception was dropped
-            began = time.monotonic()
-            loop.LAST_FIT.clear()  # a failure before the first step leaves it empty
-            try:
-                summary = _train_once(attempt, out_dir, layout)
-                attempts.append(_attempt(len(attempts) + 1, began, str(summary.get("status"))))
-                break
-            except BaseException as exc:
-                _discard_unpublished(run_cfg, out_dir)
-                attempts.append(_ended_attempt(len(attempts) + 1, began, exc))
-                if interrupted(exc) and not isinstance(exc, KeyboardInterrupt):
-                    raise KeyboardInterrupt from exc  # the interrupt, not what failed meanwhile
-                if not isinstance(exc, WorkerError):
-                    raise
-                attempts[-1]["failed_step"] = attempts[-1]["done_steps"]  # running when it failed
-                _stop_if_deterministic(run_cfg, exc, attempts, restarts)
-                if len(restarts) >= run_cfg.trainer.max_restarts:
-                    raise
-                restarts.append(_restart_point(run_cfg, out_dir, exc, len(restarts) + 1))
-                trainer = dataclasses.replace(run_cfg.trainer, resume=restarts[-1]["checkpoint"])
-                attempt = dataclasses.replace(run_cfg, trainer=trainer)
+        summary = _attempts(run_cfg, out_dir, layout, attempts, restarts)
     except BaseException as exc:
         _write_ended(run_cfg, out_dir, exc, attempts, restarts, started)
         raise
@@ -165,6 +141,50 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
     write_job_summary(out_dir, summary)
     print_summary(summary, out_dir)
     return summary
+
+
+def _attempts(
+    run_cfg: RunConfig, out_dir: str, layout, attempts: list[dict], restarts: list[dict]
+) -> dict:
+    """Train, restarting from the latest checkpoint after each failure a restart may cure
+    (:func:`train`); ``attempts`` and ``restarts`` are filled in as they happen, so a caller
+    whose call raised still has them.
+
+    Returns:
+        The last attempt's summary.
+
+    Raises:
+        WorkerError: a worker failed and no restart is left, or restarting cannot help.
+        KeyboardInterrupt: Ctrl-C.
+    """
+    import time
+
+    from rltrain.runners import loop
+    from rltrain.scheduler.interrupts import check_interrupt, interrupted
+
+    attempt = run_cfg
+    while True:
+        check_interrupt()  # never a restart after Ctrl-C, even one whose exception was dropped
+        began = time.monotonic()
+        loop.LAST_FIT.clear()  # a failure before the first step leaves it empty
+        try:
+            summary = _train_once(attempt, out_dir, layout)
+            attempts.append(_attempt(len(attempts) + 1, began, str(summary.get("status"))))
+            return summary
+        except BaseException as exc:
+            _discard_unpublished(run_cfg, out_dir)
+            attempts.append(_ended_attempt(len(attempts) + 1, began, exc))
+            if interrupted(exc) and not isinstance(exc, KeyboardInterrupt):
+                raise KeyboardInterrupt from exc  # the interrupt, not what failed meanwhile
+            if not isinstance(exc, WorkerError):
+                raise
+            attempts[-1]["failed_step"] = attempts[-1]["done_steps"]  # running when it failed
+            _stop_if_deterministic(run_cfg, exc, attempts, restarts)
+            if len(restarts) >= run_cfg.trainer.max_restarts:
+                raise
+            restarts.append(_restart_point(run_cfg, out_dir, exc, len(restarts) + 1))
+            trainer = dataclasses.replace(run_cfg.trainer, resume=restarts[-1]["checkpoint"])
+            attempt = dataclasses.replace(run_cfg, trainer=trainer)
 
 
 def ended_summary(

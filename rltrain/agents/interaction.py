@@ -503,9 +503,7 @@ class ToolEpisodes:
         was_training = model.training
         model.eval()
         self.context = model_context(model)
-        for e in episodes:
-            if not e.done and self._remaining(e) <= 0:  # its prompt fills the context
-                e.done = e.truncated = True
+        self._truncate_full(episodes)
         decoder = self._decoder(model, params, len(episodes), with_logprobs)
         by_row = {e.row: e for e in episodes}
         ready = [e for e in episodes if not e.done]
@@ -532,6 +530,12 @@ class ToolEpisodes:
             model.train(was_training)
             self.pool.close([e.handle for e in episodes if e.handle is not None])
         self.pool.check()  # a tool worker died: its episodes failed above, and the run stops
+
+    def _truncate_full(self, episodes: list[Episode]) -> None:
+        """End, truncated, every episode whose prompt already fills its room."""
+        for e in episodes:
+            if not e.done and self._remaining(e) <= 0:
+                e.done = e.truncated = True
 
     def _decoder(
         self, model: Any, params: SamplingParams, episodes: int, with_logprobs: bool

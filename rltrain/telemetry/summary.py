@@ -253,10 +253,7 @@ def across_attempts(
     """
     out = dict(last)
     firsts = [a["first_step"] for a in attempts if a.get("first_step") is not None]
-    # metrics.jsonl also holds the steps of earlier invocations into the run directory (a
-    # resumed run); the rates divide by this invocation's seconds, so only its steps count
-    start = min(firsts) if firsts else None
-    records = [r for r in records if start is not None and r.get("step", start) >= start]
+    records = _this_invocations(records, min(firsts) if firsts else None)
     done = [a["done_steps"] for a in attempts if a.get("done_steps") is not None]
     steps = max(done) - min(firsts) if firsts and done else last.get("steps")
     seconds = sum(float(a.get("training_s") or 0.0) for a in attempts)
@@ -281,6 +278,15 @@ def across_attempts(
             out["rollout"] = rollout
     out["attempts"] = [dict(a) for a in attempts]
     return out
+
+
+def _this_invocations(
+    records: list[Mapping[str, Any]], start: int | None
+) -> list[Mapping[str, Any]]:
+    """The records from step ``start`` on: ``metrics.jsonl`` also holds the steps of earlier
+    invocations into the run directory (a resumed run), and the rates divide by this
+    invocation's seconds, so only its steps count (none without a first step)."""
+    return [r for r in records if start is not None and r.get("step", start) >= start]
 
 
 def _stage_means(last: Mapping[str, Any], records: list[Mapping[str, Any]]) -> dict[str, float]:
