@@ -71,10 +71,9 @@ class Job:
         return contextlib.nullcontext()
 
     def refresh_ledger(self, component: str, state_bytes: Mapping[str, int], rank: int) -> None:
-        """Update a rank's full-state sizes (an optimizer's state appears at its first step)."""
-        resident = self.residency.residents.get((component, rank))
-        if resident is not None:
-            resident.total = {k: int(v) for k, v in state_bytes.items()}
+        """Update a rank's full-state sizes (an optimizer's state appears at its first step)
+        and note the device peak they make (:meth:`ResidencyCoordinator.refresh`)."""
+        self.residency.refresh(component, rank, state_bytes)
 
     def write_timeline(self) -> dict[str, Any]:
         """Write ``trace.json`` and ``utilization.json``; returns summary fields to merge.
@@ -132,6 +131,32 @@ def _stage_extra(plan: Plan, component: str, device: tuple[int, int]) -> int:
         ),
         default=0,
     )
+
+
+def _planned_state(
+    plan: Plan, component: str, devices: Sequence[tuple[int, int]], kinds: Sequence[str]
+) -> dict[str, int]:
+    """The plan's bytes of one process of ``component`` per state kind in ``kinds`` (the kinds
+    its worker measures): the ledger's size for a kind the worker has not created yet.
+
+    Returns:
+        ``{kind: bytes}``, the largest over the process's devices and the plan's stages, the
+        device's term split between the component's processes on it.
+    """
+    out: dict[str, int] = {}
+    for dev in devices:
+        memory = plan.memory.get(dev)
+        if memory is None:
+            continue
+        sharers = sum(
+            dev in ((p.node_rank, d) for d in p.devices) for p in plan.by_component[component]
+        )
+        for s in memory.stages:
+            for t in s.terms:
+                if t.component == component and t.kind in kinds:
+                    share = -(-t.bytes // max(sharers, 1))
+                    out[t.kind] = max(out.get(t.kind, 0), share)
+    return out
 
 
 @contextmanager
@@ -338,6 +363,7 @@ def _residency(
                     dict(total),
                     offloaded=away if comp in asleep else set(),
                     stage_extra=max(_stage_extra(plan, comp, d) for d in devices),
+                    planned=_planned_state(plan, comp, devices, tuple(total)),
                 ),
                 GroupHandle(group, p.rank),
             )

@@ -89,6 +89,8 @@ class FusedSchedule:
             if queue_next:
                 self._queued = (step + 1, self._submit(step + 1))
             out = future.wait()
+            # in the lease: the state the ranks measured sits beside the stage's bytes
+            r.refresh_ledger("actor", [result for result, _ in out])
         done_at = time.perf_counter()
         if queued and self._done_at is not None:
             # the ranks began a queued step when they finished the previous one, before this
@@ -97,7 +99,6 @@ class FusedSchedule:
         self._done_at = done_at
         results = [result for result, _ in out]
         r.version = step + 1
-        r.refresh_ledger("actor", results)
         scores = [scores for _, scores in out]
         metrics = r.step_metrics(scores, results, timer.times)
         return {**metrics, **r.observe_lengths(_fused_keys(step, len(scores)), scores)}

@@ -227,7 +227,6 @@ class ReasoningStages:
             step, shards, scored, selection, ref_logprobs, old_logprobs, timer
         )
         self.version = step + 1
-        self.refresh_ledger("actor", results)
         with timer("reward"):
             scores = scored.scores()  # answered before the update started
         metrics = self.step_metrics(scores, results, timer.times)
@@ -263,6 +262,9 @@ class ReasoningStages:
                 )
                 exported = self.hub.submit_exports(step + 1)
                 results = trained.wait()
+                # in the lease: its state sits beside the stage's bytes, and an after_stage
+                # offload at the lease's end takes the optimizer state step 0 created
+                self.refresh_ledger("actor", results)
             with timer("sync"):
                 self.hub.handed(step + 1, exported)
                 actor_lease.close()  # the lease's end is in a stage too
@@ -339,7 +341,7 @@ class ReasoningStages:
                 CriticWorker.train, *valued, rewards=rewards, step=step, ref_logprobs=ref_logprobs
             )
             results = train.wait()
-        self.refresh_ledger("critic", results)
+            self.refresh_ledger("critic", results)  # in the lease, as the actor's
         return valued, _mean_metrics(results)
 
     def refresh_ledger(self, component: str, results: list[TrainResult]) -> None:

@@ -51,9 +51,18 @@ class Resident:
     total: dict[str, int]  # bytes per kind when fully resident (per device the process uses)
     offloaded: set[str] = field(default_factory=set)
     stage_extra: int = 0  # transient bytes the stage needs on top (activations, KV growth)
+    # The plan's bytes per state kind, standing in for a kind the process has not created yet
+    # (measured 0: an optimizer before its first step, gradients before the first backward,
+    # which its own stage creates); the measured size replaces it once it exists.
+    planned: dict[str, int] = field(default_factory=dict)
 
     def resident_bytes(self) -> int:
         return sum(b for k, b in self.total.items() if k not in self.offloaded)
+
+    def unmade(self) -> int:
+        """Planned bytes of the kinds not created yet: what the process's stage adds to
+        :meth:`resident_bytes` when it creates them."""
+        return sum(b for k, b in self.planned.items() if not self.total.get(k))
 
     def movable(self) -> dict[str, int]:
         """Bytes per kind that the policy lets leave and that are on the device now (a kind of
@@ -113,7 +122,7 @@ class ResidencyCoordinator:
         self.handles: dict[tuple[str, int], ResidentHandle] = {}
         self.events: list[ResidencyEvent] = []
         self.peak: dict[Device, int] = {d: 0 for d in self.capacity}
-        self._active: set[str] = set()  # components holding a lease: their stage_extra counts
+        self._active: set[str] = set()  # holding a lease: their stage_extra and unmade count
         self._pending: list[tuple] = []  # moves started and not yet awaited (see stage())
         self._clock = clock
 
@@ -132,10 +141,28 @@ class ResidencyCoordinator:
             self.handles[key] = handle
         self._note_peak()
 
+    def refresh(self, component: str, rank: int, total: Mapping[str, int]) -> None:
+        """Replace a process's full-state sizes with newly measured ones and note the peak.
+
+        A worker measures its state after an update, in its stage: the optimizer's state first
+        exists then, and the device held it beside whatever was resident.
+
+        Args:
+            component: the component.
+            rank: the process's rank; an unregistered process is ignored.
+            total: bytes per state kind when fully resident (``ResidentState.state_bytes``).
+        """
+        resident = self.residents.get((component, rank))
+        if resident is None:
+            return
+        resident.total = {k: int(v) for k, v in total.items()}
+        self._note_peak()
+
     def usage(self, device: Device) -> int:
-        """Bytes resident on a device now, over every process that uses it."""
+        """Bytes resident on a device now, over every process that uses it (a process in its
+        stage also holds its transient bytes and the state the stage creates)."""
         return sum(
-            r.resident_bytes() + (r.stage_extra if r.component in self._active else 0)
+            r.resident_bytes() + (r.stage_extra + r.unmade() if r.component in self._active else 0)
             for r in self.residents.values()
             if device in r.devices
         )
@@ -143,6 +170,9 @@ class ResidencyCoordinator:
     # -------------------------------------------------------------------------------- decisions
     def plan_stage(self, component: str) -> StagePlan:
         """Decide what must leave so that ``component``'s stage fits on all its devices.
+
+        The stage needs its processes' full state, the state they have not created yet at its
+        planned size (:attr:`Resident.planned`) and their transient bytes.
 
         Evicts on-demand residents before after-stage ones (after-stage residents normally left
         already), each by the plan's rule (:func:`~rltrain.placement.plan.evictions`: the
@@ -160,7 +190,9 @@ class ResidencyCoordinator:
         devices = sorted({d for r in mine for d in r.devices})
         chosen: dict[tuple[str, int], set[str]] = {}
         for dev in devices:
-            need = sum(sum(r.total.values()) + r.stage_extra for r in mine if dev in r.devices)
+            need = sum(
+                sum(r.total.values()) + r.unmade() + r.stage_extra for r in mine if dev in r.devices
+            )
             others = [
                 r for r in self.residents.values() if r.component != component and dev in r.devices
             ]
