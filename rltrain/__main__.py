@@ -194,7 +194,41 @@ def _main(argv: list[str]) -> None:
     if _STATE["refused"] is not None:
         print(f"rltrain: error: {_STATE['refused']}", file=sys.stderr)
         sys.exit(2)
+    for note in shown_config_notes(argv):
+        print(f"rltrain: note: {note}", file=sys.stderr)
     startup.mark("command_done")
+
+
+def shown_config_notes(argv: Sequence[str]) -> list[str]:
+    """Where ``--cfg`` prints another config than the run gets.
+
+    Hydra prints its own composition, and merging ``key={}`` into a mapping keeps every entry;
+    the run empties the mapping (:mod:`rltrain.config.overrides`), which ``--cfg`` cannot show.
+
+    Args:
+        argv: the arguments after the program name.
+
+    Returns:
+        One note per override that sets a key to ``{}``, with ``--cfg``; none without it or when
+        the command line cannot be parsed (Hydra reported that already).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if "--cfg" not in argv and "-c" not in argv:
+        return []
+
+    given = [a for a in argv if "=" in a and not a.startswith("-")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(given)
+    except Exception:  # noqa: BLE001 - Hydra reported its own parse error
+        return []
+    return [
+        f"--cfg shows {o.key_or_group} as Hydra merges {o.input_line} (every entry kept); "
+        f"the run empties {o.key_or_group}, then applies the overrides after "
+        f"{o.input_line} in command-line order"
+        for o in overrides
+        if not o.is_delete() and not o.is_sweep_override() and o.value() == {}
+    ]
 
 
 def _with_the_rest(message: str, argv: list[str], exc: BaseException) -> str:

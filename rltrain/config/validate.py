@@ -233,7 +233,12 @@ def _trackers(cfg: RunConfig) -> Iterator[str]:
 @check
 def _cluster(cfg: RunConfig) -> Iterator[str]:
     c = cfg.cluster
-    yield from _positive("cluster.num_nodes", c.num_nodes)
+    if c.num_nodes < 1:
+        # the cluster's own check words it so (rltrain.placement.types): said once, with a fix
+        yield (
+            f"cluster.num_nodes={c.num_nodes!r} is not a whole number >= 1: set "
+            f"cluster.num_nodes to an integer >= 1"
+        )
     if c.device_memory_gib is not None:
         yield from _positive("cluster.device_memory_gib", c.device_memory_gib)
     yield from _positive("cluster.startup_timeout_s", c.startup_timeout_s)

@@ -326,7 +326,7 @@ def build_plan(run: Any, cluster: ClusterSpec, check_fit: bool = True) -> Plan:
     mode = cp.placement_mode
     _check_mode(run, cp, mode)
     names = tuple(cp.components)
-    by_component = {n: _planned(n, cp.get_placements(n)) for n in names}
+    by_component = _shown_job_devices({n: _planned(n, cp.get_placements(n)) for n in names})
     _check_cpu_only(by_component)
     check_engine_rules(run, cluster, by_component)
     processes = tuple(p for n in names for p in by_component[n])
@@ -377,6 +377,10 @@ def _tool_pool(
         return None
     if getattr(run, "tools", None) is None:  # a placement-only config (RLinf's): no sizes
         raise PlacementError(f"{TOOLS} is placed but the config has no tools section")
+    if getattr(getattr(run, "task", None), "env", "") is None:
+        # No task.env: no pool to size, so tools.pool_size is no fix. The task's checks refuse
+        # the placed tools themselves (remove the entry).
+        return None
     if len(procs) != run.tools.pool_size:
         raise PlacementError(
             f"placement.component_placement.{TOOLS} places {len(procs)} tool worker(s) but "
@@ -457,6 +461,35 @@ def _planned(name: str, placements: list[Placement]) -> tuple[PlannedProcess, ..
         rec.__dict__.update({"component": name, "rank": p.rank, "placement": p})
         out.append(rec)
     return tuple(out)
+
+
+def _shown_job_devices(
+    by_component: dict[str, tuple[PlannedProcess, ...]],
+) -> dict[str, tuple[PlannedProcess, ...]]:
+    """A process that is not isolated is shown every device the job reserves on its node (the
+    reservation exposes those: ``Reservation.visible_devices``), not every device of the node:
+    a device the job leaves to others is never in its ``CUDA_VISIBLE_DEVICES``."""
+    wide = [
+        p
+        for procs in by_component.values()
+        for p in procs
+        if not p.placement.isolate_accelerator and p.devices
+    ]
+    if not wide:
+        return by_component
+    used: dict[int, set[int]] = {}
+    for procs in by_component.values():
+        for p in procs:
+            used.setdefault(p.node_rank, set()).update(p.devices)
+    shown = {n: tuple(map(str, sorted(ds))) for n, ds in used.items()}
+
+    def widened(p: PlannedProcess) -> PlannedProcess:
+        if p.placement.isolate_accelerator or not p.devices:
+            return p
+        placement = dataclasses.replace(p.placement, visible_accelerators=shown[p.node_rank])
+        return dataclasses.replace(p, placement=placement)
+
+    return {n: tuple(map(widened, procs)) for n, procs in by_component.items()}
 
 
 def _on_devices(procs: tuple[PlannedProcess, ...]) -> bool:

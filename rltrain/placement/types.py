@@ -43,7 +43,10 @@ def _count(value: Any, key: str, minimum: int) -> int:
     except (TypeError, ValueError, OverflowError):
         whole = None
     if whole is None or whole != number or whole < minimum:
-        raise ConfigError(f"{key}={value!r} is not a whole number >= {minimum}: fix it")
+        raise ConfigError(
+            f"{key}={value!r} is not a whole number >= {minimum}: set {key} to an integer "
+            f">= {minimum}"
+        )
     return whole
 
 
@@ -162,7 +165,8 @@ class ClusterSpec:
             if len(devices) != num_nodes:
                 raise ConfigError(
                     f"cluster.devices_per_node has {len(devices)} entries but "
-                    f"cluster.num_nodes={num_nodes}: give one entry per node"
+                    f"cluster.num_nodes={num_nodes}: give one entry per node, or a single int "
+                    f"for all nodes"
                 )
             total = sum(devices)
         else:
@@ -243,9 +247,10 @@ class Placement:
         local_rank: the process's rank among this component's processes on its node.
         local_world_size: this component's processes on the node.
         visible_accelerators: device ids (as strings) to expose, e.g. via CUDA_VISIBLE_DEVICES:
-            its own devices when isolated, every device of its node when not, and every device
-            of its node for a process placed on a node or on other hardware (as in RLinf: seen,
-            not reserved).
+            its own devices when isolated; when not, every device of its node from a strategy
+            alone, and in a plan every device the plan uses on that node (what the run's
+            reservation exposes); every device of its node for a process placed on a node or
+            on other hardware (as in RLinf: seen, not reserved).
         isolate_accelerator: whether an accelerator process sees only its own devices (then its
             devices are renumbered from 0 inside the process).
         local_hardware_ranks: the local hardware (device, robot, ...) ranks the process uses.

@@ -240,7 +240,8 @@ def layout_for(run: RunConfig, plan: Any) -> RunLayout:
 
 def check_components(run: RunConfig, components: set[str]) -> None:
     """Refuse a reasoning placement that lacks a component the algorithm needs, or holds one it
-    does not use.
+    does not use (one the runner has no worker for, as ``env``, or one the algorithm leaves
+    unstarted).
 
     The KL (``algorithm.kl_coef > 0``) needs a ``reference`` component, unless the actor trains
     LoRA adapters (``actor.lora.rank > 0``): then the reference is the actor's own model with
@@ -249,6 +250,18 @@ def check_components(run: RunConfig, components: set[str]) -> None:
     Raises:
         ConfigError: naming the missing or extra components and the fix.
     """
+    unused = sorted(
+        c
+        for c in components
+        if c in registry.component_names() and registry.component(c).workers.get(run.runner) is None
+    )
+    if unused:
+        what = "; ".join(f"{c}: {registry.component(c).summary}" for c in unused)
+        raise ConfigError(
+            f"placement.component_placement places {unused}, which runner={run.runner} does not "
+            f"use ({what}): remove "
+            + " and ".join(f"placement.component_placement.{c}" for c in unused)
+        )
     need = list(REASONING_COMPONENTS)
     if run.algorithm.kl_coef > 0 and not own_reference(run, components):
         need.append("reference")
@@ -400,8 +413,27 @@ def preflight(run: RunConfig, run_dir: str | None = None, plan: Any = None) -> R
         resume_note=resume.note if resume is not None else "",
         resume_differences=resume.differences if resume is not None else (),
         run=run,
-        notes=tuple(chosen) + run_notes(run, plan),
+        notes=tuple(chosen) + run_notes(run, plan) + fusion_notes(run, parts.get("fuse_blockers")),
         **parts,
+    )
+
+
+def fusion_notes(run: RunConfig, blockers: tuple[str, ...] | None) -> tuple[str, ...]:
+    """A line a run says at start when ``placement.fuse=auto`` falls back to separate
+    processes, with what stands in the way (``mode=plan`` says it in its ``processes:`` line).
+
+    Args:
+        run: the checked run config.
+        blockers: the layout's ``fuse_blockers`` (None or empty: nothing to say).
+
+    Returns:
+        The line, or nothing.
+    """
+    if not blockers:
+        return ()
+    return (
+        f"processes: not fused (placement.fuse={str(run.placement.fuse).lower()}), actor, "
+        f"rollout and reward run in processes of their own: " + "; ".join(blockers),
     )
 
 
