@@ -293,23 +293,46 @@ def step_starts(doc: Mapping[str, Any]) -> list[float]:
     )
 
 
+#: Step starts a comparison needs: its steady window runs from the start of the second step to
+#: the start of the last (a trace marks no end of its last step), so two steps leave none and the
+#: whole trace, worker start-up included, would stand in for it.
+MIN_COMPARED_STEPS = 3
+
+
 def compare(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> str:
-    """Measured against predicted: the step period (median, the first step left out) and each
-    device's idle share over the steps after the first, as a text table."""
+    """Measured against predicted, as a text table: the step period (the median over the steady
+    steps) and each device's idle share over the steady window, from the start of the second
+    step to the start of the last.
+
+    Args:
+        measured: a run's trace (``trace.json`` as loaded).
+        predicted: the prediction's trace (a plan's ``plan_trace.json`` as loaded).
+
+    Returns:
+        The table; when either trace has fewer than :data:`MIN_COMPARED_STEPS` steps there is no
+        steady window, and the text says so in place of the table.
+    """
+    head = "predicted vs measured (steady steps: from the second step's start to the last's)"
+    docs = {"measured": measured, "predicted": predicted}
+    starts_of = {name: step_starts(doc) for name, doc in docs.items()}
+    short = [f"{name} {len(s)}" for name, s in starts_of.items() if len(s) < MIN_COMPARED_STEPS]
+    if short:
+        return (
+            f"{head}\ntoo few steps to compare ({', '.join(short)}): the steady window needs at "
+            f"least {MIN_COMPARED_STEPS} steps; run with trainer.total_steps={MIN_COMPARED_STEPS} "
+            f"or more (and whatif.steps={MIN_COMPARED_STEPS} or more for the plan)"
+        )
     rows = []
     shares = []
-    for doc in (measured, predicted):
-        starts = step_starts(doc)
+    for name, doc in docs.items():
+        starts = starts_of[name]
         gaps = [b - a for a, b in zip(starts[1:], starts[2:], strict=False)]
-        period = sorted(gaps)[len(gaps) // 2] if gaps else None
-        window = (starts[1] * 1e6, starts[-1] * 1e6) if len(starts) > 2 else None
-        summary = summarize(doc, trace_devices(doc), window_us=window)
+        rows.append(sorted(gaps)[len(gaps) // 2])
+        summary = summarize(doc, trace_devices(doc), window_us=(starts[1] * 1e6, starts[-1] * 1e6))
         shares.append({d: 1 - r["busy_fraction"] for d, r in summary["devices"].items()})
-        rows.append(period)
     m, p = rows
-    head = "predicted vs measured (steps after the first)"
     lines = [head, f"{'':<16} {'measured':>10} {'predicted':>10} {'error':>8}"]
-    if m and p:
+    if m:
         lines.append(f"{'s/step':<16} {m:>10.4f} {p:>10.4f} {100 * (p - m) / m:>+7.1f}%")
     for d in sorted(set(shares[0]) | set(shares[1]), key=lane_sort_key):
         a, b = shares[0].get(d), shares[1].get(d)
