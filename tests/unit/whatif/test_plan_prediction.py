@@ -24,6 +24,8 @@ PROBE = (
 def plan_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["COLUMNS"] = "160"
+    # an empty home: no profile the user's placement=auto runs cached calibrates the prediction
+    env["HOME"] = str(tmp_path / "home")
     return subprocess.run(
         [sys.executable, "-c", PROBE, "mode=plan", f"hydra.run.dir={tmp_path}", *overrides],
         capture_output=True,
