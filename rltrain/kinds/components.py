@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from rltrain.config.algorithms import needs_critic
 from rltrain.kinds.records import ComponentKind
+
+
+def _needs_critic(run: Any) -> bool:
+    # imported here: importing rltrain.config first runs its package, whose checks read this
+    # registry (rltrain.kinds.components imported alone would meet itself half made)
+    from rltrain.config.algorithms import needs_critic
+
+    return needs_critic(run.algorithm.advantage_estimator)
 
 
 def _reward_worker(run: Any) -> str:
@@ -51,7 +58,7 @@ CRITIC = ComponentKind(
     summary="the value model of PPO with GAE",
     workers={"reasoning": "rltrain.workers.critic:CriticWorker"},
     layout_args=("critic_sizes",),
-    built_when=lambda run: needs_critic(run.algorithm.advantage_estimator),
+    built_when=lambda run: _needs_critic(run),
 )
 INFERENCE = ComponentKind(
     name="inference",
