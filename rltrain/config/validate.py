@@ -276,7 +276,11 @@ def _cluster(cfg: RunConfig) -> Iterator[str]:
         yield from _positive("cluster.cpus_per_node", c.cpus_per_node)
     if c.host_memory_gib is not None:
         yield from _positive("cluster.host_memory_gib", c.host_memory_gib)
-    labels = [g.label for g in c.node_groups]
+    yield from _node_group_labels([g.label for g in c.node_groups])
+
+
+def _node_group_labels(labels: list[str]) -> Iterator[str]:
+    """``cluster.node_groups`` labels: unique, and not the placement's own words."""
     for label in labels:
         if label in ("cluster", "node"):
             yield f"cluster.node_groups label {label!r} is reserved: choose another label"

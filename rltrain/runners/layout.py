@@ -250,18 +250,7 @@ def check_components(run: RunConfig, components: set[str]) -> None:
     Raises:
         ConfigError: naming the missing or extra components and the fix.
     """
-    unused = sorted(
-        c
-        for c in components
-        if c in registry.component_names() and registry.component(c).workers.get(run.runner) is None
-    )
-    if unused:
-        what = "; ".join(f"{c}: {registry.component(c).summary}" for c in unused)
-        raise ConfigError(
-            f"placement.component_placement places {unused}, which runner={run.runner} does not "
-            f"use ({what}): remove "
-            + " and ".join(f"placement.component_placement.{c}" for c in unused)
-        )
+    _refuse_workerless(run, components)
     need = list(REASONING_COMPONENTS)
     if run.algorithm.kl_coef > 0 and not own_reference(run, components):
         need.append("reference")
@@ -296,6 +285,23 @@ def check_components(run: RunConfig, components: set[str]) -> None:
         )
     for path in registry.training_engine(run).pre_ray_checks:
         load(path)(run, None)  # the engine's own limits (DeepSpeed's)
+
+
+def _refuse_workerless(run: RunConfig, components: set[str]) -> None:
+    """Refuse placed components the runner has no worker for (``env`` in a reasoning run): the
+    plan would hold their processes and the run start none."""
+    unused = sorted(
+        c
+        for c in components
+        if c in registry.component_names() and registry.component(c).workers.get(run.runner) is None
+    )
+    if unused:
+        what = "; ".join(f"{c}: {registry.component(c).summary}" for c in unused)
+        raise ConfigError(
+            f"placement.component_placement places {unused}, which runner={run.runner} does not "
+            f"use ({what}): remove "
+            + " and ".join(f"placement.component_placement.{c}" for c in unused)
+        )
 
 
 def own_reference(run: RunConfig, components: set[str]) -> bool:
