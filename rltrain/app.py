@@ -103,6 +103,10 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
     invocation's timeline files (``trace.json``, ``utilization.json``, ``trace.png``), which
     only a completed run writes, are removed. None of this replaces the exception raised.
 
+    SIGTERM at any moment of the call stops the run cleanly: during a step, the step finishes
+    and is checkpointed; before the first step (Ray, the workers or the resumed checkpoint
+    starting), the run stops there; either way with ``status`` ``stopped`` and no exception.
+
     Args:
         run_cfg: the checked run config.
         out_dir: the run directory.
@@ -116,15 +120,22 @@ def train(run_cfg: RunConfig, out_dir: str, layout=None) -> dict:
         WorkerError: a worker failed and no restart is left, or restarting cannot help.
         KeyboardInterrupt: Ctrl-C (also when a failure surfaced while it was being handled).
     """
+    from rltrain.scheduler.interrupts import termination_requests
+
+    with termination_requests():  # SIGTERM, whenever it comes, stops the run cleanly
+        return _train(run_cfg, out_dir, layout)
+
+
+def _train(run_cfg: RunConfig, out_dir: str, layout) -> dict:
+    """:func:`train`, with SIGTERM recorded."""
     import time
 
     from rltrain.telemetry.summary import across_attempts, write_job_summary
 
-    if not run_cfg.trainer.checkpoint_dir:
-        # A process killed while saving (SIGKILL, a lost machine) left its temporary writes in
-        # this run's own checkpoint directory (the run directory is this run's: claimed);
-        # nothing published is touched. A shared trainer.checkpoint_dir is left alone.
-        _discard_unpublished(run_cfg, out_dir)
+    # A process killed while saving (SIGKILL, a lost machine) left its temporary writes: they
+    # are removed, never one a live run sharing the directory is writing now, and nothing
+    # published is touched.
+    _discard_unpublished(run_cfg, out_dir)
     started = time.time()  # outputs older than this are an earlier invocation's
     restarts: list[dict] = []
     attempts: list[dict] = []
@@ -160,7 +171,13 @@ def _attempts(
     import time
 
     from rltrain.runners import loop
-    from rltrain.scheduler.interrupts import check_interrupt, interrupted
+    from rltrain.scheduler.interrupts import (
+        check_interrupt,
+        interrupted,
+        listen_for_termination,
+        terminated,
+        termination_requested,
+    )
 
     attempt = run_cfg
     while True:
@@ -172,12 +189,18 @@ def _attempts(
             attempts.append(_attempt(len(attempts) + 1, began, str(summary.get("status"))))
             return summary
         except BaseException as exc:
+            listen_for_termination()  # a ray.init cut short leaves Ray's handler installed
             _discard_unpublished(run_cfg, out_dir)
+            if terminated(exc) and not interrupted(exc):
+                # SIGTERM while Ray started: Ray's handler raised SystemExit(15) there. The run
+                # stops before its first step, as the loop stops it during the rest of start-up
+                attempts.append(_attempt(len(attempts) + 1, began, "stopped"))
+                return _stopped_before_steps(run_cfg, out_dir, exc, attempts, restarts)
             attempts.append(_ended_attempt(len(attempts) + 1, began, exc))
             if interrupted(exc) and not isinstance(exc, KeyboardInterrupt):
                 raise KeyboardInterrupt from exc  # the interrupt, not what failed meanwhile
-            if not isinstance(exc, WorkerError):
-                raise
+            if not isinstance(exc, WorkerError) or termination_requested():
+                raise  # SIGTERM asked to stop: no restart after a failure either
             attempts[-1]["failed_step"] = attempts[-1]["done_steps"]  # running when it failed
             _stop_if_deterministic(run_cfg, exc, attempts, restarts)
             if len(restarts) >= run_cfg.trainer.max_restarts:
@@ -185,6 +208,18 @@ def _attempts(
             restarts.append(_restart_point(run_cfg, out_dir, exc, len(restarts) + 1))
             trainer = dataclasses.replace(run_cfg.trainer, resume=restarts[-1]["checkpoint"])
             attempt = dataclasses.replace(run_cfg, trainer=trainer)
+
+
+def _stopped_before_steps(
+    run_cfg: RunConfig, out_dir: str, exc: BaseException, attempts: list[dict], restarts: list
+) -> dict:
+    """The summary of a run SIGTERM stopped before an attempt's first step: status
+    ``stopped``, the steps earlier attempts of this invocation finished."""
+    log.warning("SIGTERM before the first step of attempt %d: stopping", len(attempts))
+    summary = ended_summary(run_cfg, exc, attempts, restarts, _records(out_dir))
+    summary.pop("cause", None)
+    summary["status"] = "stopped"
+    return summary
 
 
 def ended_summary(
@@ -375,12 +410,16 @@ def _stop_if_deterministic(
 
 
 def _discard_unpublished(run_cfg: RunConfig, out_dir: str) -> None:
-    """Remove checkpoint writes an interrupted or failed attempt left unpublished."""
+    """Remove checkpoint writes that interrupted or failed attempts left unpublished: this
+    process's and those of gone processes of this host, never a live run's (a
+    ``trainer.checkpoint_dir`` other runs share). Writes that name no writer are removed only
+    from the run directory's own ``checkpoints/``."""
     from rltrain.runners.checkpoint import CheckpointManager, checkpoint_root
 
     root = checkpoint_root(run_cfg, out_dir)
     try:
-        removed = CheckpointManager(root).discard_unpublished()
+        manager = CheckpointManager(root)
+        removed = manager.discard_unpublished(unnamed=not run_cfg.trainer.checkpoint_dir)
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the failure being raised
         log.warning("could not remove unpublished checkpoint writes under %s: %s", root, exc)
         return
@@ -406,22 +445,34 @@ def _train_once(run_cfg: RunConfig, out_dir: str, layout) -> dict:
     from rltrain.kinds import registry
     from rltrain.kinds.records import load
     from rltrain.scheduler.cluster import Cluster
+    from rltrain.scheduler.interrupts import listen_for_termination
 
     entry = registry.runner(run_cfg).entry
     # The attempt's Ray: the job joins it and removes what it created; Ray stops here. While
     # Ray starts (seconds mostly spent waiting for its processes) the runner's imports run.
     with Cluster.start(run_cfg.cluster, meanwhile=lambda: load(entry)):
+        listen_for_termination()  # ray.init installed its own SIGTERM handler (SystemExit(15))
         return load(entry)(run_cfg, out_dir, layout)
 
 
 def _restart_point(run_cfg: RunConfig, out_dir: str, exc: WorkerError, count: int) -> dict:
-    """Where restart ``count`` resumes: this run's latest checkpoint, else where it started."""
+    """Where restart ``count`` resumes: this run's newest intact checkpoint (one written with
+    its experiment and training settings, whatever ``latest`` names: a run sharing the
+    directory may move it), else where the run started (``trainer.resume`` as it resolved)."""
     import time
 
-    from rltrain.runners.checkpoint import CheckpointManager, checkpoint_root, read_state
+    from rltrain.runners.checkpoint import (
+        CheckpointManager,
+        checkpoint_root,
+        read_state,
+        resolve_resume,
+        training_record,
+    )
 
     root = checkpoint_root(run_cfg, out_dir)
-    checkpoint = CheckpointManager(root).latest() or run_cfg.trainer.resume
+    checkpoint = CheckpointManager(root).newest(training_record(run_cfg))
+    if checkpoint is None:
+        checkpoint = resolve_resume(run_cfg, out_dir).path
     step = int(read_state(checkpoint)["step"]) if checkpoint else 0
     cause = _cause(exc)
     log.warning(

@@ -28,6 +28,8 @@ import json
 import logging
 import os
 import posixpath
+import re
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +38,7 @@ from typing import Any
 import fsspec
 
 from rltrain.config.files import CHECKPOINT_STEP
-from rltrain.errors import ConfigError, ResourceError
+from rltrain.errors import ConfigError, ResourceError, WorkerError
 
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
@@ -77,7 +79,7 @@ class CheckpointManager:
         Raises:
             ResourceError: the checkpoint directory cannot be written.
         """
-        tmp = posixpath.join(self.root, f".tmp-step-{step:06d}-{uuid.uuid4().hex[:8]}")
+        tmp = posixpath.join(self.root, f".tmp-step-{step:06d}-{_temporary_tag()}")
         with self._writing(f"create {tmp}"):
             self.fs.makedirs(tmp, exist_ok=True)
         return PendingCheckpoint(self.root, step, tmp)
@@ -112,16 +114,25 @@ class CheckpointManager:
             if self.fs.exists(final):
                 self.fs.rm(final, recursive=True)
             self.fs.mv(pending.path, final, recursive=True)
-            tmp_latest = posixpath.join(self.root, f".{LATEST}-{uuid.uuid4().hex[:8]}")
+            tmp_latest = posixpath.join(self.root, f".{LATEST}-{_temporary_tag()}")
             with self.fs.open(tmp_latest, "w") as f:
                 f.write(posixpath.basename(final))
             self.fs.mv(tmp_latest, posixpath.join(self.root, LATEST))
         self._prune(final)
         return self._url(final)
 
-    def discard_unpublished(self) -> list[str]:
+    def discard_unpublished(self, unnamed: bool = False) -> list[str]:
         """Remove what interrupted or failed writes left: temporary checkpoint directories and
         pointer files that were never published (the published ones are untouched).
+
+        Each temporary name carries its writer (host, pid, process start time): this process's
+        own and those of a process of this host that is gone are removed; another live
+        process's (a run sharing the directory, writing now) and another host's are kept.
+        Call it only while this process writes no checkpoint.
+
+        Args:
+            unnamed: also remove temporary writes whose name carries no writer (a directory
+                no other run writes into: the run directory's own ``checkpoints/``).
 
         Returns:
             The removed paths.
@@ -132,36 +143,100 @@ class CheckpointManager:
             p
             for p in self.fs.ls(self.root, detail=False)
             if posixpath.basename(p).startswith((".tmp-step-", f".{LATEST}-"))
+            and _writer_gone(posixpath.basename(p), unnamed)
         ]
         for path in stale:
             self.fs.rm(path, recursive=True)
         return stale
 
-    def latest(self) -> str | None:
+    def latest(self, experiment: dict[str, Any] | None = None) -> str | None:
         """Path of the newest complete, intact checkpoint, or None when there is none.
 
         The one ``latest`` points at is verified against its manifest; when it is damaged the
-        newest intact older one is taken, and the bad file is named in the log.
+        newest intact older one is taken, and the bad file is named in the log. A checkpoint
+        published after the one ``latest`` names (a driver killed between moving it into place
+        and moving the pointer) is taken first when it records the experiment of the pointer's
+        checkpoint (or ``experiment``); without a pointer every published checkpoint is a
+        candidate, newest first.
+
+        Args:
+            experiment: the experiment the caller continues (:func:`experiment_identity`), for
+                checkpoints past a stale or damaged pointer; None: the pointer's own.
         """
-        pointer = posixpath.join(self.root, LATEST)
-        if not self.fs.exists(pointer):
-            return None
-        with self.fs.open(pointer) as f:
-            name = f.read().decode().strip()
-        candidates = [posixpath.join(self.root, name)]
-        # a damaged pointed-at checkpoint falls back to older ones only: a later step directory
-        # is not this lineage's newest (it may be another run's)
-        candidates += [
-            p
-            for p in reversed(self.published())
-            if p != candidates[0] and posixpath.basename(p) < name
-        ]
-        for path in candidates:
+        for path in self.candidates(experiment):
             problem = self.verify(path)
             if problem is None:
                 return self._url(path)
             log.warning("checkpoint %s is unusable (%s); trying the previous one", path, problem)
         return None
+
+    def candidates(self, experiment: dict[str, Any] | None = None) -> list[str]:
+        """The checkpoints :meth:`latest` tries, in its order (unverified).
+
+        Args:
+            experiment: as for :meth:`latest`.
+        """
+        newest_first = list(reversed(self.published()))
+        name = self._pointer()
+        if name is None:
+            return newest_first
+        pointed = posixpath.join(self.root, name)
+        lineage = _normal(experiment) if experiment is not None else self._experiment(pointed)
+        # a later step directory continues this lineage only when it records its experiment:
+        # else it is another run's (a directory shared by experiments)
+        later = [
+            p
+            for p in newest_first
+            if posixpath.basename(p) > name
+            and lineage is not None
+            and self._experiment(p) == lineage
+        ]
+        older = [p for p in newest_first if posixpath.basename(p) < name]
+        return [*later, pointed, *older]
+
+    def newest(self, record: dict[str, Any]) -> str | None:
+        """The newest intact checkpoint written with ``record`` (its experiment and training
+        settings, :func:`training_record`), whatever ``latest`` points at: a run's own
+        checkpoints in a directory other runs may write into at the same time.
+
+        Args:
+            record: what the checkpoint must record.
+
+        Returns:
+            Its path, or None when there is none.
+        """
+        want = _normal(record)
+        for path in reversed(self.published()):
+            state = self._state(path) or {}
+            mine = _normal(
+                {"experiment": state.get("experiment"), "settings": state.get("settings")}
+            )
+            if mine == want and self.verify(path) is None:
+                return self._url(path)
+        return None
+
+    def _pointer(self) -> str | None:
+        """The step directory ``latest`` names, or None without a readable pointer."""
+        pointer = posixpath.join(self.root, LATEST)
+        try:
+            with self.fs.open(pointer) as f:
+                name = f.read(64).decode(errors="replace").strip()
+        except (OSError, IsADirectoryError):
+            return None
+        return name if CHECKPOINT_STEP.fullmatch(name) else None
+
+    def _state(self, path: str) -> dict[str, Any] | None:
+        try:
+            with self.fs.open(posixpath.join(path, STATE_FILE)) as f:
+                state = json.load(f)
+        except (ValueError, OSError):
+            return None
+        return state if isinstance(state, dict) else None
+
+    def _experiment(self, path: str) -> Any:
+        """The experiment a checkpoint records (JSON-normalised), or None."""
+        recorded = (self._state(path) or {}).get("experiment")
+        return None if recorded is None else _normal(recorded)
 
     def verify(self, path: str) -> str | None:
         """What is wrong with a published checkpoint, or None when it is intact.
@@ -297,6 +372,68 @@ class CheckpointManager:
     def _url(self, path: str) -> str:
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         return path if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
+def _normal(value: Any) -> Any:
+    """``value`` as it reads back from a trainer state (tuples as lists, keys as strings)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+# ------------------------------------------------------------------ writers of temporary files
+#: ``.tmp-step-000006-<random>-h<host>-p<pid>-s<start>`` / ``.latest-<random>-h...``: who wrote it.
+_WRITER = re.compile(r"-h(?P<host>[0-9a-f]{8})-p(?P<pid>\d+)-s(?P<start>\d+)$")
+
+
+def _host_hash() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, Linux), None when unknown; 0 for a
+    process that exists no more or is a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except FileNotFoundError:
+        return 0 if os.path.isdir("/proc/self") else None
+    except (OSError, IndexError):
+        return None
+    if fields[0] == b"Z":
+        return 0
+    return int(fields[19])  # field 22 of proc_pid_stat(5); fields[0] is field 3
+
+
+def _temporary_tag() -> str:
+    """A unique suffix for a temporary name that names its writer: this host and process."""
+    pid = os.getpid()
+    return f"{uuid.uuid4().hex[:8]}-h{_host_hash()}-p{pid}-s{_start_time(pid) or 0}"
+
+
+def _writer_gone(name: str, unnamed: bool) -> bool:
+    """Whether the temporary file or directory ``name`` is safe to remove: written by this
+    process (which writes none now) or by one of this host that is gone.
+
+    A pid alive again for another process (reuse) is told apart by its start time where the
+    system reports it; where it does not, a live pid counts as the writer (kept).
+    """
+    found = _WRITER.search(name)
+    if found is None:
+        return unnamed
+    if found["host"] != _host_hash():
+        return False  # another machine's process: its liveness cannot be seen from here
+    pid, start = int(found["pid"]), int(found["start"])
+    if pid == os.getpid():
+        return True  # this process (or an earlier one of this pid, then gone) wrote it
+    now = _start_time(pid)
+    if now is None:  # no /proc: ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+    return now == 0 or (start != 0 and now != start)
 
 
 def _is_local(fs: Any) -> bool:
@@ -597,7 +734,7 @@ def resolve_resume(run: Any, run_dir: str | None) -> Resume:
         return _resume_from(run, path, f"resuming from {path}", identity_too=True)
     own = checkpoint_root(run, run_dir) if run_dir is not None else run.trainer.checkpoint_dir
     if own is not None:
-        path = _own_latest(own)
+        path = _own_latest(own, run)
         if path is not None:
             _check_model(run, path, "trainer.resume=auto found")
             _check_experiment(run, path, own)
@@ -618,7 +755,7 @@ def resolve_resume(run: Any, run_dir: str | None) -> Resume:
     return Resume(None, _nothing_found(run, run_dir, own, found))
 
 
-def _own_latest(own: str) -> str | None:
+def _own_latest(own: str, run: Any) -> str | None:
     """The newest intact checkpoint of the run's own checkpoint directory.
 
     Raises:
@@ -630,12 +767,15 @@ def _own_latest(own: str) -> str | None:
         from rltrain.config.files import filesystem_missing
 
         raise ConfigError(filesystem_missing("trainer.checkpoint_dir", own, exc)) from None
+    if not fs.exists(root):
+        return None
     manager = CheckpointManager(own)
-    path = manager.latest() if fs.exists(root) else None
-    if path is None and fs.exists(root) and manager.published():
+    identity = experiment_identity(run)
+    path = manager.latest(identity)
+    if path is None and manager.published():
         raise ConfigError(
             f"trainer.resume=auto: every checkpoint in {own} is damaged ("
-            + "; ".join(f"{p}: {manager.verify(p)}" for p in manager.published())
+            + "; ".join(f"{p}: {manager.verify(p)}" for p in manager.candidates(identity))
             + "): restore one, give trainer.resume=<path> of a good one, or "
             "trainer.resume=null to start fresh"
         )
@@ -775,7 +915,18 @@ def save_state(ckpt: CheckpointManager, run: Any, step: int, fingerprint: str, w
 
     Returns:
         The committed checkpoint's path.
+
+    Raises:
+        ResourceError: the checkpoint directory cannot be written: a worker's write ran out of
+            space (the worker's error, which a restart would only meet again), or the commit
+            failed.
     """
     pending = ckpt.begin(step)
-    write(pending.path)
+    try:
+        write(pending.path)
+    except WorkerError as exc:
+        inner = getattr(exc.cause, "cause", None) or exc.cause  # Ray wraps the worker's error
+        if isinstance(inner, ResourceError):
+            raise ResourceError(f"{inner} ({exc.where or 'a worker'})") from exc
+        raise
     return ckpt.commit(pending, {"model": fingerprint, **training_record(run)})

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rltrain.config.schema import RunConfig, TrainerConfig
-from rltrain.scheduler.interrupts import check_interrupt
+from rltrain.scheduler.interrupts import (
+    check_interrupt,
+    termination_requested,
+    termination_requests,
+)
 from rltrain.telemetry.metrics import MetricsLogger, drop_records_from, plot_curves
 
 
@@ -191,21 +194,28 @@ def last_fit() -> Progress | None:
 
 
 class StopSignal:
-    """SIGTERM asks the loop to finish the step, write a checkpoint and stop."""
+    """SIGTERM asks the loop to finish the step, write a checkpoint and stop.
+
+    Inside a run (:func:`~rltrain.scheduler.interrupts.termination_requests`, which
+    :func:`rltrain.app.train` holds) the request is the run's: one that arrived before the loop
+    (while Ray and the workers started, or the checkpoint loaded) stops it before its first
+    step.
+    """
 
     def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
+        self._scope: Any = None
+
+    @property
+    def requested(self) -> bool:
+        return termination_requested()
 
     def __enter__(self) -> StopSignal:
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._scope = termination_requests()
+        self._scope.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.requested = True
+        self._scope.__exit__(*exc)
 
 
 def _evaluate(
@@ -287,7 +297,11 @@ def fit(
     done_steps, status, t0, clean = start, "completed", time.monotonic(), False
     with StopSignal() as stop:
         try:
-            for step in range(start, cadence.total_steps):
+            # SIGTERM during start-up stops the run before its first step (the checkpoint it
+            # resumed, if any, stays the latest: nothing new to save)
+            early = stop.requested
+            status = "stopped" if early else status
+            for step in range(start, start if early else cadence.total_steps):
                 check_interrupt()  # one dropped by a finalizer is raised here, a step late
                 queue = (
                     schedule.queues_ahead and not stop.requested and cadence.quiet_after(step, t0)

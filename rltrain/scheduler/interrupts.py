@@ -19,6 +19,12 @@ Each rule closes a way an interrupt went missing or left processes behind:
   failing, a worker failure surfacing during teardown) still counts as the interrupt: callers
   exit 130 instead of restarting or reporting the secondary error.
 
+SIGTERM (a scheduler's preemption) is a request to stop, not an interrupt:
+:func:`termination_requests` records it for a whole run (:func:`termination_requested`), and
+the training loop stops at its next step boundary. ``ray.init`` replaces the handler with its
+own, which raises ``SystemExit(15)``: :func:`listen_for_termination` takes it back once Ray
+has started, and :func:`terminated` tells that exit from a failure.
+
 Pure standard library: no Ray, no torch.
 """
 
@@ -37,6 +43,10 @@ EXIT_INTERRUPTED = 130
 
 #: Set by the first SIGINT the handler sees (and by one held during a deferred block).
 _RECEIVED = threading.Event()
+#: Set by SIGTERM under :func:`termination_requests`.
+_TERMINATE = threading.Event()
+#: How many :func:`termination_requests` blocks are open (the main thread's).
+_DEPTH = 0
 
 
 def on_interrupt(signum: int, frame: Any) -> None:
@@ -192,6 +202,71 @@ def interrupted(exc: BaseException | None) -> bool:
         if e is None or id(e) in seen:
             continue
         if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        stack += [e.__cause__, e.__context__]
+    return False
+
+
+def on_terminate(signum: int, frame: Any) -> None:
+    """The SIGTERM handler: record the request to stop (the loop stops at a step boundary)."""
+    _TERMINATE.set()
+
+
+def listen_for_termination() -> bool:
+    """Handle SIGTERM with :func:`on_terminate` (again: ``ray.init`` replaces the handler with
+    one that raises ``SystemExit(15)``). Only the main thread can set signal handlers.
+
+    Returns:
+        True when the handler was installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGTERM, on_terminate)
+    return True
+
+
+def termination_requested() -> bool:
+    """Whether SIGTERM arrived under :func:`termination_requests` (or ``terminated`` saw it)."""
+    return _TERMINATE.is_set()
+
+
+@contextlib.contextmanager
+def termination_requests() -> Iterator[None]:
+    """Record SIGTERM instead of dying of it while the block (a run) runs; the handler found
+    is restored after it. The outermost block forgets a request an earlier run in this process
+    left; a nested one (the training loop's, inside the run's) keeps the run's.
+    """
+    global _DEPTH
+    if _DEPTH == 0:
+        _TERMINATE.clear()
+    previous = signal.getsignal(signal.SIGTERM)
+    installed = listen_for_termination()
+    _DEPTH += 1
+    try:
+        yield
+    finally:
+        _DEPTH -= 1
+        if installed:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def terminated(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is SIGTERM as another handler raised it: ``SystemExit(15)``, Ray's
+    driver handler while ``ray.init`` runs (or an exception raised while handling one).
+    Seeing one records the request (:func:`termination_requested`).
+
+    Args:
+        exc: the exception to examine (None: False).
+    """
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, SystemExit) and e.code == signal.SIGTERM:
+            _TERMINATE.set()
             return True
         seen.add(id(e))
         stack += [e.__cause__, e.__context__]

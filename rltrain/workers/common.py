@@ -8,6 +8,7 @@ worker object reaches (so a tensor kept outside the declared state is caught).
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -375,8 +376,62 @@ def fetch(items: Iterable[Any]) -> list[Any]:
     return items
 
 
+#: Errors of a write that found its filesystem full (ENOSPC) or over quota (EDQUOT).
+_NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+#: Free bytes under which a failed write is taken for one that ran out of space: a writer that
+#: fills the disk leaves it at (nearly) 0 free; torch's zip writer reports that as an
+#: ``inline_container`` RuntimeError without the errno.
+NO_ROOM_BYTES = 16 << 20
+
+
+def out_of_space(exc: BaseException, directory: str) -> int | None:
+    """Whether ``exc``, raised while writing into ``directory``, means its filesystem is full.
+
+    Args:
+        exc: what the write raised.
+        directory: where it wrote (a local path).
+
+    Returns:
+        The bytes free there when the write ran out of space (0 when unknown), else None.
+    """
+    free = _free_bytes(directory)
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _NO_ROOM_ERRNOS:
+            return free or 0
+        if "No space left on device" in str(e):
+            return free or 0
+        stack += [e.__cause__, e.__context__]
+    if isinstance(exc, (OSError, RuntimeError)) and free is not None and free < NO_ROOM_BYTES:
+        return free
+    return None
+
+
+def _free_bytes(directory: str) -> int | None:
+    """Bytes free to this user on the filesystem of ``directory`` (or its nearest existing
+    parent); None when it cannot be read."""
+    import shutil
+
+    path = os.path.abspath(directory)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
 class local_dir:
-    """A local directory to write into; uploaded to ``path`` on exit when it is a remote URI."""
+    """A local directory to write into; uploaded to ``path`` on exit when it is a remote URI.
+
+    A write into it that runs out of space (:func:`out_of_space`) is raised as a
+    :class:`~rltrain.errors.ResourceError` naming the directory and the fix.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -391,14 +446,27 @@ class local_dir:
         self._tmp = tempfile.TemporaryDirectory()
         return self._tmp.name
 
-    def __exit__(self, *exc: object) -> None:
-        if self.remote:
-            if exc[0] is None:
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        local = self._tmp.name if self.remote else self.path
+        try:
+            if self.remote and exc is None:
                 import fsspec
 
                 fs, root = fsspec.core.url_to_fs(self.path)
                 fs.put(self._tmp.name + "/", root, recursive=True)
-            self._tmp.cleanup()
+        finally:
+            if self.remote:
+                self._tmp.cleanup()
+        if exc is not None and isinstance(exc, Exception):
+            free = out_of_space(exc, local)
+            if free is not None:
+                raise ResourceError(
+                    f"cannot write the checkpoint into {local}: its filesystem is full "
+                    f"({free} bytes free; {type(exc).__name__}: "
+                    f"{(str(exc).strip().splitlines() or [''])[-1]}): free space there, or point "
+                    f"trainer.checkpoint_dir at storage with room; the previous checkpoint is "
+                    f"intact"
+                ) from exc
 
 
 class fetched_dir(local_dir):

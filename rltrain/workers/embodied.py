@@ -35,6 +35,8 @@ from rltrain.workers.common import (
     ResidentState,
     TrainResult,
     compute_device,
+    fetched_dir,
+    local_dir,
     seed_everything,
 )
 from rltrain.workers.env import (
@@ -388,18 +390,21 @@ class EmbodiedActorWorker(Worker, ResidentState):
             return pack_to_host(list(self.model.named_parameters()), version=version)
 
     def save(self, path: str) -> None:
-        """Write the model and optimizer state into ``path`` (rank 0; local paths)."""
+        """Write the model and optimizer state into ``path`` (rank 0), as the actor writes its
+        own (:class:`~rltrain.workers.common.local_dir`: a remote URI is uploaded, a full disk is
+        a ResourceError naming the directory)."""
         if self.rank != 0:
             return
-        os.makedirs(path, exist_ok=True)
-        torch.save(self.model.state_dict(), os.path.join(path, "policy.pt"))
-        torch.save(self.optimizer.state_dict(), os.path.join(path, "optimizer.pt"))
+        with local_dir(path) as local:
+            torch.save(self.model.state_dict(), os.path.join(local, "policy.pt"))
+            torch.save(self.optimizer.state_dict(), os.path.join(local, "optimizer.pt"))
 
     def load(self, path: str) -> None:
         """Restore model and optimizer written by :meth:`save`."""
-        state = torch.load(os.path.join(path, "policy.pt"), map_location=self.device)
+        with fetched_dir(path) as local:
+            state = torch.load(os.path.join(local, "policy.pt"), map_location=self.device)
+            opt = torch.load(os.path.join(local, "optimizer.pt"), map_location=self.device)
         self.model.load_state_dict(state)
-        opt = torch.load(os.path.join(path, "optimizer.pt"), map_location=self.device)
         self.optimizer.load_state_dict(opt)
         from rltrain.backends.training import optimizer_steps
 
