@@ -214,7 +214,8 @@ def plan_prediction(
 
     Args:
         run: the checked run config.
-        plan: its plan on the configured cluster.
+        plan: its plan on the cluster mode=plan resolves it on
+            (:func:`~rltrain.whatif.predict.planned_cluster`: whatif.hardware's devices where set).
         out_dir: the plan's directory.
         fusable: ``(run, plan) -> bool``: whether the run's actor, rollout and reward run fused.
         unsized: the run before its null micro-batch sizes were chosen (see :func:`rank`).
@@ -232,7 +233,7 @@ def plan_prediction(
     calib = calibration(run, unsized)
     fused = registry.runner(run).fusable and fusable(run, plan)
     t0 = time.perf_counter()
-    p = predict(run, plan, fused=fused, calibration=calib)
+    p = predict(run, plan, fused=fused, calibration=calib, planned_on_hardware=True)
     title = "predicted" if run.whatif.hardware is None else f"what if ({run.whatif.hardware})"
     print(text(p, title))
     with open(os.path.join(out_dir, TRACE_FILE), "w") as f:
