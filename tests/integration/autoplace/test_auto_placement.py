@@ -25,7 +25,7 @@ KNOBS = (
     "trainer.train_batch_size=2",
     "rollout.n_samples_per_prompt=2",
     "rollout.max_new_tokens=1",
-    "trainer.total_steps=4",
+    "trainer.total_steps=2",  # the winner's run: one step overlapping the next's generation
     "trainer.eval_every=0",
     "logging.progress=false",
 )
@@ -35,7 +35,7 @@ KNOBS = (
 def test_auto_profiles_chooses_and_trains_the_winner(ray_session, tmp_path):
     ray_session.ensure()  # profiling and the run share the session's Ray (2 simulated devices)
     run = compose(*KNOBS)
-    settings = AutoSettings(cache_dir=str(tmp_path / "cache"), profile_steps=4)
+    settings = AutoSettings(cache_dir=str(tmp_path / "cache"), profile_steps=3)
 
     choice = choose(run, str(tmp_path / "first"), settings)
 
@@ -61,7 +61,7 @@ def test_auto_profiles_chooses_and_trains_the_winner(ray_session, tmp_path):
     # The winner trains as any run: asynchronous, on separate devices.
     out = tmp_path / "winner"
     summary = run_reasoning(choice.run, str(out))
-    assert summary["status"] == "completed" and summary["steps"] == 4
+    assert summary["status"] == "completed" and summary["steps"] == 2
     assert summary["placement_mode"] == "disaggregated"
     records = read_metrics(str(out))
     assert all("rollout/staleness" in r for r in records)
