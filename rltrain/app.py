@@ -13,7 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from rltrain.config.schema import RunConfig
-from rltrain.errors import ConfigError, PlacementError, RltrainError, WorkerError
+from rltrain.errors import ConfigError, PlacementError, RltrainError, WorkerError, worker_cause
 from rltrain.telemetry import startup
 
 log = logging.getLogger("rltrain")
@@ -159,7 +159,8 @@ def _attempts(
 ) -> dict:
     """Train, restarting from the latest checkpoint after each failure a restart may cure
     (:func:`train`); ``attempts`` and ``restarts`` are filled in as they happen, so a caller
-    whose call raised still has them.
+    whose call raised still has them. SIGTERM before an attempt's first step (between
+    attempts too) ends the run there as ``stopped``.
 
     Returns:
         The last attempt's summary.
@@ -168,6 +169,7 @@ def _attempts(
         WorkerError: a worker failed and no restart is left, or restarting cannot help.
         KeyboardInterrupt: Ctrl-C.
     """
+    import signal
     import time
 
     from rltrain.runners import loop
@@ -184,6 +186,11 @@ def _attempts(
         check_interrupt()  # never a restart after Ctrl-C, even one whose exception was dropped
         began = time.monotonic()
         loop.LAST_FIT.clear()  # a failure before the first step leaves it empty
+        if attempts and termination_requested():
+            # SIGTERM while the failed attempt was torn down: the restart never starts
+            attempts.append(_attempt(len(attempts) + 1, began, "stopped"))
+            stop = SystemExit(signal.SIGTERM)
+            return _stopped_before_steps(run_cfg, out_dir, stop, attempts, restarts)
         try:
             summary = _train_once(attempt, out_dir, layout)
             attempts.append(_attempt(len(attempts) + 1, began, str(summary.get("status"))))
@@ -246,13 +253,13 @@ def ended_summary(
         ``final_accuracy`` of its last records, ``attempts`` and ``restarts``.
     """
     from rltrain.scheduler.interrupts import interrupted
-    from rltrain.telemetry.summary import across_attempts
+    from rltrain.telemetry.summary import across_attempts, this_invocations
 
     status = "interrupted" if interrupted(exc) else "failed"
     last = {"placement_mode": run_cfg.placement.mode, "steps": 0, "status": status}
     summary = across_attempts(last, records, attempts, run_cfg.trainer.max_staleness)
     firsts = [a["first_step"] for a in attempts if a.get("first_step") is not None]
-    mine = [r for r in records if firsts and r.get("step", -1) >= min(firsts)]
+    mine = this_invocations(records, min(firsts) if firsts else None)
     summary["final_reward"] = mine[-1].get("reward/mean") if mine else None
     summary["final_accuracy"] = next(
         (r["eval/accuracy"] for r in reversed(mine) if "eval/accuracy" in r), None
@@ -343,9 +350,8 @@ DETERMINISTIC = (
 
 def _cause(exc: WorkerError) -> str:
     """What failed, in one line: the worker's exception type and message, or its death."""
-    cause = exc.cause
-    if cause is not None:
-        inner = getattr(cause, "cause", None) or cause  # Ray wraps the worker's exception
+    inner = worker_cause(exc)
+    if inner is not None:
         text = (str(inner).strip().splitlines() or [""])[-1]
         return f"{type(inner).__name__}: {text}".strip().rstrip(":") + f" in {exc.where}"
     return (str(exc).strip().splitlines() or ["a worker failed"])[0].rstrip(":")
@@ -389,8 +395,7 @@ def _stop_if_deterministic(
     """
     if len(restarts) >= run_cfg.trainer.max_restarts:
         return  # nothing would be spent: the failure is reported as it is
-    cause = exc.cause
-    inner = getattr(cause, "cause", None) or cause
+    inner = worker_cause(exc)
     why = ""
     if isinstance(inner, DETERMINISTIC):
         why = (
@@ -410,16 +415,16 @@ def _stop_if_deterministic(
 
 
 def _discard_unpublished(run_cfg: RunConfig, out_dir: str) -> None:
-    """Remove checkpoint writes that interrupted or failed attempts left unpublished: this
-    process's and those of gone processes of this host, never a live run's (a
-    ``trainer.checkpoint_dir`` other runs share). Writes that name no writer are removed only
-    from the run directory's own ``checkpoints/``."""
+    """Remove checkpoint writes that interrupted or failed attempts left unpublished: every one
+    in the run directory's own ``checkpoints/`` (the run directory is this run's, whichever
+    host or container the killed driver ran on); in a ``trainer.checkpoint_dir`` other runs
+    may share, this process's and those of gone processes of this host, never a live run's."""
     from rltrain.runners.checkpoint import CheckpointManager, checkpoint_root
 
     root = checkpoint_root(run_cfg, out_dir)
     try:
         manager = CheckpointManager(root)
-        removed = manager.discard_unpublished(unnamed=not run_cfg.trainer.checkpoint_dir)
+        removed = manager.discard_unpublished(own=not run_cfg.trainer.checkpoint_dir)
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the failure being raised
         log.warning("could not remove unpublished checkpoint writes under %s: %s", root, exc)
         return

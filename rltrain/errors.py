@@ -43,3 +43,17 @@ class WorkerError(RltrainError, RuntimeError):
 
     cause: BaseException | None = None
     where: str = ""
+
+
+def worker_cause(exc: WorkerError) -> BaseException | None:
+    """The exception the worker itself raised: Ray wraps it in a task error whose own
+    ``cause`` holds it.
+
+    Args:
+        exc: the worker failure.
+
+    Returns:
+        The worker's exception, ``exc.cause`` when it is not wrapped, or None when the worker's
+        process died (or what it raised is unknown).
+    """
+    return getattr(exc.cause, "cause", None) or exc.cause

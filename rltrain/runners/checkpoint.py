@@ -38,7 +38,7 @@ from typing import Any
 import fsspec
 
 from rltrain.config.files import CHECKPOINT_STEP
-from rltrain.errors import ConfigError, ResourceError, WorkerError
+from rltrain.errors import ConfigError, ResourceError, WorkerError, worker_cause
 
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
@@ -121,18 +121,20 @@ class CheckpointManager:
         self._prune(final)
         return self._url(final)
 
-    def discard_unpublished(self, unnamed: bool = False) -> list[str]:
+    def discard_unpublished(self, own: bool = False) -> list[str]:
         """Remove what interrupted or failed writes left: temporary checkpoint directories and
         pointer files that were never published (the published ones are untouched).
 
-        Each temporary name carries its writer (host, pid, process start time): this process's
-        own and those of a process of this host that is gone are removed; another live
-        process's (a run sharing the directory, writing now) and another host's are kept.
-        Call it only while this process writes no checkpoint.
+        In a directory other runs may share (``trainer.checkpoint_dir``), each temporary name
+        carries its writer (host, PID namespace, pid, process start time): this process's own
+        and those of a process of this host and namespace that is gone are removed; another
+        live process's (a run sharing the directory, writing now), another host's or another
+        container's are kept. Call it only while this process writes no checkpoint.
 
         Args:
-            unnamed: also remove temporary writes whose name carries no writer (a directory
-                no other run writes into: the run directory's own ``checkpoints/``).
+            own: the directory is the run directory's own ``checkpoints/``, which no other run
+                writes into: every temporary write there is removed, whoever wrote it (a
+                driver requeued onto another node or into a new container left it).
 
         Returns:
             The removed paths.
@@ -143,7 +145,7 @@ class CheckpointManager:
             p
             for p in self.fs.ls(self.root, detail=False)
             if posixpath.basename(p).startswith((".tmp-step-", f".{LATEST}-"))
-            and _writer_gone(posixpath.basename(p), unnamed)
+            and (own or _writer_gone(posixpath.basename(p)))
         ]
         for path in stale:
             self.fs.rm(path, recursive=True)
@@ -156,8 +158,9 @@ class CheckpointManager:
         newest intact older one is taken, and the bad file is named in the log. A checkpoint
         published after the one ``latest`` names (a driver killed between moving it into place
         and moving the pointer) is taken first when it records the experiment of the pointer's
-        checkpoint (or ``experiment``); without a pointer every published checkpoint is a
-        candidate, newest first.
+        checkpoint (or ``experiment``); without a pointer the published checkpoints of
+        ``experiment`` are the candidates, newest first (every published one when none records
+        it, or without ``experiment``).
 
         Args:
             experiment: the experiment the caller continues (:func:`experiment_identity`), for
@@ -179,7 +182,12 @@ class CheckpointManager:
         newest_first = list(reversed(self.published()))
         name = self._pointer()
         if name is None:
-            return newest_first
+            if experiment is None:
+                return newest_first
+            # in a directory shared by experiments another's checkpoint may be the newest;
+            # with none of this experiment, the newest is returned for the caller to refuse
+            mine = [p for p in newest_first if self._experiment(p) == _normal(experiment)]
+            return mine or newest_first
         pointed = posixpath.join(self.root, name)
         lineage = _normal(experiment) if experiment is not None else self._experiment(pointed)
         # a later step directory continues this lineage only when it records its experiment:
@@ -380,22 +388,35 @@ def _normal(value: Any) -> Any:
 
 
 # ------------------------------------------------------------------ writers of temporary files
-#: ``.tmp-step-000006-<random>-h<host>-p<pid>-s<start>`` / ``.latest-<random>-h...``: who wrote it.
-_WRITER = re.compile(r"-h(?P<host>[0-9a-f]{8})-p(?P<pid>\d+)-s(?P<start>\d+)$")
+#: ``.tmp-step-000006-<random>-h<host>-n<pid namespace>-p<pid>-s<start>`` /
+#: ``.latest-<random>-h...``: who wrote it (``-n`` is absent where the namespace is unreadable,
+#: and in names written before it was recorded).
+_WRITER = re.compile(r"-h(?P<host>[0-9a-f]{8})(?:-n(?P<ns>\d+))?-p(?P<pid>\d+)-s(?P<start>\d+)$")
 
 
 def _host_hash() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
-def _start_time(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot, Linux), None when unknown; 0 for a
-    process that exists no more or is a zombie."""
+#: Where the kernel reports processes (Linux).
+_PROC = "/proc"
+
+
+def _pid_namespace() -> int | None:
+    """This process's PID namespace (the inode of ``/proc/self/ns/pid``), None when unknown."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        return os.stat(f"{_PROC}/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, Linux); 0 for a zombie; None when
+    ``/proc`` does not show it (no ``/proc``, the pid is gone, or ``/proc`` hides it: another
+    user's process under ``hidepid``, another namespace's ``/proc``)."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-    except FileNotFoundError:
-        return 0 if os.path.isdir("/proc/self") else None
     except (OSError, IndexError):
         return None
     if fields[0] == b"Z":
@@ -404,36 +425,50 @@ def _start_time(pid: int) -> int | None:
 
 
 def _temporary_tag() -> str:
-    """A unique suffix for a temporary name that names its writer: this host and process."""
-    pid = os.getpid()
-    return f"{uuid.uuid4().hex[:8]}-h{_host_hash()}-p{pid}-s{_start_time(pid) or 0}"
+    """A unique suffix for a temporary name that names its writer: this host, PID namespace
+    and process."""
+    pid, namespace = os.getpid(), _pid_namespace()
+    ns = "" if namespace is None else f"-n{namespace}"
+    return f"{uuid.uuid4().hex[:8]}-h{_host_hash()}{ns}-p{pid}-s{_start_time(pid) or 0}"
 
 
-def _writer_gone(name: str, unnamed: bool) -> bool:
-    """Whether the temporary file or directory ``name`` is safe to remove: written by this
-    process (which writes none now) or by one of this host that is gone.
+def _writer_gone(name: str) -> bool:
+    """Whether the temporary file or directory ``name`` in a directory other runs may share is
+    safe to remove: written by this process (which writes none now) or by one of this host and
+    PID namespace that is gone.
 
-    A pid alive again for another process (reuse) is told apart by its start time where the
-    system reports it; where it does not, a live pid counts as the writer (kept).
+    A writer whose liveness cannot be seen from here is kept: one naming no writer, another
+    host's, another PID namespace's (a container sharing the host's name), or an old name
+    without its namespace whose pid is this process's but whose start time differs. A pid alive
+    again for another process (reuse) is told apart by its start time where the system reports
+    it; where it does not, a live pid counts as the writer (kept).
     """
     found = _WRITER.search(name)
-    if found is None:
-        return unnamed
-    if found["host"] != _host_hash():
-        return False  # another machine's process: its liveness cannot be seen from here
+    if found is None or found["host"] != _host_hash():
+        return False
+    here = _pid_namespace()
+    if found["ns"] is not None and (here is None or int(found["ns"]) != here):
+        return False  # another container's process: its pids are not this namespace's
     pid, start = int(found["pid"]), int(found["start"])
     if pid == os.getpid():
-        return True  # this process (or an earlier one of this pid, then gone) wrote it
+        # in this namespace an earlier process of this pid is gone; without the namespace in
+        # the name, only the start time tells this process from another container's
+        return found["ns"] is not None or start == (_start_time(pid) or 0)
     now = _start_time(pid)
-    if now is None:  # no /proc: ask the kernel whether the pid exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False
-        return False
+    if now is None:  # not shown in /proc (gone, or hidden from it): ask the kernel
+        return not _pid_exists(pid)
     return now == 0 or (start != 0 and now != start)
+
+
+def _pid_exists(pid: int) -> bool:
+    """Whether ``pid`` names a process of this PID namespace (True when that cannot be told)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: another user's process, alive
+        return True
+    return True
 
 
 def _is_local(fs: Any) -> bool:
@@ -925,7 +960,7 @@ def save_state(ckpt: CheckpointManager, run: Any, step: int, fingerprint: str, w
     try:
         write(pending.path)
     except WorkerError as exc:
-        inner = getattr(exc.cause, "cause", None) or exc.cause  # Ray wraps the worker's error
+        inner = worker_cause(exc)
         if isinstance(inner, ResourceError):
             raise ResourceError(f"{inner} ({exc.where or 'a worker'})") from exc
         raise

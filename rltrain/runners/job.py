@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from rltrain.placement.plan import Plan, build_plan, transient_kinds
 from rltrain.placement.types import GIB, ClusterSpec
 from rltrain.runners.layout import RunLayout, check_launched, layout_for
 from rltrain.scheduler import Cluster, WorkerGroup
-from rltrain.scheduler.interrupts import check_interrupt
+from rltrain.scheduler.interrupts import check_interrupt, termination_requested
 from rltrain.scheduler.residency import ResidencyCoordinator, Resident
 from rltrain.telemetry import startup, trace
 from rltrain.workers.common import ResidentState
@@ -191,6 +192,8 @@ def start_job(
 
     Raises:
         ResourceError: the launched layout differs from ``layout``.
+        SystemExit: ``SystemExit(15)`` when the run (:func:`rltrain.app.train`) recorded
+            SIGTERM before the workers launch: none is launched.
     """
     if layout is not None:
         run = adopt_micro_batches(run, layout.run)  # the sizes the plan chose
@@ -199,6 +202,10 @@ def start_job(
     with Cluster.start(run.cluster) as cluster:
         startup.mark("ray_start")
         check_interrupt()  # a Ctrl-C dropped while Ray started
+        if termination_requested():
+            # SIGTERM recorded while Ray started (before Ray's own handler, which would have
+            # raised this): no worker starts; rltrain.app.train reports a stopped run
+            raise SystemExit(signal.SIGTERM)
         plan = build_plan(run, _simulated_memory(cluster.spec, run))  # the discovered cluster
         refuse_simulated_latency(run, plan)
         launched = layout_for(run, plan)

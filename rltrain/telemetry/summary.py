@@ -253,7 +253,7 @@ def across_attempts(
     """
     out = dict(last)
     firsts = [a["first_step"] for a in attempts if a.get("first_step") is not None]
-    records = _this_invocations(records, min(firsts) if firsts else None)
+    records = this_invocations(records, min(firsts) if firsts else None)
     done = [a["done_steps"] for a in attempts if a.get("done_steps") is not None]
     steps = max(done) - min(firsts) if firsts and done else last.get("steps")
     seconds = sum(float(a.get("training_s") or 0.0) for a in attempts)
@@ -280,12 +280,20 @@ def across_attempts(
     return out
 
 
-def _this_invocations(
+def this_invocations(
     records: list[Mapping[str, Any]], start: int | None
 ) -> list[Mapping[str, Any]]:
     """The records from step ``start`` on: ``metrics.jsonl`` also holds the steps of earlier
     invocations into the run directory (a resumed run), and the rates divide by this
-    invocation's seconds, so only its steps count (none without a first step)."""
+    invocation's seconds, so only its steps count (none without a first step).
+
+    Args:
+        records: the run directory's ``metrics.jsonl`` records, oldest first.
+        start: this invocation's first step (None: it reached none).
+
+    Returns:
+        The records of step ``start`` on, and those recording no step.
+    """
     return [r for r in records if start is not None and r.get("step", start) >= start]
 
 

@@ -378,23 +378,37 @@ def fetch(items: Iterable[Any]) -> list[Any]:
 
 #: Errors of a write that found its filesystem full (ENOSPC) or over quota (EDQUOT).
 _NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-#: Free bytes under which a failed write is taken for one that ran out of space: a writer that
-#: fills the disk leaves it at (nearly) 0 free; torch's zip writer reports that as an
-#: ``inline_container`` RuntimeError without the errno.
+#: What torch's zip writer (``torch.save``) raises when a write fails, without the errno:
+#: ``[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598``,
+#: ``PytorchStreamWriter failed writing file data/0: file write failed``, or its file stream's
+#: own ``basic_ios::clear: iostream error`` (a small file, failing as it is flushed).
+_TORCH_WRITE_FAILED = (
+    "inline_container",
+    "unexpected pos",
+    "PytorchStreamWriter failed writing",
+    "basic_ios::clear",
+)
+#: Free bytes under which torch's failed write is taken for one that ran out of space: a
+#: writer that fills the disk leaves it at (nearly) 0 free.
 NO_ROOM_BYTES = 16 << 20
 
 
 def out_of_space(exc: BaseException, directory: str) -> int | None:
-    """Whether ``exc``, raised while writing into ``directory``, means its filesystem is full.
+    """Whether ``exc``, raised while writing into ``directory``, means its filesystem is full:
+    ``ENOSPC`` or ``EDQUOT`` (or "No space left on device") anywhere in its chain, or torch's
+    zip writer failing without an errno while under :data:`NO_ROOM_BYTES` are free there. Any
+    other error is not, however little room is left (a CUDA or NCCL error during a gather).
 
     Args:
         exc: what the write raised.
-        directory: where it wrote (a local path).
+        directory: where it wrote (a local path, measured as it is now: call this before
+            removing what the write left).
 
     Returns:
         The bytes free there when the write ran out of space (0 when unknown), else None.
     """
     free = _free_bytes(directory)
+    torch_write_failed = False
     seen: set[int] = set()
     stack: list[BaseException | None] = [exc]
     while stack:
@@ -404,10 +418,12 @@ def out_of_space(exc: BaseException, directory: str) -> int | None:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in _NO_ROOM_ERRNOS:
             return free or 0
-        if "No space left on device" in str(e):
+        text = str(e)
+        if "No space left on device" in text:
             return free or 0
+        torch_write_failed |= any(mark in text for mark in _TORCH_WRITE_FAILED)
         stack += [e.__cause__, e.__context__]
-    if isinstance(exc, (OSError, RuntimeError)) and free is not None and free < NO_ROOM_BYTES:
+    if torch_write_failed and free is not None and free < NO_ROOM_BYTES:
         return free
     return None
 
@@ -448,7 +464,11 @@ class local_dir:
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         local = self._tmp.name if self.remote else self.path
+        free = None
         try:
+            if isinstance(exc, Exception):
+                # measured while the partial files still fill the filesystem
+                free = out_of_space(exc, local)
             if self.remote and exc is None:
                 import fsspec
 
@@ -457,16 +477,25 @@ class local_dir:
         finally:
             if self.remote:
                 self._tmp.cleanup()
-        if exc is not None and isinstance(exc, Exception):
-            free = out_of_space(exc, local)
-            if free is not None:
-                raise ResourceError(
-                    f"cannot write the checkpoint into {local}: its filesystem is full "
-                    f"({free} bytes free; {type(exc).__name__}: "
-                    f"{(str(exc).strip().splitlines() or [''])[-1]}): free space there, or point "
-                    f"trainer.checkpoint_dir at storage with room; the previous checkpoint is "
-                    f"intact"
-                ) from exc
+        if free is not None:
+            raise ResourceError(self._full(local, free, exc)) from exc
+
+    def _full(self, local: str, free: int, exc: BaseException | None) -> str:
+        """The message of a write into ``local`` that ran out of space."""
+        error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}"
+        if not self.remote:
+            return (
+                f"cannot write the checkpoint into {local}: its filesystem is full ({free} "
+                f"bytes free; {error}): free space there, or point trainer.checkpoint_dir at "
+                f"storage with room; the previous checkpoint is intact"
+            )
+        tmp = os.path.dirname(local)
+        return (
+            f"cannot write the checkpoint for {self.path}: the local temporary directory it is "
+            f"written into before the upload ({tmp}: TMPDIR, else /tmp) is on a full filesystem "
+            f"({free} bytes free; {error}): free space in {tmp}, or set TMPDIR to a local "
+            f"directory with room for one checkpoint; the previous checkpoint is intact"
+        )
 
 
 class fetched_dir(local_dir):

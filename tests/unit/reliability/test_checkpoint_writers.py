@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
+import shutil
 import subprocess
 import sys
 
@@ -68,6 +69,8 @@ def test_a_stale_pointer_gives_way_to_a_later_checkpoint_of_its_experiment(tmp_p
 
 
 def test_a_later_checkpoint_of_another_experiment_is_not_taken_past_the_pointer(tmp_path):
+    """Guards unchanged behaviour: a checkpoint past the pointer was never taken before, and
+    taking the later ones of the pointer's experiment must not take another's."""
     mgr = CheckpointManager(str(tmp_path / "checkpoints"), keep=0)
     ours = publish(mgr, 2)
     publish(mgr, 3, other_experiment())
@@ -76,15 +79,42 @@ def test_a_later_checkpoint_of_another_experiment_is_not_taken_past_the_pointer(
     assert resolve_resume(auto_run(), str(tmp_path)).path == ours
 
 
-def test_every_checkpoint_damaged_without_a_pointer_names_each_real_reason(tmp_path):
-    mgr = CheckpointManager(str(tmp_path / "checkpoints"), keep=0)
+def test_without_the_pointer_auto_resumes_its_own_experiment_past_anothers_newer_one(tmp_path):
+    root = str(tmp_path / "shared")
+    run = with_checkpoint_dir(auto_run(), root)
+    mgr = CheckpointManager(root, keep=0)
+    ours = publish(mgr, 2, run)
+    publish(mgr, 3, with_checkpoint_dir(other_experiment(), root))
+    os.remove(os.path.join(root, "latest"))
+    assert resolve_resume(run, str(tmp_path / "run")).path == ours
+
+
+def test_without_the_pointer_only_another_experiments_checkpoint_is_refused_as_its(tmp_path):
+    """Guards unchanged behaviour: with none of its own, auto still refuses another
+    experiment's checkpoint in the run's checkpoint directory (it never starts at step 0)."""
+    root = str(tmp_path / "shared")
+    mgr = CheckpointManager(root, keep=0)
+    publish(mgr, 3, other_experiment())
+    os.remove(os.path.join(root, "latest"))
+    with pytest.raises(ConfigError, match="seed"):
+        resolve_resume(with_checkpoint_dir(auto_run(), root), str(tmp_path / "run"))
+
+
+def test_its_own_checkpoints_all_damaged_without_a_pointer_are_named_not_anothers(tmp_path):
+    # another experiment's intact checkpoint shares the directory: it is neither resumed nor
+    # listed as a damaged one of this run (its reason would read "None")
+    root = str(tmp_path / "shared")
+    run = with_checkpoint_dir(auto_run(), root)
+    mgr = CheckpointManager(root, keep=0)
     for step in (2, 3):
-        os.remove(os.path.join(publish(mgr, step), "model", "model.safetensors"))
-    os.remove(tmp_path / "checkpoints" / "latest")
+        os.remove(os.path.join(publish(mgr, step, run), "model", "model.safetensors"))
+    publish(mgr, 4, other_experiment())
+    os.remove(os.path.join(root, "latest"))
     with pytest.raises(ConfigError) as info:
-        resolve_resume(auto_run(), str(tmp_path))
+        resolve_resume(run, str(tmp_path / "run"))
     text = str(info.value)
-    assert text.count("model.safetensors is missing") == 2 and "None" not in text
+    assert "every checkpoint" in text and text.count("model.safetensors is missing") == 2
+    assert "None" not in text and "step-000004" not in text
 
 
 # ------------------------------------------------------------------------ temporary writes
@@ -125,9 +155,110 @@ def test_only_leftovers_of_this_or_gone_processes_are_removed(tmp_path, live_pro
     removed = CheckpointManager(str(tmp_path)).discard_unpublished()
     assert sorted(posixpath.basename(p) for p in removed) == sorted([mine, dead, reused])
     assert sorted(os.listdir(tmp_path)) == sorted([live, elsewhere, unnamed])
-    assert CheckpointManager(str(tmp_path)).discard_unpublished(unnamed=True) == [
-        str(tmp_path / unnamed)
-    ]
+
+
+def test_the_run_directorys_own_checkpoints_lose_every_leftover_whoever_wrote_it(
+    tmp_path, live_process
+):
+    # a driver requeued onto another node (or a pod recreated with a new hostname) runs into
+    # the same hydra.run.dir: what the killed driver left there is no live run's
+    elsewhere = ".tmp-step-000004-0a1b2c3d-h0123abcd-p4242-s999"
+    os.makedirs(tmp_path / elsewhere)
+    live = temporary(tmp_path, live_process, ck._start_time(live_process))
+    unnamed = ".tmp-step-000004-0a1b2c3d"
+    os.makedirs(tmp_path / unnamed)
+    removed = CheckpointManager(str(tmp_path)).discard_unpublished(own=True)
+    assert sorted(posixpath.basename(p) for p in removed) == sorted([elsewhere, live, unnamed])
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_own_checkpoints_of_a_run_directory_are_emptied_by_the_run(tmp_path):
+    run = auto_run()  # no trainer.checkpoint_dir: <run dir>/checkpoints
+    root = tmp_path / "run" / "checkpoints"
+    leftover = root / ".tmp-step-000006-0a1b2c3d-h0123abcd-n4026531836-p1-s77"
+    leftover.mkdir(parents=True)
+    app._discard_unpublished(run, str(tmp_path / "run"))
+    assert os.listdir(root) == []
+
+
+# ---------------------------------------------------- writers in containers and hidden processes
+def test_a_temporary_write_names_its_pid_namespace(tmp_path):
+    if ck._pid_namespace() is None:
+        pytest.skip("no /proc/self/ns/pid here")
+    found = ck._WRITER.search(posixpath.basename(CheckpointManager(str(tmp_path)).begin(4).path))
+    assert found is not None and int(found["ns"]) == ck._pid_namespace()
+
+
+def test_names_without_a_namespace_still_name_their_writer():
+    found = ck._WRITER.search(".latest-0a1b2c3d-h0123abcd-p4242-s999")
+    assert found is not None and found["ns"] is None
+    assert (found["host"], found["pid"], found["start"]) == ("0123abcd", "4242", "999")
+
+
+def test_another_pid_namespaces_write_is_kept_even_when_its_pid_is_gone_here():
+    if ck._pid_namespace() is None:
+        pytest.skip("no /proc/self/ns/pid here")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    other_ns = ck._pid_namespace() + 1  # a container sharing this host's name
+    name = f".tmp-step-000004-0a1b2c3d-h{ck._host_hash()}-n{other_ns}-p{gone.pid}-s12345"
+    assert not ck._writer_gone(name)
+    same_ns = name.replace(f"-n{other_ns}-", f"-n{ck._pid_namespace()}-")
+    assert ck._writer_gone(same_ns)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="process start times from /proc")
+def test_this_pid_with_another_start_time_is_kept_in_a_name_without_its_namespace():
+    # pid 1 of two containers sharing the host's name: only the start time tells them apart
+    pid, start = os.getpid(), ck._start_time(os.getpid())
+    name = f".tmp-step-000004-0a1b2c3d-h{ck._host_hash()}-p{pid}-s{start + 1}"
+    assert not ck._writer_gone(name)
+    assert ck._writer_gone(name.replace(f"-s{start + 1}", f"-s{start}"))
+
+
+def test_a_live_writer_that_proc_does_not_show_is_kept(tmp_path, monkeypatch, live_process):
+    # /proc mounted with hidepid (another user's run) or from another namespace: the pid is
+    # missing there though the process lives; the kernel is asked instead
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / "proc" / "self").mkdir(parents=True)  # a /proc that shows neither
+    monkeypatch.setattr(ck, "_PROC", str(tmp_path / "proc"))
+    writer = f".tmp-step-000004-0a1b2c3d-h{ck._host_hash()}-p{{}}-s12345"
+    assert not ck._writer_gone(writer.format(live_process))
+    assert ck._writer_gone(writer.format(gone.pid))
+
+
+WRITER_IN_A_CONTAINER = """
+import sys, time
+from rltrain.runners.checkpoint import CheckpointManager
+print(CheckpointManager(sys.argv[1]).begin(4).path, flush=True)
+time.sleep(120)
+"""
+#: A new PID namespace with its own /proc, as a container has; the child dies with unshare.
+CONTAINER = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+
+
+def test_a_live_writer_in_another_pid_namespace_keeps_its_write(tmp_path):
+    # a container sharing the host's name and filesystem: its writer is pid 1 there, and pid 1
+    # here is another process (init), started at another time
+    root = tmp_path / "shared"
+    root.mkdir()
+    can = shutil.which("unshare") and subprocess.run([*CONTAINER, "true"], check=False)
+    if not can or can.returncode != 0:
+        pytest.skip("cannot make a PID namespace here (unshare, as root)")
+    other = subprocess.Popen(
+        [*CONTAINER, sys.executable, "-c", WRITER_IN_A_CONTAINER, str(root)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        theirs = other.stdout.readline().strip()
+        assert "-p1-s" in theirs
+        assert CheckpointManager(str(root)).discard_unpublished() == []
+        assert os.path.isdir(theirs)
+    finally:
+        other.kill()
+        other.wait()
 
 
 WRITER = """

@@ -52,6 +52,8 @@ def test_torchs_failed_write_on_a_full_filesystem_names_the_directory(tmp_path, 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_the_same_failure_with_room_left_is_not_called_a_full_disk(tmp_path):
+    """Guards unchanged behaviour: a failed write with room left raised as itself before
+    full disks were recognised, and must still."""
     if shutil.disk_usage(tmp_path).free < 64 << 20:
         pytest.skip("the test's own filesystem is nearly full")
     with pytest.raises(RuntimeError, match="inline_container") as info:
@@ -104,3 +106,35 @@ def test_the_embodied_actors_save_on_a_full_filesystem_names_the_directory(tmp_p
     rank0.device = "cpu"
     EmbodiedActorWorker.load(rank0, str(tmp_path))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_another_error_on_a_nearly_full_filesystem_is_not_called_a_full_disk(tmp_path, full_disk):
+    # a ZeRO gather failing while the checkpoint is written: the disk is not what failed
+    with pytest.raises(RuntimeError, match="NCCL error") as info:
+        with local_dir(str(tmp_path)):
+            raise RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error")
+    assert not isinstance(info.value, ResourceError)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_remote_checkpoint_dirs_full_temporary_filesystem_is_named_with_its_fix(monkeypatch):
+    # the local copy uploaded to s3://... is written under TMPDIR: that filesystem filled, and
+    # its free space is read while the partial copy is still there (it is removed after)
+    real, copy = shutil.disk_usage, []
+
+    def usage(path):
+        total, used, free = real(path)
+        if copy and os.path.abspath(path) == copy[0]:  # full while the partial copy holds it
+            return shutil._ntuple_diskusage(total, total, 0)  # noqa: SLF001 - its own type
+        return shutil._ntuple_diskusage(total, used, free)  # noqa: SLF001
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    with pytest.raises(ResourceError) as info:
+        with local_dir("memory://ckpts/step-000004") as local:
+            copy.append(os.path.abspath(local))
+            torch_save_onto_a_full_device(local)
+    text = str(info.value)
+    assert "memory://ckpts/step-000004" in text and "0 bytes free" in text
+    assert "TMPDIR" in text and os.path.dirname(copy[0]) in text
+    assert "trainer.checkpoint_dir" not in text
+    assert not os.path.exists(copy[0])  # the partial copy is removed all the same
