@@ -195,17 +195,20 @@ def interrupted(exc: BaseException | None) -> bool:
     Args:
         exc: the exception to examine (None: False).
     """
+    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and every exception it was raised from or while handling, each once."""
     seen: set[int] = set()
     stack = [exc]
     while stack:
         e = stack.pop()
         if e is None or id(e) in seen:
             continue
-        if isinstance(e, KeyboardInterrupt):
-            return True
         seen.add(id(e))
+        yield e
         stack += [e.__cause__, e.__context__]
-    return False
 
 
 def on_terminate(signum: int, frame: Any) -> None:
@@ -259,15 +262,7 @@ def terminated(exc: BaseException | None) -> bool:
     Args:
         exc: the exception to examine (None: False).
     """
-    seen: set[int] = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        if isinstance(e, SystemExit) and e.code == signal.SIGTERM:
-            _TERMINATE.set()
-            return True
-        seen.add(id(e))
-        stack += [e.__cause__, e.__context__]
+    if any(isinstance(e, SystemExit) and e.code == signal.SIGTERM for e in _chain(exc)):
+        _TERMINATE.set()
+        return True
     return False
