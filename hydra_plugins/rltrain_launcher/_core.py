@@ -82,6 +82,8 @@ class Job:
     error: str = ""
     # The job directory's summary.json before the job started (an earlier run's), if any.
     summary_before: tuple[int, int] | None = None
+    # The outermost directory composing made to check the job in (hydra.job.chdir=true).
+    made_dir: str | None = None
 
 
 # ------------------------------------------------------------------------------------ compose
@@ -120,6 +122,7 @@ def _compose(launcher: RltrainLauncher, overrides: Sequence[str], num: int) -> J
     with read_write(task_cfg), open_dict(task_cfg):
         del task_cfg["hydra"]
     chdir = bool(OmegaConf.select(cfg, "hydra.job.chdir", default=False))
+    made = _first_missing(output_dir) if chdir else None
     with _as_the_job(env, output_dir if chdir else None) as refused:
         needs = job_needs(
             task_cfg,
@@ -129,7 +132,8 @@ def _compose(launcher: RltrainLauncher, overrides: Sequence[str], num: int) -> J
             overrides=overrides,
         )
         refused.append(needs.error is not None)
-    return Job(num, list(overrides), cfg, needs, output_dir)
+    made = None if any(refused) else made  # a refused job's directories are gone already
+    return Job(num, list(overrides), cfg, needs, output_dir, made_dir=made)
 
 
 def _env_set(cfg: DictConfig) -> dict[str, str]:
@@ -155,20 +159,35 @@ def _as_the_job(env: Mapping[str, str], job_dir: str | None) -> Iterator[list[bo
     cwd = os.getcwd()
     first_new = None
     if job_dir is not None:
-        first_new = job_dir
-        while not os.path.lexists(os.path.dirname(first_new)):
-            first_new = os.path.dirname(first_new)
-        if os.path.lexists(first_new):
-            first_new = None  # nothing made here
+        first_new = _first_missing(job_dir)
         os.makedirs(job_dir, exist_ok=True)
         os.chdir(job_dir)
     try:
         with env_override(dict(env)):
             yield refused
+    except BaseException:
+        refused.append(True)  # the check itself raised: the sweep stops, the job never runs
+        raise
     finally:
         os.chdir(cwd)
         if job_dir is not None and first_new is not None and any(refused):
             _remove_empty(job_dir, first_new)
+
+
+def _first_missing(path: str) -> str | None:
+    """The outermost directory of ``path`` that does not exist yet; None when it exists."""
+    first = path
+    while not os.path.lexists(os.path.dirname(first)):
+        first = os.path.dirname(first)
+    return None if os.path.lexists(first) else first
+
+
+def _unmake_job_dirs(jobs: Sequence[Job]) -> None:
+    """Remove the directories composing made for the jobs' checks, while still empty: the sweep
+    stopped before any job ran (later jobs first, as an earlier job's may hold theirs)."""
+    for job in reversed(jobs):
+        if job.made_dir is not None:
+            _remove_empty(job.output_dir, job.made_dir)
 
 
 def _remove_empty(path: str, top: str) -> None:
@@ -689,20 +708,28 @@ def launch(
 
     Raises:
         ConfigError: for a bad launcher option, a job config that does not compose, jobs that
-            share an output directory or differ in ``cluster.*``. Nothing has run then.
+            share an output directory or differ in ``cluster.*``. Nothing has run then, and the
+            job directories made to check the jobs in (``hydra.job.chdir=true``) are removed
+            while still empty.
     """
     setup_globals()
     assert launcher.config is not None  # set by setup()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
     _check_options(launcher)
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
-    jobs = [_compose(launcher, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
-    refuse_shared_job_dirs(jobs, launcher.job_dirs)
-    if launcher.report:
-        _claim_sweep_dir(sweep_dir)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    jobs: list[Job] = []
+    try:
+        for i, o in enumerate(job_overrides):
+            jobs.append(_compose(launcher, o, initial_job_idx + i))
+        refuse_shared_job_dirs(jobs, launcher.job_dirs)
+        if launcher.report:
+            _claim_sweep_dir(sweep_dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        cluster = one_cluster(jobs)
+    except BaseException:  # stopped before anything ran: no job directory is left behind
+        _unmake_job_dirs(jobs)
+        raise
     launcher.job_dirs.update({j.output_dir: j.num for j in jobs})
-    cluster = one_cluster(jobs)
     runtime_env = _ray.job_runtime_env(_remote_runtime_env(launcher), cluster)
     capacity, movable = {}, True
     if cluster is not None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from hydra_plugins.rltrain_launcher._slices import Device
 
@@ -118,14 +118,17 @@ def job_needs(
     holding checkpoints a fresh run would delete, refuses the job before its driver writes
     ``.hydra/`` there.
     A job whose overrides choose a config group its preset (``experiment=...``) also writes
-    is refused first, as a single run is (:mod:`rltrain.config.presets`). A job that only
+    is refused first, as a single run is (:mod:`rltrain.config.presets`). Its overrides'
+    ``key={}`` empty their mappings first, as its driver's do (``placement.offload={}`` drops
+    the shipped policies: :mod:`rltrain.config.overrides`). A job that only
     plans (``mode=plan``) needs no devices and no Ray: it is checked when it runs, as its plan
     command writes its plan first. Any other job goes through every check of a single run
     (:func:`checked_layout`), so a job that would be refused fails at once, with the same
     message.
 
     Args:
-        task_cfg: the job's composed, resolved config without the ``hydra`` node.
+        task_cfg: the job's composed, resolved config without the ``hydra`` node (its
+            emptied mappings are emptied in place).
         output_dir: the job's run directory.
         config_loader: the sweep's Hydra config loader; None skips the preset check.
         config_name: the sweep's primary config name.
@@ -138,9 +141,12 @@ def job_needs(
         return JobNeeds()
     from rltrain.app import claim_run_dir
     from rltrain.config import load_config
+    from rltrain.config.overrides import apply_empty_mappings
     from rltrain.config.presets import check_group_choices
     from rltrain.errors import RltrainError
 
+    with read_write(task_cfg):  # as its driver does before it checks anything (rltrain.app)
+        apply_empty_mappings(task_cfg, overrides)
     cluster = dict(OmegaConf.to_container(task_cfg.cluster, resolve=True))  # type: ignore[arg-type]
     try:
         if config_loader is not None:

@@ -26,12 +26,14 @@ takes it (:func:`timed_step`), so a call queued behind others is not charged the
 ``rollout.max_turns``, ``rollout.max_total_tokens`` and the model's context
 (``max_position_embeddings``: prompt, turns and tool results together) end episodes cleanly
 (``truncated``); a turn that calls a tool with no turn left after it ends the episode there, the
-call not run. An environment whose ``reset`` outlives ``tools.timeout_s`` fails its episode too.
+call not run. An environment whose ``reset`` outlives ``tools.timeout_s`` fails its episode too
+(and is closed when that reset returns after all).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import threading
 import time
@@ -51,7 +53,9 @@ from rltrain.config import seeds
 from rltrain.errors import WorkerError
 from rltrain.tasks.text_env import load_env_class
 from rltrain.tasks.tokenizer import prompt_token_ids
-from rltrain.tasks.tool_format import CALL_END
+from rltrain.tasks.tool_format import CALL_END, parse_call
+
+log = logging.getLogger(__name__)
 
 #: ``(prompts, seed, with_logprobs, should_stop) -> batch``: one engine call.
 SampleFn = Callable[[Sequence[str], int, bool, Callable[[], bool] | None], RolloutBatch]
@@ -252,7 +256,9 @@ def timed_step(env: Any, action: str, failure_seed: int | None, s: EpisodeSettin
 
 def timed_reset(env: Any, example: Any, s: EpisodeSettings) -> str:
     """``env.reset(example)``, given at most ``tools.timeout_s`` from now (as :func:`timed_step`:
-    a reset past its timeout runs on, its result dropped).
+    a reset past its timeout runs on, its result dropped). No episode holds an environment whose
+    reset timed out, so when that reset still succeeds, the environment is closed then (an
+    OpenEnv session it opened is ended, not left open on the server).
 
     Args:
         env: a new environment instance.
@@ -266,11 +272,28 @@ def timed_reset(env: Any, example: Any, s: EpisodeSettings) -> str:
         ToolTimeout: the reset ran longer than ``tools.timeout_s`` (the episode's infra failure).
         Exception: whatever the environment's ``reset`` raised.
     """
-    return _within(lambda: str(env.reset(example)), s.timeout_s, "environment reset")
+    reset = lambda: str(env.reset(example))  # noqa: E731
+    return _within(reset, s.timeout_s, "environment reset", lambda: _close_quietly(env))
 
 
-def _within(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """``fn()`` on a thread of its own, waited for at most ``timeout_s``."""
+def _close_quietly(env: Any) -> None:
+    """Close an environment no episode holds; a failure to close is logged, not raised (it
+    happens on a thread nobody waits for)."""
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001 - nothing could act on it there
+        log.warning(
+            "%s.close() raised after a reset that outlived tools.timeout_s",
+            type(env).__name__,
+            exc_info=True,
+        )
+
+
+def _within(
+    fn: Callable[[], Any], timeout_s: float, what: str, late: Callable[[], None] | None = None
+) -> Any:
+    """``fn()`` on a thread of its own, waited for at most ``timeout_s``; ``late`` runs once
+    ``fn`` returns normally after the wait gave up (it undoes what the dropped result holds)."""
     out: Future = Future()
 
     def call() -> None:
@@ -283,6 +306,9 @@ def _within(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     try:
         return out.result(timeout=timeout_s)
     except FutureTimeout:
+        if late is not None:  # runs at once when fn returned since the wait gave up
+            undo = late
+            out.add_done_callback(lambda done: None if done.exception() else undo())
         raise ToolTimeout(
             f"the {what} ran longer than tools.timeout_s={timeout_s}: raise tools.timeout_s "
             f"if the environment is that slow"
@@ -598,12 +624,16 @@ class ToolEpisodes:
         last = tokens[-1] if tokens else None
         if last in self.eos_ids:
             self._submit(e, self.tokenizer.decode(tokens[:-1]), False, seed)
-        elif (
-            last in self.call_ends and self._remaining(e) > 0 and e.turns < self.settings.max_turns
-        ):
+        elif last in self.call_ends:
             text = self.tokenizer.decode(tokens)  # a merged "])" keeps its tail in the ids
-            self._submit(e, text[: text.rindex(CALL_END) + 1], True, seed)
-        else:  # the token budget cut the turn, or a call with no turn left to read its result
+            action = text[: text.rindex(CALL_END) + 1]
+            if self._remaining(e) > 0 and e.turns < self.settings.max_turns:
+                self._submit(e, action, True, seed)
+            elif parse_call(action) is None:  # an answer ending in "]": the environment scores it
+                self._submit(e, action, False, seed)
+            else:  # a call with no turn left to read its result: not run
+                e.done = e.truncated = True
+        else:  # the token budget cut the turn
             e.done = e.truncated = True
 
     def _submit(self, e: Episode, action: str, calling: bool, seed: int) -> None:

@@ -10,7 +10,8 @@ worker (round robin) and all its steps go there, so a tool keeps its state betwe
 Faults: a tool that raises or runs longer than ``tools.timeout_s`` (timed from when one of the
 worker's threads takes the call, :func:`~rltrain.agents.interaction.timed_step`) fails its episode
 (infra failure, :mod:`rltrain.agents.interaction`), as does an environment ``reset`` that runs
-longer than ``tools.timeout_s`` (a ``reset`` that raises stops the run). A tool worker that dies
+longer than ``tools.timeout_s`` (closed when that reset returns after all; a ``reset`` that
+raises stops the run). A tool worker that dies
 (its process killed, out of memory) fails every episode waiting on it, and the batch's
 ``generate`` then raises a ``WorkerError`` naming the worker: the run stops (the pool does not
 replace workers; their environments' state is gone with them).
@@ -110,7 +111,8 @@ class ToolWorker(Worker):
 
         Raises:
             ToolTimeout: the reset ran longer than ``tools.timeout_s`` (timed from now; the
-                client fails the episode).
+                client fails the episode). The environment is not kept: it is closed when the
+                reset returns after all (:func:`~rltrain.agents.interaction.timed_reset`).
             Exception: what the environment's ``reset`` raised.
         """
         env = self.env_class()

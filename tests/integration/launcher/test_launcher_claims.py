@@ -1,6 +1,7 @@
 """A sweep's job claims its run directory, is checked in its own environment and working
-directory, and the report names every problem, in the cluster's numbering, even when the sweep
-is interrupted.
+directory with its own command line, leaves no directory behind when the sweep stops before it
+runs, and the report names every problem, in the cluster's numbering, even when the sweep is
+interrupted.
 
 The sweeps here are refused or only plan, with a ``ray`` package on the path that fails to
 import: none may start (or import) Ray.
@@ -27,7 +28,7 @@ from hydra_plugins.rltrain_launcher._core import (
     error_cell,
     in_cluster_numbering,
 )
-from hydra_plugins.rltrain_launcher._plan import JobNeeds
+from hydra_plugins.rltrain_launcher._plan import JobNeeds, job_needs
 from hydra_plugins.rltrain_launcher._slices import DeviceSlice
 from hydra_plugins.rltrain_launcher.rltrain_launcher import RltrainLauncher
 from rltrain.__main__ import explain_command_line
@@ -131,9 +132,52 @@ def test_the_job_environment_and_directory_are_restored_after(tmp_path, monkeypa
     assert os.getcwd() == str(tmp_path) and os.environ["KEPT"] == "launcher"
     assert "ADDED" not in os.environ
     assert not (tmp_path / "sw").exists()  # refused: what was made for it is gone
+    with pytest.raises(RuntimeError), _as_the_job({}, str(tmp_path / "crash" / "0")):
+        raise RuntimeError("the check itself failed")
+    assert not (tmp_path / "crash").exists()  # the sweep stops: nothing is left for the job
     with _as_the_job({}, str(job_dir)) as refused:
         refused.append(False)
     assert job_dir.is_dir()  # admitted: its driver runs there
+
+
+def test_a_sweep_stopped_after_composing_leaves_no_job_directory(tmp_path):
+    chdir = ("hydra.job.chdir=true", "hydra.sweep.dir=sw")
+    out = _sweep_without_ray(tmp_path, *chdir, "cluster.devices_per_node=1,2")
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-3000:]
+    assert "cluster.devices_per_node is 1 in job #0 but 2 in job #1" in text
+    assert not (tmp_path / "sw" / "0").exists() and not (tmp_path / "sw" / "1").exists()
+    out = _sweep_without_ray(tmp_path, *chdir, "hydra.sweep.subdir=same", "seed=1,2")
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-3000:]
+    assert "jobs #0, #1 would all write into" in text
+    assert not (tmp_path / "sw" / "same").exists()
+
+
+# ----------------------------------------------------------------- the job's command line
+def _composed(overrides: list[str]):
+    """A job's config as Hydra merges it (``key={}`` merged, not yet emptied)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rltrain.config.store import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    conf = pathlib.Path(__file__).resolve().parents[3] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_a_jobs_empty_mapping_is_emptied_before_it_is_checked():
+    # fuse=true refuses a rollout policy that moves state after each stage; the job's own
+    # placement.offload={} drops that policy, as its driver will
+    after_stage = ["placement.fuse=true", "placement.offload.rollout.when=after_stage"]
+    emptied = [*after_stage, "placement.offload={}", "placement.offload.actor.when=on_demand"]
+    needs = job_needs(_composed(emptied), overrides=emptied)
+    assert needs.error is None and needs.placement_mode == "collocated"
+    refused = job_needs(_composed(after_stage), overrides=after_stage).error
+    assert "placement.offload.rollout.when=after_stage" in str(refused)
 
 
 # ---------------------------------------------------------------------------- the report
