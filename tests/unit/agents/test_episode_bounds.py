@@ -9,15 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from calc_agents import env_run, episodes, supervised_agent
 
-from rltrain.agents.interaction import LocalToolPool, ToolEpisodes, rows_by_prompt
+from rltrain.agents.interaction import LocalToolPool, rows_by_prompt
 from rltrain.algorithms.batch import RolloutBatch
-from rltrain.config.schema import ModelConfig, RunConfig
+from rltrain.config.schema import RunConfig
 from rltrain.errors import WorkerError
 from rltrain.tasks.base import Example
-from rltrain.tasks.calc_tool import ALPHABET, CalcToolSpec, CalculatorEnv, sums, supervise
-from rltrain.tasks.model import build_model
-from rltrain.tasks.tokenizer import build_char_tokenizer
+from rltrain.tasks.calc_tool import CalculatorEnv
 from rltrain.workers.rollout import RolloutWorker, policy_tokens
 
 RELEASE = threading.Event()  # frees the hung resets' threads once the test is done
@@ -58,36 +57,10 @@ class CountingPool(LocalToolPool):
 def agent():
     """A tiny model briefly supervised to call the calculator on 2-term sums, its tokenizer
     and task."""
-    torch.set_num_threads(1)
-    spec = CalcToolSpec(num_train=40, num_eval=6, num_terms=2, digits=1, sft_steps=60)
-    train, evals = sums(spec)
-    tok = build_char_tokenizer(ALPHABET)
-    model = build_model(ModelConfig(vocab_chars=ALPHABET, hidden_size=32, intermediate_size=64))
-    supervise(model, tok, train, spec)
-    task = SimpleNamespace(
-        train=[Example(r["prompt"], r["answer"]) for r in train],
-        eval=[Example(r["prompt"], r["answer"]) for r in evals],
-    )
-    return model, tok, task
+    return supervised_agent(num_train=40, num_eval=6)
 
 
-def _run(env: str = "rltrain.tasks.calc_tool:CalculatorEnv", **over: object) -> RunConfig:
-    run = RunConfig()
-    run.task.env = env
-    run.rollout.max_turns = 3
-    run.rollout.max_new_tokens = 16
-    run.rollout.n_samples_per_prompt = 4
-    for key, value in over.items():
-        section, name = key.split("__")
-        setattr(getattr(run, section), name, value)
-    return run
-
-
-def _episodes(agent, run: RunConfig, pool=None, model=None) -> ToolEpisodes:
-    m, tok, task = agent
-    m = m if model is None else model
-    eos = [tok.eos_token_id]
-    return ToolEpisodes(run, lambda: m, tok, torch.device("cpu"), eos, task, pool)
+_run, _episodes = env_run, episodes
 
 
 def test_a_prompt_names_one_row_or_the_task_is_refused():

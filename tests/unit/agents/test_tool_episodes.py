@@ -8,20 +8,17 @@ import random
 import threading
 import time
 from concurrent.futures import Future
-from types import SimpleNamespace
 
 import pytest
 import torch
+from calc_agents import env_run, episodes, supervised_agent
 
 from rltrain.agents.interaction import LocalToolPool, ToolEpisodes, run_step
 from rltrain.algorithms.update import UpdateSettings, add_advantages, ppo_update
-from rltrain.config.schema import ModelConfig, RunConfig
+from rltrain.config.schema import RunConfig
 from rltrain.errors import ConfigError, WorkerError
-from rltrain.tasks.base import Example
-from rltrain.tasks.calc_tool import ALPHABET, CalcToolSpec, CalculatorEnv, sums, supervise
-from rltrain.tasks.model import build_model
+from rltrain.tasks.calc_tool import CalculatorEnv
 from rltrain.tasks.text_env import env_problems, load_env_class, tools_of
-from rltrain.tasks.tokenizer import build_char_tokenizer
 from rltrain.tasks.tool_format import parse_call
 
 RELEASE = threading.Event()  # frees the stuck tool's thread once the test is done
@@ -40,34 +37,10 @@ class StuckEnv(CalculatorEnv):
 def agent():
     """A tiny model briefly supervised on 2-term, 1-digit tool-call demonstrations (it calls
     the tool, so episodes take several turns), its tokenizer and task."""
-    torch.set_num_threads(1)
-    spec = CalcToolSpec(num_train=60, num_eval=8, num_terms=2, digits=1, sft_steps=60)
-    train, evals = sums(spec)
-    tok = build_char_tokenizer(ALPHABET)
-    model = build_model(ModelConfig(vocab_chars=ALPHABET, hidden_size=32, intermediate_size=64))
-    supervise(model, tok, train, spec)
-    task = SimpleNamespace(
-        train=[Example(r["prompt"], r["answer"]) for r in train],
-        eval=[Example(r["prompt"], r["answer"]) for r in evals],
-    )
-    return model, tok, task
+    return supervised_agent(num_train=60, num_eval=8)
 
 
-def _run(env: str = "rltrain.tasks.calc_tool:CalculatorEnv", **over: object) -> RunConfig:
-    run = RunConfig()
-    run.task.env = env
-    run.rollout.max_turns = 3
-    run.rollout.max_new_tokens = 16
-    run.rollout.n_samples_per_prompt = 4
-    for key, value in over.items():
-        section, name = key.split("__")
-        setattr(getattr(run, section), name, value)
-    return run
-
-
-def _episodes(agent, run: RunConfig) -> ToolEpisodes:
-    model, tok, task = agent
-    return ToolEpisodes(run, lambda: model, tok, torch.device("cpu"), [tok.eos_token_id], task)
+_run, _episodes = env_run, episodes
 
 
 def test_a_multi_turn_batch_is_token_exact_and_masks_the_tool_results(agent):
