@@ -187,7 +187,9 @@ def _attempts(
         began = time.monotonic()
         loop.LAST_FIT.clear()  # a failure before the first step leaves it empty
         if attempts and termination_requested():
-            # SIGTERM while the failed attempt was torn down: the restart never starts
+            # SIGTERM while the failed attempt was torn down: the restart never starts, so it
+            # is not one the run spent
+            restarts.pop()
             attempts.append(_attempt(len(attempts) + 1, began, "stopped"))
             stop = SystemExit(signal.SIGTERM)
             return _stopped_before_steps(run_cfg, out_dir, stop, attempts, restarts)

@@ -6,6 +6,8 @@ can correct the run without reading code.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class RltrainError(Exception):
     """Base class of every error rltrain raises on purpose."""
@@ -57,3 +59,24 @@ def worker_cause(exc: WorkerError) -> BaseException | None:
         process died (or what it raised is unknown).
     """
     return getattr(exc.cause, "cause", None) or exc.cause
+
+
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and every exception it was raised from or while handling (``__cause__``,
+    ``__context__``), each once.
+
+    Args:
+        exc: where to start (None: nothing).
+
+    Returns:
+        An iterator over the exceptions, ``exc`` first.
+    """
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack += [e.__cause__, e.__context__]

@@ -141,14 +141,24 @@ class CheckpointManager:
         """
         if not self.fs.exists(self.root):
             return []
-        stale = [
+        temporary = [
             p
             for p in self.fs.ls(self.root, detail=False)
             if posixpath.basename(p).startswith((".tmp-step-", f".{LATEST}-"))
-            and (own or _writer_gone(posixpath.basename(p)))
         ]
+        stale = [p for p in temporary if own or _writer_gone(posixpath.basename(p))]
         for path in stale:
             self.fs.rm(path, recursive=True)
+        kept = [posixpath.basename(p) for p in temporary if p not in stale]
+        if kept:
+            log.warning(
+                "kept %d temporary checkpoint write(s) in %s whose writer may still be running "
+                "(another run, host or container): %s; remove them by hand once no run writes "
+                "there",
+                len(kept),
+                self.root,
+                ", ".join(kept),
+            )
         return stale
 
     def latest(self, experiment: dict[str, Any] | None = None) -> str | None:
@@ -185,8 +195,10 @@ class CheckpointManager:
             if experiment is None:
                 return newest_first
             # in a directory shared by experiments another's checkpoint may be the newest;
-            # with none of this experiment, the newest is returned for the caller to refuse
-            mine = [p for p in newest_first if self._experiment(p) == _normal(experiment)]
+            # with none of this experiment, the newest is returned for the caller to refuse.
+            # One whose state cannot be read stays: verifying it names the bad file
+            norm = _normal(experiment)
+            mine = [p for p in newest_first if self._experiment(p) in (None, norm)]
             return mine or newest_first
         pointed = posixpath.join(self.root, name)
         lineage = _normal(experiment) if experiment is not None else self._experiment(pointed)
@@ -441,7 +453,8 @@ def _writer_gone(name: str) -> bool:
     host's, another PID namespace's (a container sharing the host's name), or an old name
     without its namespace whose pid is this process's but whose start time differs. A pid alive
     again for another process (reuse) is told apart by its start time where the system reports
-    it; where it does not, a live pid counts as the writer (kept).
+    it; where it does not, a live pid counts as the writer (kept). An old name without its
+    namespace is read as this namespace's.
     """
     found = _WRITER.search(name)
     if found is None or found["host"] != _host_hash():

@@ -37,6 +37,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
+from rltrain.errors import exception_chain
+
 #: The exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
 EXIT_INTERRUPTED = 130
 
@@ -195,20 +197,7 @@ def interrupted(exc: BaseException | None) -> bool:
     Args:
         exc: the exception to examine (None: False).
     """
-    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
-
-
-def _chain(exc: BaseException | None) -> Iterator[BaseException]:
-    """``exc`` and every exception it was raised from or while handling, each once."""
-    seen: set[int] = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        stack += [e.__cause__, e.__context__]
+    return any(isinstance(e, KeyboardInterrupt) for e in exception_chain(exc))
 
 
 def on_terminate(signum: int, frame: Any) -> None:
@@ -237,8 +226,10 @@ def termination_requested() -> bool:
 @contextlib.contextmanager
 def termination_requests() -> Iterator[None]:
     """Record SIGTERM instead of dying of it while the block (a run) runs; the handler found
-    is restored after it. The outermost block forgets a request an earlier run in this process
-    left; a nested one (the training loop's, inside the run's) keeps the run's.
+    is restored after it. The outermost block forgets the request when it ends, and one an
+    earlier run in this process left when it starts (a later job of the same process, a
+    benchmark starting workers, must not stop for it); a nested one (the training loop's,
+    inside the run's) keeps the run's.
     """
     global _DEPTH
     if _DEPTH == 0:
@@ -252,6 +243,8 @@ def termination_requests() -> Iterator[None]:
         _DEPTH -= 1
         if installed:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        if _DEPTH == 0:
+            _TERMINATE.clear()
 
 
 def terminated(exc: BaseException | None) -> bool:
@@ -262,7 +255,7 @@ def terminated(exc: BaseException | None) -> bool:
     Args:
         exc: the exception to examine (None: False).
     """
-    if any(isinstance(e, SystemExit) and e.code == signal.SIGTERM for e in _chain(exc)):
+    if any(isinstance(e, SystemExit) and e.code == signal.SIGTERM for e in exception_chain(exc)):
         _TERMINATE.set()
         return True
     return False

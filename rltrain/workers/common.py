@@ -18,7 +18,7 @@ import torch
 
 from rltrain.backends.host_allreduce import HostAllReduce
 from rltrain.backends.offload import StateMover
-from rltrain.errors import ResourceError, WorkerError
+from rltrain.errors import ResourceError, WorkerError, exception_chain
 from rltrain.scheduler import Worker
 from rltrain.telemetry import trace
 
@@ -409,20 +409,13 @@ def out_of_space(exc: BaseException, directory: str) -> int | None:
     """
     free = _free_bytes(directory)
     torch_write_failed = False
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in exception_chain(exc):
         if isinstance(e, OSError) and e.errno in _NO_ROOM_ERRNOS:
             return free or 0
         text = str(e)
         if "No space left on device" in text:
             return free or 0
         torch_write_failed |= any(mark in text for mark in _TORCH_WRITE_FAILED)
-        stack += [e.__cause__, e.__context__]
     if torch_write_failed and free is not None and free < NO_ROOM_BYTES:
         return free
     return None

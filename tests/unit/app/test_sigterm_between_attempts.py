@@ -29,3 +29,5 @@ def test_a_sigterm_while_a_restart_is_prepared_starts_no_further_attempt(monkeyp
     assert [a["status"] for a in summary["attempts"]] == ["failed", "stopped"]
     assert summary["attempts"][1]["done_steps"] is None  # the restart trained nothing
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "stopped"
+    # the restart it prepared never started: none was spent
+    assert "restarts" not in summary

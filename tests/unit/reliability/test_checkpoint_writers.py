@@ -117,6 +117,20 @@ def test_its_own_checkpoints_all_damaged_without_a_pointer_are_named_not_another
     assert "None" not in text and "step-000004" not in text
 
 
+def test_without_a_pointer_its_checkpoint_whose_state_is_unreadable_is_named_not_skipped(
+    tmp_path,
+):
+    # its only checkpoint lost trainer_state.json (the experiment is unreadable): verifying it
+    # names the missing file; another experiment's intact checkpoint is not offered instead
+    root = str(tmp_path / "shared")
+    run = with_checkpoint_dir(auto_run(), root)
+    mgr = CheckpointManager(root, keep=0)
+    os.remove(os.path.join(publish(mgr, 2, run), "trainer_state.json"))
+    publish(mgr, 3, other_experiment())
+    os.remove(os.path.join(root, "latest"))
+    assert mgr.candidates(ck.experiment_identity(run))[0].endswith("step-000002")
+
+
 # ------------------------------------------------------------------------ temporary writes
 def test_a_temporary_write_names_this_host_and_process(tmp_path):
     mgr = CheckpointManager(str(tmp_path))

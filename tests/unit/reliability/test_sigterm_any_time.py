@@ -57,3 +57,11 @@ def test_train_leaves_the_sigterm_handler_it_found():
     with interrupts.termination_requests():
         assert signal.getsignal(signal.SIGTERM) is interrupts.on_terminate
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_request_is_forgotten_when_the_run_ends():
+    # a later job of the same process (a benchmark starting workers) must not stop for it
+    with interrupts.termination_requests():
+        signal.raise_signal(signal.SIGTERM)
+        assert interrupts.termination_requested()
+    assert not interrupts.termination_requested()
