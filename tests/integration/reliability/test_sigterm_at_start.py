@@ -44,10 +44,16 @@ def test_sigterm_while_the_workers_start_stops_the_run_cleanly(tmp_path):
     log = run_dir / "rltrain.log"
     deadline = time.monotonic() + 300
     try:
-        # the run's own Ray has started: the workers start next, then the first step
+        # the run's own Ray has started and its first worker process has taken its class's
+        # name: ray.init has returned (a SIGTERM inside it can meet Ray's own C++ handler,
+        # docs/reliability.md) and the workers are starting; the first step comes next
         while not (log.is_file() and "Started a local Ray instance" in log.read_text()):
             assert proc.poll() is None, "the run ended before Ray started"
             assert time.monotonic() < deadline, "Ray did not start within the deadline"
+            time.sleep(0.05)
+        while not _a_worker_started(proc.pid):
+            assert proc.poll() is None, "the run ended before its workers started"
+            assert time.monotonic() < deadline, "no worker started within the deadline"
             time.sleep(0.05)
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         os.kill(proc.pid, signal.SIGTERM)
@@ -64,3 +70,15 @@ def test_sigterm_while_the_workers_start_stops_the_run_cleanly(tmp_path):
         assert not [n for n in os.listdir(checkpoints) if n.startswith((".tmp-", ".latest-"))]
     _, alive = psutil.wait_procs(family, timeout=60)
     assert not alive, [p.pid for p in alive]
+
+
+def _a_worker_started(pid: int) -> bool:
+    """Whether a process under the run is one of its workers (Ray names it ``ray::<Class>``)."""
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            name = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if name.startswith("ray::") and "Worker" in name.split()[0]:
+            return True
+    return False
