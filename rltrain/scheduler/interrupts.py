@@ -250,12 +250,15 @@ def termination_requests() -> Iterator[None]:
 def terminated(exc: BaseException | None) -> bool:
     """Whether ``exc`` is SIGTERM as another handler raised it: ``SystemExit(15)``, Ray's
     driver handler while ``ray.init`` runs (or an exception raised while handling one).
-    Seeing one records the request (:func:`termination_requested`).
+    Seeing one inside :func:`termination_requests` records the request for that run
+    (:func:`termination_requested`); outside one nothing is recorded, since no run would forget
+    it and a later job of the same process would stop for it at its start.
 
     Args:
         exc: the exception to examine (None: False).
     """
     if any(isinstance(e, SystemExit) and e.code == signal.SIGTERM for e in exception_chain(exc)):
-        _TERMINATE.set()
+        if _DEPTH > 0:
+            _TERMINATE.set()
         return True
     return False

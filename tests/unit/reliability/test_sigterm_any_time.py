@@ -65,3 +65,14 @@ def test_a_request_is_forgotten_when_the_run_ends():
         signal.raise_signal(signal.SIGTERM)
         assert interrupts.termination_requested()
     assert not interrupts.termination_requested()
+
+
+def test_examining_an_exit_outside_a_run_records_no_request():
+    # a caller outside any run (a test, a benchmark) asking about an exit must not leave a
+    # request that stops the next job of this process as it starts
+    assert interrupts.terminated(SystemExit(signal.SIGTERM))
+    assert not interrupts.termination_requested()
+    with interrupts.termination_requests():
+        assert interrupts.terminated(SystemExit(signal.SIGTERM))
+        assert interrupts.termination_requested()
+    assert not interrupts.termination_requested()
