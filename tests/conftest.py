@@ -75,6 +75,11 @@ def _sigint_state_per_test():
     interrupts._RECEIVED.clear()
     if before is not None:
         signal.signal(signal.SIGINT, before)
+    # a SIGTERM request left outside any run stops the next job of this worker at its start:
+    # the test that leaves one fails here, not the unrelated test after it
+    leaked = interrupts.termination_requested() and interrupts._DEPTH == 0
+    interrupts._TERMINATE.clear()
+    assert not leaked, "the test left a SIGTERM request recorded outside any run"
 
 
 @pytest.fixture(autouse=True)
