@@ -4,8 +4,9 @@ A *measure* is a function registered with :func:`measure`; given ``quick`` it re
 :class:`Suite`: named cases (each a zero-argument callable to time), one of which is the
 same-run *baseline*. The runner times every case after warm-up calls, several times, and reports
 the median, the spread (min, max, interquartile range) and the ratio of each case's median to the
-baseline's. Cases may carry a ``size`` (nodes, tokens, ...): then the report adds the fitted
-scaling exponent (1.0 is linear) and each case's cost per unit of size relative to the baseline.
+baseline's (a case of another workload size names its own baseline, a case of its size). Cases
+may carry a ``size`` (nodes, tokens, ...): then the report adds the fitted scaling exponent (1.0
+is linear) and each case's cost per unit of size relative to the baseline.
 
 Measures live as modules under :mod:`rltrain.bench.measures`; :func:`discover` imports every
 module there, so adding a file is enough to register a measure. Keep imports of heavy libraries
@@ -64,6 +65,8 @@ class Case:
         work_unit: what ``work`` counts (``"tokens"``).
         warmup: untimed calls before timing (None: the suite's).
         repeats: timed calls (None: the suite's); a long end-to-end case may ask for fewer.
+        baseline: the case its ratios are against (None: the suite's); a suite of several
+            workload sizes names the case of the same size, so a ratio compares like with like.
     """
 
     name: str
@@ -73,6 +76,7 @@ class Case:
     work_unit: str = ""
     warmup: int | None = None
     repeats: int | None = None
+    baseline: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,8 @@ class Measure:
 
 @dataclass(frozen=True)
 class CaseResult:
-    """Timings of one case (seconds)."""
+    """Timings of one case (seconds); ``baseline``: the case its ratios are against when that
+    is not the measure's baseline (None: the measure's)."""
 
     name: str
     samples: tuple[float, ...]
@@ -123,6 +128,7 @@ class CaseResult:
     throughput: float | None = None
     work_unit: str = ""
     warmup: int = 0
+    baseline: str | None = None
 
 
 @dataclass(frozen=True)
@@ -287,15 +293,17 @@ def run_measure(m: Measure, quick: bool = False, clock: Clock = time.perf_counte
         The results.
 
     Raises:
-        ConfigError: when the suite's baseline names no case.
+        ConfigError: when the suite's baseline, or a case's, names no case.
     """
     suite = m.build(quick)
     names = [c.name for c in suite.cases]
-    if suite.baseline not in names:
+    wanted = [suite.baseline, *(c.baseline for c in suite.cases if c.baseline is not None)]
+    missing = [b for b in wanted if b not in names]
+    if missing:
         if suite.teardown is not None:
             suite.teardown()
         raise ConfigError(
-            f"bench measure {m.name!r}: baseline {suite.baseline!r} is not a case of {names}"
+            f"bench measure {m.name!r}: baseline {missing[0]!r} is not a case of {names}"
         )
     plan = {c.name: counts(c, suite, quick) for c in suite.cases}
     try:
@@ -304,9 +312,12 @@ def run_measure(m: Measure, quick: bool = False, clock: Clock = time.perf_counte
     finally:
         if suite.teardown is not None:
             suite.teardown()
-    base_case = next(c for c in suite.cases if c.name == suite.baseline)
-    base = statistics.median(raw[suite.baseline])
-    results = [_case_result(c, raw[c.name], plan[c.name][0], base, base_case) for c in suite.cases]
+    by_name = {c.name: c for c in suite.cases}
+    results = []
+    for c in suite.cases:
+        base_case = by_name[c.baseline or suite.baseline]
+        base = statistics.median(raw[base_case.name])
+        results.append(_case_result(c, raw[c.name], plan[c.name][0], base, base_case))
     sized = [(c.size, r.median) for c, r in zip(suite.cases, results, strict=True) if c.size]
     return MeasureResult(
         name=m.name,
@@ -339,6 +350,7 @@ def _case_result(c: Case, xs: list[float], warmup: int, base: float, base_case: 
         throughput=c.work / med if c.work and med > 0 else None,
         work_unit=c.work_unit,
         warmup=warmup,
+        baseline=c.baseline,
     )
 
 
@@ -348,11 +360,35 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+#: The columns of a result table :func:`markdown` writes.
+COLUMNS = (
+    "case",
+    "samples",
+    "median s",
+    "min s",
+    "max s",
+    "IQR s",
+    "ratio vs baseline",
+    "per-size ratio",
+    "throughput",
+)
+#: A result table written before the ``samples`` column (its header line). docs/benchmarks.md
+#: keeps a few such tables it cannot re-run; each is marked with :data:`EARLIER_FORMAT`.
+EARLIER_HEADER = "| " + " | ".join(c for c in COLUMNS if c != "samples") + " |"
+#: The line that marks a result table of :data:`EARLIER_HEADER`'s format in its block or section.
+EARLIER_FORMAT = "<!-- earlier table format: before the samples column -->"
+
+
+def table_header() -> str:
+    """The header line of the result table :func:`markdown` writes (``| case | samples | ...``)."""
+    return "| " + " | ".join(COLUMNS) + " |"
+
+
 def markdown(results: list[MeasureResult]) -> str:
     """Results as Markdown: one table per measure, with its baseline and scaling fit.
 
     ``samples`` is the number of timed calls the median and spread come from, ``+N`` the untimed
-    warm-up calls before them.
+    warm-up calls before them. Every case some ratio is against is marked ``(baseline)``.
     """
     out = []
     for r in results:
@@ -360,13 +396,11 @@ def markdown(results: list[MeasureResult]) -> str:
         out.append(f"### `{r.name}` ({r.date}{where}{', quick' if r.quick else ''})\n")
         if r.description:
             out.append(f"{r.description}\n")
-        out.append(
-            "| case | samples | median s | min s | max s | IQR s | ratio vs baseline "
-            "| per-size ratio | throughput |\n|---|---|---|---|---|---|---|---|---|"
-        )
+        out.append(table_header() + "\n|" + "---|" * len(COLUMNS))
+        bases = {r.baseline, *(c.baseline for c in r.cases if c.baseline)}
         for c in r.cases:
             tp = f"{_fmt(c.throughput)} {c.work_unit}/s" if c.throughput else "-"
-            mark = " (baseline)" if c.name == r.baseline else ""
+            mark = " (baseline)" if c.name in bases else ""
             n = f"{len(c.samples)}" + (f" +{c.warmup}" if c.warmup else "")
             out.append(
                 f"| {c.name}{mark} | {n} | {_fmt(c.median)} | {_fmt(c.min)} | {_fmt(c.max)} | "
@@ -552,20 +586,51 @@ def doc_blocks(text: str) -> dict[str, str]:
 
 def is_generated(name: str, block: str) -> bool:
     """Whether ``block`` has the shape :func:`markdown` renders for measure ``name``: its
-    heading, an optional one-line description, the case table, then at most three one-line
-    paragraphs (scaling fit, extras, note). Hand-written text (wrapped lines, a second table,
-    more paragraphs) does not, and :func:`update_doc` would delete it."""
-    paras = [p for p in re.split(r"\n\s*\n", block.strip()) if p]
+    heading, an optional one-line description, the case table under today's header
+    (:func:`table_header`), then at most three one-line paragraphs (scaling fit, extras, note).
+    Hand-written text (wrapped lines, a second table, more paragraphs) does not, and
+    :func:`update_doc` would delete it; nor does a table under another header, unless the block
+    holds the :data:`EARLIER_FORMAT` line and its table has :data:`EARLIER_HEADER`."""
+    lines = block.strip().split("\n")
+    earlier = EARLIER_FORMAT in lines
+    text = "\n".join(line for line in lines if line != EARLIER_FORMAT)
+    paras = [p for p in re.split(r"\n\s*\n", text.strip()) if p]
     if not paras:
-        return True  # an empty block: where the next run's table goes
+        return not earlier  # an empty block: where the next run's table goes
     heading = re.fullmatch(rf"### `{re.escape(name)}` \([^\n]+\)", paras.pop(0))
     if paras and not paras[0].startswith("|") and "\n" not in paras[0]:
         paras.pop(0)  # the description
-    if not heading or not paras or not paras[0].startswith("| case |"):
+    if not heading or not paras:
         return False
     table = paras.pop(0).split("\n")
+    header = EARLIER_HEADER if earlier else table_header()
+    columns = header.count("|") - 1
+    if len(table) < 2 or table[0] != header or table[1] != "|" + "---|" * columns:
+        return False
     rest_ok = len(paras) <= 3 and all("\n" not in p and p[0] not in "|#" for p in paras)
     return all(line.startswith("|") for line in table) and rest_ok
+
+
+def unmarked_earlier_tables(text: str) -> list[str]:
+    """The sections of a Markdown text holding a result table of the earlier format
+    (:data:`EARLIER_HEADER`, before the ``samples`` column) without the :data:`EARLIER_FORMAT`
+    line between their heading and that table.
+
+    Args:
+        text: the Markdown text (``docs/benchmarks.md``).
+
+    Returns:
+        Each such section's heading line (the text's first line where the table has none).
+    """
+    found, heading, marked = [], "", False
+    for line in text.split("\n"):
+        if line.startswith("#"):
+            heading, marked = line, False
+        elif line == EARLIER_FORMAT:
+            marked = True
+        elif line == EARLIER_HEADER and not marked:
+            found.append(heading or text.split("\n", 1)[0])
+    return found
 
 
 def check_doc_blocks(path: str, names: Sequence[str]) -> None:
@@ -585,5 +650,6 @@ def check_doc_blocks(path: str, names: Sequence[str]) -> None:
         raise ConfigError(
             f"--update-docs {path}: the block of {', '.join(foreign)} holds text the bench "
             f"does not write (hand-written figures or analysis), which the update would delete. "
-            f"Move that text below {first} (outside the markers), then run again"
+            f"Move that text below {first} (outside the markers), then run again (a table under "
+            f"the earlier header {EARLIER_HEADER!r} needs the line {EARLIER_FORMAT} above it)"
         )

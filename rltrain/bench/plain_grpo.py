@@ -213,7 +213,9 @@ def main(argv: list[str] | None = None) -> dict:
         batch = batch_at(data, step - 1, d["train_batch_size"], d["task_seed"])
         mean_reward = grpo_step(model, opt, batch, gen)
         if step % args.eval_every == 0 or step == args.steps:
-            curve.append([step, round(time.perf_counter() - start, 2), accuracy(model, data)])
+            acc = accuracy(model, data)
+            # read after the evaluation: the span ends where rltrain's does, with that evaluation
+            curve.append([step, round(time.perf_counter() - start, 2), acc])
             target = args.target_accuracy
             if target is not None and curve[-1][2] >= target:
                 reached_at = curve[-1]

@@ -186,7 +186,9 @@ def agent_rollout(quick: bool) -> Suite:
             source.generate(prompts, 0, True, None)
             timings.setdefault(name, []).append(time.perf_counter() - start)
 
-        return Case(name, call, work=n, work_unit="episodes")
+        # a chain's cases against that chain's naive loop: the same episodes
+        naive_of_chain = f"{name.split(':', 1)[0]}: naive"
+        return Case(name, call, work=n, work_unit="episodes", baseline=naive_of_chain)
 
     was_training = model.training
     model.eval()
@@ -265,9 +267,10 @@ def agent_rollout(quick: bool) -> Suite:
         cases=tuple(cases),
         baseline=f"{chains[0]} calls: naive",
         warmup=warmup,
-        repeats=1 if quick else 3,
+        repeats=3,
         extras=extras,
-        note=f"speed-up = 1/ratio; compare cases of the same chain length. {n} episodes, tool "
+        note=f"speed-up = 1/ratio; ratio: against the naive loop of the same chain length. "
+        f"{n} episodes, tool "
         f"latency per call = one turn's generation time for the batch (see the extras), every "
         f"call of the batch at once, 1 torch thread, one process. The bound: the largest of the "
         f"generation alone, the longest episode's own chain (its tokens x the cheapest forward "

@@ -159,7 +159,7 @@ def dynamic_batching(quick: bool) -> Suite:
         cases=tuple(cases),
         baseline=variants[0][0],
         warmup=0 if quick else 1,  # --quick: each case already ran once above (its gradient)
-        repeats=2 if quick else 3,
+        repeats=3,
         note=f"Qwen2 h{shape['hidden']} x{LAYERS} layers, vocab {VOCAB}, random weights, "
         f"float32; {shape['rows']} rows: prompts {shape['prompt'] // 2}-{shape['prompt']} "
         f"tokens, {shape['rows'] - shape['long']} responses of 4-32 tokens and {shape['long']} "

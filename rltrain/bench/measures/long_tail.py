@@ -138,7 +138,7 @@ def long_tail(quick: bool) -> Suite:
         ),
         baseline=cases[0].name,
         warmup=1,
-        repeats=1 if quick else 3,
+        repeats=3,
         note=f"speed-up = 1/ratio. {TOKEN_MS * scale:g} ms per modelled decoding step, modelled "
         f"lengths log-normal (median {MEDIAN:g} tokens, sigma 1, cap {16 * MEDIAN:g}), "
         f"{actor_ms * scale:g} ms per update; simulated devices, one job for every schedule; "

@@ -73,7 +73,7 @@ def partial_rollout(quick: bool) -> Suite:
         cases=cases,
         baseline=cases[0].name,
         warmup=0 if quick else 1,  # --quick checks the path: the timed call is the first
-        repeats=2 if quick else 3,
+        repeats=3,
         note=f"speed-up = 1/ratio. {shape}; simulated devices, one job for every "
         f"schedule, {threads} torch thread(s) per process.",
         teardown=stack.close,

@@ -142,7 +142,7 @@ def runtime_call(quick: bool) -> Suite:
             Case("group.call(NoopWorker.noop).wait()", typed_calls, work=calls, work_unit="calls"),
         ),
         baseline="raw ray actor call",
-        repeats=3 if quick else 7,
+        repeats=7,
         note=f"{calls} sequential calls per sample",
     )
 
@@ -218,17 +218,25 @@ def _channel_suite(nbytes: int, count: int, label: str) -> Suite:
     )
 
 
-@measure("channel_1mb", "1 MiB items: channel put+get vs raw ray.put+ray.get (goal >= 0.9x)")
+@measure(
+    "channel_1mb", "1 MiB items: channel put+get vs raw ray.put+ray.get (goal: time ratio <= 1.11x)"
+)
 def channel_1mb(quick: bool) -> Suite:
     return _channel_suite(2**20, 16 if quick else 64, "1mb")
 
 
-@measure("channel_16mb", "16 MiB items: channel put+get vs raw ray.put+ray.get (goal >= 0.9x)")
+@measure(
+    "channel_16mb",
+    "16 MiB items: channel put+get vs raw ray.put+ray.get (goal: time ratio <= 1.11x)",
+)
 def channel_16mb(quick: bool) -> Suite:
     return _channel_suite(16 * 2**20, 4 if quick else 16, "16mb")
 
 
-@measure("channel_64mb", "64 MiB items: channel put+get vs raw ray.put+ray.get (goal >= 0.9x)")
+@measure(
+    "channel_64mb",
+    "64 MiB items: channel put+get vs raw ray.put+ray.get (goal: time ratio <= 1.11x)",
+)
 def channel_64mb(quick: bool) -> Suite:
     return _channel_suite(64 * 2**20, 2 if quick else 8, "64mb")
 
@@ -300,6 +308,6 @@ def runtime_startup(quick: bool) -> Suite:
         ),
         baseline=f"{n} bare Ray actors",
         warmup=0 if quick else 1,  # --quick checks the path: the timed call is the first
-        repeats=2 if quick else 3,
+        repeats=3,
         note="each sample starts and stops the processes; start-up is serialised on 2 cores",
     )

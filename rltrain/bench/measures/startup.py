@@ -375,11 +375,10 @@ def startup_measure(quick: bool) -> Suite:
 
         shutil.rmtree(tmp, ignore_errors=True)
 
-    repeats = 1 if quick else 5
     return Suite(
         cases=(
-            Case("raw Ray: init, one task, shutdown", raw_ray, warmup=0, repeats=repeats),
-            Case("python -m rltrain trainer.total_steps=1", command, warmup=0, repeats=repeats),
+            Case("raw Ray: init, one task, shutdown", raw_ray, warmup=0, repeats=5),
+            Case("python -m rltrain trainer.total_steps=1", command, warmup=0, repeats=5),
         ),
         baseline="raw Ray: init, one task, shutdown",
         note="Wall seconds of whole commands, each a fresh process; the phase breakdown "

@@ -439,7 +439,7 @@ def framework_share(quick: bool) -> Suite:
         ),
         baseline=base,
         warmup=0 if quick else 1,  # --quick checks the path: the timed call is the first
-        repeats=2 if quick else 5,
+        repeats=5,
         note="framework share = 1 - 1/ratio; goal < 2 % (ratio < 1.02). Actor, rollout and "
         "reward fused in one process on one simulated device; generation and update each sleep "
         f"{LATENCY_MS:g} ms on top of their real compute, in both cases. "
@@ -500,7 +500,7 @@ def framework_share_turns(quick: bool) -> Suite:
         ),
         baseline=base,
         warmup=0 if quick else 1,  # --quick checks the path: the timed call is the first
-        repeats=2 if quick else 5,
+        repeats=5,
         note="framework share = 1 - 1/ratio; goal < 2 % (ratio < 1.02). One actor and one "
         "rollout process collocated on one simulated device, reward on the node; each stage "
         f"sleeps {LATENCY_MS:g} ms on top of its real compute, in both cases.",

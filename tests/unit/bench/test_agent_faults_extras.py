@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from rltrain.bench.measures.agent_faults import _figures
@@ -26,11 +24,10 @@ def test_areas_and_share_lost_by_hand():
     assert out["infra_failed_share_0.1"] == pytest.approx(4 / 40)
 
 
-def test_quick_modes_failing_runs_alone_give_figures_and_no_share_lost():
-    # --quick runs the 10 % rate only: the clean rate's areas are 0 and nothing is compared
+def test_quick_modes_failing_runs_alone_give_their_figures_and_no_share_lost():
+    # --quick runs the 10 % rate only: no clean areas to compare with, so no share lost nor goal
     seen = {0.1: [([0.5, 0.25], [0.5], 1, 2)], ("episodes", 0.1): [16]}
     out = _figures(seen)
-    assert out["reward_area_0.1"] == pytest.approx(0.375) and out["eval_area_0.1"] == 0.5
-    assert out["infra_failed_share_0.1"] == pytest.approx(1 / 16)
-    assert out["reward_area_0.0"] == 0 and out["infra_failed_share_0.0"] == 0
-    assert math.isnan(out["reward_area_lost"]) and out["reward_goal_met"] == 0.0
+    assert out == pytest.approx(
+        {"reward_area_0.1": 0.375, "eval_area_0.1": 0.5, "infra_failed_share_0.1": 1 / 16}
+    )

@@ -48,3 +48,10 @@ def test_whatif_published_figures_are_what_the_simulator_gives():
         assert rows[f.name][3].strip("*") == f"{error:+.1f} %", f.name
     within = sum(abs(got[f"paper/{f.name}/error_pct"]) <= 20 for f in FIGURES)
     assert f"{within} of {len(FIGURES)} (below)" in DOC.read_text()
+
+
+def test_every_result_table_has_todays_header_or_is_marked_as_the_earlier_format():
+    """A table of the earlier format (before ``samples``) is kept only where marked as such."""
+    from rltrain.bench.harness import unmarked_earlier_tables
+
+    assert unmarked_earlier_tables(DOC.read_text()) == []
