@@ -47,8 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rltrain.config.offload import OffloadPolicy, resolve_offload
-from rltrain.config.seeds import engine_seed
+from rltrain.config.seeds import engine_seed, prompt_seed
 from rltrain.errors import ConfigError, ResourceError
+from rltrain.kinds.vllm import engine_max_model_len, length_problems, vllm_context
 
 #: Qualified name vLLM imports inside each of its workers to add our weight-loading methods.
 WORKER_EXTENSION = "rltrain.backends.vllm_rollout.WeightSyncExtension"
@@ -191,7 +192,7 @@ def sampling_kwargs(
         n: completions per prompt.
         temperature / top_p / max_new_tokens: the sampling settings (``temperature=0`` is
             greedy in vLLM).
-        seed: the request's seed (:func:`~rltrain.config.seeds.sampling_seed`), or None.
+        seed: the request's seed (:func:`prompt_sampling_kwargs`: one per prompt), or None.
         logprobs: also return each sampled token's log-prob (``logprobs=0``: the sampled
             token's only).
         stop_token_ids: the EOS ids; vLLM keeps the one it stopped on in ``token_ids``.
@@ -206,6 +207,29 @@ def sampling_kwargs(
         "stop_token_ids": list(stop_token_ids) or None,
         "detokenize": False,
     }
+
+
+def prompt_sampling_kwargs(count: int, *, seed: int | None, **common: Any) -> list[dict[str, Any]]:
+    """The ``vllm.SamplingParams(...)`` arguments of each of a call's ``count`` prompts.
+
+    Every prompt gets its own seed (:func:`~rltrain.config.seeds.prompt_seed` of the call's
+    ``seed`` and the prompt's index): vLLM seeds sample ``i`` of a prompt with the prompt's
+    seed ``+ i`` and draws its noise from that seed and the position only, so prompts sharing
+    one seed would share their noise, and so would the ranks of a step.
+
+    Args:
+        count: prompts in the call.
+        seed: the call's sampling seed, or None (vLLM's own randomness, the same for all).
+        common: the other arguments of :func:`sampling_kwargs` (``n`` among them).
+
+    Returns:
+        One argument dict per prompt, in the prompts' order.
+    """
+    n = int(common["n"])
+    return [
+        sampling_kwargs(seed=None if seed is None else prompt_seed(seed, i, n), **common)
+        for i in range(count)
+    ]
 
 
 def keep_engine_in_process() -> None:
@@ -269,9 +293,17 @@ class VllmRollout:
 
     # ------------------------------------------------------------------------------ sleep/wake
     def sleep(self) -> None:
-        """Free the GPU at the configured level (a no-op at level 0 or when asleep)."""
-        if self.settings.sleep_level == 0 or self.asleep:
+        """Free the GPU at the configured level (a no-op at level 0 or when all asleep).
+
+        Weights woken without the KV cache (a weight load with no generate after it: an
+        evaluation's catch-up on the ranks that do not evaluate) leave vLLM half asleep, and
+        vLLM ignores ``sleep`` while any tag still sleeps. So the KV cache is woken first (the
+        rollout's own reservation, which the memory ledger still counts while this process
+        holds its state) and the engine then sleeps whole: the weights really leave.
+        """
+        if self.settings.sleep_level == 0 or self.weights_asleep:
             return
+        self.wake_kv_cache()
         self.llm.sleep(level=self.settings.sleep_level)
         self.asleep = self.weights_asleep = True
 
@@ -359,15 +391,18 @@ class VllmRollout:
             n: completions per prompt (``rollout.n_samples_per_prompt``).
             temperature / top_p / max_new_tokens: sampling settings from ``rollout``;
                 ``temperature=0`` is greedy.
-            seed: the request's sampling seed (reproducible sampling per step and rank).
+            seed: the call's sampling seed (reproducible sampling per step and rank); each
+                prompt gets its own (:func:`prompt_sampling_kwargs`). None: vLLM's own.
             logprobs: also return each sampled token's log-prob.
 
         Returns:
             For each prompt, ``n`` completions.
         """
         self.wake_kv_cache()
-        params = self._vllm.SamplingParams(
-            **sampling_kwargs(
+        params = [
+            self._vllm.SamplingParams(**kwargs)
+            for kwargs in prompt_sampling_kwargs(
+                len(prompt_token_ids),
                 n=n,
                 temperature=temperature,
                 top_p=top_p,
@@ -376,7 +411,8 @@ class VllmRollout:
                 logprobs=logprobs,
                 stop_token_ids=self.settings.stop_token_ids,
             )
-        )
+        ]
+        # vLLM pairs a list of parameters with the prompts one by one
         outputs = self.llm.generate(token_prompts(prompt_token_ids), params, use_tqdm=False)
         return [[completion_of(c, logprobs) for c in out.outputs] for out in outputs]
 
@@ -426,8 +462,9 @@ def vllm_settings(
 ) -> VllmSettings:
     """The engine settings of one rollout process of a run.
 
-    ``rollout.max_model_len`` (null: ``task.max_prompt_length + rollout.max_new_tokens``) is
-    passed to the engine; weights are dummy (the actor's arrive by weight sync before the first
+    ``rollout.max_model_len`` (null: ``task.max_prompt_length + rollout.max_new_tokens``,
+    capped at the model's context: :func:`rltrain.kinds.vllm.engine_max_model_len`) is passed
+    to the engine; weights are dummy (the actor's arrive by weight sync before the first
     generation); the rollout's offload policy decides whether the engine sleeps (level 1:
     weights backed up in host memory, KV cache dropped; level 2 would drop the weights too, and
     an evaluation or an eviction between two weight versions would then find none).
@@ -438,8 +475,11 @@ def vllm_settings(
         stop_token_ids: the EOS ids (:func:`~rltrain.backends.generation.eos_token_ids`).
         rank: the rollout rank (seeds the engine: :func:`~rltrain.config.seeds.engine_seed`).
     """
+    from rltrain.placement.memory import model_dims
+
     r = run.rollout
     policy = resolve_offload(run.placement.offload.get("rollout"), "placement.offload.rollout")
+    context = model_dims(run.model).max_position_embeddings
     return VllmSettings(
         model_path=model_path,
         tensor_parallel_size=r.tensor_parallel_size,
@@ -447,7 +487,7 @@ def vllm_settings(
         dtype=run.model.dtype,
         seed=engine_seed(run.seed, rank),
         sleep_level=sleep_level_for(policy, weights_resynced_on_wake=False),
-        max_model_len=r.max_model_len or run.task.max_prompt_length + r.max_new_tokens,
+        max_model_len=engine_max_model_len(run, context),
         load_format="dummy",
         stop_token_ids=tuple(stop_token_ids),
     )
@@ -545,13 +585,19 @@ class WeightSyncExtension:
 
 
 def check_plan_memory(run: Any, plan: Any) -> None:
-    """:func:`check_vllm_memory` with the weights the plan's model has (the vLLM entry's
-    pre-Ray check, :mod:`rltrain.kinds.vllm`).
+    """:func:`check_vllm_memory` with the weights the plan's model has, and
+    ``rollout.max_model_len`` against the model's context (the vLLM entry's pre-Ray check,
+    :mod:`rltrain.kinds.vllm`; the config check could not read a checkpoint that
+    ``task.generate`` writes later).
 
     Raises:
-        ConfigError: as :func:`check_vllm_memory`.
+        ConfigError: as :func:`check_vllm_memory`, or an engine length vLLM would refuse
+            (:func:`rltrain.kinds.vllm.length_problems`).
     """
     from rltrain.placement import memory as mem
 
     dims = mem.model_dims(run.model)
+    problems = list(length_problems(run, vllm_context(run)))
+    if problems:
+        raise ConfigError(problems)
     check_vllm_memory(run, plan, mem.weight_bytes(mem.param_count(dims), dims.dtype))

@@ -119,6 +119,39 @@ def tool_failure_seed(seed: int, row: int, call: int) -> int:
     return _wrap(seed * 1_000_003 + row * 1_009 + call)
 
 
+#: Bits of a prompt's index in :func:`prompt_seed` (prompts per generate call and rank).
+PROMPT_BITS = 16
+
+
+def _mix(value: int, bits: int) -> int:
+    """A bijection of ``[0, 2**bits)`` that spreads neighbouring values apart (odd multipliers
+    and xor-shifts are each invertible modulo ``2**bits``)."""
+    mask = (1 << bits) - 1
+    value = (value * 0x9E3779B1) & mask
+    value ^= value >> max(1, bits // 2)
+    return (value * 0x85EBCA6B) & mask
+
+
+def prompt_seed(seed: int, prompt: int, n: int) -> int:
+    """vLLM's seed for prompt ``prompt`` (its index in the call) of a generate call whose
+    sampling seed is ``seed`` (:func:`sampling_seed`, :func:`continuation_seed`); vLLM seeds the
+    prompt's sample ``i`` with ``result + i`` (``i < n``).
+
+    vLLM's sampler draws a request's noise from its seed and position alone, so one seed for
+    every prompt of a call would give equal-length prompts the same noise, and the next rank's
+    seeds (``seed + 1``) would repeat this one's. Here the low ``b = (n - 1).bit_length()`` bits
+    hold the sample, and the bits above them a bijective mix of ``seed * 2**16 + prompt``
+    modulo ``2**(32 - b)``. So no two samples of one step share a seed as long as the prompts
+    of a call number at most ``2**16`` and the calls' seeds differ modulo ``2**(16 - b)``: the
+    ranks of a step, up to ``2**(16 - b)`` of them (their sampling seeds are consecutive, their
+    continuation seeds ``7919`` apart). The same seed, prompt and ``n`` always give the same
+    result (a resumed run, a fused rank standing in for the rank).
+    """
+    low = max(0, n - 1).bit_length()
+    high = 32 - low
+    return _mix(((seed << PROMPT_BITS) + prompt) % (1 << high), high) << low
+
+
 #: Every derivation, by name, with the room its consumer adds (the name of the argument holding
 #: it, or None): what the property test walks.
 DERIVATIONS: dict[str, tuple[Callable[..., int], str | None]] = {
@@ -137,4 +170,5 @@ DERIVATIONS: dict[str, tuple[Callable[..., int], str | None]] = {
     "eval_episode_seed": (eval_episode_seed, "episodes"),
     "episode_turn_seed": (episode_turn_seed, None),
     "tool_failure_seed": (tool_failure_seed, None),
+    "prompt_seed": (prompt_seed, "n"),
 }

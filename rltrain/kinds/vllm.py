@@ -11,6 +11,93 @@ from rltrain.kinds.records import EngineKind
 #: (``vllm.sampling_params._MAX_TEMP``; tests/vllm_contract checks the value).
 VLLM_MIN_TEMPERATURE = 0.01
 
+#: vLLM 0.26's ``SamplingParams`` raises ``ValueError`` for a temperature above 2
+#: (``_verify_args``; tests/vllm_contract checks the bound).
+VLLM_MAX_TEMPERATURE = 2.0
+
+
+def vllm_context(cfg: Any) -> tuple[int, str] | None:
+    """The model's context as vLLM reads it from the model directory rltrain gives it.
+
+    Args:
+        cfg: the run config.
+
+    Returns:
+        ``(max_position_embeddings, where)``: the ``model`` field for a built model (its
+        ``config.json`` is written from it), the checkpoint's ``config.json`` for
+        ``model.path``; None when that file cannot be read yet (the ``model.path`` checks say
+        why, or ``task.generate`` writes it later).
+    """
+    # rltrain.config imports this module through the registry: import on use
+    from rltrain.config.files import checkpoint_config
+
+    m = cfg.model
+    if m.path is None:
+        context = int(m.max_position_embeddings)
+        return context, f"model.max_position_embeddings={context}"
+    stored = (checkpoint_config(m.path) or {}).get("max_position_embeddings")
+    if not isinstance(stored, int):
+        return None
+    return stored, f"max_position_embeddings={stored} in model.path={m.path}/config.json"
+
+
+def engine_max_model_len(cfg: Any, context: int) -> int:
+    """The sequence length the vLLM engine is built with (its ``max_model_len``).
+
+    ``rollout.max_model_len`` when set; else ``task.max_prompt_length + rollout.max_new_tokens``
+    capped by the model's context, as the plan sizes the KV cache
+    (:func:`rltrain.placement.memory.vllm_max_model_len`): the task check holds the longest
+    real prompt plus the response budget within the context (:mod:`rltrain.tasks.context`).
+
+    Args:
+        cfg: the run config.
+        context: the model's ``max_position_embeddings`` (:func:`vllm_context`).
+
+    Returns:
+        The engine's ``max_model_len``.
+    """
+    r = cfg.rollout
+    if r.max_model_len is not None:
+        return int(r.max_model_len)
+    return min(cfg.task.max_prompt_length + r.max_new_tokens, context)
+
+
+def length_problems(cfg: Any, context: tuple[int, str] | None) -> Iterator[str]:
+    """``rollout.max_model_len`` outside what vLLM accepts and the run needs.
+
+    vLLM 0.26 refuses an engine longer than the model's ``max_position_embeddings`` (its
+    ``ModelConfig``, raised inside the rollout worker); shorter than ``task.max_prompt_length +
+    rollout.max_new_tokens`` (or the context, when that is shorter), a full-length row would
+    not fit.
+
+    Args:
+        cfg: the run config.
+        context: :func:`vllm_context`'s answer (None: only the lower bound is checked).
+
+    Yields:
+        At most one message, naming the key, the value, the model's context and the fix.
+    """
+    r = cfg.rollout
+    if r.max_model_len is None:
+        return
+    need = cfg.task.max_prompt_length + r.max_new_tokens
+    if context is not None and r.max_model_len > context[0]:
+        yield (
+            f"rollout.max_model_len={r.max_model_len} is longer than the model's context "
+            f"({context[1]}): vLLM refuses to build such an engine; set rollout.max_model_len "
+            f"<= {context[0]}, or leave it null (task.max_prompt_length + rollout.max_new_tokens "
+            f"= {need}, capped at the context)"
+        )
+        return
+    floor = need if context is None else min(need, context[0])
+    if r.max_model_len < floor:
+        yield (
+            f"rollout.max_model_len={r.max_model_len} is shorter than task.max_prompt_length "
+            f"+ rollout.max_new_tokens = {need}"
+            + (f" (capped at the model's context, {floor})" if floor < need else "")
+            + ": raise it, or leave it null (that length)"
+        )
+
 
 def _vllm_settings(cfg: Any) -> Iterator[str]:
     """Settings vLLM would not honour as given."""
@@ -27,13 +114,13 @@ def _vllm_settings(cfg: Any) -> Iterator[str]:
             f"{VLLM_MIN_TEMPERATURE} (it raises anything lower), so the run would not sample what "
             f"it says; use rollout.temperature >= {VLLM_MIN_TEMPERATURE}, or rollout.backend=torch"
         )
-    if r.max_model_len is not None:
-        need = cfg.task.max_prompt_length + r.max_new_tokens
-        if r.max_model_len < need:
-            yield (
-                f"rollout.max_model_len={r.max_model_len} is shorter than task.max_prompt_length "
-                f"+ rollout.max_new_tokens = {need}: raise it, or leave it null (that sum)"
-            )
+    if r.temperature > VLLM_MAX_TEMPERATURE:
+        yield (
+            f"rollout.temperature={r.temperature}: vLLM 0.26 refuses a temperature above "
+            f"{VLLM_MAX_TEMPERATURE} (at the first generate, inside the rollout worker); use "
+            f"rollout.temperature <= {VLLM_MAX_TEMPERATURE}, or rollout.backend=torch"
+        )
+    yield from length_problems(cfg, vllm_context(cfg))
 
 
 def _own_devices(cfg: Any) -> Iterator[str]:

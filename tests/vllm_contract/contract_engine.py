@@ -177,3 +177,43 @@ def test_in_multiprocess_mode_the_weight_payloads_would_not_arrive() -> None:
     # plain arguments (a sync group's address) would cross
     method, _, args, _ = _utility_call("rltrain_join_sync", "nccl", "10.0.0.1", 29500, 3, 1, 60.0)
     assert list(args) == ["nccl", "10.0.0.1", 29500, 3, 1, 60.0]
+
+
+def test_vllm_refuses_exactly_the_engine_lengths_rltrain_refuses() -> None:
+    """vLLM's ``ModelConfig`` on the model directory rltrain writes for the built model: the
+    engine length rltrain passes (``vllm_settings``) is one vLLM accepts, and rltrain's check
+    refuses ``rollout.max_model_len`` exactly where vLLM raises."""
+    from vllm.config.model import ModelConfig
+
+    from rltrain.backends.generation import model_dir_for_vllm
+    from rltrain.kinds.vllm import length_problems, vllm_context
+    from rltrain.tasks import build_tokenizer
+
+    run = RunConfig()
+    run.rollout.backend = "vllm"
+    run.task.max_prompt_length, run.rollout.max_new_tokens = 40, 8  # 48 of the context's 64
+    path = model_dir_for_vllm(run, build_tokenizer(run.model))
+    context = vllm_context(run)
+    assert context is not None and context[0] == run.model.max_position_embeddings == 64
+
+    def vllm_accepts(length: int) -> bool:
+        try:
+            built = ModelConfig(
+                model=path, max_model_len=length, skip_tokenizer_init=True, dtype="float32"
+            )
+        except ValueError as exc:
+            assert "is greater than the derived max_model_len" in str(exc)
+            return False
+        assert built.max_model_len == length
+        return True
+
+    for length in (48, 63, 64, 65, 100_000):
+        run.rollout.max_model_len = length
+        longer = any("longer than the model's context" in p for p in length_problems(run, context))
+        assert longer == (not vllm_accepts(length)), length
+    # left null: task.max_prompt_length + rollout.max_new_tokens, capped at the context
+    run.rollout.max_model_len = None
+    for prompt, want in ((40, 48), (512, 64)):
+        run.task.max_prompt_length = prompt
+        length = vllm_settings(run, path, (1,)).max_model_len
+        assert length == want and vllm_accepts(length)

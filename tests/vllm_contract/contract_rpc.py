@@ -217,3 +217,65 @@ def test_tensor_parallel_workers_receive_every_payload_through_vllms_message_que
         "rltrain_receive", (3, 4)
     )  # before joining: the extension says what is missing
     assert all(isinstance(r, AttributeError) for _, r in sync.values())
+
+
+def _sleeping_llm() -> tuple[LLM, UniProcExecutor, list[tuple]]:
+    """vLLM's sleep and wake path (``LLM`` -> ``LLMEngine`` -> ``InprocClient`` ->
+    ``EngineCore`` -> the executor's tag bookkeeping), down to the workers' calls, recorded."""
+    from vllm.v1.core.sched.interface import PauseState
+
+    calls: list[tuple] = []
+    executor = object.__new__(UniProcExecutor)
+    executor.is_sleeping, executor.sleeping_tags = False, set()
+    executor.collective_rpc = lambda method, timeout=None, args=(), kwargs=None, **kw: (
+        calls.append((method, kwargs)) or [0]
+    )
+    core = object.__new__(EngineCore)
+    core.model_executor, core.mm_receiver_cache = executor, None
+    pause = {"state": PauseState.UNPAUSED}
+    core.scheduler = SimpleNamespace(
+        finish_requests=lambda *a: None,
+        set_pause_state=lambda s: pause.update(state=s),
+        reset_prefix_cache=lambda *a: True,
+        has_unfinished_requests=lambda: False,
+        reset_encoder_cache=lambda: None,
+    )
+    client = object.__new__(InprocClient)
+    client.engine_core = core
+    engine = object.__new__(LLMEngine)
+    engine.engine_core, engine.logger_manager = client, None
+    engine.renderer = SimpleNamespace(clear_mm_cache=lambda: None)
+    llm = object.__new__(LLM)
+    llm.llm_engine = engine
+    return llm, executor, calls
+
+
+def test_vllm_ignores_sleep_while_a_tag_sleeps() -> None:
+    """The rule :meth:`VllmRollout.sleep` works around: woken weights alone stay awake."""
+    llm, executor, calls = _sleeping_llm()
+    llm.sleep(level=1)
+    llm.wake_up(tags=["weights"])
+    assert executor.sleeping_tags == {"kv_cache"}
+    calls.clear()
+    llm.sleep(level=1)
+    assert ("sleep", {"level": 1}) not in calls and executor.sleeping_tags == {"kv_cache"}
+
+
+def test_weights_woken_alone_really_go_back_to_sleep() -> None:
+    """An evaluation's catch-up wakes the weights of ranks that then do not generate; the
+    next offload must free them (the memory ledger counts them gone)."""
+    from rltrain.backends.generation import VllmState
+
+    llm, executor, calls = _sleeping_llm()
+    rollout = _rollout(llm)
+    mover = VllmState(rollout, weights_bytes=100, kv_bytes=50)
+    assert mover.offload(["weights", "kv_cache"]) == 150
+    rollout.wake_weights()  # as receive_versions does
+    assert executor.sleeping_tags == {"kv_cache"} and mover.resident_bytes()["weights"] == 100
+    calls.clear()
+    assert mover.offload(["weights", "kv_cache"]) == 100
+    workers = [c for c in calls if c[0] in ("sleep", "wake_up")]
+    assert workers == [("wake_up", {"tags": ["kv_cache"]}), ("sleep", {"level": 1})]
+    assert executor.is_sleeping and executor.sleeping_tags == {"weights", "kv_cache"}
+    rollout.wake_kv_cache()  # the next generate finds the engine whole
+    assert not executor.is_sleeping

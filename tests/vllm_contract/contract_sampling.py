@@ -114,10 +114,64 @@ def test_a_paused_generations_rows_continue_as_token_prompts_vllm_accepts() -> N
 
 
 def test_rltrain_refuses_the_temperatures_vllm_would_raise() -> None:
+    import math
+
     from vllm import sampling_params as sp
 
-    from rltrain.kinds.vllm import VLLM_MIN_TEMPERATURE
+    from rltrain.kinds.vllm import VLLM_MAX_TEMPERATURE, VLLM_MIN_TEMPERATURE, _vllm_settings
 
     assert sp._MAX_TEMP == VLLM_MIN_TEMPERATURE
     assert SamplingParams(temperature=VLLM_MIN_TEMPERATURE / 2).temperature == VLLM_MIN_TEMPERATURE
     assert SamplingParams(temperature=VLLM_MIN_TEMPERATURE).temperature == VLLM_MIN_TEMPERATURE
+    assert SamplingParams(temperature=VLLM_MAX_TEMPERATURE).temperature == VLLM_MAX_TEMPERATURE
+    above = math.nextafter(VLLM_MAX_TEMPERATURE, math.inf)
+    with pytest.raises(ValueError, match="temperature must be in"):
+        SamplingParams(temperature=above)
+    # rltrain's config check refuses exactly the temperatures vLLM raises or changes
+    run = RunConfig()
+    run.rollout.backend = "vllm"
+    for value in (VLLM_MIN_TEMPERATURE / 2, VLLM_MIN_TEMPERATURE, VLLM_MAX_TEMPERATURE, above):
+        run.rollout.temperature = value
+        refused = any("rollout.temperature" in p for p in _vllm_settings(run))
+        try:
+            kept = SamplingParams(temperature=value).temperature == value
+        except ValueError:
+            kept = False
+        assert refused == (not kept), value
+
+
+def test_every_sample_of_two_ranks_of_a_step_gets_its_own_seed_from_vllm() -> None:
+    """vLLM's ``ParentRequest`` gives sample ``i`` of a prompt its seed; the seeds rltrain
+    builds for two ranks of one step never meet (one seed per call, as before, would repeat
+    every prompt's seeds, and rank 1's would overlap rank 0's)."""
+    from vllm.entrypoints.llm import LLM
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.engine.parallel_sampling import ParentRequest
+
+    from rltrain.backends.vllm_rollout import prompt_sampling_kwargs
+
+    n, prompts = 4, [[5, 6], [7, 8], [5, 6]]  # equal lengths, and a prompt repeated
+
+    def child_seeds(rank: int) -> list[int]:
+        kwargs = prompt_sampling_kwargs(
+            len(prompts), n=n, temperature=1.0, top_p=1.0, max_new_tokens=8,
+            seed=sampling_seed(LARGEST, 5, rank), logprobs=True, stop_token_ids=(1,),
+        )  # fmt: skip
+        params = [SamplingParams(**k) for k in kwargs]
+        # LLM.generate pairs a list of parameters with the prompts one by one
+        assert object.__new__(LLM)._params_to_seq(params, len(prompts)) is params
+        seeds = []
+        for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+            request = EngineCoreRequest(
+                request_id=f"{rank}-{i}", prompt_token_ids=ids, mm_features=None,
+                sampling_params=p, pooling_params=None, arrival_time=0.0, lora_request=None,
+                cache_salt=None, data_parallel_rank=None, external_req_id=f"{rank}-{i}",
+            )  # fmt: skip
+            parent = ParentRequest(request)
+            seeds += [parent.get_child_info(c)[1].seed for c in range(n)]
+        return seeds
+
+    seeds = child_seeds(0) + child_seeds(1)
+    assert len(set(seeds)) == len(seeds) == 2 * len(prompts) * n
+    assert all(0 <= s < SEED_SPACE for s in seeds)
+    assert child_seeds(1) == seeds[len(prompts) * n :]  # the same step and rank: the same seeds

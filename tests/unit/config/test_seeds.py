@@ -32,6 +32,8 @@ ARGS = {
     "episodes": st.integers(1, 2**16),
     "version": st.integers(0, 2**16),
     "round_": st.integers(0, 2**10),
+    "prompt": st.integers(0, 2**16 - 1),
+    "n": st.integers(1, 2**10),
     "part": st.integers(0, 2**10),
     "row": st.integers(0, 2**20),
     "call": st.integers(0, 2**10),
