@@ -67,7 +67,9 @@ class ClusterConfig:
     runtime_env: Dict[str, Any] = field(default_factory=dict)  # Ray runtime_env for workers
     temp_dir: Optional[str] = None  # local Ray's temp dir; null: a fresh one per run
     startup_timeout_s: float = 120.0  # waiting for actors / placement groups
-    collective_timeout_s: float = 300.0  # torch.distributed timeout for worker collectives
+    # torch.distributed timeout for worker collectives; a weight-sync broadcast's counts from
+    # when every receiver takes its version
+    collective_timeout_s: float = 300.0
     # data-parallel CPU ranks on one host average gradients through shared memory, not gloo
     host_allreduce: bool = True
 
@@ -327,7 +329,8 @@ class RolloutConfig:
     # ranks by expected response length, longest first (docs/async.md#length-aware-dispatch)
     dispatch: str = "in_order"
     gpu_memory_utilization: float = 0.3  # share of device memory a vLLM engine reserves
-    max_model_len: Optional[int] = None  # vLLM: tokens per sequence; null: prompt + new tokens
+    # vLLM: tokens per sequence, at most the model's context; null: prompt + new tokens (capped)
+    max_model_len: Optional[int] = None
     max_turns: int = 1  # with task.env: model turns per episode (each ends at EOS or a tool call)
     # with task.env: response tokens per episode, turns and tool results together; null:
     # max_turns x max_new_tokens plus the tool results

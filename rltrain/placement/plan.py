@@ -588,7 +588,7 @@ def _predict(
                         run, comp, cp.get_world_size(comp), ndev, node, dims
                     )
                 terms = terms_cache[tkey]
-                if comp == "actor" and language and ipc_export_here(run, node, sig):
+                if comp == "actor" and language and export_on_device(run, node, sig):
                     params = mem.param_count(dims)
                     mp = run.actor.tensor_parallel_size * run.actor.pipeline_parallel_size
                     export = mem.ipc_export_bytes(params, dims.dtype, mp)
@@ -606,6 +606,24 @@ def _predict(
             )
         out[dev] = record
     return out
+
+
+def export_on_device(run: Any, node: Any, load: tuple[tuple[str, int], ...]) -> bool:
+    """Whether an actor process on a device with this load holds a packed copy of its weights
+    there while it exports them (the ``weight_sync`` term): CUDA-IPC buckets
+    (:func:`ipc_export_here`) or the snapshot an NCCL broadcast sends
+    (:func:`collective_export_here`; later versions wait on the host)."""
+    return ipc_export_here(run, node, load) or collective_export_here(run, node, load)
+
+
+def collective_export_here(run: Any, node: Any, load: tuple[tuple[str, int], ...]) -> bool:
+    """Whether an actor process on a device with this load may broadcast its weights from it
+    by NCCL: a CUDA device under ``weight_sync.transport`` ``collective`` or ``auto`` (which
+    picks NCCL where the receivers have GPUs of their own; planned wherever IPC is not, so
+    the plan never under-counts). Under gloo the snapshot is host memory."""
+    if node.accelerator_type != "cuda" or run.weight_sync.transport not in ("auto", "collective"):
+        return False
+    return not ipc_export_here(run, node, load)
 
 
 def ipc_export_here(run: Any, node: Any, load: tuple[tuple[str, int], ...]) -> bool:

@@ -242,8 +242,9 @@ class ActorWorker(Worker, ResidentState):
         return self._senders[receiver].release(version, receiver_rank)
 
     def transient_bytes(self) -> dict[str, int]:
-        """Device bytes beside the engine's state: IPC buckets not yet loaded by every
-        receiver (``weight_sync``)."""
+        """Device bytes beside the engine's state (``weight_sync``): IPC buckets not yet loaded
+        by every receiver, or the collective transport's snapshot (or bucket) on the device
+        while its broadcast waits or runs."""
         return {"weight_sync": sum(s.device_bytes for s in self._senders.values())}
 
     def flush_weight_sync(self, timeout_s: float | None = None) -> None:

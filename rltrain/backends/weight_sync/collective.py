@@ -8,12 +8,19 @@ already own a default group of their own, which must not be disturbed.
 
 A sync is: the layout (bucket metadata, pickled) broadcast once, then each bucket packed on the
 source, broadcast, and loaded into the receivers' own tensors.
+
+The group's store also carries a handshake (:meth:`SyncGroup.want`, :meth:`SyncGroup.wait_wanted`):
+a receiver says which version it is about to take, and a broadcast starts only once every
+receiver has, so ``timeout_s`` bounds the transfer and never the wait for a receiver that is
+still busy generating.
 """
 
 from __future__ import annotations
 
 import datetime
 import pickle
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -29,6 +36,10 @@ from rltrain.backends.weight_sync.buckets import (
 from rltrain.errors import ConfigError
 
 BACKENDS = ("gloo", "nccl")
+
+#: How often a waiting rank reads the receivers' wants from the store: short beside a transfer,
+#: long enough that an idle wait costs the store nothing noticeable.
+HANDSHAKE_POLL_S = 0.02
 
 
 class SyncGroup:
@@ -73,6 +84,7 @@ class SyncGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
         self._store = dist.PrefixStore("rltrain/weight_sync", store)
+        self._handshake = dist.PrefixStore("handshake", self._store)  # apart from gloo's keys
         if backend == "gloo":
             self._pg = dist.ProcessGroupGloo(self._store, rank, world_size, timeout)
         else:
@@ -104,6 +116,49 @@ class SyncGroup:
     def barrier(self) -> None:
         """Wait until every rank of the group reaches this point."""
         self.broadcast(torch.zeros(1, device=self.device), 0)
+
+    def want(self, version: int) -> None:
+        """(receiver) Announce that this rank is about to take every version up to ``version``.
+
+        Args:
+            version: the version this rank will hold once it has taken the broadcasts.
+        """
+        self._handshake.set(f"want/{self.rank}", str(version))
+
+    def wanted(self) -> int | None:
+        """The lowest version announced by the receiver ranks (every rank but 0).
+
+        Returns:
+            That version, or None while a receiver has announced none yet.
+        """
+        keys = [f"want/{r}" for r in range(1, self.world_size)]
+        if not self._handshake.check(keys):
+            return None
+        return min(int(self._handshake.get(k)) for k in keys)
+
+    def wait_wanted(self, above: int, stop: threading.Event | None = None) -> bool:
+        """Wait until every receiver rank has announced a version past ``above``.
+
+        Not bounded by ``timeout_s``: a receiver announces a version when its next generation
+        starts, which may be many generations after the version was sent; a receiver that died
+        is reported by Ray, not by this wait.
+
+        Args:
+            above: the version every receiver must want more than.
+            stop: ends the wait early when set (the sender is closing).
+
+        Returns:
+            True once every receiver wants a version past ``above``; False if ``stop`` was set
+            first.
+        """
+        while True:
+            wanted = self.wanted()
+            if wanted is not None and wanted > above:
+                return True
+            if stop is None:
+                time.sleep(HANDSHAKE_POLL_S)
+            elif stop.wait(HANDSHAKE_POLL_S):
+                return False
 
 
 def broadcast_weights(

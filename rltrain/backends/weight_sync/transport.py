@@ -15,16 +15,21 @@ choose_transport`); this module moves the bytes:
 
 The collective sender snapshots the weights into its own buckets (so training may go on) and
 broadcasts them from a background thread, in version order: an asynchronous run's rollout takes a
-version when its next generation starts, without the actor waiting for it.
+version when its next generation starts, without the actor waiting for it. A version's broadcast
+starts when every receiver announces it takes it (through the group's store), so
+``cluster.collective_timeout_s`` bounds the transfer, however many generations
+(``trainer.max_staleness``) the version waits; one snapshot at a time sits on the group's device,
+later ones wait on the host.
 """
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +61,28 @@ class CollectiveVersion:
     version: int
 
 
+@dataclass
+class _Snapshot:
+    """One exported version waiting for (or in) its broadcast: buckets on the group's device
+    (``on_device``) or on the host, moved to the device one bucket at a time when sent."""
+
+    version: int
+    layout: tuple[Bucket, ...]
+    flats: list[torch.Tensor]
+    device: torch.device
+    on_device: bool
+    done: Future[int]
+
+
 class CollectiveSender:
     """Broadcasts weight versions to one sync group from a background thread, in order.
+
+    A version's broadcast starts only once every receiver announced that it takes it
+    (:meth:`SyncGroup.want`, when its next generation starts), so ``timeout_s`` of the group
+    bounds the transfer, not how long a receiver keeps the version waiting. At most one snapshot
+    sits on the group's device: the first one pending; a version exported while another is
+    pending is packed on the host and its buckets go to the device one at a time as they are
+    broadcast.
 
     Args:
         group: the sync group; this process is its rank 0.
@@ -68,41 +93,108 @@ class CollectiveSender:
         self.group = group
         self.bucket_bytes = bucket_bytes
         self._layout: tuple[Bucket, ...] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync")
-        self._sent: deque[Future[int]] = deque()
+        self._sent: deque[_Snapshot] = deque()  # pending, oldest first
+        self._queue: queue.SimpleQueue[_Snapshot | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._device_bytes = 0
+        self._bytes_lock = threading.Lock()
+        # A daemon thread, not an executor: a process that exits while a version still waits
+        # for its receivers must not block on joining it.
+        self._thread = threading.Thread(target=self._run, name="weight-sync", daemon=True)
+        self._thread.start()
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes this sender holds on the group's device now (the snapshot in flight, or the
+        bucket being moved to the device); 0 when the group's device is the host (gloo)."""
+        return self._device_bytes if self.group.device.type != "cpu" else 0
 
     def send(self, named: Sequence[tuple[str, torch.Tensor]], version: int) -> int:
         """Snapshot ``named`` into buckets now and queue their broadcast.
 
+        The snapshot goes on the group's device when no other version is pending, else on the
+        host.
+
         Returns:
             Bytes queued.
+
+        Raises:
+            WorkerError: an earlier broadcast failed, or the sender was closed.
         """
-        items = list(named)
+        if self._stop.is_set():
+            raise WorkerError("weight sync: the collective sender was closed; nothing is sent")
+        items = dict(named)
         if self._layout is None:
-            self._layout = plan_buckets(items, self.bucket_bytes)
-        device = self.group.device
-        tensors = {n: t.detach().to(device) for n, t in items}
-        flats = [pack_bucket(b, tensors) for b in self._layout]
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()
-        del tensors
+            self._layout = plan_buckets(list(items.items()), self.bucket_bytes)
         self._reap()
-        self._sent.append(self._pool.submit(self._broadcast, version, self._layout, flats))
+        on_device = not self._sent
+        where = self.group.device if on_device else torch.device("cpu")
+        if on_device:
+            self._add_device_bytes(sum(b.nbytes for b in self._layout))
+        flats = [
+            pack_bucket(b, items, out=torch.empty(b.nbytes, dtype=torch.uint8, device=where))
+            for b in self._layout
+        ]
+        _synchronize([where, *(t.device for t in items.values())])
+        snap = _Snapshot(version, self._layout, flats, where, on_device, Future())
+        self._sent.append(snap)
+        self._queue.put(snap)
         return sum(b.nbytes for b in self._layout)
 
-    def _broadcast(
-        self, version: int, layout: tuple[Bucket, ...], flats: list[torch.Tensor]
-    ) -> int:
-        self.group.broadcast_object((version, layout), 0)
-        for flat in flats:
-            self.group.broadcast(flat, 0)
-        sent = sum(b.nbytes for b in layout)
-        flats.clear()  # the snapshot is not kept once every receiver has it
-        return sent
+    def _add_device_bytes(self, nbytes: int) -> None:
+        with self._bytes_lock:
+            self._device_bytes += nbytes
+
+    def _run(self) -> None:
+        """The background thread: broadcast each snapshot once its receivers want it."""
+        while (snap := self._queue.get()) is not None:
+            if not snap.done.set_running_or_notify_cancel():
+                self._release(snap)
+                continue
+            try:
+                if not self.group.wait_wanted(snap.version - 1, self._stop):
+                    raise WorkerError(
+                        f"weight sync: version {snap.version} was not broadcast: the sender "
+                        f"was closed first"
+                    )
+                sent = self._broadcast(snap)
+            except BaseException as exc:  # handed to the export or flush that reaps it
+                self._release(snap)
+                snap.done.set_exception(exc)
+            else:
+                # Released before it reads as done: the next export may then pack on the device.
+                self._release(snap)
+                snap.done.set_result(sent)
+
+    def _release(self, snap: _Snapshot) -> None:
+        """Drop a snapshot's buckets (every receiver has them, or none will)."""
+        snap.flats.clear()
+        if snap.on_device:
+            self._add_device_bytes(-sum(b.nbytes for b in snap.layout))
+
+    def _broadcast(self, snap: _Snapshot) -> int:
+        device = self.group.device
+        self.group.broadcast_object((snap.version, snap.layout), 0)
+        for i, flat in enumerate(snap.flats):
+            if snap.on_device:
+                self.group.broadcast(flat, 0)
+                continue
+            snap.flats[i] = _EMPTY  # the host bucket goes once it is on the device
+            self._add_device_bytes(snap.layout[i].nbytes)
+            try:
+                moved = flat.to(device)
+                del flat
+                self.group.broadcast(moved, 0)
+                _synchronize([device])  # the bucket's device memory is free once undeclared
+                del moved
+            finally:
+                self._add_device_bytes(-snap.layout[i].nbytes)
+        _synchronize([device])
+        return sum(b.nbytes for b in snap.layout)
 
     def _reap(self) -> None:
-        while self._sent and self._sent[0].done():
-            self._sent.popleft().result()  # re-raises a failed broadcast
+        while self._sent and self._sent[0].done.done():
+            self._sent.popleft().done.result()  # re-raises a failed broadcast
 
     @property
     def pending(self) -> int:
@@ -110,21 +202,51 @@ class CollectiveSender:
         self._reap()
         return len(self._sent)
 
+    @property
+    def held(self) -> list[tuple[int, torch.device]]:
+        """Each version queued or being broadcast, oldest first, with the device its snapshot
+        was packed on (the group's device for the first, the host for later ones)."""
+        return [(s.version, s.device) for s in self._sent if not s.done.done()]
+
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every queued version was broadcast.
+        """Wait until every queued version was broadcast; each broadcast starts once every
+        receiver takes its version, so a version no receiver is told to take keeps this
+        waiting (the run's end first has the receivers take the last version).
 
         Raises:
-            WorkerError: a broadcast failed or did not finish in ``timeout`` seconds.
+            WorkerError: a broadcast failed, or one did not finish in ``timeout`` seconds.
         """
         while self._sent:
-            fut = self._sent.popleft()
+            fut = self._sent[0].done
             try:
                 fut.result(timeout=timeout)
             except TimeoutError:
                 raise WorkerError(
-                    f"weight sync: a broadcast did not finish within {timeout} s; a receiver "
-                    f"never took its version (cluster.collective_timeout_s)"
+                    f"weight sync: a broadcast did not finish within {timeout} s "
+                    f"(cluster.collective_timeout_s): the receivers asked for version "
+                    f"{self.group.wanted()} at most; each must take every version it was "
+                    f"handed before the actor's sender is flushed"
                 ) from None
+            finally:
+                if fut.done():
+                    self._sent.popleft()  # a failed broadcast is raised once
+
+    def close(self) -> None:
+        """Stop the background thread; versions not yet broadcast are dropped (their exports
+        fail if reaped). Safe to call more than once."""
+        self._stop.set()
+        self._queue.put(None)
+
+
+#: What a host bucket's slot holds once the bucket went to the device.
+_EMPTY = torch.empty(0, dtype=torch.uint8)
+
+
+def _synchronize(devices: Sequence[torch.device]) -> None:
+    """Wait for the current CUDA stream of each CUDA device among ``devices`` (copies into or
+    out of a snapshot, a broadcast's use of a bucket); nothing off CUDA."""
+    for device in {d for d in devices if d.type == "cuda"}:
+        torch.cuda.current_stream(device).synchronize()
 
 
 def receive_versions(group: SyncGroup, loader: Loader, current: int, target: int) -> int:
@@ -142,7 +264,14 @@ def receive_versions(group: SyncGroup, loader: Loader, current: int, target: int
     Raises:
         WorkerError: the source sent a version past ``target`` (the two sides lost step).
     """
+    if current >= target:
+        return current
+    # Announced before joining any broadcast: the source starts a version only once every
+    # receiver wants it, and the group's receivers (which hold the same versions) wait for
+    # each other, so no rank sits in a broadcast, on its timeout, while another generates.
+    group.want(target)
     while current < target:
+        group.wait_wanted(current)
         version, layout = group.broadcast_object(None, 0)
         for bucket in layout:
             flat = torch.empty(bucket.nbytes, dtype=torch.uint8, device=group.device)
@@ -178,9 +307,12 @@ class WeightSender:
 
     @property
     def device_bytes(self) -> int:
-        """Device bytes this sender holds now (``ipc``: buckets not yet loaded by every
-        receiver; the ``weight_sync`` kind of the actor's ledger)."""
-        return self._ipc.nbytes if self._ipc is not None else 0
+        """Device bytes this sender holds now, the ``weight_sync`` kind of the actor's ledger
+        (``ipc``: buckets not yet loaded by every receiver; ``collective``: the snapshot being
+        broadcast, or the bucket moving to the device)."""
+        if self._ipc is not None:
+            return int(self._ipc.nbytes)
+        return self._collective.device_bytes if self._collective is not None else 0
 
     @property
     def sends(self) -> bool:
@@ -236,9 +368,19 @@ class WeightSender:
         return self._ipc.acknowledge(receiver_rank, version)
 
     def flush(self, timeout: float | None = None) -> None:
-        """(collective) Wait until every version queued was broadcast."""
+        """(collective) Wait until every version queued was broadcast (each starts once every
+        receiver takes it).
+
+        Raises:
+            WorkerError: a broadcast failed or did not finish in ``timeout`` seconds.
+        """
         if self._collective is not None:
             self._collective.flush(timeout)
+
+    def close(self) -> None:
+        """(collective) Stop the broadcast thread; versions not yet broadcast are dropped."""
+        if self._collective is not None:
+            self._collective.close()
 
 
 def _own_handle() -> Any:

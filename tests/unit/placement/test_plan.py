@@ -176,6 +176,30 @@ def test_ipc_export_buckets_are_planned_only_where_ipc_may_run():
     assert ("actor", "weight_sync") not in terms(sync)
 
 
+def test_an_nccl_broadcast_snapshot_is_planned_on_the_actor_gpu():
+    # Disaggregated on CUDA: the actor's GPU holds the one snapshot a collective (NCCL) sender
+    # keeps on the device while it broadcasts, W = 134_300_672 params * 2 bytes (bf16), in the
+    # sync stage beside the actor's own weights; the rollout's GPU holds none.
+    for transport in ("collective", "auto"):
+        run = mid_run(actor=AFTER, rollout=ROLL_AFTER)
+        run.placement.component_placement = {"actor": "0", "rollout": "1"}
+        run.weight_sync.transport = transport
+        plan = build_plan(run, ClusterSpec.from_config(run.cluster))
+        actor_sync = terms(plan.memory[(0, 0)].stage("sync"))
+        assert actor_sync[("actor", "weight_sync")] == (W, "active") == (268_601_344, "active")
+        assert actor_sync[("actor", "weights")] == (W, "active")
+        assert ("actor", "weight_sync") not in terms(plan.memory[(0, 0)].stage("train"))
+        assert ("actor", "weight_sync") not in terms(plan.memory[(0, 1)].stage("sync"))
+    # The object store, or gloo on simulated devices: the snapshot is host memory.
+    for transport, simulated in (("host", False), ("collective", True)):
+        run = mid_run(actor=AFTER, rollout=ROLL_AFTER)
+        run.placement.component_placement = {"actor": "0", "rollout": "1"}
+        run.weight_sync.transport = transport
+        run.cluster.simulate_devices = simulated
+        sync = build_plan(run, ClusterSpec.from_config(run.cluster)).memory[(0, 0)].stage("sync")
+        assert ("actor", "weight_sync") not in terms(sync)
+
+
 def test_memory_without_offload_keeps_idle_state_resident():
     run = mid_run()
     plan = build_plan(run, ClusterSpec.from_config(run.cluster))
