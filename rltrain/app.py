@@ -252,8 +252,12 @@ def ended_summary(
         ``status`` ``interrupted`` (Ctrl-C) or ``failed`` with ``cause`` (the exception in one
         line); ``steps``, the rates and the stage means over the steps this invocation finished
         (:func:`~rltrain.telemetry.summary.across_attempts`), ``final_reward`` and
-        ``final_accuracy`` of its last records, ``attempts`` and ``restarts``.
+        ``final_accuracy`` of its last records, ``attempts`` and ``restarts``; and the runner's
+        own fields over those steps (its kind's ``ended_fields``: an embodied run's three
+        stages, ``env_steps_per_s``, ``final_return``, ``env_id``).
     """
+    from rltrain.kinds import registry
+    from rltrain.kinds.records import load
     from rltrain.scheduler.interrupts import interrupted
     from rltrain.telemetry.summary import across_attempts, this_invocations
 
@@ -266,6 +270,9 @@ def ended_summary(
     summary["final_accuracy"] = next(
         (r["eval/accuracy"] for r in reversed(mine) if "eval/accuracy" in r), None
     )
+    own = registry.runner(run_cfg).ended_fields
+    if own is not None:  # the runner's own fields, as its finished runs write them
+        summary.update(load(own)(run_cfg, [r for r in mine if "step" in r], summary))
     if status == "failed":
         summary["cause"] = _reason(exc)
     if restarts:

@@ -163,9 +163,9 @@ class ModelConfig:
     path: Optional[str] = None
     tokenizer_path: Optional[str] = None  # null: the checkpoint's, or the built-in tokenizer
     family: str = "llama"  # llama | qwen2 (when building from fields)
-    hidden_size: int = 64  # built model: hidden width
+    hidden_size: int = 64  # built model: hidden width (embodied: of the policy and value MLPs)
     intermediate_size: int = 128  # built model: MLP width
-    num_layers: int = 2  # built model: transformer layers
+    num_layers: int = 2  # built model: transformer layers (embodied: hidden layers of the MLPs)
     num_heads: int = 4  # built model: attention heads
     num_kv_heads: int = 4  # built model: key/value heads (grouped-query attention)
     # built model: longest sequence; caps the plan's sequence length

@@ -158,6 +158,9 @@ class RunnerKind:
         env_spaces: ``module:function`` ``(env_id) -> spaces`` reading the simulator's
             observation and action sizes (``obs_dim``, ``action_dim``, ``action_kind``), which
             size a policy that is not a language model in the plan; None: no simulator.
+        ended_fields: ``module:function`` ``(run, records, summary) -> fields``: its own
+            summary fields over the steps a run that ended with an exception finished, as its
+            runner writes them for a finished run; None: the shared fields only.
     """
 
     name: str
@@ -173,6 +176,7 @@ class RunnerKind:
     pre_ray_components: str | None = None
     pre_ray_sizes: str | None = None
     env_spaces: str | None = None
+    ended_fields: str | None = None
 
 
 def load(path: str) -> Any:

@@ -57,4 +57,5 @@ EMBODIED = RunnerKind(
     pre_ray_components="rltrain.runners.embodied:check_components",
     env_spaces="rltrain.workers.env:probe_spaces",
     pre_ray_sizes="rltrain.runners.embodied:derive_sizes",
+    ended_fields="rltrain.runners.embodied:ended_fields",
 )

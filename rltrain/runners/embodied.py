@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -352,19 +353,56 @@ class EmbodiedRunner:
         return out
 
     def summary(self, records, steps: int, seconds: float, status: str) -> dict[str, Any]:
-        evals = [r["eval/return_mean"] for r in records if r.get("eval/return_mean") is not None]
-        returns = [r["env/return_mean"] for r in records if r.get("env/return_mean") is not None]
         env_steps = steps * self.sizes.env_steps_per_epoch
         return {
             **loop.job_summary(self.job, records, steps, seconds, status),
-            # the three stages always, an epoch with none of them timed included
-            "seconds_per_stage": loop.stage_means(records, {"generate", "train", "sync"}),
+            **_own_fields(records, self.spec.env_id),
             "env_steps_per_s": env_steps / seconds if seconds else None,
-            "final_reward": returns[-1] if returns else None,
-            "final_return": evals[-1] if evals else None,
-            "final_accuracy": None,
-            "env_id": self.spec.env_id,
         }
+
+
+def _own_fields(records: list[Mapping[str, Any]], env_id: str) -> dict[str, Any]:
+    """The embodied summary's fields read from the step records: the stage means (the three
+    stages always, an epoch with none of them timed included; not ``env_step`` and ``infer``,
+    parts of ``generate``), the last training and evaluation returns, the simulator."""
+    evals = [r["eval/return_mean"] for r in records if r.get("eval/return_mean") is not None]
+    returns = [r["env/return_mean"] for r in records if r.get("env/return_mean") is not None]
+    stages = loop.stage_means([dict(r) for r in records], {"generate", "train", "sync"})
+    return {
+        "seconds_per_stage": stages,
+        "final_reward": returns[-1] if returns else None,
+        "final_return": evals[-1] if evals else None,
+        "final_accuracy": None,
+        "env_id": env_id,
+    }
+
+
+def ended_fields(
+    run: Any, records: list[Mapping[str, Any]], summary: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The embodied fields of the summary of a run that ended with an exception
+    (:func:`rltrain.app.ended_summary`), as :meth:`EmbodiedRunner.summary` writes them for a
+    finished run, over the steps this invocation finished.
+
+    Args:
+        run: the checked run config.
+        records: this invocation's step records.
+        summary: the shared fields so far (``steps_per_s`` over those steps among them).
+
+    Returns:
+        ``seconds_per_stage``, ``env_steps_per_s`` (a step's simulator steps, read back from
+        its record's ``perf/env_steps_per_s`` times ``time/step_s``, at the summary's
+        ``steps_per_s``), ``final_reward``, ``final_return``, ``final_accuracy`` and ``env_id``.
+    """
+    per_step = [
+        r["perf/env_steps_per_s"] * r["time/step_s"]
+        for r in records
+        if r.get("perf/env_steps_per_s") and r.get("time/step_s")
+    ]
+    rate = summary.get("steps_per_s")
+    fields = _own_fields(records, run.task.env_id) if records else {"env_id": run.task.env_id}
+    fields["env_steps_per_s"] = round(per_step[-1]) * rate if per_step and rate else None
+    return fields
 
 
 def evaluation_gate(

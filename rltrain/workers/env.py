@@ -149,7 +149,8 @@ def make_vector_env(env_id: str, num: int) -> Any:
     """A synchronous vector env of ``num`` copies, resetting in the step that ends an episode.
 
     Raises:
-        ConfigError: the id is not a registered Gymnasium environment.
+        ConfigError: the id is not a registered Gymnasium environment, or its package's own
+            dependencies are missing.
     """
     import gymnasium as gym
 
@@ -160,10 +161,17 @@ def make_vector_env(env_id: str, num: int) -> Any:
             f"task.env_id={env_id!r} is not a registered Gymnasium environment ({exc}): use an id "
             f"such as CartPole-v1, or import the package that registers yours"
         ) from None
-    return gym.vector.SyncVectorEnv(
-        [lambda: gym.make(env_id) for _ in range(num)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+    try:
+        return gym.vector.SyncVectorEnv(
+            [lambda: gym.make(env_id) for _ in range(num)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+    except gym.error.DependencyNotInstalled as exc:
+        # registered, but its simulator needs an extra (Box2D, MuJoCo, ...) this machine lacks
+        raise ConfigError(
+            f"task.env_id={env_id!r} cannot be built here ({exc}): install what it needs on "
+            f"every node that runs env workers, or choose another task.env_id"
+        ) from None
 
 
 def probe_spaces(env_id: str) -> SpaceSpec:

@@ -150,6 +150,24 @@ def test_unknown_and_unsupported_environments_are_refused_with_the_key():
     assert spec.action_kind == "continuous" and spec.low == (-2.0,) and spec.obs_dim == 3
 
 
+def _needs_an_extra(**kwargs):
+    raise gym.error.DependencyNotInstalled("SimX is not installed, pip install simx")
+
+
+def test_a_registered_environment_missing_its_simulator_is_refused_with_the_key():
+    # registered as Box2D's and MuJoCo's ids are, but building it needs a package not here
+    gym.register(id="RltrainNeedsSimX-v0", entry_point=_needs_an_extra)
+    try:
+        with pytest.raises(
+            ConfigError,
+            match=r"task.env_id='RltrainNeedsSimX-v0' cannot be "
+            r"built here \(SimX is not installed.*choose another task.env_id",
+        ):
+            probe_spaces("RltrainNeedsSimX-v0")
+    finally:
+        gym.registry.pop("RltrainNeedsSimX-v0", None)
+
+
 def test_latency_is_per_environment_with_bounded_jitter():
     rng = np.random.default_rng(0)
     assert latency_s(rng, 4, 2.5, 0.0) == pytest.approx(0.010)
