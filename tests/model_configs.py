@@ -16,3 +16,16 @@ QWEN25_05B = {
     "tie_word_embeddings": True,
     "torch_dtype": "bfloat16",
 }
+
+#: A tiny Llama's config.json (the built-in model's sizes): tests that need a checkpoint's
+#: fields, not its weights, write it with their own ``max_position_embeddings`` or head.
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 100,
+    "max_position_embeddings": 64,
+}

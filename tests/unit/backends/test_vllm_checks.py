@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from composed import composed_run as load
+from model_configs import TINY_LLAMA
 
 from rltrain.backends.vllm_rollout import (
     VllmRollout,
@@ -63,16 +64,7 @@ def test_a_null_engine_length_is_capped_at_the_context_as_the_plan_is(vllm_machi
 
 
 def _checkpoint(path, context: int) -> str:
-    config = {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "vocab_size": 100,
-        "max_position_embeddings": context,
-    }
+    config = {**TINY_LLAMA, "max_position_embeddings": context}
     (path / "config.json").write_text(json.dumps(config))
     return str(path)
 
