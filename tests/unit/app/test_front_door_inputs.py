@@ -12,7 +12,7 @@ import logging
 import pathlib
 
 import pytest
-from model_configs import QWEN25_05B
+from model_configs import QWEN25_05B, TINY_LLAMA
 from test_front_door import compose_config, no_ray  # noqa: F401 - the fixture
 
 from rltrain.config import load_config
@@ -41,17 +41,7 @@ def checkpoint(path: pathlib.Path, config: dict, weights: bool = True) -> str:
 
 
 def tiny_lm(path: pathlib.Path, head: str = "LlamaForCausalLM", weights: bool = True) -> str:
-    config = {
-        "architectures": [head],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "vocab_size": 32,
-        "max_position_embeddings": 64,
-    }
+    config = {"architectures": [head], **TINY_LLAMA, "vocab_size": 32}
     return checkpoint(path, config, weights)
 
 
