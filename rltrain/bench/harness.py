@@ -313,11 +313,14 @@ def run_measure(m: Measure, quick: bool = False, clock: Clock = time.perf_counte
         if suite.teardown is not None:
             suite.teardown()
     by_name = {c.name: c for c in suite.cases}
+    # a case other cases name as their baseline is its own: the baseline of its size
+    named = {c.baseline for c in suite.cases if c.baseline is not None} - {suite.baseline}
     results = []
     for c in suite.cases:
-        base_case = by_name[c.baseline or suite.baseline]
+        own = c.baseline or (c.name if c.name in named else None)
+        base_case = by_name[own or suite.baseline]
         base = statistics.median(raw[base_case.name])
-        results.append(_case_result(c, raw[c.name], plan[c.name][0], base, base_case))
+        results.append(_case_result(c, raw[c.name], plan[c.name][0], base, base_case, own))
     sized = [(c.size, r.median) for c, r in zip(suite.cases, results, strict=True) if c.size]
     return MeasureResult(
         name=m.name,
@@ -331,7 +334,9 @@ def run_measure(m: Measure, quick: bool = False, clock: Clock = time.perf_counte
     )
 
 
-def _case_result(c: Case, xs: list[float], warmup: int, base: float, base_case: Case) -> CaseResult:
+def _case_result(
+    c: Case, xs: list[float], warmup: int, base: float, base_case: Case, baseline: str | None
+) -> CaseResult:
     med = statistics.median(xs)
     q1, q3 = _quartiles(xs)
     per_size = None
@@ -350,7 +355,7 @@ def _case_result(c: Case, xs: list[float], warmup: int, base: float, base_case: 
         throughput=c.work / med if c.work and med > 0 else None,
         work_unit=c.work_unit,
         warmup=warmup,
-        baseline=c.baseline,
+        baseline=baseline,
     )
 
 

@@ -400,7 +400,7 @@ def ended_fields(
         if r.get("perf/env_steps_per_s") and r.get("time/step_s")
     ]
     rate = summary.get("steps_per_s")
-    fields = _own_fields(records, run.task.env_id) if records else {"env_id": run.task.env_id}
+    fields = _own_fields(records, run.task.env_id)
     fields["env_steps_per_s"] = round(per_step[-1]) * rate if per_step and rate else None
     return fields
 

@@ -149,8 +149,9 @@ def make_vector_env(env_id: str, num: int) -> Any:
     """A synchronous vector env of ``num`` copies, resetting in the step that ends an episode.
 
     Raises:
-        ConfigError: the id is not a registered Gymnasium environment, or its package's own
-            dependencies are missing.
+        ConfigError: the id is not a registered Gymnasium environment, or building it needs a
+            package this machine lacks (Gymnasium's ``DependencyNotInstalled``, or an import
+            error of its entry point's module).
     """
     import gymnasium as gym
 
@@ -166,7 +167,7 @@ def make_vector_env(env_id: str, num: int) -> Any:
             [lambda: gym.make(env_id) for _ in range(num)],
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         )
-    except gym.error.DependencyNotInstalled as exc:
+    except (gym.error.DependencyNotInstalled, ImportError) as exc:
         # registered, but its simulator needs an extra (Box2D, MuJoCo, ...) this machine lacks
         raise ConfigError(
             f"task.env_id={env_id!r} cannot be built here ({exc}): install what it needs on "
@@ -178,8 +179,9 @@ def probe_spaces(env_id: str) -> SpaceSpec:
     """Read an environment's observation and action spaces (builds and closes one copy).
 
     Raises:
-        ConfigError: an unregistered id, or spaces the policy network does not handle
-            (observations must be a flat Box; actions Discrete or a flat Box).
+        ConfigError: an unregistered id, a registered one whose simulator's package is
+            missing, or spaces the policy network does not handle (observations must be a flat
+            Box; actions Discrete or a flat Box).
     """
     import gymnasium as gym
 

@@ -45,7 +45,7 @@ def test_a_case_of_another_size_is_compared_with_its_own_baseline():
     r = harness.run_measure(Measure("toy", "", lambda quick: two_sizes(clock)), clock=clock)
     ratios = {c.name: (c.ratio, c.per_size_ratio) for c in r.cases}
     assert ratios["ours n=1"] == (2.0, 2.0)
-    assert ratios["base n=4"] == (8.0, 2.0)  # no baseline of its own: the suite's
+    assert ratios["base n=4"] == (1.0, 1.0)  # named as a baseline: its size's, its own
     assert ratios["ours n=4"] == (0.5, 0.5)  # 4 s against base n=4's 8 s, not base n=1's 1 s
     md = harness.markdown([r])
     assert "| base n=1 (baseline) |" in md and "| base n=4 (baseline) |" in md

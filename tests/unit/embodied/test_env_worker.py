@@ -166,6 +166,13 @@ def test_a_registered_environment_missing_its_simulator_is_refused_with_the_key(
             probe_spaces("RltrainNeedsSimX-v0")
     finally:
         gym.registry.pop("RltrainNeedsSimX-v0", None)
+    # a third-party id whose entry point's module is not installed
+    gym.register(id="RltrainNoModule-v0", entry_point="rltrain_no_such_sim.envs:Env")
+    try:
+        with pytest.raises(ConfigError, match=r"task.env_id='RltrainNoModule-v0' cannot be built"):
+            probe_spaces("RltrainNoModule-v0")
+    finally:
+        gym.registry.pop("RltrainNoModule-v0", None)
 
 
 def test_latency_is_per_environment_with_bounded_jitter():
