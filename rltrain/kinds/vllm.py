@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rltrain.kinds.records import EngineKind
@@ -31,14 +32,37 @@ def vllm_context(cfg: Any) -> tuple[int, str] | None:
     # rltrain.config imports this module through the registry: import on use
     from rltrain.config.files import checkpoint_config
 
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0") not in ("", "0"):
+        return None  # vLLM then lets a longer engine through with a warning
     m = cfg.model
     if m.path is None:
         context = int(m.max_position_embeddings)
         return context, f"model.max_position_embeddings={context}"
-    stored = (checkpoint_config(m.path) or {}).get("max_position_embeddings")
-    if not isinstance(stored, int):
-        return None
+    config = checkpoint_config(m.path) or {}
+    stored = config.get("max_position_embeddings")
+    if not isinstance(stored, int) or rope_scaled(config):
+        return None  # vLLM multiplies the context by the RoPE scaling factor: it decides
     return stored, f"max_position_embeddings={stored} in model.path={m.path}/config.json"
+
+
+def rope_scaled(config: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's ``config.json`` scales its RoPE context (yarn, linear, dynamic,
+    ...: ``rope_scaling``, or transformers 5's ``rope_parameters``, of a type other than
+    ``default`` or with a factor other than 1), which vLLM multiplies its length by.
+
+    Args:
+        config: the checkpoint's ``config.json``.
+    """
+    for key in ("rope_scaling", "rope_parameters"):
+        value = config.get(key)
+        if not isinstance(value, Mapping) or not value:
+            continue
+        nested = all(isinstance(v, Mapping) for v in value.values())
+        for rp in value.values() if nested else (value,):
+            kind = rp.get("rope_type", rp.get("type", "default"))
+            if kind not in ("default", None) or rp.get("factor") not in (None, 1, 1.0):
+                return True
+    return False
 
 
 def engine_max_model_len(cfg: Any, context: int) -> int:

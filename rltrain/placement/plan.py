@@ -50,10 +50,25 @@ _ALL = frozenset(mem.KINDS)
 
 def runner_stages(run: Any) -> tuple[tuple[str, Mapping[str, frozenset[str]]], ...]:
     """The stages of one step of the run's runner kind, and the state kinds each component
-    uses in each (``*`` in the kind's entry: every state kind)."""
+    uses in each (``*`` in the kind's entry: every state kind).
+
+    In an asynchronous run (``trainer.max_staleness > 0``) the actor trains while the version
+    it exported last still waits for its receivers' next generation, so its export buffer
+    (``weight_sync``: IPC buckets, the collective transport's snapshot) counts wherever it
+    uses every kind (its training stage) too.
+    """
     kind = registry.runner(getattr(run, "runner", "reasoning"))
+    trainer = getattr(run, "trainer", None)
+    held = frozenset({mem.EXPORT_KIND}) if getattr(trainer, "max_staleness", 0) > 0 else frozenset()
+
+    def every_kind(component: str) -> frozenset[str]:
+        return _ALL | held if component == "actor" else _ALL
+
     return tuple(
-        (stage, {c: _ALL if "*" in kinds else frozenset(kinds) for c, kinds in uses.items()})
+        (
+            stage,
+            {c: every_kind(c) if "*" in kinds else frozenset(kinds) for c, kinds in uses.items()},
+        )
         for stage, uses in kind.stages
     )
 

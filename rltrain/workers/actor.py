@@ -248,9 +248,11 @@ class ActorWorker(Worker, ResidentState):
         return {"weight_sync": sum(s.device_bytes for s in self._senders.values())}
 
     def flush_weight_sync(self, timeout_s: float | None = None) -> None:
-        """(collective) Wait until every version queued for broadcast was taken."""
+        """(collective) At the run's end: wait until every version queued for broadcast was
+        taken, then stop the senders' background threads."""
         for sender in self._senders.values():
             sender.flush(timeout_s)
+            sender.close()
 
     def memory_report(self) -> dict[str, Any]:
         """Ledger bytes vs the independent measure (see :class:`ResidentState`).

@@ -81,6 +81,7 @@ class SyncGroup:
             if backend == "nccl"
             else (torch.device("cpu"))
         )
+        self.timeout_s = timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
         self._store = dist.PrefixStore("rltrain/weight_sync", store)
@@ -134,27 +135,34 @@ class SyncGroup:
         keys = [f"want/{r}" for r in range(1, self.world_size)]
         if not self._handshake.check(keys):
             return None
-        return min(int(self._handshake.get(k)) for k in keys)
+        return min(int(v) for v in self._handshake.multi_get(keys))  # one round trip
 
-    def wait_wanted(self, above: int, stop: threading.Event | None = None) -> bool:
+    def wait_wanted(
+        self, above: int, stop: threading.Event | None = None, deadline_s: float | None = None
+    ) -> bool:
         """Wait until every receiver rank has announced a version past ``above``.
 
-        Not bounded by ``timeout_s``: a receiver announces a version when its next generation
-        starts, which may be many generations after the version was sent; a receiver that died
-        is reported by Ray, not by this wait.
+        The source waits without a deadline: a receiver announces a version when its next
+        generation starts, which may be many generations after the version was sent (a
+        receiver that died is reported by Ray, not by this wait). A receiver waiting for its
+        peers, which start the same call, passes one.
 
         Args:
             above: the version every receiver must want more than.
             stop: ends the wait early when set (the sender is closing).
+            deadline_s: the longest wait in seconds (None: none).
 
         Returns:
             True once every receiver wants a version past ``above``; False if ``stop`` was set
-            first.
+            or ``deadline_s`` passed first.
         """
+        end = None if deadline_s is None else time.monotonic() + deadline_s
         while True:
             wanted = self.wanted()
             if wanted is not None and wanted > above:
                 return True
+            if end is not None and time.monotonic() > end:
+                return False
             if stop is None:
                 time.sleep(HANDSHAKE_POLL_S)
             elif stop.wait(HANDSHAKE_POLL_S):

@@ -262,7 +262,8 @@ def receive_versions(group: SyncGroup, loader: Loader, current: int, target: int
         The version held afterwards (``target``).
 
     Raises:
-        WorkerError: the source sent a version past ``target`` (the two sides lost step).
+        WorkerError: the source sent a version past ``target`` (the two sides lost step), or
+            a peer receiver did not ask for the next version within the group's timeout.
     """
     if current >= target:
         return current
@@ -271,7 +272,14 @@ def receive_versions(group: SyncGroup, loader: Loader, current: int, target: int
     # each other, so no rank sits in a broadcast, on its timeout, while another generates.
     group.want(target)
     while current < target:
-        group.wait_wanted(current)
+        # the peers start the same call: one that never announces (a call Ray cancelled
+        # before it began) fails this one after the collective timeout, as a broadcast would
+        if not group.wait_wanted(current, deadline_s=group.timeout_s):
+            raise WorkerError(
+                f"weight sync: a rollout rank of this group did not ask for version "
+                f"{current + 1} within {group.timeout_s} s (cluster.collective_timeout_s); "
+                f"the receivers asked for {group.wanted()} at most"
+            )
         version, layout = group.broadcast_object(None, 0)
         for bucket in layout:
             flat = torch.empty(bucket.nbytes, dtype=torch.uint8, device=group.device)

@@ -195,3 +195,22 @@ def test_weights_woken_alone_go_back_to_sleep() -> None:
     llm.calls.clear()
     rollout.sleep()  # all asleep already: nothing to do
     assert llm.calls == []
+
+
+def test_a_rope_scaled_checkpoint_leaves_its_length_to_vllm(tmp_path) -> None:
+    # vLLM multiplies the context by a yarn/linear factor: rltrain does not refuse what it takes
+    run = RunConfig()
+    run.rollout.backend = "vllm"
+    run.model.path = str(tmp_path)
+    config = {**TINY_LLAMA, "max_position_embeddings": 128}
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    for scaled in ({"rope_scaling": yarn}, {"rope_parameters": yarn}):
+        (tmp_path / "config.json").write_text(json.dumps({**config, **scaled}))
+        assert vllm_context(run) is None
+    # transformers 5 writes default rope parameters for every model: no scaling there
+    plain = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    (tmp_path / "config.json").write_text(json.dumps({**config, **plain}))
+    assert vllm_context(run) == (
+        128,
+        f"max_position_embeddings=128 in model.path={tmp_path}/config.json",
+    )

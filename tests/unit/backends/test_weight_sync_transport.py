@@ -214,3 +214,24 @@ def test_the_sender_declares_its_collective_snapshot_in_the_ledger():
     sender.export([("a", torch.ones(16)), ("b", torch.ones(16))], 1)
     assert sender.device_bytes == 128  # the actor's weight_sync kind
     sender.close()
+
+
+def test_a_receiver_whose_peer_never_asks_fails_after_the_timeout_naming_the_key():
+    # Two receivers of one group start the same call; one never announces (Ray cancelled its
+    # call before it began): the other fails after cluster.collective_timeout_s, not never.
+    port = free_port()
+    groups: dict[int, SyncGroup] = {}
+
+    def join(rank: int) -> None:
+        groups[rank] = SyncGroup("gloo", "127.0.0.1", port, 3, rank, timeout_s=1.0)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    began = time.monotonic()
+    with pytest.raises(WorkerError, match=r"did not ask for version 1 within 1.0 s "
+                                          r"\(cluster.collective_timeout_s\)"):  # fmt: skip
+        receive_versions(groups[1], lambda bucket, flat: 0, 0, 1)
+    assert time.monotonic() - began < 30

@@ -190,6 +190,14 @@ def test_an_nccl_broadcast_snapshot_is_planned_on_the_actor_gpu():
         assert actor_sync[("actor", "weights")] == (W, "active")
         assert ("actor", "weight_sync") not in terms(plan.memory[(0, 0)].stage("train"))
         assert ("actor", "weight_sync") not in terms(plan.memory[(0, 1)].stage("sync"))
+    # Asynchronous: the actor trains while its last export still waits for the rollout's next
+    # generation, so the snapshot counts in its train stage too.
+    run = mid_run(actor=AFTER, rollout=ROLL_AFTER)
+    run.placement.component_placement = {"actor": "0", "rollout": "1"}
+    run.weight_sync.transport = "collective"
+    run.trainer.max_staleness = 1
+    plan = build_plan(run, ClusterSpec.from_config(run.cluster))
+    assert terms(plan.memory[(0, 0)].stage("train"))[("actor", "weight_sync")] == (W, "active")
     # The object store, or gloo on simulated devices: the snapshot is host memory.
     for transport, simulated in (("host", False), ("collective", True)):
         run = mid_run(actor=AFTER, rollout=ROLL_AFTER)
