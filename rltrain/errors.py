@@ -6,7 +6,9 @@ can correct the run without reading code.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
+from types import ModuleType
 
 
 class RltrainError(Exception):
@@ -80,3 +82,31 @@ def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
         seen.add(id(e))
         yield e
         stack += [e.__cause__, e.__context__]
+
+
+def import_user_module(key: str, spec: str, module_name: str) -> ModuleType:
+    """Import the module of a user's ``module:attribute`` config value (a reward function, an
+    environment class).
+
+    Args:
+        key: the config key holding ``spec`` (for the message).
+        spec: the value as given.
+        module_name: its module part.
+
+    Returns:
+        The module.
+
+    Raises:
+        ImportError: the module is not found (each caller names the fix it needs).
+        ConfigError: importing it raised anything else (a syntax error, an exception at import
+            time), named with the key.
+    """
+    try:
+        return importlib.import_module(module_name)
+    except ImportError:
+        raise
+    except Exception as exc:  # the user's module is run on import: anything may come out
+        raise ConfigError(
+            f"{key}={spec!r}: importing module {module_name!r} raised "
+            f"{type(exc).__name__}: {exc}; fix the module"
+        ) from None

@@ -8,7 +8,6 @@ reported together, each naming the full key, the bad value and the fix.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
 import inspect
 import math
@@ -46,7 +45,7 @@ from rltrain.config.schema import (
     RunConfig,
     WhatifConfig,
 )
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, import_user_module
 from rltrain.kinds import registry
 from rltrain.kinds.records import RunnerKind
 
@@ -680,9 +679,12 @@ def _importable(key: str, spec: str) -> Iterator[str]:
     """Refuse a ``module:function`` spec whose module cannot be imported or lacks the callable."""
     module_name, _, attr = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(key, spec, module_name)
     except ImportError as exc:
         yield f"{key}={spec!r}: cannot import module {module_name!r} ({exc}); fix the name"
+        return
+    except ConfigError as exc:
+        yield str(exc)
         return
     fn = getattr(module, attr, None)
     if not callable(fn):

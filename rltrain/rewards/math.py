@@ -112,8 +112,9 @@ def normalize_answer(text: str) -> str:
     """A final answer in a canonical spelling, for comparison.
 
     Removes spaces, ``$``, ``%``, LaTeX spacing (``\\,`` ``\\!`` ``\\;``), ``\\left`` /
-    ``\\right``, degree signs, a trailing full stop; unwraps ``\\text{...}``; maps ``\\dfrac`` and
-    ``\\tfrac`` to ``\\frac`` and the Unicode minus to ``-``.
+    ``\\right``, degree signs (``^\\circ`` and ``°``), a trailing full stop; unwraps
+    ``\\text{...}``; maps ``\\dfrac`` and ``\\tfrac`` to ``\\frac`` and the Unicode minus to
+    ``-``.
 
     Args:
         text: an extracted answer.
@@ -132,6 +133,7 @@ def normalize_answer(text: str) -> str:
         ("\\ ", ""),
         ("^{\\circ}", ""),
         ("^\\circ", ""),
+        ("\u00b0", ""),  # the Unicode degree sign, as LaTeX's
         ("\\$", ""),
         ("$", ""),
         ("\\%", ""),

@@ -7,13 +7,12 @@ trains on.
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rltrain.config.seeds import epoch_order_seed
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, import_user_module
 
 #: ``reward_fn(prompt, response, answer) -> float``; ``response`` is the decoded text the model
 #: generated after the prompt, up to (not including) its end-of-sequence token.
@@ -61,7 +60,7 @@ def import_reward_fn(spec: str, key: str = "task.reward_fn") -> RewardFn:
     if not sep or not module_name or not attr:
         raise ConfigError(f"{key}={spec!r} must look like 'package.module:function'")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(key, spec, module_name)
     except ImportError as exc:
         raise ConfigError(
             f"{key}={spec!r}: cannot import module {module_name!r} ({exc}); make it importable "

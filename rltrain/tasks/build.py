@@ -9,6 +9,7 @@ usable, so a user sees every problem of a dataset at once.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,10 @@ from rltrain.tasks.arithmetic import arithmetic_examples
 from rltrain.tasks.base import Example, RewardFn, Task, exact_match, import_reward_fn, split_eval
 from rltrain.tasks.chat import conversation, render_prompts, use_chat_template
 from rltrain.tasks.dataset import MAX_LISTED, Rows, read_rows
+
+log = logging.getLogger(__name__)
+#: Evaluation files already reported as overlapping the training rows (once per process).
+_OVERLAP_NOTED: set[tuple[str, str]] = set()
 
 #: ``task.name`` values that are reasoning tasks (``gym`` runs with ``runner=embodied``).
 REASONING_TASKS = ("arithmetic", "jsonl")
@@ -325,7 +330,28 @@ def assemble(cfg: Any, tokenizer: Any, problems: list[str], tokenizer_key: str =
     kept, held, same = split
     if eval_ex is not None:
         held, same = tuple(eval_ex), False
+        _note_overlap(cfg, kept, held)
     return collect(problems, lambda: Task(cfg.name, kept, held, same, cfg.seed, reward_fn, aliases))
+
+
+def _note_overlap(cfg: Any, train: Sequence[Example], evals: Sequence[Example]) -> None:
+    """Warn when ``task.eval_path`` holds prompts the run also trains on: its
+    ``eval/accuracy`` is then not a held-out figure for them (kept: evaluating on training
+    prompts can be what a user wants)."""
+    trained = {e.prompt for e in train}
+    shared = sum(e.prompt in trained for e in evals)
+    key = (str(cfg.path), str(cfg.eval_path))
+    if shared and key not in _OVERLAP_NOTED:
+        _OVERLAP_NOTED.add(key)
+        log.warning(
+            "task.eval_path=%r: %d of its %d prompts are also training prompts (task.path=%r), "
+            "so eval/accuracy is not held-out for them; give evaluation rows the run does not "
+            "train on for a held-out figure",
+            cfg.eval_path,
+            shared,
+            len(evals),
+            cfg.path,
+        )
 
 
 def prompt_conversations(

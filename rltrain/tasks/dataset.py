@@ -244,7 +244,7 @@ def _diagnose_json(path: str, key: str) -> str | None:
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         return (
             f"{key}={path!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
@@ -281,7 +281,7 @@ def _diagnose_json_array(path: str, key: str, text: str) -> str | None:
 def _diagnose_json_lines(path: str, key: str, text: str) -> str | None:
     """The first fault of a JSON-lines file, or None."""
     first_type: dict[str, tuple[str, int]] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -435,6 +435,14 @@ def read_rows(
     problems += _listed(
         odd, rows, f"the answer field {answer_key!r} holds a list or object: give a string"
     )
+    # Python would spell them True / nan, which no response in the file's spelling matches
+    odd = [i for i, a in enumerate(raw_answers) if isinstance(a, bool) or _is_nan(a)]
+    problems += _listed(
+        odd,
+        rows,
+        f"the answer field {answer_key!r} holds a boolean or NaN, neither text nor a number: "
+        f"quote it as the responses should spell it",
+    )
     empty_prompts = [i for i, p in enumerate(prompts) if p is not None and _blank_prompt(p)]
     problems += _listed(
         empty_prompts,
@@ -463,6 +471,10 @@ def read_rows(
     return rows
 
 
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -475,13 +487,18 @@ def _exact_json_answers(path: str, answer_key: str, n: int) -> list[Any] | None:
     Returns:
         ``n`` answers in row order, or None when the file's rows do not line up with ``n``.
     """
-    with open(path, encoding="utf-8") as f:
+    # utf-8-sig: a byte-order mark, which the loader accepts; lines split at "\n" only, as the
+    # loader splits them (str.splitlines also breaks at U+2028, legal inside a JSON string)
+    with open(path, encoding="utf-8-sig") as f:
         text = f.read()
     parse = {"parse_int": int, "parse_float": _JsonNumber}
-    if text.lstrip().startswith("["):
-        records = json.loads(text, **parse)
-    else:
-        records = [json.loads(line, **parse) for line in text.splitlines() if line.strip()]
+    try:
+        if text.lstrip().startswith("["):
+            records = json.loads(text, **parse)
+        else:
+            records = [json.loads(line, **parse) for line in text.split("\n") if line.strip()]
+    except ValueError:
+        return None  # not as the loader read it: keep the loader's values
     if len(records) != n:
         return None
     # a top-level key as written, else a nested field ``a.b`` as :func:`_column` reads it

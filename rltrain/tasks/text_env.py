@@ -21,12 +21,11 @@ reads the error and may try again); any other exception, or a call that outlives
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, import_user_module
 from rltrain.kinds import registry
 from rltrain.tasks.tool_format import final_answer, format_result, parse_call
 
@@ -135,7 +134,7 @@ def load_env_class(spec: str, key: str = "task.env") -> type:
     if not sep or not module_name or not attr:
         raise ConfigError(f"{key}={spec!r} must be 'package.module:ClassName'")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
+        cls = getattr(import_user_module(key, spec, module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(
             f"{key}={spec!r} could not be imported ({exc}): put the module on PYTHONPATH "

@@ -148,6 +148,7 @@ def test_boxed_reward_cases():
 def test_answers_equal_and_unknown_style():
     assert answers_equal("18.0", "18") and not answers_equal("18", "81")
     assert answers_equal(r"10^\circ", "10")
+    assert answers_equal("10\u00b0", "10")  # the Unicode degree sign too
     with pytest.raises(ValueError, match="style='latex'"):
         math_reward("x", "y", "latex")
 

@@ -56,3 +56,21 @@ def test_a_number_beyond_a_float64_is_read_or_refused_as_such(tmp_path):
     path = _write(tmp_path, "big.json", f'[{{"prompt": "q", "answer": {2**70}}}]')
     with pytest.raises(ConfigError, match=r"row 0: field 'answer' holds a 71-bit integer"):
         read_rows(path)
+
+
+def test_numbers_are_read_beside_a_line_separator_in_a_string_and_after_a_bom(tmp_path):
+    # U+2028 is legal raw inside a JSON string (json.dumps(ensure_ascii=False) writes it);
+    # a byte-order mark the loader accepts too
+    text = '{"prompt": "a\u2028b", "answer": 1}\n{"prompt": "c", "answer": 2.50}\n'
+    assert read_rows(_write(tmp_path, "sep.jsonl", text)).answers == ["1", "2.50"]
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "q", "answer": 7}\n')
+    assert read_rows(str(path)).answers == ["7"]
+
+
+@pytest.mark.parametrize("answer", ["true", "false", "NaN"])
+def test_a_boolean_or_nan_answer_is_refused(tmp_path, answer):
+    # Python would spell them True / nan, which no response in the file's spelling matches
+    path = _write(tmp_path, "d.jsonl", f'{{"prompt": "q", "answer": {answer}}}\n')
+    with pytest.raises(ConfigError, match="holds a boolean or NaN, neither text nor a number"):
+        read_rows(path)

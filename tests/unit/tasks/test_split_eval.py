@@ -42,3 +42,17 @@ def test_a_jsonl_file_with_a_repeated_prompt_keeps_it_out_of_training(tmp_path):
         held = {e.prompt for e in task.eval}
         assert len(held) == 2 and not held & {e.prompt for e in task.train}
         assert len(task.train) == 8  # the 4 other prompts, twice each
+
+
+def test_an_eval_file_sharing_training_prompts_is_reported_once(tmp_path, caplog):
+    train, evals = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals.write_text("".join(json.dumps(r) + "\n" for r in rows[4:] + [rows[0] | {"prompt": "x"}]))
+    cfg = TaskConfig(name="jsonl", path=str(train), eval_path=str(evals), num_eval=0)
+    with caplog.at_level("WARNING", logger="rltrain.tasks.build"):
+        build_task(cfg, None)
+        build_task(cfg, None)  # the same files again in this process: not repeated
+    notes = [r.getMessage() for r in caplog.records if "not held-out" in r.getMessage()]
+    assert len(notes) == 1 and "2 of its 3 prompts are also training prompts" in notes[0]
+    assert f"task.eval_path={str(evals)!r}" in notes[0]
