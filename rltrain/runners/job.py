@@ -118,19 +118,29 @@ def _simulated_memory(spec: ClusterSpec, run: RunConfig) -> ClusterSpec:
 
 
 def _stage_extra(plan: Plan, component: str, device: tuple[int, int]) -> int:
-    """The plan's transient bytes of ``component`` on ``device`` in its largest stage: what a
-    lease adds to the state its workers measured (a kind the worker measures, vLLM's reserved
-    KV cache, is not transient and is counted once, as state)."""
+    """One process's share of the plan's transient bytes of ``component`` on ``device`` in its
+    largest stage: what its lease adds to the state it measured (a kind the worker measures,
+    vLLM's reserved KV cache, is not transient and is counted once, as state). The plan's term
+    is the device's total over the component's processes there; each process registers its
+    own lease, so each takes its share."""
     memory = plan.memory.get(device)
     if memory is None:
         return 0
     transient = transient_kinds(plan.run)
-    return max(
+    total = max(
         (
             sum(t.bytes for t in s.terms if t.component == component and t.kind in transient)
             for s in memory.stages
         ),
         default=0,
+    )
+    return -(-total // max(_sharers(plan, component, device), 1))
+
+
+def _sharers(plan: Plan, component: str, device: tuple[int, int]) -> int:
+    """How many of ``component``'s processes use ``device``."""
+    return sum(
+        device in ((p.node_rank, d) for d in p.devices) for p in plan.by_component[component]
     )
 
 
@@ -149,9 +159,7 @@ def _planned_state(
         memory = plan.memory.get(dev)
         if memory is None:
             continue
-        sharers = sum(
-            dev in ((p.node_rank, d) for d in p.devices) for p in plan.by_component[component]
-        )
+        sharers = _sharers(plan, component, dev)
         for s in memory.stages:
             for t in s.terms:
                 if t.component == component and t.kind in kinds:

@@ -104,7 +104,7 @@ class WeightHub:
                 )
                 first += members[r]
         for f in pending:
-            f.wait(timeout + 30)
+            f.wait(timeout + 30, "cluster.collective_timeout_s")
 
     def submit_exports(self, version: int) -> dict[str, Any]:
         """Queue the export of ``version`` for every receiver on its source actor ranks (behind

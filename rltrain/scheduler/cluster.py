@@ -323,7 +323,11 @@ class Cluster:
                     f"it with `ray start --head` (and `ray start --address=...` on other nodes) "
                     f"or use cluster=local"
                 ) from None
-            return cls(config, cls._discover(config), owns_ray=True)
+            try:
+                return cls(config, cls._discover(config), owns_ray=True)
+            except BaseException:
+                ray.shutdown()  # a disconnect: the joined cluster is not ours to stop
+                raise
         return cls._start_local(config, runtime_env)
 
     @classmethod
@@ -387,7 +391,16 @@ class Cluster:
                 else:
                     os.environ["RAY_TMPDIR"] = saved
             ray.init(address=local.address, runtime_env=runtime_env)
-        cluster = cls(config, cls._discover(config), owns_ray=True, local=local)
+        try:
+            cluster = cls(config, cls._discover(config), owns_ray=True, local=local)
+        except BaseException:
+            # discovery failed (a device probe, Ctrl-C): Ray is up but no Cluster will stop it
+            ray.shutdown()
+            if local is not None:
+                local.shutdown()
+            if not _get(config, "temp_dir"):
+                shutil.rmtree(temp, ignore_errors=True)
+            raise
         cluster._temp_dir = None if _get(config, "temp_dir") else temp
         return cluster
 

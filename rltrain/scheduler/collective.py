@@ -27,6 +27,9 @@ from rltrain.errors import WorkerError
 if TYPE_CHECKING:
     from rltrain.scheduler.group import WorkerGroup
 
+#: The config key the collectives' timeouts come from (named when one expires).
+COLLECTIVE_TIMEOUT_KEY = "cluster.collective_timeout_s"
+
 
 def _backend(groups: Sequence[WorkerGroup[Any]], backend: str | None) -> str:
     if backend is not None:
@@ -119,9 +122,8 @@ def join_collective(
 
 # ------------------------------------------------------------------ driver side
 def _rendezvous(first: WorkerGroup[Any], world_size: int, timeout_s: float) -> tuple[str, int]:
-    return first.host_call("_rltrain_open_store", world_size, timeout_s, ranks=[0]).wait(timeout_s)[
-        0
-    ]
+    store = first.host_call("_rltrain_open_store", world_size, timeout_s, ranks=[0])
+    return store.wait(timeout_s, COLLECTIVE_TIMEOUT_KEY)[0]
 
 
 def init_group_process_group(
@@ -131,6 +133,8 @@ def init_group_process_group(
 
     Raises:
         WorkerError: when a rank fails to join (the group is torn down).
+        CallTimeoutError: a rank did not join within the timeout (named with its key; the
+            job's teardown stops the groups).
     """
     timeout_s = group.cluster.collective_timeout_s if timeout_s is None else timeout_s
     backend = _backend([group], backend)
@@ -150,7 +154,7 @@ def init_group_process_group(
         for r in range(world)
     ]
     for f in futures:
-        f.wait(timeout_s + 30)
+        f.wait(timeout_s + 30, COLLECTIVE_TIMEOUT_KEY)
 
 
 def create_collective(
@@ -175,6 +179,8 @@ def create_collective(
 
     Raises:
         WorkerError: when a member fails to join (the linked groups are torn down).
+        CallTimeoutError: a member did not join within the timeout (named with its key; the
+            job's teardown stops the groups).
     """
     if not groups:
         raise WorkerError(f"create_collective({name!r}): give at least one group")
@@ -185,9 +191,8 @@ def create_collective(
     members = [(g, r) for g in groups for r in g.ranks]
     world = len(members)
     first, first_rank = members[0]
-    addr, port = first.host_call("_rltrain_open_store", world, timeout_s, ranks=[first_rank]).wait(
-        timeout_s
-    )[0]
+    store = first.host_call("_rltrain_open_store", world, timeout_s, ranks=[first_rank])
+    addr, port = store.wait(timeout_s, COLLECTIVE_TIMEOUT_KEY)[0]
     futures = [
         g.host_call(
             "_rltrain_join_collective",
@@ -203,7 +208,7 @@ def create_collective(
         for i, (g, r) in enumerate(members)
     ]
     for f in futures:
-        f.wait(timeout_s + 30)
+        f.wait(timeout_s + 30, COLLECTIVE_TIMEOUT_KEY)
     ranks: dict[str, list[int]] = {}
     for i, (g, _) in enumerate(members):
         ranks.setdefault(g.name, []).append(i)

@@ -204,11 +204,13 @@ class GroupFuture(Generic[R]):
         ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
         return len(ready) == len(self._refs)
 
-    def wait(self, timeout: float | None = None) -> list[R]:
+    def wait(self, timeout: float | None = None, timeout_key: str | None = None) -> list[R]:
         """Block until every rank answered; fail fast on the first failure.
 
         Args:
             timeout: seconds to wait at most (None: no limit).
+            timeout_key: the config key ``timeout`` comes from, named in the timeout's message
+                with its fix (None: a caller's own wait, which may wait again).
 
         Returns:
             One result per called rank, in rank order.
@@ -221,7 +223,7 @@ class GroupFuture(Generic[R]):
             try:
                 return [ray.get(self._refs[0], timeout=timeout)]
             except ray.exceptions.GetTimeoutError:
-                raise self._timeout(timeout, [self._ranks[0]]) from None
+                raise self._timeout(timeout, [self._ranks[0]], timeout_key) from None
             except ray.exceptions.RayError as exc:
                 raise self._group._fail(self._ranks[0], self._method, exc) from None
         index = {ref: i for i, ref in enumerate(self._refs)}
@@ -232,7 +234,7 @@ class GroupFuture(Generic[R]):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
             if not ready:
-                raise self._timeout(timeout, [self._ranks[index[r]] for r in pending])
+                raise self._timeout(timeout, [self._ranks[index[r]] for r in pending], timeout_key)
             i = index[ready[0]]
             try:
                 results[i] = ray.get(ready[0])
@@ -240,10 +242,17 @@ class GroupFuture(Generic[R]):
                 raise self._group._fail(self._ranks[i], self._method, exc) from None
         return results
 
-    def _timeout(self, timeout: float | None, ranks: list[int]) -> CallTimeoutError:
+    def _timeout(
+        self, timeout: float | None, ranks: list[int], key: str | None = None
+    ) -> CallTimeoutError:
+        where = f"group {self._group.name!r}.{self._method}: ranks {ranks} did not answer within"
+        if key is None:
+            return CallTimeoutError(
+                f"{where} {timeout} s; they keep running: wait again, or shut the group down"
+            )
         return CallTimeoutError(
-            f"group {self._group.name!r}.{self._method}: ranks {ranks} did not answer within "
-            f"{timeout} s; they keep running: wait again, or shut the group down"
+            f"{where} {timeout} s (from {key}): raise {key} if they are slow (a large model "
+            f"loading, a loaded machine), or read the ranks' log lines above for what holds them"
         )
 
 
@@ -677,4 +686,6 @@ class WorkerGroupBuilder(Generic[W]):
                 f["pid"],
             )
         port = state.actors[0]._rltrain_free_port.remote()
-        group.host_call("_rltrain_set_env", {"MASTER_PORT": str(ray.get(port))}).wait(timeout)
+        group.host_call("_rltrain_set_env", {"MASTER_PORT": str(ray.get(port))}).wait(
+            timeout, "cluster.startup_timeout_s"
+        )

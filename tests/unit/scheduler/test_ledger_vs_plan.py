@@ -9,7 +9,7 @@ from rltrain.backends.generation import VllmState
 from rltrain.config import resolve_offload
 from rltrain.placement.plan import build_plan
 from rltrain.placement.types import GIB, ClusterSpec, NodeSpec
-from rltrain.runners.job import _stage_extra
+from rltrain.runners.job import _planned_state, _stage_extra
 from rltrain.scheduler.residency import ResidencyCoordinator, Resident
 from rltrain.workers.common import ResidentState
 
@@ -84,3 +84,25 @@ def test_torch_kv_cache_is_a_transient_term_of_the_lease():
     assert _stage_extra(plan, "rollout", DEV) == kv  # the engine's mover does not hold it
     train = {t.kind for t in plan.memory[DEV].stage("train").terms if t.component == "rollout"}
     assert "kv_cache" not in train  # freed after generating: not held while the actor trains
+
+
+def test_two_processes_on_one_device_share_its_transient_term_and_get_their_lease():
+    # The actor's two processes on the one device: the plan's activations term is the device's
+    # total, so each process's lease adds half of it, and a device of exactly the plan's
+    # largest stage peak grants the actor's lease (it was refused: each counted the total).
+    overrides = ("cluster.devices_per_node=1", "placement.component_placement.actor=0:0-1")
+    run, roomy = one_device_plan(*overrides)
+    need = max(s.peak_bytes for s in roomy.memory[DEV].stages)
+    run = composed_run("placement=collocated", "placement.fuse=false", *overrides)
+    plan = build_plan(run, ClusterSpec((NodeSpec(0, 1, need, "sim"),)))
+    assert plan.fit_problems() == []
+    activations = term(plan, "train", "actor", "activations")
+    assert _stage_extra(plan, "actor", DEV) == -(-activations // 2)
+    co = ResidencyCoordinator({DEV: need})
+    for comp, procs in plan.by_component.items():
+        policy = resolve_offload(run.placement.offload.get(comp), comp)
+        for p in procs:
+            state = _planned_state(plan, comp, (DEV,), ("weights", "grads", "optimizer"))
+            extra = _stage_extra(plan, comp, DEV)
+            co.register(Resident(comp, p.rank, (DEV,), policy, state, stage_extra=extra))
+    co.plan_stage("actor")  # granted: no ResourceError

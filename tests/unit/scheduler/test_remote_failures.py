@@ -67,3 +67,18 @@ def test_one_line_names_type_and_first_line():
     assert one_line(ValueError("first\nsecond")) == "ValueError: first"
     assert one_line(KeyError()) == "KeyError"
     assert one_line(RuntimeError("x" * 300)) == "RuntimeError: " + "x" * 199 + "…"
+
+
+def test_a_timeout_from_a_config_key_names_the_key_and_the_fix():
+    from types import SimpleNamespace
+
+    from rltrain.scheduler.group import GroupFuture
+
+    future = GroupFuture(SimpleNamespace(name="actor"), [0, 1], [], "_rltrain_join_collective")
+    text = str(future._timeout(330.0, [1], "cluster.collective_timeout_s"))
+    assert text.startswith(
+        "group 'actor'._rltrain_join_collective: ranks [1] did not answer within 330.0 s (from "
+        "cluster.collective_timeout_s): raise cluster.collective_timeout_s if they are slow"
+    )
+    # a caller's own wait, with no key, may wait again
+    assert "wait again" in str(future._timeout(5.0, [1]))
