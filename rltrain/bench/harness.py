@@ -312,15 +312,7 @@ def run_measure(m: Measure, quick: bool = False, clock: Clock = time.perf_counte
     finally:
         if suite.teardown is not None:
             suite.teardown()
-    by_name = {c.name: c for c in suite.cases}
-    # a case other cases name as their baseline is its own: the baseline of its size
-    named = {c.baseline for c in suite.cases if c.baseline is not None} - {suite.baseline}
-    results = []
-    for c in suite.cases:
-        own = c.baseline or (c.name if c.name in named else None)
-        base_case = by_name[own or suite.baseline]
-        base = statistics.median(raw[base_case.name])
-        results.append(_case_result(c, raw[c.name], plan[c.name][0], base, base_case, own))
+    results = _results(suite, raw, {name: warmup for name, (warmup, _) in plan.items()})
     sized = [(c.size, r.median) for c, r in zip(suite.cases, results, strict=True) if c.size]
     return MeasureResult(
         name=m.name,
@@ -332,6 +324,22 @@ def run_measure(m: Measure, quick: bool = False, clock: Clock = time.perf_counte
         note=suite.note,
         extras=extras,
     )
+
+
+def _results(
+    suite: Suite, raw: dict[str, list[float]], warmups: dict[str, int]
+) -> list[CaseResult]:
+    """Each case's summary against its baseline: its own (``Case.baseline``), itself when
+    other cases name it as theirs (the baseline of its size), else the suite's."""
+    by_name = {c.name: c for c in suite.cases}
+    named = {c.baseline for c in suite.cases if c.baseline is not None} - {suite.baseline}
+    results = []
+    for c in suite.cases:
+        own = c.baseline or (c.name if c.name in named else None)
+        base_case = by_name[own or suite.baseline]
+        base = statistics.median(raw[base_case.name])
+        results.append(_case_result(c, raw[c.name], warmups[c.name], base, base_case, own))
+    return results
 
 
 def _case_result(

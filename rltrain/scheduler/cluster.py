@@ -130,6 +130,45 @@ def local_gpu_count() -> int:
     return count
 
 
+def _start_simulated_nodes(node_args: list[dict[str, Any]], temp: str) -> Any:
+    """Start a local Ray of several nodes (``ray.cluster_utils.Cluster``) in ``temp``.
+
+    Args:
+        node_args: each node's arguments, the head's first.
+        temp: the Ray temp dir this start owns.
+
+    Returns:
+        The started ``ray.cluster_utils.Cluster``, its nodes up.
+    """
+    from ray.cluster_utils import Cluster as LocalCluster
+
+    # cluster_utils writes "the current cluster" file under Ray's default temp dir, where other
+    # ray.init() calls on this machine would find and join it: keep it in our own temp dir.
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp
+    os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
+    try:
+        local = LocalCluster(
+            initialize_head=True,
+            head_node_args={
+                **node_args[0],
+                "temp_dir": temp,
+                "include_dashboard": False,
+                "_system_config": LOCAL_SYSTEM_CONFIG,
+                **LOCAL_NODE_PARAMS,
+            },
+        )
+        for args in node_args[1:]:
+            local.add_node(**args, **LOCAL_NODE_PARAMS)
+        local.wait_for_nodes()
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+    return local
+
+
 def _use_loopback() -> None:
     # A private local Ray on loopback: no auth token under ~/.ray, gloo on lo, no usage report
     # (setdefault: the user's own settings win).
@@ -363,33 +402,7 @@ class Cluster:
                     **node_args[0],
                 )
         else:
-            from ray.cluster_utils import Cluster as LocalCluster
-
-            # cluster_utils writes "the current cluster" file under Ray's default temp dir,
-            # where other ray.init() calls on this machine would find and join it: keep it in
-            # our own temp dir instead.
-            saved = os.environ.get("RAY_TMPDIR")
-            os.environ["RAY_TMPDIR"] = temp
-            os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
-            try:
-                local = LocalCluster(
-                    initialize_head=True,
-                    head_node_args={
-                        **node_args[0],
-                        "temp_dir": temp,
-                        "include_dashboard": False,
-                        "_system_config": LOCAL_SYSTEM_CONFIG,
-                        **LOCAL_NODE_PARAMS,
-                    },
-                )
-                for args in node_args[1:]:
-                    local.add_node(**args, **LOCAL_NODE_PARAMS)
-                local.wait_for_nodes()
-            finally:
-                if saved is None:
-                    os.environ.pop("RAY_TMPDIR", None)
-                else:
-                    os.environ["RAY_TMPDIR"] = saved
+            local = _start_simulated_nodes(node_args, temp)
             ray.init(address=local.address, runtime_env=runtime_env)
         try:
             cluster = cls(config, cls._discover(config), owns_ray=True, local=local)
