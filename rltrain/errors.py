@@ -7,6 +7,7 @@ can correct the run without reading code.
 from __future__ import annotations
 
 import importlib
+import traceback
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -106,7 +107,11 @@ def import_user_module(key: str, spec: str, module_name: str) -> ModuleType:
     except ImportError:
         raise
     except Exception as exc:  # the user's module is run on import: anything may come out
+        # where in the user's module (a SyntaxError's own text names its file and line)
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = frames and not isinstance(exc, SyntaxError)
+        at = f" at {frames[-1].filename}:{frames[-1].lineno}" if where else ""
         raise ConfigError(
             f"{key}={spec!r}: importing module {module_name!r} raised "
-            f"{type(exc).__name__}: {exc}; fix the module"
-        ) from None
+            f"{type(exc).__name__}{at}: {exc}; fix the module"
+        ) from exc

@@ -21,6 +21,7 @@ it as a context manager so an exception or Ctrl-C cleans up too.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -128,6 +129,23 @@ def local_gpu_count() -> int:
     if visible is not None:
         count = min(count, len([v for v in visible.split(",") if v.strip()]))
     return count
+
+
+def _stop_started(local: Any) -> None:
+    """Disconnect from the Ray a failed start brought up and stop its simulated nodes, Ctrl-C
+    held until done; a failure here is logged, not raised over the start's own."""
+    import ray
+
+    from rltrain.scheduler.interrupts import deferred_interrupts
+
+    with deferred_interrupts():
+        for stop in (ray.shutdown, getattr(local, "shutdown", None)):
+            if stop is None:
+                continue
+            try:
+                stop()
+            except Exception as exc:  # noqa: BLE001 - the start's error is the one to report
+                logging.getLogger(__name__).warning("stopping a failed Ray start: %s", exc)
 
 
 def _start_simulated_nodes(node_args: list[dict[str, Any]], temp: str) -> Any:
@@ -374,22 +392,26 @@ class Cluster:
         import time
 
         began = time.time()
+        given = _get(config, "temp_dir")
+        temp = given or tempfile.mkdtemp(prefix="rltrain-ray-", dir="/tmp")
         try:
-            return cls._start_local_ray(config, runtime_env)
+            return cls._start_local_ray(config, runtime_env, temp)
         except BaseException:
             # Ctrl-C (or a failure) half-way through starting Ray: what it started so far must
-            # not outlive the driver (an agent still importing would wait a minute for its GCS)
+            # not outlive the driver (an agent still importing would wait a minute for its GCS);
+            # its temp dir goes once they are gone
             _end(_children_since(began))
+            if not given:
+                shutil.rmtree(temp, ignore_errors=True)
             raise
 
     @classmethod
-    def _start_local_ray(cls, config: Any, runtime_env: dict | None) -> Cluster:
+    def _start_local_ray(cls, config: Any, runtime_env: dict | None, temp: str) -> Cluster:
         import ray
 
         num_nodes = int(_get(config, "num_nodes", 1))
         node_args = cls._local_node_args(config, num_nodes)  # refusals before anything starts
         _use_loopback()
-        temp = _get(config, "temp_dir") or tempfile.mkdtemp(prefix="rltrain-ray-", dir="/tmp")
         local = None
         if num_nodes == 1:
             with _local_node_params():
@@ -408,11 +430,7 @@ class Cluster:
             cluster = cls(config, cls._discover(config), owns_ray=True, local=local)
         except BaseException:
             # discovery failed (a device probe, Ctrl-C): Ray is up but no Cluster will stop it
-            ray.shutdown()
-            if local is not None:
-                local.shutdown()
-            if not _get(config, "temp_dir"):
-                shutil.rmtree(temp, ignore_errors=True)
+            _stop_started(local)
             raise
         cluster._temp_dir = None if _get(config, "temp_dir") else temp
         return cluster

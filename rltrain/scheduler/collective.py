@@ -121,9 +121,11 @@ def join_collective(
 
 
 # ------------------------------------------------------------------ driver side
-def _rendezvous(first: WorkerGroup[Any], world_size: int, timeout_s: float) -> tuple[str, int]:
+def _rendezvous(
+    first: WorkerGroup[Any], world_size: int, timeout_s: float, key: str | None
+) -> tuple[str, int]:
     store = first.host_call("_rltrain_open_store", world_size, timeout_s, ranks=[0])
-    return store.wait(timeout_s, COLLECTIVE_TIMEOUT_KEY)[0]
+    return store.wait(timeout_s, key)[0]
 
 
 def init_group_process_group(
@@ -136,10 +138,11 @@ def init_group_process_group(
         CallTimeoutError: a rank did not join within the timeout (named with its key; the
             job's teardown stops the groups).
     """
+    key = COLLECTIVE_TIMEOUT_KEY if timeout_s is None else None  # a caller's own: no key
     timeout_s = group.cluster.collective_timeout_s if timeout_s is None else timeout_s
     backend = _backend([group], backend)
     world = group.world_size
-    addr, port = _rendezvous(group, world, timeout_s)
+    addr, port = _rendezvous(group, world, timeout_s, key)
     futures = [
         group.host_call(
             "_rltrain_init_process_group",
@@ -154,7 +157,7 @@ def init_group_process_group(
         for r in range(world)
     ]
     for f in futures:
-        f.wait(timeout_s + 30, COLLECTIVE_TIMEOUT_KEY)
+        f.wait(timeout_s + 30, key)
 
 
 def create_collective(
@@ -185,6 +188,7 @@ def create_collective(
     if not groups:
         raise WorkerError(f"create_collective({name!r}): give at least one group")
     cluster = groups[0].cluster
+    key = COLLECTIVE_TIMEOUT_KEY if timeout_s is None else None  # a caller's own: no key
     timeout_s = cluster.collective_timeout_s if timeout_s is None else timeout_s
     backend = _backend(groups, backend)
     cluster.link(*(g.name for g in groups))
@@ -192,7 +196,7 @@ def create_collective(
     world = len(members)
     first, first_rank = members[0]
     store = first.host_call("_rltrain_open_store", world, timeout_s, ranks=[first_rank])
-    addr, port = store.wait(timeout_s, COLLECTIVE_TIMEOUT_KEY)[0]
+    addr, port = store.wait(timeout_s, key)[0]
     futures = [
         g.host_call(
             "_rltrain_join_collective",
@@ -208,7 +212,7 @@ def create_collective(
         for i, (g, r) in enumerate(members)
     ]
     for f in futures:
-        f.wait(timeout_s + 30, COLLECTIVE_TIMEOUT_KEY)
+        f.wait(timeout_s + 30, key)
     ranks: dict[str, list[int]] = {}
     for i, (g, _) in enumerate(members):
         ranks.setdefault(g.name, []).append(i)

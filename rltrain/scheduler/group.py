@@ -251,7 +251,7 @@ class GroupFuture(Generic[R]):
                 f"{where} {timeout} s; they keep running: wait again, or shut the group down"
             )
         return CallTimeoutError(
-            f"{where} {timeout} s (from {key}): raise {key} if they are slow (a large model "
+            f"{where} {timeout:g} s (set from {key}): raise {key} if they are slow (a large model "
             f"loading, a loaded machine), or read the ranks' log lines above for what holds them"
         )
 

@@ -21,7 +21,8 @@ from rltrain.tasks.chat import conversation, render_prompts, use_chat_template
 from rltrain.tasks.dataset import MAX_LISTED, Rows, read_rows
 
 log = logging.getLogger(__name__)
-#: Evaluation files already reported as overlapping the training rows (once per process).
+#: Evaluation files already reported as overlapping the training rows (once per process: the
+#: driver's check, a reward worker and a rollout's evaluation each build the task).
 _OVERLAP_NOTED: set[tuple[str, str]] = set()
 
 #: ``task.name`` values that are reasoning tasks (``gym`` runs with ``runner=embodied``).
@@ -338,8 +339,8 @@ def _note_overlap(cfg: Any, train: Sequence[Example], evals: Sequence[Example]) 
     """Warn when ``task.eval_path`` holds prompts the run also trains on: its
     ``eval/accuracy`` is then not a held-out figure for them (kept: evaluating on training
     prompts can be what a user wants)."""
-    trained = {e.prompt for e in train}
-    shared = sum(e.prompt in trained for e in evals)
+    evaluated = {e.prompt for e in evals}
+    shared = len(evaluated & {e.prompt for e in train})
     key = (str(cfg.path), str(cfg.eval_path))
     if shared and key not in _OVERLAP_NOTED:
         _OVERLAP_NOTED.add(key)
@@ -349,7 +350,7 @@ def _note_overlap(cfg: Any, train: Sequence[Example], evals: Sequence[Example]) 
             "train on for a held-out figure",
             cfg.eval_path,
             shared,
-            len(evals),
+            len(evaluated),
             cfg.path,
         )
 

@@ -244,12 +244,13 @@ def _diagnose_json(path: str, key: str) -> str | None:
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        text = raw.decode("utf-8-sig")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         return (
             f"{key}={path!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
             f"{exc.start}): is it a binary file? Give a {SUPPORTED}"
         )
+    text = text.removeprefix("\ufeff")  # a byte-order mark, which the loader accepts
     if "\x00" in text:
         return f"{key}={path!r} holds NUL bytes, so it is not JSON text: is it a binary file?"
     if not text.strip():
@@ -281,7 +282,8 @@ def _diagnose_json_array(path: str, key: str, text: str) -> str | None:
 def _diagnose_json_lines(path: str, key: str, text: str) -> str | None:
     """The first fault of a JSON-lines file, or None."""
     first_type: dict[str, tuple[str, int]] = {}
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -379,14 +381,23 @@ def read_rows(
 
     Raises:
         ConfigError: see :func:`load_table`; also no rows, a field missing from the file or
-            from some rows (file, line or row, field), or an answer that is a list or object.
+            from some rows (file, line or row, field; a NaN answer is a missing one), or an
+            answer that is a list, an object or a boolean.
     """
     table = load_table(path, key)
     if len(table) == 0:
         raise ConfigError(f"{key}={path!r} holds no rows")
     fields = {}
     for name, cfg_key in ((prompt_key, "task.prompt_key"), (answer_key, "task.answer_key")):
-        values = _column(table, name)
+        try:
+            values = _column(table, name)
+        except UnicodeDecodeError as exc:  # Arrow keeps a string's bytes unchecked until read
+            found = _diagnose_json(path, key) if file_kind(path, key) == "json" else None
+            raise ConfigError(
+                found
+                or f"{key}={path!r}: field {name!r} holds text that is not UTF-8 ({exc.reason}, "
+                f"byte 0x{exc.object[exc.start]:02x}): save the data as UTF-8"
+            ) from None
         if values is None:
             raise ConfigError(
                 f"{key}={path!r} has no field {name!r} ({cfg_key}={name!r}); its fields are "
@@ -405,7 +416,8 @@ def read_rows(
         (prompt_key, prompts, "task.prompt_key"),
         (answer_key, raw_answers, "task.answer_key"),
     ):
-        missing = [i for i, v in enumerate(values) if v is None]
+        # NaN: a float column's missing value (pyarrow writes it as such)
+        missing = [i for i, v in enumerate(values) if v is None or _is_nan(v)]
         problems += _listed(
             missing,
             rows,
@@ -435,13 +447,14 @@ def read_rows(
     problems += _listed(
         odd, rows, f"the answer field {answer_key!r} holds a list or object: give a string"
     )
-    # Python would spell them True / nan, which no response in the file's spelling matches
-    odd = [i for i, a in enumerate(raw_answers) if isinstance(a, bool) or _is_nan(a)]
+    # Python would spell it True, which no response in the file's spelling (true) matches
+    odd = [i for i, a in enumerate(raw_answers) if isinstance(a, bool)]
     problems += _listed(
         odd,
         rows,
-        f"the answer field {answer_key!r} holds a boolean or NaN, neither text nor a number: "
-        f"quote it as the responses should spell it",
+        f"the answer field {answer_key!r} holds a boolean, neither text nor a number: give it "
+        f"as text the responses should spell (quoted in JSON; a string column in Parquet or a "
+        f"saved dataset)",
     )
     empty_prompts = [i for i, p in enumerate(prompts) if p is not None and _blank_prompt(p)]
     problems += _listed(

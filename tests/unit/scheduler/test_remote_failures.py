@@ -77,7 +77,7 @@ def test_a_timeout_from_a_config_key_names_the_key_and_the_fix():
     future = GroupFuture(SimpleNamespace(name="actor"), [0, 1], [], "_rltrain_join_collective")
     text = str(future._timeout(330.0, [1], "cluster.collective_timeout_s"))
     assert text.startswith(
-        "group 'actor'._rltrain_join_collective: ranks [1] did not answer within 330.0 s (from "
+        "group 'actor'._rltrain_join_collective: ranks [1] did not answer within 330 s (set from "
         "cluster.collective_timeout_s): raise cluster.collective_timeout_s if they are slow"
     )
     # a caller's own wait, with no key, may wait again

@@ -64,13 +64,40 @@ def test_numbers_are_read_beside_a_line_separator_in_a_string_and_after_a_bom(tm
     text = '{"prompt": "a\u2028b", "answer": 1}\n{"prompt": "c", "answer": 2.50}\n'
     assert read_rows(_write(tmp_path, "sep.jsonl", text)).answers == ["1", "2.50"]
     path = tmp_path / "bom.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "q", "answer": 7}\n')
-    assert read_rows(str(path)).answers == ["7"]
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "q", "answer": 2.50}\n')
+    assert read_rows(str(path)).answers == ["2.50"]  # the file's digits, not the loader's 2.5
 
 
-@pytest.mark.parametrize("answer", ["true", "false", "NaN"])
-def test_a_boolean_or_nan_answer_is_refused(tmp_path, answer):
-    # Python would spell them True / nan, which no response in the file's spelling matches
+@pytest.mark.parametrize("answer", ["true", "false"])
+def test_a_boolean_answer_is_refused(tmp_path, answer):
+    # Python would spell it True, which no response in the file's spelling (true) matches
     path = _write(tmp_path, "d.jsonl", f'{{"prompt": "q", "answer": {answer}}}\n')
-    with pytest.raises(ConfigError, match="holds a boolean or NaN, neither text nor a number"):
+    with pytest.raises(ConfigError, match="holds a boolean, neither text nor a number"):
         read_rows(path)
+    quoted = _write(tmp_path, "q.jsonl", f'{{"prompt": "q", "answer": "{answer}"}}\n')
+    assert read_rows(quoted).answers == [answer]
+
+
+def test_a_nan_answer_is_a_missing_one(tmp_path):
+    path = _write(tmp_path, "d.jsonl", '{"prompt": "q", "answer": NaN}\n')
+    with pytest.raises(ConfigError, match="missing field 'answer'"):
+        read_rows(path)
+
+
+def test_a_byte_that_is_not_utf8_inside_a_string_is_named_at_its_file_offset(tmp_path):
+    # the loader keeps the bytes unchecked until a row is read; with or without a byte-order
+    # mark the offset is the byte's own in the file
+    for bom, offset in ((b"", 28), (b"\xef\xbb\xbf", 31)):
+        path = tmp_path / "d.jsonl"
+        path.write_bytes(bom + b'{"prompt": "q", "answer": "a\xff"}\n')
+        with pytest.raises(
+            ConfigError, match=rf"is not UTF-8 text \(byte 0xff at offset {offset}\)"
+        ):
+            read_rows(str(path))
+
+
+def test_a_file_with_carriage_return_line_ends_is_diagnosed_at_the_right_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"prompt": "q", "answer": "a"}\r{"prompt": "r", "answer": "b" oops}\r')
+    with pytest.raises(ConfigError, match="line 2: not valid JSON"):
+        read_rows(str(path))
