@@ -49,7 +49,7 @@ from typing import Any
 from rltrain.config.offload import OffloadPolicy, resolve_offload
 from rltrain.config.seeds import engine_seed, prompt_seed
 from rltrain.errors import ConfigError, ResourceError
-from rltrain.kinds.vllm import engine_max_model_len, length_problems, vllm_context
+from rltrain.kinds.vllm import length_problems, vllm_context
 
 #: Qualified name vLLM imports inside each of its workers to add our weight-loading methods.
 WORKER_EXTENSION = "rltrain.backends.vllm_rollout.WeightSyncExtension"
@@ -463,7 +463,7 @@ def vllm_settings(
     """The engine settings of one rollout process of a run.
 
     ``rollout.max_model_len`` (null: ``task.max_prompt_length + rollout.max_new_tokens``,
-    capped at the model's context: :func:`rltrain.kinds.vllm.engine_max_model_len`) is passed
+    capped at the model's context: :func:`rltrain.placement.memory.sequence_length`) is passed
     to the engine; weights are dummy (the actor's arrive by weight sync before the first
     generation); the rollout's offload policy decides whether the engine sleeps (level 1:
     weights backed up in host memory, KV cache dropped; level 2 would drop the weights too, and
@@ -475,11 +475,10 @@ def vllm_settings(
         stop_token_ids: the EOS ids (:func:`~rltrain.backends.generation.eos_token_ids`).
         rank: the rollout rank (seeds the engine: :func:`~rltrain.config.seeds.engine_seed`).
     """
-    from rltrain.placement.memory import model_dims
+    from rltrain.placement.memory import model_dims, sequence_length
 
     r = run.rollout
     policy = resolve_offload(run.placement.offload.get("rollout"), "placement.offload.rollout")
-    context = model_dims(run.model).max_position_embeddings
     return VllmSettings(
         model_path=model_path,
         tensor_parallel_size=r.tensor_parallel_size,
@@ -487,7 +486,8 @@ def vllm_settings(
         dtype=run.model.dtype,
         seed=engine_seed(run.seed, rank),
         sleep_level=sleep_level_for(policy, weights_resynced_on_wake=False),
-        max_model_len=engine_max_model_len(run, context),
+        # null: prompt + response capped at the context, the length the plan sized the KV for
+        max_model_len=r.max_model_len or sequence_length(run, model_dims(run.model)),
         load_format="dummy",
         stop_token_ids=tuple(stop_token_ids),
     )

@@ -65,27 +65,6 @@ def rope_scaled(config: Mapping[str, Any]) -> bool:
     return False
 
 
-def engine_max_model_len(cfg: Any, context: int) -> int:
-    """The sequence length the vLLM engine is built with (its ``max_model_len``).
-
-    ``rollout.max_model_len`` when set; else ``task.max_prompt_length + rollout.max_new_tokens``
-    capped by the model's context, as the plan sizes the KV cache
-    (:func:`rltrain.placement.memory.vllm_max_model_len`): the task check holds the longest
-    real prompt plus the response budget within the context (:mod:`rltrain.tasks.context`).
-
-    Args:
-        cfg: the run config.
-        context: the model's ``max_position_embeddings`` (:func:`vllm_context`).
-
-    Returns:
-        The engine's ``max_model_len``.
-    """
-    r = cfg.rollout
-    if r.max_model_len is not None:
-        return int(r.max_model_len)
-    return min(cfg.task.max_prompt_length + r.max_new_tokens, context)
-
-
 def length_problems(cfg: Any, context: tuple[int, str] | None) -> Iterator[str]:
     """``rollout.max_model_len`` outside what vLLM accepts and the run needs.
 

@@ -626,19 +626,13 @@ def _predict(
 def export_on_device(run: Any, node: Any, load: tuple[tuple[str, int], ...]) -> bool:
     """Whether an actor process on a device with this load holds a packed copy of its weights
     there while it exports them (the ``weight_sync`` term): CUDA-IPC buckets
-    (:func:`ipc_export_here`) or the snapshot an NCCL broadcast sends
-    (:func:`collective_export_here`; later versions wait on the host)."""
-    return ipc_export_here(run, node, load) or collective_export_here(run, node, load)
-
-
-def collective_export_here(run: Any, node: Any, load: tuple[tuple[str, int], ...]) -> bool:
-    """Whether an actor process on a device with this load may broadcast its weights from it
-    by NCCL: a CUDA device under ``weight_sync.transport`` ``collective`` or ``auto`` (which
-    picks NCCL where the receivers have GPUs of their own; planned wherever IPC is not, so
-    the plan never under-counts). Under gloo the snapshot is host memory."""
-    if node.accelerator_type != "cuda" or run.weight_sync.transport not in ("auto", "collective"):
-        return False
-    return not ipc_export_here(run, node, load)
+    (:func:`ipc_export_here`), else the snapshot an NCCL broadcast sends from a CUDA device
+    under ``weight_sync.transport`` ``collective`` or ``auto`` (which picks NCCL where the
+    receivers have GPUs of their own; planned wherever IPC is not, so the plan never
+    under-counts; later versions wait on the host). Under gloo the snapshot is host memory."""
+    if ipc_export_here(run, node, load):
+        return True
+    return node.accelerator_type == "cuda" and run.weight_sync.transport in ("auto", "collective")
 
 
 def ipc_export_here(run: Any, node: Any, load: tuple[tuple[str, int], ...]) -> bool:

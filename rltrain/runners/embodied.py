@@ -394,14 +394,17 @@ def ended_fields(
         its record's ``perf/env_steps_per_s`` times ``time/step_s``, at the summary's
         ``steps_per_s``), ``final_reward``, ``final_return``, ``final_accuracy`` and ``env_id``.
     """
-    per_step = [
-        r["perf/env_steps_per_s"] * r["time/step_s"]
-        for r in records
-        if r.get("perf/env_steps_per_s") and r.get("time/step_s")
-    ]
+    per_step = next(
+        (
+            r["perf/env_steps_per_s"] * r["time/step_s"]
+            for r in reversed(records)
+            if r.get("perf/env_steps_per_s") and r.get("time/step_s")
+        ),
+        None,
+    )
     rate = summary.get("steps_per_s")
     fields = _own_fields(records, run.task.env_id)
-    fields["env_steps_per_s"] = round(per_step[-1]) * rate if per_step and rate else None
+    fields["env_steps_per_s"] = round(per_step) * rate if per_step and rate else None
     return fields
 
 
